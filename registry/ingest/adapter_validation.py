@@ -1,0 +1,438 @@
+"""Check a staged folder is a PEFT LoRA adapter vLLM can serve, and describe it.
+
+Only adapter_config.json and the safetensors header are read. Pickle weight
+files are never loaded: unpickling runs arbitrary code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ArtifactRejected
+from .safetensors_header import TensorInfo, read_safetensors_header
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+MAX_CONFIG_BYTES = 1024 * 1024
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+# Files that may ride along with an adapter (model card, tokenizer files).
+EXTRA_SUFFIXES = (".md", ".txt", ".json", ".yaml", ".yml", ".model", ".jinja")
+MAX_EXTRA_FILE_BYTES = 64 * 1024**2
+SERVING_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+SAVABLE_MODULES = {"classifier", "score"}
+
+LORA_TENSOR = re.compile(
+    r"base_model\.model\.(?P<path>.+)\.(?P<kind>lora_[AB])\.weight"
+)
+EMBEDDING_TENSOR = re.compile(
+    r"base_model\.model\.(?P<path>.+)\.(?P<kind>lora_embedding_[AB])"
+)
+
+
+@dataclass(frozen=True)
+class ModuleShape:
+    module: str  # leaf name, e.g. "q_proj"
+    in_features: int
+    out_features: int
+    rank: int
+
+
+@dataclass(frozen=True)
+class AdapterMetadata:
+    peft_type: str
+    r: int
+    lora_alpha: float
+    target_modules: tuple[str, ...]  # sorted leaf names actually found
+    base_model_name_or_path: str
+    tensor_count: int
+    parameter_count: int
+    dtype: str  # dominant weight dtype, e.g. "float32"
+    estimated_memory_bytes: int  # parameter_count * bytes of the serving dtype
+    rank_pattern: dict
+    module_shapes: tuple[ModuleShape, ...]
+    layer_count: int
+    config: dict  # the raw parsed adapter_config.json
+
+
+def inspect_adapter(
+    root: Path, serving_dtype: str = "float16", allow_pickle: bool = False
+) -> AdapterMetadata:
+    """Validate the staged adapter in `root` and return what was found.
+
+    `allow_pickle=True` only tolerates pickle files (e.g. a stray
+    training_args.bin) next to adapter_model.safetensors; they are never
+    loaded, and an adapter whose only weights are pickle is still refused.
+    """
+    if serving_dtype not in SERVING_DTYPE_BYTES:
+        raise ValueError(f"unknown serving dtype {serving_dtype!r}")
+    root = Path(root)
+    names = sorted(p.name for p in root.iterdir() if p.is_file())
+    _check_files(root, names, allow_pickle)
+    config = _read_config(root / CONFIG_NAME)
+    rules = _check_config(config)
+    tensors = read_safetensors_header(root / WEIGHTS_NAME)
+    return _check_tensors(tensors, config, rules, serving_dtype)
+
+
+# --- files -----------------------------------------------------------------------
+
+
+def _check_files(root: Path, names: list[str], allow_pickle: bool) -> None:
+    pickles = [n for n in names if n.lower().endswith(PICKLE_SUFFIXES)]
+    if pickles and not (allow_pickle and WEIGHTS_NAME in names):
+        raise ArtifactRejected(
+            "pickle_weights",
+            f"{', '.join(pickles)}: pickle files (.bin, .pt, .pth, .pkl, .ckpt) are "
+            "refused because loading them can execute arbitrary code. Convert the "
+            "weights to adapter_model.safetensors with PEFT "
+            "model.save_pretrained(path, safe_serialization=True), or "
+            "safetensors.torch.save_file(state_dict, 'adapter_model.safetensors'), and "
+            "leave the pickle files out.",
+        )
+    if CONFIG_NAME not in names:
+        raise ArtifactRejected(
+            "missing_config",
+            f"{CONFIG_NAME} is missing. Upload the folder written by PEFT "
+            "save_pretrained, which contains it.",
+        )
+    weights = [n for n in names if n.endswith(".safetensors")]
+    if WEIGHTS_NAME not in names:
+        found = f" (found {', '.join(weights)})" if weights else ""
+        raise ArtifactRejected(
+            "missing_weights",
+            f"{WEIGHTS_NAME} is missing{found}. A LoRA adapter needs exactly one "
+            f"safetensors file named {WEIGHTS_NAME}; full model weights are not accepted.",
+        )
+    if len(weights) > 1:
+        others = ", ".join(n for n in weights if n != WEIGHTS_NAME)
+        raise ArtifactRejected(
+            "unexpected_weights",
+            f"Only {WEIGHTS_NAME} is accepted as weights; remove {others}.",
+        )
+    for name in names:
+        if name in (CONFIG_NAME, WEIGHTS_NAME) or name in pickles:
+            continue
+        if not name.lower().endswith(EXTRA_SUFFIXES):
+            raise ArtifactRejected(
+                "unexpected_file",
+                f"{name!r} is not part of a LoRA adapter. Besides {CONFIG_NAME} and "
+                f"{WEIGHTS_NAME}, only small text files (README.md, tokenizer files) "
+                "are accepted.",
+            )
+        if (root / name).stat().st_size > MAX_EXTRA_FILE_BYTES:
+            raise ArtifactRejected(
+                "extra_file_too_large",
+                f"{name!r} is larger than {MAX_EXTRA_FILE_BYTES // 1024**2} MiB; extra "
+                "files next to the adapter must be small.",
+                413,
+            )
+
+
+# --- config ----------------------------------------------------------------------
+
+
+def _read_config(path: Path) -> dict:
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ArtifactRejected(
+            "invalid_config", f"{CONFIG_NAME} is larger than 1 MiB.", 413
+        )
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise ArtifactRejected(
+            "invalid_config", f"{CONFIG_NAME} is not valid JSON ({error})."
+        ) from None
+    if not isinstance(config, dict):
+        raise ArtifactRejected(
+            "invalid_config", f"{CONFIG_NAME} must be a JSON object."
+        )
+    return config
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_rank(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+@dataclass(frozen=True)
+class _Rules:
+    r: int
+    targets: tuple[str, ...] | re.Pattern | None  # None means "all-linear"
+    rank_pattern: dict
+    modules_to_save: tuple[str, ...]
+
+
+def _check_config(config: dict) -> _Rules:
+    peft_type = config.get("peft_type")
+    if peft_type != "LORA":
+        raise ArtifactRejected(
+            "unsupported_peft_type",
+            f'peft_type is {peft_type!r}; only LoRA adapters (peft_type "LORA") '
+            "can be served.",
+        )
+    r = config.get("r")
+    if not _is_rank(r):
+        raise ArtifactRejected(
+            "invalid_rank", f"r must be a positive integer, got {r!r}."
+        )
+    if "lora_alpha" not in config:
+        raise ArtifactRejected(
+            "missing_lora_alpha", f"{CONFIG_NAME} has no lora_alpha."
+        )
+    if not _is_number(config["lora_alpha"]):
+        raise ArtifactRejected(
+            "invalid_lora_alpha",
+            f"lora_alpha must be a number, got {config['lora_alpha']!r}.",
+        )
+    targets = _target_rule(config.get("target_modules"))
+
+    if config.get("use_dora"):
+        raise ArtifactRejected(
+            "dora_unsupported",
+            "DoRA adapters (use_dora: true) cannot be served by vLLM. Train a plain "
+            "LoRA adapter, or merge the DoRA adapter into the base model.",
+        )
+    bias = config.get("bias", "none")
+    if bias not in ("none", None):
+        raise ArtifactRejected(
+            "bias_unsupported",
+            f'bias is {bias!r}; vLLM serves LoRA adapters only with bias "none". '
+            'Retrain with bias="none".',
+        )
+    modules_to_save = config.get("modules_to_save") or []
+    if (
+        not isinstance(modules_to_save, list)
+        or not set(modules_to_save) <= SAVABLE_MODULES
+    ):
+        raise ArtifactRejected(
+            "modules_to_save_unsupported",
+            f"modules_to_save is {modules_to_save!r}; vLLM cannot serve fully trained "
+            "modules, only a classifier/score head. Retrain without modules_to_save.",
+        )
+    rank_pattern = config.get("rank_pattern") or {}
+    if not isinstance(rank_pattern, dict) or not all(
+        isinstance(k, str) and _is_rank(v) for k, v in rank_pattern.items()
+    ):
+        raise ArtifactRejected(
+            "invalid_rank_pattern",
+            "rank_pattern must map module names to positive integer ranks.",
+        )
+    return _Rules(r, targets, rank_pattern, tuple(modules_to_save))
+
+
+def _target_rule(targets) -> tuple[str, ...] | re.Pattern | None:
+    if targets is None:
+        raise ArtifactRejected(
+            "missing_target_modules",
+            f"{CONFIG_NAME} has no target_modules, so it is unclear which layers the "
+            "adapter modifies.",
+        )
+    if targets == "all-linear":
+        return None
+    if isinstance(targets, str):
+        try:
+            return re.compile(targets)
+        except re.error as error:
+            raise ArtifactRejected(
+                "invalid_target_modules",
+                f"target_modules is a string but not a valid regular expression ({error}).",
+            ) from None
+    if (
+        isinstance(targets, list)
+        and targets
+        and all(isinstance(t, str) and t for t in targets)
+    ):
+        return tuple(targets)
+    raise ArtifactRejected(
+        "invalid_target_modules",
+        f"target_modules must be a non-empty list of module names or a regex, got {targets!r}.",
+    )
+
+
+def _targets_match(targets: tuple[str, ...], path: str) -> str | None:
+    # PEFT matches list entries as the full module name or a dotted suffix of it.
+    return next((t for t in targets if path == t or path.endswith("." + t)), None)
+
+
+def _rank_for(path: str, rules: _Rules) -> tuple[int, str | None]:
+    # PEFT's get_pattern_key: the first key that matches the end of the module
+    # path (as a regex), in config order.
+    for key in rules.rank_pattern:
+        try:
+            matched = re.fullmatch(rf"(.*\.)?(?:{key})", path) is not None
+        except re.error:
+            matched = path == key or path.endswith("." + key)
+        if matched:
+            return rules.rank_pattern[key], key
+    return rules.r, None
+
+
+# --- tensors ---------------------------------------------------------------------
+
+
+def _reject_tensor(name: str) -> ArtifactRejected:
+    hint = "Only LoRA weights (…lora_A.weight / …lora_B.weight) may be in the adapter."
+    if "lora_magnitude_vector" in name:
+        hint = (
+            "This is a DoRA magnitude vector; DoRA adapters cannot be served by vLLM."
+        )
+    elif ".lora_" in name:
+        hint = (
+            "LoRA tensors must be named base_model.model.<module>.lora_A.weight / "
+            ".lora_B.weight, as PEFT save_pretrained writes them."
+        )
+    return ArtifactRejected(
+        "unexpected_tensor", f"Tensor {name!r} is not a LoRA weight. {hint}"
+    )
+
+
+def _check_tensors(
+    tensors: list[TensorInfo], config: dict, rules: _Rules, serving_dtype: str
+) -> AdapterMetadata:
+    if not tensors:
+        raise ArtifactRejected(
+            "no_lora_tensors", f"{WEIGHTS_NAME} contains no tensors."
+        )
+    pairs: dict[str, dict[str, TensorInfo]] = {}
+    saved_head = None
+    if rules.modules_to_save:
+        heads = "|".join(map(re.escape, rules.modules_to_save))
+        saved_head = re.compile(
+            rf"base_model\.model\.(.+\.)?({heads})(\.modules_to_save)?\.(weight|bias)"
+        )
+    params_by_dtype: Counter[str] = Counter()
+    for tensor in tensors:
+        if tensor.dtype not in DTYPE_NAMES:
+            raise ArtifactRejected(
+                "unsupported_dtype",
+                f"Tensor {tensor.name!r} has dtype {tensor.dtype}; LoRA weights must be "
+                "float16, bfloat16 or float32.",
+            )
+        params_by_dtype[tensor.dtype] += tensor.numel
+        match = LORA_TENSOR.fullmatch(tensor.name) or EMBEDDING_TENSOR.fullmatch(
+            tensor.name
+        )
+        if match is None:
+            if saved_head and saved_head.fullmatch(tensor.name):
+                continue
+            raise _reject_tensor(tensor.name)
+        if len(tensor.shape) != 2 or 0 in tensor.shape:
+            raise ArtifactRejected(
+                "invalid_lora_shape",
+                f"Tensor {tensor.name!r} has shape {list(tensor.shape)}; LoRA weights "
+                "must be non-empty 2-D matrices.",
+            )
+        kind = match["kind"]
+        slot = pairs.setdefault(match["path"], {})
+        slot[kind] = tensor
+
+    shapes: dict[str, ModuleShape] = {}
+    layers: set[str] = set()
+    leaves_found: set[str] = set()
+    targets_seen: set[str] = set()
+    for path, slot in sorted(pairs.items()):
+        a, b = _pair(path, slot)
+        rank = a.shape[0]
+        if b.shape[1] != rank:
+            raise ArtifactRejected(
+                "rank_mismatch",
+                f"Module {path!r}: lora_A has rank {rank} but lora_B has rank "
+                f"{b.shape[1]}; A must be (r, in) and B (out, r).",
+            )
+        expected, key = _rank_for(path, rules)
+        if rank != expected:
+            source = f"rank_pattern[{key!r}]" if key else "r"
+            raise ArtifactRejected(
+                "rank_mismatch",
+                f"Module {path!r} has rank {rank} but the config says {source} = "
+                f"{expected}. Fix adapter_config.json to match the weights.",
+            )
+        leaf = path.rsplit(".", 1)[-1]
+        if isinstance(rules.targets, tuple):
+            target = _targets_match(rules.targets, path)
+            if target is None:
+                raise ArtifactRejected(
+                    "target_modules_mismatch",
+                    f"The weights adapt {path!r}, but {leaf!r} is not in target_modules "
+                    f"{list(rules.targets)}.",
+                )
+            targets_seen.add(target)
+        elif rules.targets is not None and not rules.targets.fullmatch(path):
+            raise ArtifactRejected(
+                "target_modules_mismatch",
+                f"The weights adapt {path!r}, which the target_modules regex "
+                f"{rules.targets.pattern!r} does not match.",
+            )
+        leaves_found.add(leaf)
+        layer = next((p for p in path.split(".") if p.isdigit()), None)
+        if layer is not None:
+            layers.add(layer)
+        current = ModuleShape(leaf, a.shape[1], b.shape[0], rank)
+        previous = shapes.get(leaf)
+        if previous:
+            current = ModuleShape(
+                leaf,
+                max(previous.in_features, current.in_features),
+                max(previous.out_features, current.out_features),
+                max(previous.rank, current.rank),
+            )
+        shapes[leaf] = current
+
+    if not pairs:
+        raise ArtifactRejected(
+            "no_lora_tensors", f"{WEIGHTS_NAME} contains no LoRA weights."
+        )
+    if isinstance(rules.targets, tuple):
+        missing = [t for t in rules.targets if t not in targets_seen]
+        if missing:
+            raise ArtifactRejected(
+                "target_modules_mismatch",
+                f"target_modules lists {missing} but the weights contain no LoRA "
+                "tensors for them. Fix target_modules or upload the complete weights.",
+            )
+
+    parameter_count = sum(t.numel for t in tensors)
+    dominant = max(sorted(params_by_dtype), key=lambda d: params_by_dtype[d])
+    return AdapterMetadata(
+        peft_type="LORA",
+        r=rules.r,
+        lora_alpha=config["lora_alpha"],
+        target_modules=tuple(sorted(leaves_found)),
+        base_model_name_or_path=_text(config.get("base_model_name_or_path")),
+        tensor_count=len(tensors),
+        parameter_count=parameter_count,
+        dtype=DTYPE_NAMES[dominant],
+        estimated_memory_bytes=parameter_count * SERVING_DTYPE_BYTES[serving_dtype],
+        rank_pattern=dict(rules.rank_pattern),
+        module_shapes=tuple(shapes[leaf] for leaf in sorted(shapes)),
+        layer_count=len(layers),
+        config=config,
+    )
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _pair(path: str, slot: dict[str, TensorInfo]) -> tuple[TensorInfo, TensorInfo]:
+    a = slot.get("lora_A") or slot.get("lora_embedding_A")
+    b = slot.get("lora_B") or slot.get("lora_embedding_B")
+    mixed = ("lora_A" in slot or "lora_B" in slot) and (
+        "lora_embedding_A" in slot or "lora_embedding_B" in slot
+    )
+    if a is None or b is None or mixed:
+        have = ", ".join(sorted(slot))
+        raise ArtifactRejected(
+            "incomplete_lora_pair",
+            f"Module {path!r} has only {have}; every LoRA module needs both an A and "
+            "a B matrix of the same kind.",
+        )
+    return a, b
