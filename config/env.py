@@ -1,0 +1,102 @@
+"""Reads configuration from the environment, the 12-factor way.
+
+Every secret may instead come from a file named by `<NAME>_FILE` (Docker and
+Kubernetes secrets). A bad value stops start-up with a message naming the
+variable, instead of failing later on the first request.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+env = environ.Env()
+
+
+def secret(name: str, default: str | None = None) -> str | None:
+    file_var = f"{name}_FILE"
+    if file_var in os.environ:
+        path = Path(os.environ[file_var])
+        try:
+            return path.read_text().strip()
+        except OSError as error:
+            raise ImproperlyConfigured(f"{file_var}: cannot read {path}: {error.strerror}") from None
+    return os.environ.get(name, default)
+
+
+def integer(name: str, default: int, minimum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def number(name: str, default: float, minimum: float = 0.0, maximum: float | None = None) -> float:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ImproperlyConfigured(f"{name} must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+def boolean(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off", ""}:
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false, got {raw!r}")
+
+
+def choice(name: str, default: str, choices: set[str]) -> str:
+    value = os.environ.get(name, default)
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {sorted(choices)}, got {value!r}")
+    return value
+
+
+def database(default_sqlite_path: Path) -> dict:
+    url = secret("DATABASE_URL") or f"sqlite:///{default_sqlite_path}"
+    scheme = urlparse(url).scheme
+    if scheme not in {"sqlite", "postgres", "postgresql", "pgsql"}:
+        raise ImproperlyConfigured(
+            f"DATABASE_URL must be a sqlite:// or postgres:// URL, got scheme {scheme!r}"
+        )
+    try:
+        config = env.db_url_config(url)
+    except Exception as error:  # django-environ raises several types for bad URLs
+        raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {error}") from None
+    if scheme == "sqlite":
+        # Concurrent web + worker processes on the embedded default.
+        config.setdefault("OPTIONS", {})["timeout"] = 20
+    else:
+        config["CONN_MAX_AGE"] = integer("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+    return config
+
+
+def url_with_scheme(name: str, default: str, schemes: set[str]) -> str:
+    value = secret(name) or default
+    scheme = urlparse(value).scheme
+    if scheme not in schemes:
+        raise ImproperlyConfigured(
+            f"{name} must use one of the schemes {sorted(schemes)}, got {scheme or 'none'!r}"
+        )
+    return value

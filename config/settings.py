@@ -1,0 +1,214 @@
+"""Settings for the adapter registry and serving control plane.
+
+Everything that differs between a laptop and production comes from the
+environment (see config/env.py and the README's configuration table). The
+defaults are embedded ones: SQLite, artifacts and the Celery broker on the local
+filesystem under var/, so `make run` needs no servers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from config import env as cfg
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(cfg.env.str("VAR_DIR", default=str(BASE_DIR / "var")))
+
+DEBUG = cfg.boolean("DJANGO_DEBUG", False)
+SECRET_KEY = cfg.secret("DJANGO_SECRET_KEY")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY (or DJANGO_SECRET_KEY_FILE) must be set unless DJANGO_DEBUG=true"
+        )
+    SECRET_KEY = "insecure-development-key-only-for-debug"
+ALLOWED_HOSTS = cfg.env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = cfg.env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_htmx",
+    "registry",
+    "serving",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "registry.middleware.RequestIdMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": cfg.database(VAR_DIR / "db.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = cfg.env.str("TIME_ZONE", default="UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else []
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False  # htmx reads it to send X-CSRFToken
+SESSION_COOKIE_SECURE = cfg.boolean("DJANGO_SECURE_COOKIES", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# --- Artifact storage -------------------------------------------------------
+# file:///abs/path (embedded default) or s3://bucket/prefix for AWS, MinIO, Ceph RGW.
+ARTIFACT_STORE_URL = cfg.url_with_scheme(
+    "ARTIFACT_STORE_URL", (VAR_DIR / "artifacts").as_uri(), {"file", "s3"}
+)
+ARTIFACT_S3 = {
+    "endpoint_url": cfg.env.str("AWS_ENDPOINT_URL", default="") or None,
+    "region": cfg.env.str("AWS_REGION", default="us-east-1"),
+    "access_key": cfg.secret("AWS_ACCESS_KEY_ID"),
+    "secret_key": cfg.secret("AWS_SECRET_ACCESS_KEY"),
+    "addressing_style": cfg.choice("AWS_S3_ADDRESSING_STYLE", "auto", {"auto", "path", "virtual"}),
+    "verify_tls": cfg.env.str("AWS_CA_BUNDLE", default="") or cfg.boolean("AWS_S3_VERIFY_TLS", True),
+    "multipart_chunk_mb": cfg.integer("AWS_S3_MULTIPART_CHUNK_MB", 16, minimum=5),
+    "max_concurrency": cfg.integer("AWS_S3_MAX_CONCURRENCY", 4, minimum=1),
+}
+
+# --- Ingest of untrusted artifacts -----------------------------------------
+INGEST_MAX_BYTES = cfg.integer("INGEST_MAX_BYTES", 2 * 1024**3, minimum=1024)
+INGEST_MAX_ENTRIES = cfg.integer("INGEST_MAX_ENTRIES", 64, minimum=2)
+INGEST_ALLOW_PICKLE = cfg.boolean("INGEST_ALLOW_PICKLE", False)
+INGEST_STAGING_DIR = Path(cfg.env.str("INGEST_STAGING_DIR", default=str(VAR_DIR / "ingest")))
+SERVING_DTYPE = cfg.choice("SERVING_DTYPE", "float16", {"float16", "bfloat16", "float32"})
+# Uploads above this are spooled to disk by Django instead of held in memory.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024**2
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2
+FILE_UPLOAD_TEMP_DIR = str(INGEST_STAGING_DIR)
+INGEST_STAGING_DIR.mkdir(parents=True, exist_ok=True)
+
+# --- API tokens -------------------------------------------------------------
+API_TOKEN_DEFAULT_DAYS = cfg.integer("API_TOKEN_DEFAULT_DAYS", 90, minimum=1)
+API_TOKEN_MAX_DAYS = cfg.integer("API_TOKEN_MAX_DAYS", 365, minimum=1)
+
+# --- Celery -----------------------------------------------------------------
+_default_broker = "filesystem://"
+CELERY_BROKER_URL = cfg.url_with_scheme(
+    "CELERY_BROKER_URL", _default_broker, {"filesystem", "redis", "rediss", "memory"}
+)
+if CELERY_BROKER_URL.startswith("filesystem"):
+    _queue_dir = VAR_DIR / "celery" / "queue"
+    _processed_dir = VAR_DIR / "celery" / "processed"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_queue_dir),
+        "data_folder_out": str(_queue_dir),
+        "processed_folder": str(_processed_dir),
+        "store_processed": False,
+    }
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ALWAYS_EAGER = cfg.boolean("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# --- REST API ---------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "registry.api.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "registry.api.pagination.StandardPagination",
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "registry.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "LoRA Adapter Registry API",
+    "DESCRIPTION": (
+        "Versioned LoRA adapters per department, four-eyes approval, and rollouts "
+        "into vLLM. Pipelines authenticate with `Authorization: Bearer <token>`."
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    # Vendored Swagger UI: no CDN at run time (air-gapped platforms).
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# --- Logging: structured enough to grep, never secrets -----------------------
+LOG_LEVEL = cfg.choice("LOG_LEVEL", "INFO", {"DEBUG", "INFO", "WARNING", "ERROR"})
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"request_id": {"()": "registry.middleware.RequestIdLogFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"}
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["request_id"],
+        }
+    },
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+}

@@ -1,0 +1,62 @@
+"""Who is acting, and from where: the one argument every service takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from django.contrib.auth.models import AnonymousUser
+
+from registry.middleware import current_request_id
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+    from registry.models import ApiToken
+
+
+@dataclass(frozen=True)
+class Actor:
+    user: User
+    token: ApiToken | None = None
+    request_id: str = ""
+    client_address: str | None = None
+    # Memoised department roles: {department_id: role}; filled on first use.
+    _roles: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def is_platform_admin(self) -> bool:
+        # A token never carries its creator's admin rights.
+        return self.token is None and bool(self.user.is_active and self.user.is_staff)
+
+    @property
+    def label(self) -> str:
+        if self.token is not None:
+            return f"token:{self.token.prefix} ({self.user.get_username()})"
+        return self.user.get_username()
+
+
+def client_address_of(request) -> str | None:
+    # REMOTE_ADDR only: X-Forwarded-For is client-controlled unless a trusted
+    # proxy rewrites it, and the audit trail must not record a forged address.
+    return request.META.get("REMOTE_ADDR") or None
+
+
+def actor_from_request(request) -> Actor:
+    from registry.models import ApiToken
+
+    user = request.user
+    if isinstance(user, AnonymousUser) or not user.is_authenticated:
+        raise ValueError("actor_from_request needs an authenticated request")
+    token = getattr(request, "auth", None)
+    return Actor(
+        user=user,
+        token=token if isinstance(token, ApiToken) else None,
+        request_id=getattr(request, "request_id", "") or current_request_id(),
+        client_address=client_address_of(request),
+    )
+
+
+def system_actor(user) -> Actor:
+    """For management commands and Celery tasks acting on a person's behalf."""
+    return Actor(user=user, request_id=current_request_id())

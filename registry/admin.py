@@ -1,0 +1,192 @@
+"""Admin screens. Approve/reject here go through the same services as the API
+(four-eyes, comment on reject, audit); audit events cannot be changed."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.utils.html import format_html
+
+from registry.actors import actor_from_request
+from registry.errors import ApplicationError
+from registry.models import (
+    Adapter,
+    AdapterVersion,
+    ApiToken,
+    AuditEvent,
+    Department,
+    Membership,
+    VersionStatus,
+)
+from registry.services.versions import version_transition
+
+
+class ReadOnlyAdminMixin:
+    """Rows that must only change through services (which audit them)."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+    # Membership changes are security-relevant and audited by services;
+    # the admin shows them but edits go through the API.
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Department)
+class DepartmentAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "created_at"]
+    search_fields = ["slug", "name"]
+    inlines = [MembershipInline]
+
+
+@admin.register(Membership)
+class MembershipAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["user", "department", "role", "created_at"]
+    list_filter = ["department", "role"]
+    search_fields = ["user__username"]
+
+
+@admin.register(Adapter)
+class AdapterAdmin(admin.ModelAdmin):
+    list_display = ["name", "department", "served_name", "base_model", "last_version_number"]
+    list_filter = ["department"]
+    search_fields = ["name", "served_name"]
+    readonly_fields = ["department", "name", "served_name", "base_model", "last_version_number"]
+    list_select_related = ["department"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class ReviewCommentForm(forms.Form):
+    comment = forms.CharField(widget=forms.Textarea, required=False)
+
+
+class PendingFilter(admin.SimpleListFilter):
+    title = "review"
+    parameter_name = "review"
+
+    def lookups(self, request, model_admin):
+        return [("pending", "Pending review")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "pending":
+            return queryset.filter(status=VersionStatus.PENDING_REVIEW)
+        return queryset
+
+
+@admin.register(AdapterVersion)
+class AdapterVersionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = [
+        "__str__",
+        "status",
+        "department",
+        "r",
+        "total_size",
+        "registered_by",
+        "mlflow_run",
+        "created_at",
+    ]
+    list_filter = [PendingFilter, "status", "adapter__department"]
+    search_fields = ["adapter__name", "manifest_sha256", "mlflow_run_id"]
+    list_select_related = ["adapter__department", "registered_by"]
+    actions = ["approve_selected", "reject_selected"]
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_staff
+
+    @admin.display(ordering="adapter__department__slug")
+    def department(self, obj):
+        return obj.adapter.department.slug
+
+    @admin.display(description="MLflow run")
+    def mlflow_run(self, obj):
+        if obj.mlflow_run_uri:
+            return format_html('<a href="{}">{}</a>', obj.mlflow_run_uri, obj.mlflow_run_id)
+        return obj.mlflow_run_id or "-"
+
+    def _review(self, request, queryset, action: str):
+        if "apply" in request.POST:
+            form = ReviewCommentForm(request.POST)
+            form.is_valid()
+            actor = actor_from_request(request)
+            done = 0
+            for version in queryset:
+                try:
+                    version_transition(
+                        actor=actor,
+                        version=version,
+                        action=action,
+                        comment=form.cleaned_data.get("comment", ""),
+                    )
+                    done += 1
+                except ApplicationError as error:
+                    self.message_user(request, f"{version}: {error.message}", messages.ERROR)
+            if done:
+                self.message_user(request, f"{action.title()}d {done} version(s).", messages.SUCCESS)
+            return HttpResponseRedirect(request.get_full_path())
+        return TemplateResponse(
+            request,
+            "admin/registry/review_confirm.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": f"{action.title()} versions",
+                "action": f"{action}_selected",
+                "verb": action,
+                "versions": queryset,
+                "form": ReviewCommentForm(),
+                "opts": self.model._meta,
+                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            },
+        )
+
+    @admin.action(description="Approve selected versions (four-eyes applies)")
+    def approve_selected(self, request, queryset):
+        return self._review(request, queryset, "approve")
+
+    @admin.action(description="Reject selected versions (comment required)")
+    def reject_selected(self, request, queryset):
+        return self._review(request, queryset, "reject")
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["name", "prefix", "department", "created_by", "expires_at", "revoked_at"]
+    list_filter = ["department"]
+    exclude = ["secret_sha256"]
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["created_at", "actor_label", "action", "object_repr", "from_state", "to_state"]
+    list_filter = ["action", "department"]
+    search_fields = ["object_repr", "actor_label", "request_id"]
+    date_hierarchy = "created_at"
+
+    def get_actions(self, request):
+        # Removes the built-in "delete selected" action.
+        return {}

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import authentication, exceptions
+
+from registry.services.tokens import token_authenticate
+
+
+class BearerTokenAuthentication(authentication.BaseAuthentication):
+    """`Authorization: Bearer lrt_...` for pipelines. request.auth is the ApiToken."""
+
+    keyword = "bearer"
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        scheme, _, secret = header.partition(" ")
+        if scheme.lower() != self.keyword:
+            return None
+        secret = secret.strip()
+        if not secret:
+            raise exceptions.AuthenticationFailed("The Bearer token is empty.")
+        token = token_authenticate(secret)
+        if token is None:
+            # One message for unknown, expired and revoked: no oracle for guessing.
+            raise exceptions.AuthenticationFailed("Invalid, expired or revoked token.")
+        return token.created_by, token
+
+    def authenticate_header(self, request):
+        return 'Bearer realm="api"'
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    target_class = BearerTokenAuthentication
+    name = "bearerToken"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A department API token.",
+        }

@@ -1,0 +1,68 @@
+"""One error format for every 4xx and 5xx the API returns:
+
+{"error": {"status": 409, "code": "invalid_transition", "message": "...",
+           "details": {...}, "request_id": "..."}}
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from registry.errors import ApplicationError
+from registry.middleware import current_request_id
+
+
+def error_response(
+    status_code: int, code: str, message: str, details=None, headers=None
+):
+    body = {
+        "error": {
+            "status": status_code,
+            "code": code,
+            "message": message,
+            "details": details or {},
+            "request_id": current_request_id(),
+        }
+    }
+    return Response(body, status=status_code, headers=headers)
+
+
+def _flatten(detail) -> str:
+    if isinstance(detail, dict):
+        return "; ".join(f"{key}: {_flatten(value)}" for key, value in detail.items())
+    if isinstance(detail, list):
+        return " ".join(_flatten(item) for item in detail)
+    return str(detail)
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, ApplicationError):
+        return error_response(exc.status, exc.code, exc.message, exc.details)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        return error_response(
+            status.HTTP_400_BAD_REQUEST,
+            "invalid",
+            _flatten(exc.detail),
+            {"fields": exc.detail},
+        )
+    detail = getattr(exc, "detail", "")
+    code = getattr(detail, "code", None) or getattr(exc, "default_code", "error")
+    headers = {
+        k: v
+        for k, v in response.items()
+        if k in ("WWW-Authenticate", "Retry-After", "Allow")
+    }
+    return error_response(
+        response.status_code, str(code), _flatten(detail), headers=headers
+    )

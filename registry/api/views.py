@@ -1,0 +1,282 @@
+"""HTTP endpoints for pipelines and tools. Each view parses input, calls one
+service or selector with the Actor, and serializes the result."""
+
+from __future__ import annotations
+
+from django.db import connection
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from registry import selectors
+from registry.actors import Actor, actor_from_request
+from registry.api import serializers as s
+from registry.api.filters import AdapterFilter, AuditEventFilter, VersionFilter
+from registry.artifact_store import get_artifact_store
+from registry.services.adapters import adapter_create, adapter_update
+from registry.services.departments import department_create, membership_remove, membership_set
+from registry.services.tokens import token_create, token_revoke
+from registry.services.versions import Lineage, version_register, version_transition
+from registry.storage import StorageError
+
+
+class ActorMixin:
+    @property
+    def actor(self) -> Actor:
+        if not hasattr(self, "_actor"):
+            self._actor = actor_from_request(self.request)
+        return self._actor
+
+
+class DepartmentViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
+    serializer_class = s.DepartmentSerializer
+    lookup_field = "slug"
+    ordering_fields = ["slug", "name"]
+
+    def get_queryset(self):
+        return selectors.departments_for(self.actor)
+
+    def get_object(self):
+        return selectors.department_get(self.actor, self.kwargs["slug"])
+
+    @extend_schema(request=s.DepartmentSerializer, responses={201: s.DepartmentSerializer})
+    def create(self, request):
+        data = s.DepartmentSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        department = department_create(actor=self.actor, **data.validated_data)
+        return Response(s.DepartmentSerializer(department).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=s.MembershipSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def memberships(self, request, slug=None):
+        department = self.get_object()
+        rows = selectors.memberships_for(self.actor).filter(department=department)
+        return Response(s.MembershipSerializer(rows, many=True).data)
+
+    @extend_schema(request=s.MembershipInputSerializer, responses=s.MembershipSerializer)
+    @memberships.mapping.post
+    def set_membership(self, request, slug=None):
+        department = self.get_object()
+        data = s.MembershipInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = membership_set(actor=self.actor, department=department, **data.validated_data)
+        return Response(s.MembershipSerializer(membership).data, status=status.HTTP_200_OK)
+
+    @extend_schema(request=None, responses={204: None})
+    @action(detail=True, methods=["delete"], url_path=r"memberships/(?P<username>[^/]+)")
+    def remove_membership(self, request, slug=None, username=None):
+        department = self.get_object()
+        membership = (
+            selectors.memberships_for(self.actor)
+            .filter(department=department, user__username=username)
+            .first()
+        )
+        if membership is None:
+            from registry.errors import NotFound
+
+            raise NotFound("Membership not found.")
+        membership_remove(actor=self.actor, membership=membership)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class AdapterViewSet(
+    ActorMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,
+):
+    serializer_class = s.AdapterSerializer
+    filterset_class = AdapterFilter
+    ordering_fields = ["name", "created_at", "updated_at"]
+    parser_classes = [JSONParser, MultiPartParser, FormParser]
+
+    def get_queryset(self):
+        return selectors.adapters_for(self.actor)
+
+    def get_object(self):
+        return selectors.adapter_get(self.actor, int(self.kwargs["pk"]))
+
+    @extend_schema(request=s.AdapterCreateSerializer, responses={201: s.AdapterSerializer})
+    def create(self, request):
+        data = s.AdapterCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        department = selectors.department_get(self.actor, values.pop("department"))
+        adapter = adapter_create(actor=self.actor, department=department, **values)
+        return Response(s.AdapterSerializer(adapter).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.AdapterUpdateSerializer, responses=s.AdapterSerializer)
+    def partial_update(self, request, pk=None):
+        data = s.AdapterUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        adapter = adapter_update(actor=self.actor, adapter=self.get_object(), **data.validated_data)
+        return Response(s.AdapterSerializer(adapter).data)
+
+    @extend_schema(
+        methods=["GET"],
+        responses=s.VersionSerializer(many=True),
+        parameters=[OpenApiParameter("status", str, many=True)],
+    )
+    @extend_schema(
+        methods=["POST"],
+        request={
+            "multipart/form-data": s.VersionRegisterSerializer,
+            "application/json": s.VersionRegisterSerializer,
+        },
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                description="Retries with the same key return the first result.",
+            )
+        ],
+        responses={201: s.VersionSerializer, 200: s.VersionSerializer},
+    )
+    @action(detail=True, methods=["get", "post"], filterset_class=VersionFilter)
+    def versions(self, request, pk=None):
+        adapter = self.get_object()
+        if request.method == "GET":
+            rows = self.filter_queryset(selectors.versions_for(self.actor).filter(adapter=adapter))
+            page = self.paginate_queryset(rows)
+            return self.get_paginated_response(s.VersionSerializer(page, many=True).data)
+        data = s.VersionRegisterSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        uploads = request.FILES.getlist("files") or None
+        result = version_register(
+            actor=self.actor,
+            adapter=adapter,
+            uploads=uploads,
+            s3_uri=values.get("s3_uri") if not uploads else None,
+            idempotency_key=request.headers.get("Idempotency-Key"),
+            lineage=Lineage(
+                mlflow_run_id=values.get("mlflow_run_id", ""),
+                mlflow_run_uri=values.get("mlflow_run_uri", ""),
+                source_commit=values.get("source_commit", ""),
+                dataset=values.get("dataset", ""),
+            ),
+        )
+        body = s.VersionSerializer(result.version).data
+        body["warnings"] = result.warnings
+        return Response(
+            body,
+            status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK,
+            headers={} if result.created else {"Idempotent-Replayed": "true"},
+        )
+
+
+def _transition_action(name: str, doc: str):
+    def handler(self, request, pk=None):
+        data = s.TransitionSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        version = version_transition(
+            actor=self.actor,
+            version=self.get_object(),
+            action=name,
+            comment=data.validated_data["comment"],
+        )
+        return Response(s.VersionSerializer(version).data)
+
+    # DRF maps HTTP methods to the function's name, so it must be set before @action.
+    handler.__name__ = name
+    handler = action(detail=True, methods=["post"], url_path=name, url_name=name)(handler)
+    return extend_schema(
+        request=s.TransitionSerializer, responses=s.VersionSerializer, description=doc
+    )(handler)
+
+
+class VersionViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
+    serializer_class = s.VersionSerializer
+    filterset_class = VersionFilter
+    ordering_fields = ["number", "created_at", "status"]
+
+    def get_queryset(self):
+        return selectors.versions_for(self.actor)
+
+    def get_object(self):
+        return selectors.version_get(self.actor, int(self.kwargs["pk"]))
+
+    submit = _transition_action("submit", "registered → pending_review.")
+    approve = _transition_action(
+        "approve", "pending_review → approved. Approvers only; never the registrant or submitter."
+    )
+    reject = _transition_action("reject", "pending_review → rejected. A comment is required.")
+    deprecate = _transition_action("deprecate", "approved → deprecated. Retires it from serving.")
+    archive = _transition_action("archive", "deprecated → archived.")
+
+
+class AuditEventViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
+    serializer_class = s.AuditEventSerializer
+    filterset_class = AuditEventFilter
+    ordering_fields = ["created_at", "action"]
+
+    def get_queryset(self):
+        return selectors.audit_events_for(self.actor)
+
+
+@extend_schema_view(
+    create=extend_schema(request=s.TokenCreateSerializer, responses={201: s.TokenCreatedSerializer}),
+    revoke=extend_schema(request=None, responses=s.TokenSerializer),
+)
+class TokenViewSet(
+    ActorMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    serializer_class = s.TokenSerializer
+    ordering_fields = ["created_at", "expires_at"]
+
+    def get_queryset(self):
+        return selectors.tokens_for(self.actor)
+
+    def get_object(self):
+        return selectors.token_get(self.actor, int(self.kwargs["pk"]))
+
+    def create(self, request):
+        data = s.TokenCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        department = selectors.department_get(self.actor, values.pop("department"))
+        token, secret = token_create(actor=self.actor, department=department, **values)
+        body = s.TokenSerializer(token).data
+        body["secret"] = secret
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"])
+    def revoke(self, request, pk=None):
+        token = token_revoke(actor=self.actor, token=self.get_object())
+        return Response(s.TokenSerializer(token).data)
+
+
+class HealthView(APIView):
+    """For probes: 200 when the database and the artifact store answer, else 503."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses={200: dict, 503: dict})
+    def get(self, request):
+        checks = {}
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            checks["database"] = {"ok": True}
+        except Exception as error:  # any driver error means "not ready"
+            checks["database"] = {"ok": False, "error": type(error).__name__}
+        try:
+            get_artifact_store().check()
+            checks["artifact_store"] = {"ok": True}
+        except StorageError as error:
+            checks["artifact_store"] = {"ok": False, "error": str(error)}
+        from registry import hooks
+
+        for name, probe in hooks.health_checks:
+            checks[name] = probe()
+        healthy = all(c.get("ok", True) or c.get("optional") for c in checks.values())
+        return Response(
+            {"status": "ok" if healthy else "unavailable", "checks": checks},
+            status=status.HTTP_200_OK if healthy else status.HTTP_503_SERVICE_UNAVAILABLE,
+        )

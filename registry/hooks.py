@@ -1,0 +1,12 @@
+"""Extension points that other apps register into at start-up (AppConfig.ready).
+
+The registry must not import serving; serving subscribes here instead, so
+deprecating a version can retire it from deployments without a circular import.
+Hooks run inside the transition's transaction and must only enqueue work
+(transaction.on_commit), never call out over the network.
+"""
+
+after_version_transition: list = []
+
+# (name, callable returning {"ok": bool, ...}) pairs shown by the health endpoint.
+health_checks: list = []

@@ -1,0 +1,303 @@
+"""The registry's records: departments, who belongs to them, adapters, their
+immutable versions, pipeline tokens, and the append-only audit log.
+
+Behaviour lives in services.py (writes) and selectors.py (reads); these classes
+only describe data and its invariants.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import Q
+
+SERVED_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+served_name_validator = RegexValidator(
+    SERVED_NAME_PATTERN,
+    "Use letters, digits, '.', '_' or '-', starting with a letter or digit (max 128).",
+)
+
+
+class Department(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Role(models.TextChoices):
+    MEMBER = "member", "Member"
+    APPROVER = "approver", "Approver"
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    department = models.ForeignKey(
+        Department, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user", "department"], name="one_membership_per_department"
+            )
+        ]
+        ordering = ["department__slug", "user__username"]
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.role}) in {self.department}"
+
+
+class Adapter(models.Model):
+    department = models.ForeignKey(
+        Department, on_delete=models.PROTECT, related_name="adapters"
+    )
+    name = models.SlugField(max_length=100, help_text="Unique within the department.")
+    description = models.TextField(blank=True)
+    base_model = models.CharField(
+        max_length=300,
+        help_text="The base model this adapter targets, as named in vLLM or the hub.",
+    )
+    served_name = models.CharField(
+        max_length=128,
+        unique=True,
+        validators=[served_name_validator],
+        help_text='What clients put in "model". Unique across the registry.',
+    )
+    owners = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, related_name="owned_adapters", blank=True
+    )
+    # Version numbers come from this counter, bumped under a row lock, so that
+    # numbers never repeat or skip even when registrations race.
+    last_version_number = models.PositiveIntegerField(default=0, editable=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["department", "name"], name="adapter_name_per_department"
+            )
+        ]
+        ordering = ["department__slug", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.department.slug}/{self.name}"
+
+
+class VersionStatus(models.TextChoices):
+    REGISTERED = "registered", "Registered"
+    PENDING_REVIEW = "pending_review", "Pending review"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Rejected"
+    DEPRECATED = "deprecated", "Deprecated"
+    ARCHIVED = "archived", "Archived"
+
+
+class AdapterVersion(models.Model):
+    adapter = models.ForeignKey(
+        Adapter, on_delete=models.PROTECT, related_name="versions"
+    )
+    number = models.PositiveIntegerField()
+    status = models.CharField(
+        max_length=20, choices=VersionStatus.choices, default=VersionStatus.REGISTERED
+    )
+
+    # Artifact: where it lives and what exactly it is.
+    artifact_uri = models.CharField(max_length=1000)
+    storage_prefix = models.CharField(max_length=500)
+    files = models.JSONField(
+        help_text="[{path, size, sha256}] for every file of the artifact."
+    )
+    manifest_sha256 = models.CharField(max_length=64)
+    total_size = models.BigIntegerField()
+
+    # Metadata parsed from the artifact itself, never from what the client claims.
+    peft_type = models.CharField(max_length=32)
+    r = models.PositiveIntegerField()
+    lora_alpha = models.FloatField()
+    target_modules = models.JSONField()
+    base_model_name_or_path = models.CharField(max_length=300, blank=True)
+    tensor_count = models.PositiveIntegerField()
+    parameter_count = models.BigIntegerField()
+    dtype = models.CharField(max_length=16)
+    serving_dtype = models.CharField(max_length=16)
+    estimated_memory_bytes = models.BigIntegerField()
+    layer_count = models.PositiveIntegerField(default=0)
+    module_shapes = models.JSONField(default=list)
+    rank_pattern = models.JSONField(default=dict, blank=True)
+    adapter_config = models.JSONField(default=dict)
+
+    # Who and how.
+    registered_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        related_name="registered_versions",
+    )
+    registered_via_token = models.ForeignKey(
+        "ApiToken", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    reviewed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    review_comment = models.TextField(blank=True)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    source_uri = models.CharField(
+        max_length=1000,
+        blank=True,
+        help_text="Where the artifact was copied from, if not uploaded.",
+    )
+
+    # Lineage; the MLflow integration fills these from the training run.
+    mlflow_run_id = models.CharField(max_length=64, blank=True)
+    mlflow_run_uri = models.CharField(max_length=1000, blank=True)
+    source_commit = models.CharField(max_length=100, blank=True)
+    dataset = models.CharField(max_length=300, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["adapter", "number"], name="version_number_per_adapter"
+            ),
+            models.UniqueConstraint(
+                fields=["adapter", "manifest_sha256"],
+                name="version_content_per_adapter",
+            ),
+            models.UniqueConstraint(
+                fields=["adapter", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="version_idempotency_key_per_adapter",
+            ),
+        ]
+        ordering = ["adapter_id", "-number"]
+        indexes = [models.Index(fields=["status"])]
+
+    def __str__(self) -> str:
+        return f"{self.adapter} v{self.number}"
+
+    @property
+    def sha8(self) -> str:
+        return self.manifest_sha256[:8]
+
+
+class Ability(models.TextChoices):
+    """What a pipeline token may do. Approval is deliberately not an ability."""
+
+    REGISTER_VERSIONS = "versions:register", "Register versions"
+    SUBMIT_FOR_REVIEW = "versions:submit", "Submit versions for review"
+    CREATE_ADAPTERS = "adapters:create", "Create adapters"
+    PROMOTE = "deployments:promote", "Promote approved versions"
+
+
+class ApiToken(models.Model):
+    department = models.ForeignKey(
+        Department, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100)
+    # The first characters of the secret, kept to tell tokens apart in lists and logs.
+    prefix = models.CharField(max_length=16, db_index=True)
+    secret_sha256 = models.CharField(max_length=64, unique=True)
+    abilities = models.JSONField(default=list)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
+class AuditEventQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        raise PermissionError("Audit events are append-only.")
+
+    def delete(self):
+        raise PermissionError("Audit events are append-only.")
+
+
+class AuditEvent(models.Model):
+    """One security-relevant fact. Written in the same transaction as the change."""
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    actor_token = models.ForeignKey(
+        ApiToken, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    actor_label = models.CharField(max_length=200)
+    action = models.CharField(max_length=64, db_index=True)
+    department = models.ForeignKey(
+        Department, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    object_type = models.CharField(max_length=64)
+    object_id = models.CharField(max_length=64)
+    object_repr = models.CharField(max_length=300)
+    from_state = models.CharField(max_length=32, blank=True)
+    to_state = models.CharField(max_length=32, blank=True)
+    comment = models.TextField(blank=True)
+    request_id = models.CharField(max_length=64, blank=True)
+    client_address = models.GenericIPAddressField(null=True, blank=True)
+    details = models.JSONField(default=dict, blank=True)
+
+    objects = AuditEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["object_type", "object_id"])]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.object_repr} by {self.actor_label}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise PermissionError("Audit events are append-only.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise PermissionError("Audit events are append-only.")

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+
+from registry.access import require_contributor
+from registry.actors import Actor
+from registry.audit import audit_record
+from registry.errors import Conflict, ValidationFailed
+from registry.models import Ability, Adapter, Department, Membership
+
+
+def _validation_message(error: ValidationError) -> str:
+    if hasattr(error, "message_dict"):
+        return "; ".join(
+            f"{field}: {' '.join(msgs)}" for field, msgs in error.message_dict.items()
+        )
+    return " ".join(error.messages)
+
+
+def _owners_in_department(department: Department, usernames: list[str]) -> list:
+    users = list(
+        get_user_model().objects.filter(username__in=usernames, is_active=True)
+    )
+    missing = set(usernames) - {u.username for u in users}
+    if missing:
+        raise ValidationFailed(
+            f"Unknown owners: {', '.join(sorted(missing))}.", code="bad_owner"
+        )
+    members = set(
+        Membership.objects.filter(department=department, user__in=users).values_list(
+            "user__username", flat=True
+        )
+    )
+    outsiders = {u.username for u in users if not u.is_staff} - members
+    if outsiders:
+        raise ValidationFailed(
+            f"Owners must belong to {department.slug}: {', '.join(sorted(outsiders))}.",
+            code="bad_owner",
+        )
+    return users
+
+
+def adapter_create(
+    *,
+    actor: Actor,
+    department: Department,
+    name: str,
+    base_model: str,
+    description: str = "",
+    served_name: str | None = None,
+    owners: list[str] | None = None,
+) -> Adapter:
+    require_contributor(actor, department.pk, Ability.CREATE_ADAPTERS, "Department")
+    adapter = Adapter(
+        department=department,
+        name=name,
+        base_model=base_model,
+        description=description,
+        served_name=served_name or name,
+        created_by=actor.user,
+    )
+    try:
+        adapter.full_clean()
+    except ValidationError as error:
+        raise ValidationFailed(_validation_message(error)) from None
+    owner_users = _owners_in_department(department, owners) if owners else [actor.user]
+    try:
+        with transaction.atomic():
+            adapter.save()
+            adapter.owners.set(owner_users)
+            audit_record(
+                actor=actor,
+                action="adapter.created",
+                obj=adapter,
+                department=department,
+                details={"served_name": adapter.served_name, "base_model": base_model},
+            )
+    except IntegrityError:
+        raise Conflict(
+            f"An adapter named {name!r} or served as {adapter.served_name!r} already exists."
+        ) from None
+    return adapter
+
+
+def adapter_update(
+    *,
+    actor: Actor,
+    adapter: Adapter,
+    description: str | None = None,
+    owners: list[str] | None = None,
+) -> Adapter:
+    """Only descriptive fields change; name, served_name and base model are
+    identity that running deployments depend on."""
+    require_contributor(
+        actor, adapter.department_id, Ability.CREATE_ADAPTERS, "Adapter"
+    )
+    changed: dict = {}
+    with transaction.atomic():
+        if description is not None and description != adapter.description:
+            adapter.description = description
+            adapter.save(update_fields=["description", "updated_at"])
+            changed["description"] = True
+        if owners is not None:
+            adapter.owners.set(_owners_in_department(adapter.department, owners))
+            changed["owners"] = sorted(owners)
+        if changed:
+            audit_record(
+                actor=actor,
+                action="adapter.updated",
+                obj=adapter,
+                department=adapter.department,
+                details=changed,
+            )
+    return adapter

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from registry.access import require_platform_admin
+from registry.actors import Actor
+from registry.audit import audit_record
+from registry.errors import Conflict, NotFound, ValidationFailed
+from registry.models import Department, Membership, Role
+
+
+def department_create(*, actor: Actor, slug: str, name: str) -> Department:
+    require_platform_admin(actor)
+    department = Department(slug=slug, name=name)
+    department.full_clean()
+    with transaction.atomic():
+        department.save()
+        audit_record(
+            actor=actor,
+            action="department.created",
+            obj=department,
+            department=department,
+        )
+    return department
+
+
+def membership_set(
+    *, actor: Actor, department: Department, username: str, role: str
+) -> Membership:
+    """Adds a person to a department or changes their role."""
+    require_platform_admin(actor)
+    if role not in Role.values:
+        raise ValidationFailed(
+            f"Unknown role {role!r}; use one of {Role.values}.", code="bad_role"
+        )
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise NotFound(f"No active user named {username!r}.")
+    with transaction.atomic():
+        membership = (
+            Membership.objects.select_for_update()
+            .filter(user=user, department=department)
+            .first()
+        )
+        previous = membership.role if membership else ""
+        if membership is None:
+            membership = Membership.objects.create(
+                user=user, department=department, role=role
+            )
+        elif membership.role != role:
+            membership.role = role
+            membership.save(update_fields=["role"])
+        else:
+            return membership
+        audit_record(
+            actor=actor,
+            action="membership.changed" if previous else "membership.added",
+            obj=membership,
+            department=department,
+            from_state=previous,
+            to_state=role,
+            details={"user": username},
+        )
+    return membership
+
+
+def membership_remove(*, actor: Actor, membership: Membership) -> None:
+    require_platform_admin(actor)
+    with transaction.atomic():
+        locked = Membership.objects.select_for_update().filter(pk=membership.pk).first()
+        if locked is None:
+            raise Conflict("This membership was already removed.")
+        audit_record(
+            actor=actor,
+            action="membership.removed",
+            obj=locked,
+            department=locked.department,
+            from_state=locked.role,
+            details={"user": locked.user.get_username()},
+        )
+        locked.delete()

@@ -1,0 +1,131 @@
+"""Pipeline tokens: shown once, stored as a SHA-256 digest, scoped to one
+department and a list of abilities, expiring, revocable.
+
+A plain SHA-256 is enough here (unlike for passwords) because the secret is
+256 random bits: there is nothing to brute-force."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from registry.access import require_visible
+from registry.actors import Actor
+from registry.audit import audit_record
+from registry.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
+from registry.models import Ability, ApiToken, Department
+
+TOKEN_PREFIX = "lrt_"
+
+
+def hash_token_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def token_create(
+    *,
+    actor: Actor,
+    department: Department,
+    name: str,
+    abilities: list[str],
+    expires_in_days: int | None = None,
+) -> tuple[ApiToken, str]:
+    """Returns the token row and its secret; the secret is never stored or shown again."""
+    if actor.token is not None:
+        raise NotAuthorized(
+            "Tokens cannot create tokens; sign in as a person.", code="token_forbidden"
+        )
+    require_visible(actor, department.pk, "Department")
+    unknown = sorted(set(abilities) - set(Ability.values))
+    if unknown:
+        raise ValidationFailed(
+            f"Unknown abilities: {', '.join(unknown)}. Allowed: {', '.join(Ability.values)}.",
+            code="bad_ability",
+        )
+    if not abilities:
+        raise ValidationFailed("Name at least one ability.", code="bad_ability")
+    if not name.strip():
+        raise ValidationFailed("A token needs a name.", code="bad_name")
+    days = expires_in_days or settings.API_TOKEN_DEFAULT_DAYS
+    if not 1 <= days <= settings.API_TOKEN_MAX_DAYS:
+        raise ValidationFailed(
+            f"expires_in_days must be between 1 and {settings.API_TOKEN_MAX_DAYS}.",
+            code="bad_expiry",
+        )
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    with transaction.atomic():
+        token = ApiToken.objects.create(
+            department=department,
+            name=name.strip()[:100],
+            prefix=secret[: len(TOKEN_PREFIX) + 8],
+            secret_sha256=hash_token_secret(secret),
+            abilities=sorted(set(abilities)),
+            created_by=actor.user,
+            expires_at=timezone.now() + timedelta(days=days),
+        )
+        audit_record(
+            actor=actor,
+            action="token.created",
+            obj=token,
+            department=department,
+            details={
+                "abilities": token.abilities,
+                "expires_at": token.expires_at.isoformat(),
+            },
+        )
+    return token, secret
+
+
+def token_revoke(*, actor: Actor, token: ApiToken) -> ApiToken:
+    if actor.token is not None:
+        raise NotAuthorized(
+            "Tokens cannot revoke tokens; sign in as a person.", code="token_forbidden"
+        )
+    if not (actor.is_platform_admin or token.created_by_id == actor.user.pk):
+        raise NotFound("Token not found.")
+    with transaction.atomic():
+        locked = ApiToken.objects.select_for_update().get(pk=token.pk)
+        if locked.revoked_at is not None:
+            raise Conflict("This token is already revoked.", code="already_revoked")
+        locked.revoked_at = timezone.now()
+        locked.revoked_by = actor.user
+        locked.save(update_fields=["revoked_at", "revoked_by"])
+        audit_record(
+            actor=actor,
+            action="token.revoked",
+            obj=locked,
+            department=locked.department,
+        )
+    return locked
+
+
+def token_authenticate(secret: str) -> ApiToken | None:
+    """The active token for this secret, or None. Expired, revoked, and tokens
+    whose creator has since left the department are all refused."""
+    if not secret.startswith(TOKEN_PREFIX):
+        return None
+    token = (
+        ApiToken.objects.select_related("created_by", "department")
+        .filter(secret_sha256=hash_token_secret(secret))
+        .first()
+    )
+    now = timezone.now()
+    if token is None or token.revoked_at is not None or token.expires_at <= now:
+        return None
+    creator = token.created_by
+    if not creator.is_active:
+        return None
+    if (
+        not creator.is_staff
+        and not creator.memberships.filter(department=token.department).exists()
+    ):
+        return None
+    # Written at most once a minute so that busy pipelines don't turn reads into writes.
+    if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token

@@ -1,0 +1,403 @@
+"""Registering adapter versions and moving them through their lifecycle."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from registry.access import require_approver, require_contributor
+from registry.actors import Actor
+from registry.artifact_store import get_artifact_store, s3_source_options
+from registry.audit import audit_record
+from registry.errors import (
+    Conflict,
+    DependencyUnavailable,
+    NotAuthorized,
+    ValidationFailed,
+)
+from registry.ingest.adapter_validation import AdapterMetadata, inspect_adapter
+from registry.ingest.errors import ArtifactRejected
+from registry.ingest.staging import (
+    IngestLimits,
+    StagedArtifact,
+    stage_directory,
+    stage_upload,
+)
+from registry.models import Ability, Adapter, AdapterVersion, VersionStatus
+from registry.storage import SourceRejected, StorageError, download_s3_prefix
+from registry.transitions import TRANSITIONS, allowed_actions_from
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Lineage:
+    mlflow_run_id: str = ""
+    mlflow_run_uri: str = ""
+    source_commit: str = ""
+    dataset: str = ""
+
+
+@dataclass
+class RegistrationResult:
+    version: AdapterVersion
+    created: bool
+    warnings: list[str] = field(default_factory=list)
+
+
+def ingest_limits() -> IngestLimits:
+    return IngestLimits(
+        max_total_bytes=settings.INGEST_MAX_BYTES,
+        max_file_bytes=settings.INGEST_MAX_BYTES,
+        max_entries=settings.INGEST_MAX_ENTRIES,
+    )
+
+
+def _existing_for_retry(
+    adapter: Adapter, idempotency_key: str | None, lineage: Lineage
+) -> AdapterVersion | None:
+    if idempotency_key:
+        found = adapter.versions.filter(idempotency_key=idempotency_key).first()
+        if found:
+            return found
+    if lineage.mlflow_run_id:
+        return adapter.versions.filter(mlflow_run_id=lineage.mlflow_run_id).first()
+    return None
+
+
+def version_register(
+    *,
+    actor: Actor,
+    adapter: Adapter,
+    uploads: Sequence | None = None,
+    source_dir: Path | None = None,
+    s3_uri: str | None = None,
+    idempotency_key: str | None = None,
+    lineage: Lineage = Lineage(),
+) -> RegistrationResult:
+    """Validates an untrusted artifact, stores it, and records version N+1.
+
+    Nothing is kept unless everything succeeds: the staging folder is always
+    removed, and stored objects are deleted if the row cannot be written.
+    """
+    require_contributor(
+        actor, adapter.department_id, Ability.REGISTER_VERSIONS, "Adapter"
+    )
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
+        raise ValidationFailed(
+            "Idempotency-Key must be 1 to 200 characters.", code="bad_idempotency_key"
+        )
+    existing = _existing_for_retry(adapter, idempotency_key, lineage)
+    if existing:
+        return RegistrationResult(version=existing, created=False)
+    if sum(x is not None for x in (uploads, source_dir, s3_uri)) != 1:
+        raise ValidationFailed(
+            "Give the artifact exactly one way: uploaded files, or s3_uri.",
+            code="no_artifact",
+        )
+
+    staging_root = Path(settings.INGEST_STAGING_DIR)
+    staging_root.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="ingest-", dir=staging_root))
+    try:
+        staged, metadata = _stage_and_inspect(workdir, uploads, source_dir, s3_uri)
+        duplicate = adapter.versions.filter(
+            manifest_sha256=staged.manifest_sha256
+        ).first()
+        if duplicate:
+            raise Conflict(
+                f"This artifact is identical to version {duplicate.number} of {adapter}.",
+                code="duplicate_artifact",
+                details={"duplicate_of": duplicate.number},
+            )
+        prefix = f"adapters/{adapter.department.slug}/{adapter.name}/{uuid.uuid4().hex}"
+        _store(staged, prefix)
+        try:
+            version = _record_version(
+                actor,
+                adapter,
+                staged,
+                metadata,
+                prefix,
+                idempotency_key,
+                lineage,
+                s3_uri,
+            )
+        except BaseException:
+            get_artifact_store().delete_prefix(prefix + "/")
+            raise
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return RegistrationResult(
+        version=version, created=True, warnings=_warnings(adapter, metadata)
+    )
+
+
+def _stage_and_inspect(
+    workdir, uploads, source_dir, s3_uri
+) -> tuple[StagedArtifact, AdapterMetadata]:
+    dest = workdir / "artifact"
+    dest.mkdir()
+    limits = ingest_limits()
+    try:
+        if uploads is not None:
+            if not uploads:
+                raise ArtifactRejected("empty_upload", "No files were uploaded.")
+            staged = stage_upload(list(uploads), dest, limits)
+        else:
+            if s3_uri is not None:
+                source_dir = workdir / "download"
+                source_dir.mkdir()
+                _download_s3(s3_uri, source_dir, limits)
+            staged = _stage_local(source_dir, dest, limits)
+        metadata = inspect_adapter(
+            staged.root,
+            serving_dtype=settings.SERVING_DTYPE,
+            allow_pickle=settings.INGEST_ALLOW_PICKLE,
+        )
+    except ArtifactRejected as rejection:
+        raise ValidationFailed(rejection.message, code=rejection.code) from rejection
+    return staged, metadata
+
+
+def _stage_local(source_dir: Path, dest: Path, limits: IngestLimits) -> StagedArtifact:
+    entries = [p for p in source_dir.iterdir()]
+    # An S3 prefix or run folder holding one archive is treated like an uploaded archive.
+    if (
+        len(entries) == 1
+        and entries[0].is_file()
+        and not entries[0].name.endswith(".json")
+    ):
+        return stage_upload([_LocalFile(entries[0])], dest, limits)
+    return stage_directory(source_dir, dest, limits)
+
+
+class _LocalFile:
+    def __init__(self, path: Path):
+        self.path = path
+        self.name = path.name
+        self.size = path.stat().st_size
+
+    def chunks(self, chunk_size: int = 1024 * 1024):
+        with self.path.open("rb") as handle:
+            while chunk := handle.read(chunk_size):
+                yield chunk
+
+    def temporary_file_path(self) -> str:
+        return str(self.path)
+
+
+def _download_s3(uri: str, dest: Path, limits: IngestLimits) -> None:
+    options = s3_source_options()
+    options.pop("multipart_chunk_mb", None)
+    options.pop("max_concurrency", None)
+    try:
+        download_s3_prefix(
+            uri,
+            dest,
+            max_files=limits.max_entries,
+            max_total_bytes=limits.max_total_bytes,
+            **options,
+        )
+    except SourceRejected as error:
+        raise ValidationFailed(str(error), code="bad_s3_source") from None
+    except ValueError as error:
+        raise ValidationFailed(str(error), code="bad_s3_uri") from None
+    except StorageError as error:
+        raise DependencyUnavailable(
+            f"Could not read {uri}: {error}", code="s3_unavailable"
+        ) from None
+
+
+def _store(staged: StagedArtifact, prefix: str) -> None:
+    store = get_artifact_store()
+    try:
+        for item in staged.files:
+            store.put_file(
+                f"{prefix}/{item.path}", staged.root / item.path, sha256=item.sha256
+            )
+    except StorageError as error:
+        store.delete_prefix(prefix + "/")
+        logger.warning("artifact store write failed: %s", error)
+        raise DependencyUnavailable(
+            "The artifact store is unavailable; nothing was registered. Try again.",
+            code="artifact_store_unavailable",
+        ) from None
+    except BaseException:
+        store.delete_prefix(prefix + "/")
+        raise
+
+
+def _record_version(
+    actor, adapter, staged, metadata, prefix, idempotency_key, lineage, s3_uri
+) -> AdapterVersion:
+    try:
+        with transaction.atomic():
+            # The adapter row lock serialises numbering: concurrent registrations
+            # get N+1 and N+2, never the same number and never a gap.
+            locked = Adapter.objects.select_for_update().get(pk=adapter.pk)
+            locked.last_version_number += 1
+            locked.save(update_fields=["last_version_number", "updated_at"])
+            version = AdapterVersion.objects.create(
+                adapter=locked,
+                number=locked.last_version_number,
+                artifact_uri=get_artifact_store().uri(prefix) + "/",
+                storage_prefix=prefix,
+                files=[
+                    {"path": f.path, "size": f.size, "sha256": f.sha256}
+                    for f in staged.files
+                ],
+                manifest_sha256=staged.manifest_sha256,
+                total_size=staged.total_size,
+                peft_type=metadata.peft_type,
+                r=metadata.r,
+                lora_alpha=metadata.lora_alpha,
+                target_modules=list(metadata.target_modules),
+                base_model_name_or_path=metadata.base_model_name_or_path or "",
+                tensor_count=metadata.tensor_count,
+                parameter_count=metadata.parameter_count,
+                dtype=metadata.dtype,
+                serving_dtype=settings.SERVING_DTYPE,
+                estimated_memory_bytes=metadata.estimated_memory_bytes,
+                layer_count=metadata.layer_count,
+                module_shapes=[
+                    {
+                        "module": m.module,
+                        "in_features": m.in_features,
+                        "out_features": m.out_features,
+                        "rank": m.rank,
+                    }
+                    for m in metadata.module_shapes
+                ],
+                rank_pattern=metadata.rank_pattern or {},
+                adapter_config=metadata.config,
+                registered_by=actor.user,
+                registered_via_token=actor.token,
+                idempotency_key=idempotency_key,
+                source_uri=s3_uri or "",
+                mlflow_run_id=lineage.mlflow_run_id,
+                mlflow_run_uri=lineage.mlflow_run_uri,
+                source_commit=lineage.source_commit,
+                dataset=lineage.dataset,
+            )
+            audit_record(
+                actor=actor,
+                action="version.registered",
+                obj=version,
+                department=adapter.department,
+                to_state=version.status,
+                details={
+                    "manifest_sha256": staged.manifest_sha256,
+                    "total_size": staged.total_size,
+                },
+            )
+    except IntegrityError:
+        # Lost a race against an identical upload or the same idempotency key.
+        winner = _existing_for_retry(adapter, idempotency_key, lineage)
+        if winner is None:
+            winner = adapter.versions.filter(
+                manifest_sha256=staged.manifest_sha256
+            ).first()
+        raise Conflict(
+            "An identical version was registered at the same moment"
+            + (f": version {winner.number}." if winner else "."),
+            code="duplicate_artifact",
+        ) from None
+    return version
+
+
+def _warnings(adapter: Adapter, metadata: AdapterMetadata) -> list[str]:
+    warnings = []
+    if (
+        metadata.base_model_name_or_path
+        and metadata.base_model_name_or_path != adapter.base_model
+    ):
+        warnings.append(
+            f"The artifact says base_model_name_or_path={metadata.base_model_name_or_path!r}, "
+            f"but the adapter targets {adapter.base_model!r}."
+        )
+    return warnings
+
+
+def version_transition(
+    *, actor: Actor, version: AdapterVersion, action: str, comment: str = ""
+) -> AdapterVersion:
+    """Applies one row of the transition table, under a row lock, with its audit event.
+
+    Two approvers acting at once: the second waits for the lock, then sees the
+    new status and gets a 409, so exactly one transition happens.
+    """
+    transition = TRANSITIONS.get(action)
+    if transition is None:
+        raise ValidationFailed(f"Unknown action {action!r}.", code="unknown_action")
+    department_id = version.adapter.department_id
+    if transition.who == "contributor":
+        require_contributor(actor, department_id, Ability.SUBMIT_FOR_REVIEW, "Version")
+    else:
+        require_approver(actor, department_id, "Version")
+    comment = (comment or "").strip()
+    if transition.comment_required and not comment:
+        raise ValidationFailed(
+            f"A comment is required to {action}.", code="comment_required"
+        )
+
+    with transaction.atomic():
+        locked = AdapterVersion.objects.select_for_update().get(pk=version.pk)
+        if locked.status not in transition.sources:
+            allowed = allowed_actions_from(locked.status) or ["none"]
+            raise Conflict(
+                f"Cannot {action} version {locked.number}: it is {locked.status}. "
+                f"Allowed from {locked.status}: {', '.join(allowed)}.",
+                code="invalid_transition",
+                details={"current_status": locked.status},
+            )
+        if transition.who == "reviewer":
+            _require_four_eyes(actor, locked)
+        previous = locked.status
+        locked.status = transition.target
+        update_fields = ["status", "updated_at"]
+        if action == "submit":
+            locked.submitted_by = actor.user
+            update_fields.append("submitted_by")
+        if transition.who == "reviewer":
+            locked.reviewed_by = actor.user
+            locked.reviewed_at = timezone.now()
+            locked.review_comment = comment
+            update_fields += ["reviewed_by", "reviewed_at", "review_comment"]
+        locked.save(update_fields=update_fields)
+        audit_record(
+            actor=actor,
+            action=f"version.{action}",
+            obj=locked,
+            department=locked.adapter.department,
+            from_state=previous,
+            to_state=locked.status,
+            comment=comment,
+        )
+        _after_transition(locked, previous)
+    return locked
+
+
+def _require_four_eyes(actor: Actor, version: AdapterVersion) -> None:
+    if actor.user.pk in {version.registered_by_id, version.submitted_by_id}:
+        raise NotAuthorized(
+            "Four-eyes rule: you cannot review a version you registered or submitted.",
+            code="four_eyes",
+        )
+
+
+def _after_transition(version: AdapterVersion, previous: str) -> None:
+    """Hooks for other parts of the product (serving retires deprecated versions)."""
+    from registry import hooks
+
+    for hook in hooks.after_version_transition:
+        hook(version, previous)

@@ -1,0 +1,177 @@
+"""The fixed cast every test uses, and the real servers the suite starts.
+
+    lena   member of Legal           alex   approver of Legal
+    paula  another approver of Legal fred   member of Finance (an outsider to Legal)
+    root   platform admin (staff)    a Legal pipeline token with every ability
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from rest_framework.test import APIClient
+
+from registry.actors import Actor
+from registry.artifact_store import get_artifact_store
+from registry.models import Ability, Department, Membership, Role
+from registry.services.tokens import token_create
+from tests.support.adapters import AdapterSpec
+
+PASSWORD = "correct-horse-battery"
+
+
+@pytest.fixture(autouse=True)
+def isolated_storage(settings, tmp_path):
+    """Each test gets its own artifact store and staging folder."""
+    settings.ARTIFACT_STORE_URL = (tmp_path / "artifacts").as_uri()
+    settings.INGEST_STAGING_DIR = tmp_path / "ingest"
+    get_artifact_store.cache_clear()
+    yield
+    get_artifact_store.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    from tests.support.s3_server import running_s3_server
+
+    with running_s3_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3_store(settings, s3_endpoint, request):
+    """Switches this test's artifact store to a fresh bucket on the real S3 server."""
+    from tests.support.s3_server import make_bucket
+
+    bucket = f"artifacts-{abs(hash(request.node.nodeid)) % 10**10}"
+    make_bucket(s3_endpoint, bucket)
+    settings.ARTIFACT_STORE_URL = f"s3://{bucket}/registry"
+    settings.ARTIFACT_S3 = {
+        **settings.ARTIFACT_S3,
+        "endpoint_url": s3_endpoint,
+        "access_key": "testing",
+        "secret_key": "testing",
+        "addressing_style": "path",
+        "region": "us-east-1",
+    }
+    get_artifact_store.cache_clear()
+    return get_artifact_store()
+
+
+def _user(username, **extra):
+    return get_user_model().objects.create_user(
+        username=username, password=PASSWORD, email=f"{username}@example.com", **extra
+    )
+
+
+@pytest.fixture
+def legal(db):
+    return Department.objects.create(slug="legal", name="Legal")
+
+
+@pytest.fixture
+def finance(db):
+    return Department.objects.create(slug="finance", name="Finance")
+
+
+@pytest.fixture
+def lena(legal):
+    user = _user("lena")
+    Membership.objects.create(user=user, department=legal, role=Role.MEMBER)
+    return user
+
+
+@pytest.fixture
+def alex(legal):
+    user = _user("alex")
+    Membership.objects.create(user=user, department=legal, role=Role.APPROVER)
+    return user
+
+
+@pytest.fixture
+def paula(legal):
+    user = _user("paula")
+    Membership.objects.create(user=user, department=legal, role=Role.APPROVER)
+    return user
+
+
+@pytest.fixture
+def fred(finance):
+    user = _user("fred")
+    Membership.objects.create(user=user, department=finance, role=Role.MEMBER)
+    return user
+
+
+@pytest.fixture
+def root(db):
+    return _user("root", is_staff=True, is_superuser=True)
+
+
+def actor(user, token=None) -> Actor:
+    return Actor(user=user, token=token, request_id="test", client_address="127.0.0.1")
+
+
+@pytest.fixture
+def legal_token(legal, lena):
+    token, secret = token_create(
+        actor=actor(lena), department=legal, name="ci", abilities=list(Ability.values)
+    )
+    token.secret = secret
+    return token
+
+
+def client_for(who, legal_token=None) -> APIClient:
+    client = APIClient()
+    if who == "token":
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {legal_token.secret}")
+    elif who is not None:
+        client.force_login(who)
+    return client
+
+
+@pytest.fixture
+def as_lena(lena):
+    return client_for(lena)
+
+
+@pytest.fixture
+def as_alex(alex):
+    return client_for(alex)
+
+
+@pytest.fixture
+def as_paula(paula):
+    return client_for(paula)
+
+
+@pytest.fixture
+def as_fred(fred):
+    return client_for(fred)
+
+
+@pytest.fixture
+def as_root(root):
+    return client_for(root)
+
+
+@pytest.fixture
+def as_token(legal_token):
+    return client_for("token", legal_token)
+
+
+@pytest.fixture
+def anonymous():
+    return APIClient()
+
+
+@pytest.fixture
+def adapter_spec():
+    return AdapterSpec()
+
+
+def requires_postgres():
+    return pytest.mark.skipif(
+        connection.vendor != "postgresql",
+        reason="needs PostgreSQL: SQLite has no row locks (SELECT ... FOR UPDATE)",
+    )

@@ -1,0 +1,7 @@
+"""Environment for the test run, set before Django reads its settings."""
+
+import os
+import tempfile
+
+os.environ.setdefault("DJANGO_SECRET_KEY", "test-only-secret-key-not-for-production")
+os.environ.setdefault("VAR_DIR", tempfile.mkdtemp(prefix="registry-test-var-"))
