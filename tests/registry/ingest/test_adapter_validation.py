@@ -25,11 +25,9 @@ def write(tmp_path, spec: AdapterSpec | None = None, **files: bytes):
 
 
 def test_the_default_adapter_passes_with_exact_metadata(tmp_path):
-    staged, metadata = (
-        stage_and_inspect(as_sources([("adapter.tar.gz", adapter_tar_gz())]), tmp_path / "s", None)
-        if (tmp_path / "s").mkdir() is None
-        else (None, None)
-    )
+    dest = tmp_path / "staged"
+    dest.mkdir()
+    staged, metadata = stage_and_inspect(as_sources([("a.tar.gz", adapter_tar_gz())]), dest)
 
     # 2 layers x 2 modules x (A: 8x128 + B: 128x8)
     parameter_count = 2 * 2 * (8 * 128 + 128 * 8)
