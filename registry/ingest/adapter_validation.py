@@ -26,12 +26,8 @@ SERVING_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 SAVABLE_MODULES = {"classifier", "score"}
 
-LORA_TENSOR = re.compile(
-    r"base_model\.model\.(?P<path>.+)\.(?P<kind>lora_[AB])\.weight"
-)
-EMBEDDING_TENSOR = re.compile(
-    r"base_model\.model\.(?P<path>.+)\.(?P<kind>lora_embedding_[AB])"
-)
+LORA_TENSOR = re.compile(r"base_model\.model\.(?P<path>.+)\.(?P<kind>lora_[AB])\.weight")
+EMBEDDING_TENSOR = re.compile(r"base_model\.model\.(?P<path>.+)\.(?P<kind>lora_embedding_[AB])")
 
 
 @dataclass(frozen=True)
@@ -138,9 +134,7 @@ def _check_files(root: Path, names: list[str], allow_pickle: bool) -> None:
 
 def _read_config(path: Path) -> dict:
     if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ArtifactRejected(
-            "invalid_config", f"{CONFIG_NAME} is larger than 1 MiB.", 413
-        )
+        raise ArtifactRejected("invalid_config", f"{CONFIG_NAME} is larger than 1 MiB.", 413)
     try:
         config = json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
@@ -148,9 +142,7 @@ def _read_config(path: Path) -> dict:
             "invalid_config", f"{CONFIG_NAME} is not valid JSON ({error})."
         ) from None
     if not isinstance(config, dict):
-        raise ArtifactRejected(
-            "invalid_config", f"{CONFIG_NAME} must be a JSON object."
-        )
+        raise ArtifactRejected("invalid_config", f"{CONFIG_NAME} must be a JSON object.")
     return config
 
 
@@ -175,18 +167,13 @@ def _check_config(config: dict) -> _Rules:
     if peft_type != "LORA":
         raise ArtifactRejected(
             "unsupported_peft_type",
-            f'peft_type is {peft_type!r}; only LoRA adapters (peft_type "LORA") '
-            "can be served.",
+            f'peft_type is {peft_type!r}; only LoRA adapters (peft_type "LORA") can be served.',
         )
     r = config.get("r")
     if not _is_rank(r):
-        raise ArtifactRejected(
-            "invalid_rank", f"r must be a positive integer, got {r!r}."
-        )
+        raise ArtifactRejected("invalid_rank", f"r must be a positive integer, got {r!r}.")
     if "lora_alpha" not in config:
-        raise ArtifactRejected(
-            "missing_lora_alpha", f"{CONFIG_NAME} has no lora_alpha."
-        )
+        raise ArtifactRejected("missing_lora_alpha", f"{CONFIG_NAME} has no lora_alpha.")
     if not _is_number(config["lora_alpha"]):
         raise ArtifactRejected(
             "invalid_lora_alpha",
@@ -208,10 +195,7 @@ def _check_config(config: dict) -> _Rules:
             'Retrain with bias="none".',
         )
     modules_to_save = config.get("modules_to_save") or []
-    if (
-        not isinstance(modules_to_save, list)
-        or not set(modules_to_save) <= SAVABLE_MODULES
-    ):
+    if not isinstance(modules_to_save, list) or not set(modules_to_save) <= SAVABLE_MODULES:
         raise ArtifactRejected(
             "modules_to_save_unsupported",
             f"modules_to_save is {modules_to_save!r}; vLLM cannot serve fully trained "
@@ -245,11 +229,7 @@ def _target_rule(targets) -> tuple[str, ...] | re.Pattern | None:
                 "invalid_target_modules",
                 f"target_modules is a string but not a valid regular expression ({error}).",
             ) from None
-    if (
-        isinstance(targets, list)
-        and targets
-        and all(isinstance(t, str) and t for t in targets)
-    ):
+    if isinstance(targets, list) and targets and all(isinstance(t, str) and t for t in targets):
         return tuple(targets)
     raise ArtifactRejected(
         "invalid_target_modules",
@@ -281,26 +261,20 @@ def _rank_for(path: str, rules: _Rules) -> tuple[int, str | None]:
 def _reject_tensor(name: str) -> ArtifactRejected:
     hint = "Only LoRA weights (…lora_A.weight / …lora_B.weight) may be in the adapter."
     if "lora_magnitude_vector" in name:
-        hint = (
-            "This is a DoRA magnitude vector; DoRA adapters cannot be served by vLLM."
-        )
+        hint = "This is a DoRA magnitude vector; DoRA adapters cannot be served by vLLM."
     elif ".lora_" in name:
         hint = (
             "LoRA tensors must be named base_model.model.<module>.lora_A.weight / "
             ".lora_B.weight, as PEFT save_pretrained writes them."
         )
-    return ArtifactRejected(
-        "unexpected_tensor", f"Tensor {name!r} is not a LoRA weight. {hint}"
-    )
+    return ArtifactRejected("unexpected_tensor", f"Tensor {name!r} is not a LoRA weight. {hint}")
 
 
 def _check_tensors(
     tensors: list[TensorInfo], config: dict, rules: _Rules, serving_dtype: str
 ) -> AdapterMetadata:
     if not tensors:
-        raise ArtifactRejected(
-            "no_lora_tensors", f"{WEIGHTS_NAME} contains no tensors."
-        )
+        raise ArtifactRejected("no_lora_tensors", f"{WEIGHTS_NAME} contains no tensors.")
     pairs: dict[str, dict[str, TensorInfo]] = {}
     saved_head = None
     if rules.modules_to_save:
@@ -317,9 +291,7 @@ def _check_tensors(
                 "float16, bfloat16 or float32.",
             )
         params_by_dtype[tensor.dtype] += tensor.numel
-        match = LORA_TENSOR.fullmatch(tensor.name) or EMBEDDING_TENSOR.fullmatch(
-            tensor.name
-        )
+        match = LORA_TENSOR.fullmatch(tensor.name) or EMBEDDING_TENSOR.fullmatch(tensor.name)
         if match is None:
             if saved_head and saved_head.fullmatch(tensor.name):
                 continue
@@ -387,9 +359,7 @@ def _check_tensors(
         shapes[leaf] = current
 
     if not pairs:
-        raise ArtifactRejected(
-            "no_lora_tensors", f"{WEIGHTS_NAME} contains no LoRA weights."
-        )
+        raise ArtifactRejected("no_lora_tensors", f"{WEIGHTS_NAME} contains no LoRA weights.")
     if isinstance(rules.targets, tuple):
         missing = [t for t in rules.targets if t not in targets_seen]
         if missing:

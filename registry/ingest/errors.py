@@ -19,6 +19,4 @@ class ArtifactRejected(Exception):
         self.status = status
 
     def __repr__(self) -> str:
-        return (
-            f"ArtifactRejected({self.code!r}, {self.message!r}, status={self.status})"
-        )
+        return f"ArtifactRejected({self.code!r}, {self.message!r}, status={self.status})"

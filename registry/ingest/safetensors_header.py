@@ -67,9 +67,7 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
     return result
 
 
-def read_safetensors_header(
-    path: Path, max_header_bytes: int = 100 * 1024**2
-) -> list[TensorInfo]:
+def read_safetensors_header(path: Path, max_header_bytes: int = 100 * 1024**2) -> list[TensorInfo]:
     path = Path(path)
     with open(path, "rb") as handle:
         file_size = os.fstat(handle.fileno()).st_size
@@ -141,11 +139,7 @@ def read_safetensors_header(
     position = 0
     for begin, end, name in sorted(spans):
         if begin != position:
-            problem = (
-                "overlaps another tensor"
-                if begin < position
-                else "leaves a gap before it"
-            )
+            problem = "overlaps another tensor" if begin < position else "leaves a gap before it"
             raise _bad(path, f"tensor {name!r} at offset {begin} {problem}")
         position = end
     if position != data_size:

@@ -39,8 +39,25 @@ RATIO_FLOOR_BYTES = 64 * 1024
 # overhead only.
 ARCHIVE_OVERHEAD_BYTES = 1024 * 1024
 MAX_NAME_BYTES = 255
+MAX_TAR_META_BYTES = 64 * 1024
+MAX_ZIP_DIRECTORY_BYTES = 16 * 1024**2
 SCRATCH_DIR = ".incoming"
 
+LOOSE_SUFFIXES = (
+    ".safetensors",
+    ".json",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".pkl",
+    ".pickle",
+    ".ckpt",
+    ".md",
+    ".txt",
+    ".model",
+    ".yaml",
+    ".yml",
+)
 ARCHIVE_SUFFIXES = (
     ".zip",
     ".tar",
@@ -121,9 +138,7 @@ def stage_upload(
 def stage_directory(src: Path, dest: Path, limits: IngestLimits) -> StagedArtifact:
     """Same as stage_upload, from a local directory (MLflow / S3 downloads).
     Hidden files and directories (e.g. huggingface_hub's .cache/) are ignored."""
-    return _staged(
-        dest, lambda writer: _read_directory(Path(src), writer, limits), limits
-    )
+    return _staged(dest, lambda writer: _read_directory(Path(src), writer, limits), limits)
 
 
 # --- names -----------------------------------------------------------------
@@ -162,8 +177,7 @@ def _check_name(name: str) -> tuple[str, ...]:
     if ".." in parts:
         raise ArtifactRejected(
             "path_traversal",
-            f"Entry {name!r} contains a '..' component that would escape the "
-            "adapter folder.",
+            f"Entry {name!r} contains a '..' component that would escape the adapter folder.",
         )
     if any(len(p.encode()) > MAX_NAME_BYTES for p in parts):
         raise ArtifactRejected(
@@ -216,9 +230,7 @@ class _Writer:
         if parts:
             self.dirs.add(parts)
 
-    def add_file(
-        self, parts: tuple[str, ...], shown: str, read: Callable[[int], bytes]
-    ) -> None:
+    def add_file(self, parts: tuple[str, ...], shown: str, read: Callable[[int], bytes]) -> None:
         self.claim(parts, shown)
         target = self.scratch / str(len(self.files))
         digest = hashlib.sha256()
@@ -246,9 +258,7 @@ class _Writer:
                 out.write(chunk)
         self.files[parts] = (target, size, digest.hexdigest())
 
-    def check_ratio(
-        self, uncompressed: int | None = None, compressed: int | None = None
-    ) -> None:
+    def check_ratio(self, uncompressed: int | None = None, compressed: int | None = None) -> None:
         if compressed is None:
             if self.compressed is None:
                 return
@@ -273,9 +283,7 @@ def _human(n: int) -> str:
     raise AssertionError
 
 
-def _staged(
-    dest: Path, fill: Callable[[_Writer], None], limits: IngestLimits
-) -> StagedArtifact:
+def _staged(dest: Path, fill: Callable[[_Writer], None], limits: IngestLimits) -> StagedArtifact:
     dest = Path(dest)
     if any(dest.iterdir()):
         raise ValueError(f"staging directory {dest} is not empty")
@@ -440,9 +448,7 @@ def _kind(head: bytes) -> str:
     return "file"
 
 
-def _read_sources(
-    sources: Sequence[UploadSource], writer: _Writer, limits: IngestLimits
-) -> None:
+def _read_sources(sources: Sequence[UploadSource], writer: _Writer, limits: IngestLimits) -> None:
     if not sources:
         raise ArtifactRejected("empty_upload", "No file was uploaded.")
     if len(sources) > limits.max_entries:
@@ -453,7 +459,18 @@ def _read_sources(
         for source in sources:
             raw = _open_source(source, stack)
             head = raw.read(512)
-            opened.append((source, raw, head, _kind(head)))
+            name = _basename(source.name).lower()
+            if name.endswith(ARCHIVE_SUFFIXES):
+                kind = _kind(head) if len(sources) == 1 else "unsupported"
+                kind = "unsupported" if kind == "file" else kind
+            elif name.endswith(LOOSE_SUFFIXES) or len(sources) > 1:
+                # A safetensors header length can start with gzip's magic bytes,
+                # and torch .pt/.bin files are zips: a file named like an
+                # adapter file is taken as one.
+                kind = "file"
+            else:
+                kind = _kind(head)
+            opened.append((source, raw, head, kind))
         if len(opened) == 1:
             source, raw, head, kind = opened[0]
             if not head:
@@ -465,9 +482,7 @@ def _read_sources(
                 return _read_tar(_Prefixed(head, raw), writer)
             if kind == "zip":
                 return _read_zip(source, _Prefixed(head, raw), writer, stack)
-            if kind == "unsupported" or _basename(source.name).lower().endswith(
-                ARCHIVE_SUFFIXES
-            ):
+            if kind != "file":
                 raise ArtifactRejected(
                     "unsupported_upload_type",
                     f"{_basename(source.name)!r} is not a supported archive. Upload a "
@@ -514,6 +529,30 @@ def _corrupt(kind: str, error: Exception) -> ArtifactRejected:
     )
 
 
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile reads pax and GNU long-name headers whole into memory; a hostile
+    archive could declare one of gigabytes (zeros gzip to almost nothing)."""
+
+    def _proc_member(self, tarfile_):
+        if self.type in _TAR_META_TYPES and self.size > MAX_TAR_META_BYTES:
+            raise ArtifactRejected(
+                "oversized_tar_header",
+                f"The archive has a {self.size}-byte extended header; at most "
+                f"{MAX_TAR_META_BYTES} bytes are accepted.",
+                413,
+            )
+        return super()._proc_member(tarfile_)
+
+
+_TAR_META_TYPES = (
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+)
+
+
 def _read_tar(raw, writer: _Writer) -> None:
     counting = _Counting(raw)
     writer.compressed = lambda: counting.count
@@ -521,7 +560,11 @@ def _read_tar(raw, writer: _Writer) -> None:
         # "r|*": a forward-only stream, so gzip is decompressed incrementally
         # and nothing is seeked or buffered whole.
         with tarfile.open(
-            fileobj=counting, mode="r|*", encoding="utf-8", errors="surrogateescape"
+            fileobj=counting,
+            mode="r|*",
+            encoding="utf-8",
+            errors="surrogateescape",
+            tarinfo=_BoundedTarInfo,
         ) as archive:
             for member in archive:
                 writer.count_entry()
@@ -560,7 +603,8 @@ def _read_tar(raw, writer: _Writer) -> None:
                     )
                 data = archive.extractfile(member)
                 writer.add_file(parts, member.name, data.read)
-    except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
+    except (tarfile.TarError, EOFError, OSError, zlib.error, RecursionError) as error:
+        # RecursionError: a long chain of pax headers.
         raise _corrupt("tar", error) from None
 
 
@@ -584,6 +628,7 @@ def _read_zip(source, raw, writer: _Writer, stack: ExitStack) -> None:
     file.seek(0, os.SEEK_END)
     archive_size = file.tell()
     file.seek(0)
+    _check_zip_end_record(file, writer.limits)
     try:
         archive = stack.enter_context(zipfile.ZipFile(file))
         infos = archive.infolist()
@@ -621,11 +666,7 @@ def _read_zip(source, raw, writer: _Writer, stack: ExitStack) -> None:
                 f"Entry {name!r} is a symbolic link; archives must contain regular files only.",
             )
         is_dir = info.is_dir() or stat.S_ISDIR(mode)
-        if (
-            mode
-            and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
-            and stat.S_IFMT(mode)
-        ):
+        if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) and stat.S_IFMT(mode):
             raise ArtifactRejected(
                 "special_file",
                 f"Entry {name!r} is a device, FIFO or other special file; archives must "
@@ -672,6 +713,33 @@ def _read_zip(source, raw, writer: _Writer, stack: ExitStack) -> None:
         NotImplementedError,
     ) as error:
         raise _corrupt("zip", error) from None
+
+
+def _check_zip_end_record(file, limits: IngestLimits) -> None:
+    # zipfile loads the whole central directory into memory; refuse a huge
+    # one before it does. _EndRecData is private but unchanged since Python 2.
+    try:
+        end = zipfile._EndRecData(file)
+    except OSError:
+        end = None
+    finally:
+        file.seek(0)
+    if not end:
+        return  # zipfile reports the archive as corrupt
+    entries, directory_size = end[zipfile._ECD_ENTRIES_TOTAL], end[zipfile._ECD_SIZE]
+    if entries > limits.max_entries:
+        raise ArtifactRejected(
+            "too_many_entries",
+            f"The upload has more than {limits.max_entries} entries. A LoRA adapter "
+            "needs only adapter_config.json and adapter_model.safetensors.",
+            413,
+        )
+    if directory_size > MAX_ZIP_DIRECTORY_BYTES:
+        raise ArtifactRejected(
+            "corrupt_archive",
+            f"The zip's central directory is {directory_size} bytes, far larger than "
+            f"{limits.max_entries} entries need.",
+        )
 
 
 def _zip_name(info: zipfile.ZipInfo) -> str:
