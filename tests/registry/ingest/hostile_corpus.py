@@ -334,6 +334,20 @@ HOSTILE_ARTIFACTS: list[HostileArtifact] = [
         limits=IngestLimits(max_entries=4),
     ),
     HostileArtifact(
+        "zip_too_many_entries",
+        lambda: [("adapter.zip", zip_bytes({f"f{i}.txt": b"x" for i in range(65)}))],
+        "too_many_entries",
+        413,
+        description="refused from the zip end record, before the directory is parsed",
+    ),
+    HostileArtifact(
+        "tar_huge_long_name_header",
+        lambda: [("adapter.tar.gz", _tar((_member("a" * 200_000), b"x")))],
+        "oversized_tar_header",
+        413,
+        description="a 200 KB GNU long-name header tarfile would read whole into memory",
+    ),
+    HostileArtifact(
         "over_total_size",
         lambda: [("adapter.tar.gz", tar_gz_bytes(_files()))],
         "upload_too_large",

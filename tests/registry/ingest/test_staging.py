@@ -175,6 +175,15 @@ def test_it_rejects_an_archive_uploaded_with_other_files(dest):
     assert (caught.value.code, caught.value.status) == ("unsupported_upload_type", 415)
 
 
+def test_a_file_named_like_an_adapter_file_is_never_unpacked(dest):
+    # A safetensors header length of 0x...8b1f makes the file start like gzip.
+    looks_like_gzip = b"\x1f\x8b" + bytes(100)
+    staged = stage_upload(
+        as_sources([("adapter_model.safetensors", looks_like_gzip)]), dest, LIMITS
+    )
+    assert [f.path for f in staged.files] == ["adapter_model.safetensors"]
+
+
 # --- stage_directory ---------------------------------------------------------------
 
 
