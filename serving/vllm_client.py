@@ -88,20 +88,14 @@ def model_cards(result: AttemptResult) -> list[ModelCard]:
     for item in result.body.get("data") or []:
         if isinstance(item, dict) and "id" in item:
             cards.append(
-                ModelCard(
-                    id=str(item["id"]), root=item.get("root"), parent=item.get("parent")
-                )
+                ModelCard(id=str(item["id"]), root=item.get("root"), parent=item.get("parent"))
             )
     return cards
 
 
 def server_version(result: AttemptResult) -> str | None:
     """Version string of a successful `version()` result."""
-    if (
-        result.ok
-        and isinstance(result.body, dict)
-        and isinstance(result.body.get("version"), str)
-    ):
+    if result.ok and isinstance(result.body, dict) and isinstance(result.body.get("version"), str):
         return result.body["version"]
     return None
 
@@ -161,9 +155,7 @@ def extract_error(body: Any, text: str) -> str:
         if detail is not None:
             # FastAPI 422: a list of {"loc", "msg", "type"}.
             if isinstance(detail, list):
-                msgs = [
-                    d.get("msg", "") if isinstance(d, dict) else str(d) for d in detail
-                ]
+                msgs = [d.get("msg", "") if isinstance(d, dict) else str(d) for d in detail]
                 joined = "; ".join(m for m in msgs if m)
                 if joined:
                     return joined
@@ -243,9 +235,7 @@ class VLLMClient:
         """GET /v1/models (see `model_cards`)."""
         return self._request("GET", "/v1/models")
 
-    def load_adapter(
-        self, name: str, path: str, *, load_inplace: bool = False
-    ) -> AttemptResult:
+    def load_adapter(self, name: str, path: str, *, load_inplace: bool = False) -> AttemptResult:
         """POST /v1/load_lora_adapter. 200 body is plain text.
 
         `load_inplace` is only sent when True, so the call works on servers
@@ -280,9 +270,7 @@ class VLLMClient:
         """
         if chat:
             path = "/v1/chat/completions"
-            payload: dict[str, Any] = {
-                "messages": [{"role": "user", "content": prompt}]
-            }
+            payload: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]}
         else:
             path = "/v1/completions"
             payload = {"prompt": prompt}
@@ -335,9 +323,7 @@ class VLLMClient:
                 transient=transient,
                 body=None,
             )
-            logger.info(
-                "vllm %s %s -> %s (%.1f ms)", method, url, result.error, duration_ms
-            )
+            logger.info("vllm %s %s -> %s (%.1f ms)", method, url, result.error, duration_ms)
             return result
 
         duration_ms = (time.perf_counter() - t0) * 1000
@@ -356,9 +342,7 @@ class VLLMClient:
             transient=(not ok) and response.status_code in TRANSIENT_STATUS,
             body=body,
         )
-        logger.debug(
-            "vllm %s %s -> %s (%.1f ms)", method, url, response.status_code, duration_ms
-        )
+        logger.debug("vllm %s %s -> %s (%.1f ms)", method, url, response.status_code, duration_ms)
         return result
 
 

@@ -44,6 +44,14 @@ CORPUS = [
     "0 1 2 3 4 5 6 7 8 9 10 100 1000",
 ]
 
+# Order matters: ids 0..3 in the vocab.
+SPECIAL_TOKENS = (
+    ("unk_token", "<unk>"),
+    ("bos_token", "<s>"),
+    ("eos_token", "</s>"),
+    ("pad_token", "<pad>"),
+)
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "<|{{ message['role'] }}|>\n{{ message['content'] }}</s>\n"
@@ -80,24 +88,21 @@ def build_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    special = ["<unk>", "<s>", "</s>", "<pad>"]
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    special = dict(SPECIAL_TOKENS)
+    tok = Tokenizer(models.BPE(unk_token=special["unk_token"]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_TARGET,
         min_frequency=1,
-        special_tokens=special,
+        special_tokens=list(special.values()),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(CORPUS, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
+        **special,
         model_max_length=MAX_POSITIONS,
     )
     fast.chat_template = CHAT_TEMPLATE
@@ -138,9 +143,13 @@ def build(out_dir: Path, name: str, seed: int) -> None:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        (tmp / MARKER).write_text(
-            json.dumps(spec(name, seed), indent=2, sort_keys=True)
-        )
+        (tmp / MARKER).write_text(json.dumps(spec(name, seed), indent=2, sort_keys=True))
+        # mkdtemp makes a 0700 dir and safetensors writes 0600 files:
+        # make the model readable by any local user (e.g. a server in a
+        # container running as another uid).
+        tmp.chmod(0o755)
+        for child in tmp.iterdir():
+            child.chmod(0o644)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)

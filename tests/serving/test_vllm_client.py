@@ -62,9 +62,7 @@ class MockVLLM:
                 )
                 if reply.delay:
                     time.sleep(reply.delay)
-                data = (
-                    reply.body.encode() if isinstance(reply.body, str) else reply.body
-                )
+                data = reply.body.encode() if isinstance(reply.body, str) else reply.body
                 try:
                     self.send_response(reply.status)
                     self.send_header("content-type", reply.content_type)
@@ -79,9 +77,7 @@ class MockVLLM:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, args=(0.05,), daemon=True
-        )
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
 
     @property
     def url(self) -> str:
@@ -97,9 +93,7 @@ class MockVLLM:
 
 
 def vllm_error(message: str, type_: str, code: int) -> str:
-    return json.dumps(
-        {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    )
+    return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
 
 
 @pytest.fixture
@@ -130,9 +124,7 @@ def test_load_plain_text_200(mock: MockVLLM, client: VLLMClient) -> None:
     assert "authorization" not in {k.lower() for k in mock.requests[-1]["headers"]}
 
 
-def test_load_inplace_flag_only_sent_when_true(
-    mock: MockVLLM, client: VLLMClient
-) -> None:
+def test_load_inplace_flag_only_sent_when_true(mock: MockVLLM, client: VLLMClient) -> None:
     mock.routes[("POST", "/v1/load_lora_adapter")] = Reply(
         200, "Success", content_type="text/plain"
     )
@@ -232,9 +224,7 @@ def test_api_key_header_sent_and_never_logged(
     mock: MockVLLM, caplog: pytest.LogCaptureFixture
 ) -> None:
     secret = "s3cr3t-key-value"
-    mock.routes[("GET", "/v1/models")] = Reply(
-        200, json.dumps({"object": "list", "data": []})
-    )
+    mock.routes[("GET", "/v1/models")] = Reply(200, json.dumps({"object": "list", "data": []}))
     caplog.set_level(logging.DEBUG, logger="serving.vllm_client")
     with VLLMClient(mock.url + "/v1/", api_key=secret) as c:
         result = c.list_models()
@@ -272,15 +262,11 @@ def test_version_and_complete_one_token(mock: MockVLLM, client: VLLMClient) -> N
     mock.routes[("POST", "/v1/chat/completions")] = Reply(
         200, json.dumps({"choices": [{"index": 0}]})
     )
-    mock.routes[("POST", "/v1/completions")] = Reply(
-        200, json.dumps({"choices": [{"text": "x"}]})
-    )
+    mock.routes[("POST", "/v1/completions")] = Reply(200, json.dumps({"choices": [{"text": "x"}]}))
     assert server_version(client.version()) == "0.32.0"
     assert client.complete_one_token("a1").ok
     sent = mock.requests[-1]["json"]
-    assert (
-        sent["model"] == "a1" and sent["max_tokens"] == 1 and sent["temperature"] == 0
-    )
+    assert sent["model"] == "a1" and sent["max_tokens"] == 1 and sent["temperature"] == 0
     assert sent["messages"][0]["role"] == "user"
     assert client.complete_one_token("a1", chat=False, prompt="Hi").ok
     assert mock.requests[-1]["path"] == "/v1/completions"
@@ -308,11 +294,8 @@ def test_supports_load_inplace(version: str | None, expected: bool) -> None:
 
 def test_parse_version_and_extract_error() -> None:
     assert parse_version("v0.33.1+cpu") == (0, 33, 1)
-    assert (
-        extract_error({"detail": [{"msg": "field required"}]}, "") == "field required"
-    )
+    assert extract_error({"detail": [{"msg": "field required"}]}, "") == "field required"
     assert extract_error({"error": "boom"}, "") == "boom"
     assert (
-        extract_error("Internal Server Error", "Internal Server Error\n")
-        == "Internal Server Error"
+        extract_error("Internal Server Error", "Internal Server Error\n") == "Internal Server Error"
     )
