@@ -106,16 +106,16 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def s3_client(endpoint: str):
-    """A plain boto3 client for `endpoint` with the dummy credentials."""
+def s3_client(endpoint: str, *, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY):
+    """A plain boto3 client for `endpoint`, by default with the dummy credentials."""
     import boto3
     from botocore.config import Config
 
     return boto3.client(
         "s3",
         endpoint_url=endpoint,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
         region_name=REGION,
         config=Config(
             s3={"addressing_style": "path"},
