@@ -535,8 +535,8 @@ class S3ArtifactStore(ArtifactStore):
 def build_artifact_store(url: str, **s3_options: Any) -> ArtifactStore:
     """`file:///abs/dir`, `/abs/dir` or `s3://bucket[/prefix]`.
 
-    `s3_options` are S3ArtifactStore keyword arguments; they are rejected for a
-    local URL only if any is set to something other than None.
+    `s3_options` are S3ArtifactStore keyword arguments. A local URL ignores them,
+    so settings can always pass the same S3 block whichever store is configured.
     """
     if not url:
         raise ValueError("artifact store URL is empty")

@@ -631,3 +631,8 @@ def test_download_reports_an_unreachable_endpoint_as_storage_error(tmp_path):
             **store_options(f"http://127.0.0.1:{_closed_port()}"),
             max_attempts=1,
         )
+
+
+def test_factory_ignores_s3_options_for_local_urls(tmp_path):
+    store = build_artifact_store(tmp_path.as_uri(), region="us-east-1", max_concurrency=4)
+    assert isinstance(store, LocalArtifactStore)
