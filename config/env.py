@@ -24,7 +24,9 @@ def secret(name: str, default: str | None = None) -> str | None:
         try:
             return path.read_text().strip()
         except OSError as error:
-            raise ImproperlyConfigured(f"{file_var}: cannot read {path}: {error.strerror}") from None
+            raise ImproperlyConfigured(
+                f"{file_var}: cannot read {path}: {error.strerror}"
+            ) from None
     return os.environ.get(name, default)
 
 

@@ -24,7 +24,7 @@ if not SECRET_KEY:
         raise ImproperlyConfigured(
             "DJANGO_SECRET_KEY (or DJANGO_SECRET_KEY_FILE) must be set unless DJANGO_DEBUG=true"
         )
-    SECRET_KEY = "insecure-development-key-only-for-debug"
+    SECRET_KEY = "insecure-development-key-only-for-debug"  # noqa: S105 - DEBUG only
 ALLOWED_HOSTS = cfg.env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = cfg.env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -119,7 +119,8 @@ ARTIFACT_S3 = {
     "access_key": cfg.secret("AWS_ACCESS_KEY_ID"),
     "secret_key": cfg.secret("AWS_SECRET_ACCESS_KEY"),
     "addressing_style": cfg.choice("AWS_S3_ADDRESSING_STYLE", "auto", {"auto", "path", "virtual"}),
-    "verify_tls": cfg.env.str("AWS_CA_BUNDLE", default="") or cfg.boolean("AWS_S3_VERIFY_TLS", True),
+    "verify_tls": cfg.env.str("AWS_CA_BUNDLE", default="")
+    or cfg.boolean("AWS_S3_VERIFY_TLS", True),
     "multipart_chunk_mb": cfg.integer("AWS_S3_MULTIPART_CHUNK_MB", 16, minimum=5),
     "max_concurrency": cfg.integer("AWS_S3_MAX_CONCURRENCY", 4, minimum=1),
 }

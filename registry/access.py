@@ -35,11 +35,7 @@ def visible_department_ids(actor: Actor) -> set[int] | None:
         return None
     if actor.token is not None:
         return {actor.token.department_id}
-    return set(
-        Membership.objects.filter(user=actor.user).values_list(
-            "department_id", flat=True
-        )
-    )
+    return set(Membership.objects.filter(user=actor.user).values_list("department_id", flat=True))
 
 
 def approver_department_ids(actor: Actor) -> set[int] | None:
@@ -59,9 +55,7 @@ def require_visible(actor: Actor, department_id: int, what: str) -> None:
         raise NotFound(f"{what} not found.")
 
 
-def require_contributor(
-    actor: Actor, department_id: int, ability: str, what: str
-) -> None:
+def require_contributor(actor: Actor, department_id: int, ability: str, what: str) -> None:
     """Members, approvers and admins; a token only with the named ability."""
     require_visible(actor, department_id, what)
     if actor.token is not None and ability not in actor.token.abilities:
@@ -87,6 +81,4 @@ def require_approver(actor: Actor, department_id: int, what: str) -> None:
 
 def require_platform_admin(actor: Actor) -> None:
     if not actor.is_platform_admin:
-        raise NotAuthorized(
-            "Only platform admins may do this.", code="not_platform_admin"
-        )
+        raise NotAuthorized("Only platform admins may do this.", code="not_platform_admin")

@@ -147,7 +147,9 @@ class AdapterVersionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                 except ApplicationError as error:
                     self.message_user(request, f"{version}: {error.message}", messages.ERROR)
             if done:
-                self.message_user(request, f"{action.title()}d {done} version(s).", messages.SUCCESS)
+                self.message_user(
+                    request, f"{action.title()}d {done} version(s).", messages.SUCCESS
+                )
             return HttpResponseRedirect(request.get_full_path())
         return TemplateResponse(
             request,

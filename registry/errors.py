@@ -8,9 +8,7 @@ class ApplicationError(Exception):
     status = 400
     code = "invalid"
 
-    def __init__(
-        self, message: str, *, code: str | None = None, details: dict | None = None
-    ):
+    def __init__(self, message: str, *, code: str | None = None, details: dict | None = None):
         super().__init__(message)
         self.message = message
         if code:

@@ -40,9 +40,7 @@ class Membership(models.Model):
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
     )
-    department = models.ForeignKey(
-        Department, on_delete=models.CASCADE, related_name="memberships"
-    )
+    department = models.ForeignKey(Department, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -59,9 +57,7 @@ class Membership(models.Model):
 
 
 class Adapter(models.Model):
-    department = models.ForeignKey(
-        Department, on_delete=models.PROTECT, related_name="adapters"
-    )
+    department = models.ForeignKey(Department, on_delete=models.PROTECT, related_name="adapters")
     name = models.SlugField(max_length=100, help_text="Unique within the department.")
     description = models.TextField(blank=True)
     base_model = models.CharField(
@@ -108,9 +104,7 @@ class VersionStatus(models.TextChoices):
 
 
 class AdapterVersion(models.Model):
-    adapter = models.ForeignKey(
-        Adapter, on_delete=models.PROTECT, related_name="versions"
-    )
+    adapter = models.ForeignKey(Adapter, on_delete=models.PROTECT, related_name="versions")
     number = models.PositiveIntegerField()
     status = models.CharField(
         max_length=20, choices=VersionStatus.choices, default=VersionStatus.REGISTERED
@@ -119,9 +113,7 @@ class AdapterVersion(models.Model):
     # Artifact: where it lives and what exactly it is.
     artifact_uri = models.CharField(max_length=1000)
     storage_prefix = models.CharField(max_length=500)
-    files = models.JSONField(
-        help_text="[{path, size, sha256}] for every file of the artifact."
-    )
+    files = models.JSONField(help_text="[{path, size, sha256}] for every file of the artifact.")
     manifest_sha256 = models.CharField(max_length=64)
     total_size = models.BigIntegerField()
 
@@ -166,7 +158,8 @@ class AdapterVersion(models.Model):
     )
     reviewed_at = models.DateTimeField(null=True, blank=True)
     review_comment = models.TextField(blank=True)
-    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # NULL, not "", so that the unique constraint ignores versions without a key.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     source_uri = models.CharField(
         max_length=1000,
         blank=True,
@@ -218,9 +211,7 @@ class Ability(models.TextChoices):
 
 
 class ApiToken(models.Model):
-    department = models.ForeignKey(
-        Department, on_delete=models.CASCADE, related_name="api_tokens"
-    )
+    department = models.ForeignKey(Department, on_delete=models.CASCADE, related_name="api_tokens")
     name = models.CharField(max_length=100)
     # The first characters of the secret, kept to tell tokens apart in lists and logs.
     prefix = models.CharField(max_length=16, db_index=True)

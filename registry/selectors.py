@@ -91,11 +91,7 @@ def pending_reviews_for(actor: Actor) -> QuerySet[AdapterVersion]:
 
 
 def current_approved_version(adapter: Adapter) -> AdapterVersion | None:
-    return (
-        adapter.versions.filter(status=VersionStatus.APPROVED)
-        .order_by("-number")
-        .first()
-    )
+    return adapter.versions.filter(status=VersionStatus.APPROVED).order_by("-number").first()
 
 
 def audit_events_for(actor: Actor) -> QuerySet[AuditEvent]:

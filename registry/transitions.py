@@ -26,12 +26,8 @@ class Transition:
 TRANSITIONS: dict[str, Transition] = {
     t.action: t
     for t in (
-        Transition(
-            "submit", frozenset({S.REGISTERED}), S.PENDING_REVIEW, who="contributor"
-        ),
-        Transition(
-            "approve", frozenset({S.PENDING_REVIEW}), S.APPROVED, who="reviewer"
-        ),
+        Transition("submit", frozenset({S.REGISTERED}), S.PENDING_REVIEW, who="contributor"),
+        Transition("approve", frozenset({S.PENDING_REVIEW}), S.APPROVED, who="reviewer"),
         Transition(
             "reject",
             frozenset({S.PENDING_REVIEW}),

@@ -1,8 +1,8 @@
 """The fixed cast every test uses, and the real servers the suite starts.
 
-    lena   member of Legal           alex   approver of Legal
-    paula  another approver of Legal fred   member of Finance (an outsider to Legal)
-    root   platform admin (staff)    a Legal pipeline token with every ability
+lena   member of Legal           alex   approver of Legal
+paula  another approver of Legal fred   member of Finance (an outsider to Legal)
+root   platform admin (staff)    a Legal pipeline token with every ability
 """
 
 from __future__ import annotations
@@ -19,6 +19,13 @@ from registry.services.tokens import token_create
 from tests.support.adapters import AdapterSpec
 
 PASSWORD = "correct-horse-battery"
+
+
+def pytest_configure(config):
+    from django.conf import settings
+
+    # The production hasher is slow on purpose; tests create many users.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture(autouse=True)

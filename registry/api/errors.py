@@ -16,9 +16,7 @@ from registry.errors import ApplicationError
 from registry.middleware import current_request_id
 
 
-def error_response(
-    status_code: int, code: str, message: str, details=None, headers=None
-):
+def error_response(status_code: int, code: str, message: str, details=None, headers=None):
     body = {
         "error": {
             "status": status_code,
@@ -59,10 +57,6 @@ def exception_handler(exc, context):
     detail = getattr(exc, "detail", "")
     code = getattr(detail, "code", None) or getattr(exc, "default_code", "error")
     headers = {
-        k: v
-        for k, v in response.items()
-        if k in ("WWW-Authenticate", "Retry-After", "Allow")
+        k: v for k, v in response.items() if k in ("WWW-Authenticate", "Retry-After", "Allow")
     }
-    return error_response(
-        response.status_code, str(code), _flatten(detail), headers=headers
-    )
+    return error_response(response.status_code, str(code), _flatten(detail), headers=headers)

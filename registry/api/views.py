@@ -137,11 +137,13 @@ class AdapterViewSet(
         ],
         responses={201: s.VersionSerializer, 200: s.VersionSerializer},
     )
-    @action(detail=True, methods=["get", "post"], filterset_class=VersionFilter)
+    @action(detail=True, methods=["get", "post"])
     def versions(self, request, pk=None):
         adapter = self.get_object()
         if request.method == "GET":
-            rows = self.filter_queryset(selectors.versions_for(self.actor).filter(adapter=adapter))
+            rows = VersionFilter(
+                request.query_params, selectors.versions_for(self.actor).filter(adapter=adapter)
+            ).qs
             page = self.paginate_queryset(rows)
             return self.get_paginated_response(s.VersionSerializer(page, many=True).data)
         data = s.VersionRegisterSerializer(data=request.data)
@@ -220,7 +222,9 @@ class AuditEventViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
 
 
 @extend_schema_view(
-    create=extend_schema(request=s.TokenCreateSerializer, responses={201: s.TokenCreatedSerializer}),
+    create=extend_schema(
+        request=s.TokenCreateSerializer, responses={201: s.TokenCreatedSerializer}
+    ),
     revoke=extend_schema(request=None, responses=s.TokenSerializer),
 )
 class TokenViewSet(

@@ -13,21 +13,15 @@ from registry.models import Ability, Adapter, Department, Membership
 
 def _validation_message(error: ValidationError) -> str:
     if hasattr(error, "message_dict"):
-        return "; ".join(
-            f"{field}: {' '.join(msgs)}" for field, msgs in error.message_dict.items()
-        )
+        return "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in error.message_dict.items())
     return " ".join(error.messages)
 
 
 def _owners_in_department(department: Department, usernames: list[str]) -> list:
-    users = list(
-        get_user_model().objects.filter(username__in=usernames, is_active=True)
-    )
+    users = list(get_user_model().objects.filter(username__in=usernames, is_active=True))
     missing = set(usernames) - {u.username for u in users}
     if missing:
-        raise ValidationFailed(
-            f"Unknown owners: {', '.join(sorted(missing))}.", code="bad_owner"
-        )
+        raise ValidationFailed(f"Unknown owners: {', '.join(sorted(missing))}.", code="bad_owner")
     members = set(
         Membership.objects.filter(department=department, user__in=users).values_list(
             "user__username", flat=True
@@ -93,9 +87,7 @@ def adapter_update(
 ) -> Adapter:
     """Only descriptive fields change; name, served_name and base model are
     identity that running deployments depend on."""
-    require_contributor(
-        actor, adapter.department_id, Ability.CREATE_ADAPTERS, "Adapter"
-    )
+    require_contributor(actor, adapter.department_id, Ability.CREATE_ADAPTERS, "Adapter")
     changed: dict = {}
     with transaction.atomic():
         if description is not None and description != adapter.description:

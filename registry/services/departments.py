@@ -25,29 +25,21 @@ def department_create(*, actor: Actor, slug: str, name: str) -> Department:
     return department
 
 
-def membership_set(
-    *, actor: Actor, department: Department, username: str, role: str
-) -> Membership:
+def membership_set(*, actor: Actor, department: Department, username: str, role: str) -> Membership:
     """Adds a person to a department or changes their role."""
     require_platform_admin(actor)
     if role not in Role.values:
-        raise ValidationFailed(
-            f"Unknown role {role!r}; use one of {Role.values}.", code="bad_role"
-        )
+        raise ValidationFailed(f"Unknown role {role!r}; use one of {Role.values}.", code="bad_role")
     user = get_user_model().objects.filter(username=username, is_active=True).first()
     if user is None:
         raise NotFound(f"No active user named {username!r}.")
     with transaction.atomic():
         membership = (
-            Membership.objects.select_for_update()
-            .filter(user=user, department=department)
-            .first()
+            Membership.objects.select_for_update().filter(user=user, department=department).first()
         )
         previous = membership.role if membership else ""
         if membership is None:
-            membership = Membership.objects.create(
-                user=user, department=department, role=role
-            )
+            membership = Membership.objects.create(user=user, department=department, role=role)
         elif membership.role != role:
             membership.role = role
             membership.save(update_fields=["role"])

@@ -20,7 +20,7 @@ from registry.audit import audit_record
 from registry.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
 from registry.models import Ability, ApiToken, Department
 
-TOKEN_PREFIX = "lrt_"
+TOKEN_PREFIX = "lrt_"  # noqa: S105 - a public marker, not a secret
 
 
 def hash_token_secret(secret: str) -> str:

@@ -32,7 +32,7 @@ from registry.ingest.staging import (
     stage_directory,
     stage_upload,
 )
-from registry.models import Ability, Adapter, AdapterVersion, VersionStatus
+from registry.models import Ability, Adapter, AdapterVersion
 from registry.storage import SourceRejected, StorageError, download_s3_prefix
 from registry.transitions import TRANSITIONS, allowed_actions_from
 
@@ -89,9 +89,7 @@ def version_register(
     Nothing is kept unless everything succeeds: the staging folder is always
     removed, and stored objects are deleted if the row cannot be written.
     """
-    require_contributor(
-        actor, adapter.department_id, Ability.REGISTER_VERSIONS, "Adapter"
-    )
+    require_contributor(actor, adapter.department_id, Ability.REGISTER_VERSIONS, "Adapter")
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
         raise ValidationFailed(
             "Idempotency-Key must be 1 to 200 characters.", code="bad_idempotency_key"
@@ -110,9 +108,7 @@ def version_register(
     workdir = Path(tempfile.mkdtemp(prefix="ingest-", dir=staging_root))
     try:
         staged, metadata = _stage_and_inspect(workdir, uploads, source_dir, s3_uri)
-        duplicate = adapter.versions.filter(
-            manifest_sha256=staged.manifest_sha256
-        ).first()
+        duplicate = adapter.versions.filter(manifest_sha256=staged.manifest_sha256).first()
         if duplicate:
             raise Conflict(
                 f"This artifact is identical to version {duplicate.number} of {adapter}.",
@@ -137,9 +133,7 @@ def version_register(
             raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    return RegistrationResult(
-        version=version, created=True, warnings=_warnings(adapter, metadata)
-    )
+    return RegistrationResult(version=version, created=True, warnings=_warnings(adapter, metadata))
 
 
 def _stage_and_inspect(
@@ -172,11 +166,7 @@ def _stage_and_inspect(
 def _stage_local(source_dir: Path, dest: Path, limits: IngestLimits) -> StagedArtifact:
     entries = [p for p in source_dir.iterdir()]
     # An S3 prefix or run folder holding one archive is treated like an uploaded archive.
-    if (
-        len(entries) == 1
-        and entries[0].is_file()
-        and not entries[0].name.endswith(".json")
-    ):
+    if len(entries) == 1 and entries[0].is_file() and not entries[0].name.endswith(".json"):
         return stage_upload([_LocalFile(entries[0])], dest, limits)
     return stage_directory(source_dir, dest, limits)
 
@@ -222,9 +212,7 @@ def _store(staged: StagedArtifact, prefix: str) -> None:
     store = get_artifact_store()
     try:
         for item in staged.files:
-            store.put_file(
-                f"{prefix}/{item.path}", staged.root / item.path, sha256=item.sha256
-            )
+            store.put_file(f"{prefix}/{item.path}", staged.root / item.path, sha256=item.sha256)
     except StorageError as error:
         store.delete_prefix(prefix + "/")
         logger.warning("artifact store write failed: %s", error)
@@ -252,10 +240,7 @@ def _record_version(
                 number=locked.last_version_number,
                 artifact_uri=get_artifact_store().uri(prefix) + "/",
                 storage_prefix=prefix,
-                files=[
-                    {"path": f.path, "size": f.size, "sha256": f.sha256}
-                    for f in staged.files
-                ],
+                files=[{"path": f.path, "size": f.size, "sha256": f.sha256} for f in staged.files],
                 manifest_sha256=staged.manifest_sha256,
                 total_size=staged.total_size,
                 peft_type=metadata.peft_type,
@@ -304,9 +289,7 @@ def _record_version(
         # Lost a race against an identical upload or the same idempotency key.
         winner = _existing_for_retry(adapter, idempotency_key, lineage)
         if winner is None:
-            winner = adapter.versions.filter(
-                manifest_sha256=staged.manifest_sha256
-            ).first()
+            winner = adapter.versions.filter(manifest_sha256=staged.manifest_sha256).first()
         raise Conflict(
             "An identical version was registered at the same moment"
             + (f": version {winner.number}." if winner else "."),
@@ -317,10 +300,7 @@ def _record_version(
 
 def _warnings(adapter: Adapter, metadata: AdapterMetadata) -> list[str]:
     warnings = []
-    if (
-        metadata.base_model_name_or_path
-        and metadata.base_model_name_or_path != adapter.base_model
-    ):
+    if metadata.base_model_name_or_path and metadata.base_model_name_or_path != adapter.base_model:
         warnings.append(
             f"The artifact says base_model_name_or_path={metadata.base_model_name_or_path!r}, "
             f"but the adapter targets {adapter.base_model!r}."
@@ -346,9 +326,7 @@ def version_transition(
         require_approver(actor, department_id, "Version")
     comment = (comment or "").strip()
     if transition.comment_required and not comment:
-        raise ValidationFailed(
-            f"A comment is required to {action}.", code="comment_required"
-        )
+        raise ValidationFailed(f"A comment is required to {action}.", code="comment_required")
 
     with transaction.atomic():
         locked = AdapterVersion.objects.select_for_update().get(pk=version.pk)

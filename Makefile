@@ -1,0 +1,38 @@
+# Two commands do all set-up on a fresh machine:
+#   make run    the product on embedded defaults (SQLite, local files, filesystem broker) plus a local vLLM
+#   make test   the whole suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-fast install vllm lint bench migrate demo clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	touch $(STAMP)
+
+install: $(STAMP)
+
+vllm:
+	bash scripts/vllm/install.sh
+
+run: install
+	bash scripts/run.sh
+
+test: install
+	bash scripts/test.sh
+
+test-fast: install
+	$(BIN)/pytest -m "not vllm and not browser" -q
+
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+bench: install
+	$(BIN)/python -m bench.upload_throughput
+
+clean:
+	rm -rf var .pytest_cache

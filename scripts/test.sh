@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole suite. Installs what the real-server tiers need, once per run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+
+if [[ "${SKIP_VLLM:-0}" != "1" ]]; then
+  bash scripts/vllm/install.sh
+fi
+
+echo "database: ${DATABASE_URL:-sqlite (embedded default)}"
+echo "broker:   ${CELERY_BROKER_URL:-filesystem (embedded default)}"
+$BIN/ruff check .
+exec $BIN/pytest -q "$@"
