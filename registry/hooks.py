@@ -8,5 +8,8 @@ Hooks run inside the transition's transaction and must only enqueue work
 
 after_version_transition: list = []
 
+# Called as hook(version) inside the registration transaction, for new versions only.
+after_version_registered: list = []
+
 # (name, callable returning {"ok": bool, ...}) pairs shown by the health endpoint.
 health_checks: list = []

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from registry import hooks
 from registry.access import require_approver, require_contributor
 from registry.actors import Actor
 from registry.artifact_store import get_artifact_store, s3_source_options
@@ -285,6 +286,8 @@ def _record_version(
                     "total_size": staged.total_size,
                 },
             )
+            for hook in hooks.after_version_registered:
+                hook(version)
     except IntegrityError:
         # Lost a race against an identical upload or the same idempotency key.
         winner = _existing_for_retry(adapter, idempotency_key, lineage)
@@ -375,7 +378,5 @@ def _require_four_eyes(actor: Actor, version: AdapterVersion) -> None:
 
 def _after_transition(version: AdapterVersion, previous: str) -> None:
     """Hooks for other parts of the product (serving retires deprecated versions)."""
-    from registry import hooks
-
     for hook in hooks.after_version_transition:
         hook(version, previous)
