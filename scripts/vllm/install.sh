@@ -13,7 +13,8 @@
 #   VLLM_INSTALL_FORCE=1  reinstall even if the marker is present
 #
 # Idempotent: a marker file (VENV_DIR/.vllm-installed) is written at the end;
-# if it matches the requested version and `import vllm, transformers` works,
+# if it matches the requested version and vllm + transformers are importable
+# (find_spec, no full import) and torchvision is absent,
 # the script exits at once.
 set -euo pipefail
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run ONE vLLM OpenAI-compatible server (CPU) in the foreground, with runtime
 # LoRA loading enabled. Meant for tests, the demo and benchmarks on a small
-# CPU-only box: tiny model, float32, 256-token context, 1 GiB KV cache.
+# CPU-only box: tiny model, float32, 256-token context, 64 MiB KV cache.
 #
 # Usage: scripts/vllm/serve.sh [--port N] [--model DIR] [--name NAME]
 #            [--max-loras N] [--max-cpu-loras N] [--max-lora-rank N]
@@ -9,7 +9,8 @@
 #
 # Every option also has an env var (the flag wins):
 #   SERVE_PORT (8100)            SERVE_HOST (127.0.0.1)
-#   SERVE_MODEL (<repo>/var/models/tiny-llama, generated if missing)
+#   SERVE_MODEL (<repo>/var/models/tiny-llama; that default path is generated
+#                                if missing, any other path must exist)
 #   SERVE_NAME (tiny-llama)      served model name
 #   SERVE_MAX_LORAS (2)          adapters batched at once
 #   SERVE_MAX_CPU_LORAS (4)      adapters cached (LRU)
@@ -60,7 +61,7 @@ while [[ $# -gt 0 ]]; do
     --threads) THREADS="$2"; shift 2 ;;
     --cpu-bind) CPU_BIND="$2"; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h|--help) sed -n "2,36p" "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -70,8 +71,14 @@ if [[ ! -x "$PY" ]]; then
   echo "serve.sh: no vLLM venv at $VENV; run scripts/vllm/install.sh" >&2
   exit 2
 fi
+DEFAULT_MODEL="$REPO_ROOT/var/models/tiny-llama"
 if [[ ! -f "$MODEL/config.json" ]]; then
-  "$PY" "$REPO_ROOT/scripts/vllm/make_tiny_model.py" "$MODEL" --name "$NAME"
+  if [[ "$MODEL" == "$DEFAULT_MODEL" ]]; then
+    "$PY" "$REPO_ROOT/scripts/vllm/make_tiny_model.py" "$MODEL"
+  else
+    echo "serve.sh: no model at $MODEL (only the default $DEFAULT_MODEL is generated on demand)" >&2
+    exit 2
+  fi
 fi
 
 # Offline, quiet, CPU-sized.

@@ -21,7 +21,6 @@ import atexit
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -43,6 +42,24 @@ DEFAULT_MODEL_DIR = REPO_ROOT / "var" / "models" / "tiny-llama"
 DEFAULT_LOG_DIR = REPO_ROOT / "var" / "log" / "vllm"
 DEFAULT_SERVED_NAME = "tiny-llama"
 INSTALL_MARKER = ".vllm-installed"
+
+# Runs serve.sh in the background of a bash whose stdin is a pipe from this
+# Python process. The pipe only reaches EOF when we are gone (normal exit,
+# crash, SIGKILL): the watchdog then SIGKILLs the whole process group, so no
+# EngineCore is left orphaned. (PR_SET_PDEATHSIG would only cover the direct
+# child: EngineCore survived a SIGKILLed pytest that way.)
+_WATCHDOG = r"""
+exec 3<&0 </dev/null
+( read -r _ <&3; kill -KILL 0 ) &
+watchdog=$!
+exec 3<&-
+"$@" &
+server=$!
+wait "$server"
+rc=$?
+kill "$watchdog" 2>/dev/null
+exit "$rc"
+"""
 
 # Inherited variables that would change the server behind our back.
 _SCRUBBED_ENV = ("VLLM_API_KEY", "VLLM_PORT", "VLLM_HOST_IP", "VLLM_VENV")
@@ -155,6 +172,7 @@ def stop_all(timeout: float = 15) -> None:
         servers = list(_live.values())
     for server in servers:
         server._signal_group(signal.SIGTERM)
+        server._signal_group(signal.SIGCONT)
     deadline = time.monotonic() + timeout
     for server in servers:
         server._wait_gone(max(0.0, deadline - time.monotonic()))
@@ -258,12 +276,9 @@ class VLLMServer:
         ]  # fmt: skip
         if self.extra_args:
             cmd += ["--", *self.extra_args]
-        setpriv = shutil.which("setpriv")
-        if setpriv and threading.current_thread() is threading.main_thread():
-            # The server dies with us even if we are SIGKILLed (pdeathsig
-            # fires when the spawning *thread* exits, hence main thread only).
-            cmd = [setpriv, "--pdeathsig", "KILL", "--", *cmd]
-        return cmd
+        # Wrapped in a watchdog so the server dies with us even if we are
+        # SIGKILLed (see _WATCHDOG).
+        return ["bash", "-c", _WATCHDOG, "vllm-watchdog", *cmd]
 
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
@@ -283,6 +298,8 @@ class VLLMServer:
         """Spawn the server (returns at once; see wait_ready)."""
         if self.is_running():
             return self
+        if self._group_alive():  # leftovers of a previous run hold the port
+            self.stop()
         if not vllm_python().is_file():
             raise VLLMServerError(f"no vLLM venv at {vllm_venv()}; run ensure_vllm_installed()")
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -296,7 +313,7 @@ class VLLMServer:
             self.command(),
             cwd=REPO_ROOT,
             env=self.environment(),
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,  # the watchdog's lifeline; never written
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: stop/kill reach EngineCore too
@@ -352,6 +369,7 @@ class VLLMServer:
         if self.process is None:
             return
         self._signal_group(signal.SIGTERM)
+        self._signal_group(signal.SIGCONT)  # a frozen server must see the SIGTERM
         if not self._wait_gone(timeout):
             self._signal_group(signal.SIGKILL)
         self._reap()
@@ -419,10 +437,11 @@ class VLLMServer:
         return VLLMClient(self.base_url, **kwargs)
 
     def pids(self) -> list[int]:
-        """PIDs of the server's process group (API server, EngineCore, ...)."""
-        if not self.is_running():
+        """Live (non-zombie) PIDs of the server's process group: watchdog bash,
+        API server, EngineCore, resource tracker."""
+        if self.process is None:
             return []
-        assert self.process is not None
+        # The group outlives its leader (the watchdog bash) during shutdown.
         pgid = self.process.pid
         found = []
         for entry in Path("/proc").iterdir():
@@ -432,8 +451,8 @@ class VLLMServer:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:  # fields: state ppid pgrp ...
+            fields = stat.rsplit(")", 1)[1].split()  # state ppid pgrp ...
+            if int(fields[2]) == pgid and fields[0] != "Z":
                 found.append(int(entry.name))
         return sorted(found)
 
@@ -465,14 +484,11 @@ class VLLMServer:
             os.killpg(self.process.pid, sig)
 
     def _group_alive(self) -> bool:
+        """Any member of the process group still running (zombies excluded)."""
         if self.process is None:
             return False
-        try:
-            os.killpg(self.process.pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
         self.process.poll()  # reap the leader if it exited
-        return bool(self.pids()) or self.process.poll() is None
+        return bool(self.pids())
 
     def _wait_gone(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -491,6 +507,9 @@ class VLLMServer:
         self._close_log()
 
     def _close_log(self) -> None:
+        if self.process is not None and self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
         if self._log_file is not None:
             with contextlib.suppress(OSError):
                 self._log_file.close()
@@ -514,7 +533,7 @@ def wait_all(servers: Sequence[VLLMServer], *, timeout: float = 180, start: bool
     """(Optionally start and) wait for several servers concurrently."""
     try:
         if start:
-            for server in servers:  # spawn from this thread (see pdeathsig)
+            for server in servers:
                 server.start()
         errors: list[BaseException] = []
 
