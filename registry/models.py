@@ -171,6 +171,17 @@ class AdapterVersion(models.Model):
     mlflow_run_uri = models.CharField(max_length=1000, blank=True)
     source_commit = models.CharField(max_length=100, blank=True)
     dataset = models.CharField(max_length=300, blank=True)
+    mlflow_experiment_id = models.CharField(max_length=64, blank=True)
+    mlflow_experiment_name = models.CharField(max_length=500, blank=True)
+    mlflow_artifact_path = models.CharField(max_length=500, blank=True)
+    dataset_digest = models.CharField(max_length=100, blank=True)
+    run_base_model = models.CharField(max_length=300, blank=True)
+    # Snapshots taken at registration: they keep what the run said even if the
+    # run is later edited or deleted in MLflow.
+    run_metrics = models.JSONField(default=dict, blank=True)
+    run_params = models.JSONField(default=dict, blank=True)
+    run_tags = models.JSONField(default=dict, blank=True)
+    lineage_warnings = models.JSONField(default=list, blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -292,3 +303,6 @@ class AuditEvent(models.Model):
 
     def delete(self, *args, **kwargs):
         raise PermissionError("Audit events are append-only.")
+
+
+from registry.mlflow.models import *  # noqa: E402,F401,F403
