@@ -160,7 +160,10 @@ def _stage_and_inspect(
             allow_pickle=settings.INGEST_ALLOW_PICKLE,
         )
     except ArtifactRejected as rejection:
-        raise ValidationFailed(rejection.message, code=rejection.code) from rejection
+        error = ValidationFailed(rejection.message, code=rejection.code)
+        # Keep the library's 413 (size limits) and 415 (unsupported type).
+        error.status = rejection.status
+        raise error from rejection
     return staged, metadata
 
 
