@@ -138,7 +138,10 @@ class VersionSerializer(serializers.ModelSerializer):
 class VersionRegisterSerializer(serializers.Serializer):
     """Multipart: `files` (one archive or the adapter files). JSON: `s3_uri`."""
 
-    files = serializers.ListField(child=serializers.FileField(), required=False)
+    # Empty files are judged by ingest, which names the problem ("empty_upload").
+    files = serializers.ListField(
+        child=serializers.FileField(allow_empty_file=True), required=False
+    )
     s3_uri = serializers.CharField(required=False, max_length=1000)
     mlflow_run_id = serializers.CharField(required=False, allow_blank=True, max_length=64)
     mlflow_run_uri = serializers.CharField(required=False, allow_blank=True, max_length=1000)
