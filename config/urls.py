@@ -1,6 +1,6 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from registry.api.views import HealthView
@@ -13,5 +13,12 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", HealthView.as_view(), name="health"),
     path("api-auth/", include("rest_framework.urls")),
-    path("", RedirectView.as_view(url="/api/docs/", permanent=False)),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(redirect_authenticated_user=True),
+        name="login",
+    ),
+    # LogoutView accepts POST only: a link or an <img> cannot sign anyone out.
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include("registry.web.urls")),
 ]

@@ -1,0 +1,77 @@
+"""Small presentation helpers for the web UI: relative times, status badges,
+sizes and counts."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django import template
+from django.template.defaultfilters import filesizeformat
+from django.utils import timezone
+from django.utils.html import format_html
+
+register = template.Library()
+
+_UNITS = (("y", 365 * 86400), ("mo", 30 * 86400), ("d", 86400), ("h", 3600), ("min", 60))
+
+
+def relative(value: datetime, now: datetime | None = None) -> str:
+    seconds = int(((now or timezone.now()) - value).total_seconds())
+    future = seconds < 0
+    seconds = abs(seconds)
+    if seconds < 45:
+        return "just now"
+    amount, unit = 1, "min"  # 45..59 s reads as a minute
+    for name, length in _UNITS:
+        if seconds >= length:
+            amount, unit = seconds // length, name
+            break
+    text = f"{amount} {unit}"
+    return f"in {text}" if future else f"{text} ago"
+
+
+@register.filter
+def when(value: datetime | None) -> str:
+    """A <time> element that reads "3 min ago" and shows the exact time on hover."""
+    if value is None:
+        return format_html('<span class="muted">—</span>')
+    local = timezone.localtime(value)
+    exact = local.strftime("%Y-%m-%d %H:%M:%S %Z")
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>', value.isoformat(), exact, relative(value)
+    )
+
+
+@register.filter
+def status_badge(status: str, label: str | None = None) -> str:
+    text = label or status.replace("_", " ").capitalize()
+    return format_html('<span class="badge badge-{}">{}</span>', status, text)
+
+
+@register.filter
+def size(value: int | None) -> str:
+    return "—" if value is None else filesizeformat(value)
+
+
+@register.filter
+def compact(value: int | None) -> str:
+    """1234567 -> 1.2M: parameter counts read at a glance."""
+    if value is None:
+        return "—"
+    for suffix, scale in (("B", 10**9), ("M", 10**6), ("k", 10**3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f}{suffix}"
+    return str(value)
+
+
+@register.filter
+def get_item(mapping: dict, key):
+    return mapping.get(key) if mapping else None
+
+
+@register.filter
+def http_url(value: str) -> str:
+    """The URL if it is http(s), else "": lineage URIs come from pipelines, and a
+    javascript: link must never reach an href."""
+    value = (value or "").strip()
+    return value if value.lower().startswith(("http://", "https://")) else ""

@@ -1,0 +1,73 @@
+"""Reads that only the web pages need. Each starts from a registry selector,
+so visibility is the selectors' and never re-decided here, and each runs a
+fixed number of queries however much data there is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db.models import OuterRef, QuerySet, Subquery
+
+from registry import selectors
+from registry.access import ADMIN
+from registry.actors import Actor
+from registry.models import Adapter, AdapterVersion, AuditEvent, Department, Membership
+from registry.models import VersionStatus as S
+
+
+@dataclass(frozen=True)
+class DepartmentRole:
+    department: Department
+    role: str  # "member", "approver" or "admin"
+
+
+def my_departments(actor: Actor) -> list[DepartmentRole]:
+    if actor.is_platform_admin:
+        return [DepartmentRole(d, ADMIN) for d in selectors.departments_for(actor)]
+    rows = Membership.objects.filter(user=actor.user).select_related("department")
+    return [DepartmentRole(m.department, m.role) for m in rows.order_by("department__slug")]
+
+
+def _latest(status: str, field: str) -> Subquery:
+    return Subquery(
+        AdapterVersion.objects.filter(adapter=OuterRef("pk"), status=status)
+        .order_by("-number")
+        .values(field)[:1]
+    )
+
+
+def adapters_with_latest_approved(actor: Actor) -> QuerySet[Adapter]:
+    """Visible adapters, each annotated with its newest approved version."""
+    return selectors.adapters_for(actor).annotate(
+        approved_id=_latest(S.APPROVED, "id"),
+        approved_number=_latest(S.APPROVED, "number"),
+    )
+
+
+def adapter_versions(actor: Actor, adapter: Adapter) -> QuerySet[AdapterVersion]:
+    return selectors.versions_for(actor).filter(adapter=adapter).order_by("-number")
+
+
+def version_audit_trail(actor: Actor, version: AdapterVersion) -> QuerySet[AuditEvent]:
+    return selectors.audit_events_for(actor).filter(
+        object_type=AdapterVersion._meta.label_lower, object_id=str(version.pk)
+    )
+
+
+def approved_versions_by_adapter(actor: Actor, adapter_ids: set[int]) -> dict[int, AdapterVersion]:
+    """The currently approved (newest approved) version of each adapter, in one query."""
+    current: dict[int, AdapterVersion] = {}
+    rows = (
+        selectors.versions_for(actor)
+        .filter(adapter_id__in=adapter_ids, status=S.APPROVED)
+        .order_by("adapter_id", "-number")
+    )
+    for version in rows:
+        current.setdefault(version.adapter_id, version)
+    return current
+
+
+def served_where(version_ids: list[int]) -> dict[int, list[str]]:
+    """Deployments serving each version. SLOT: filled in once the serving tier
+    has its models; until then nothing is served anywhere."""
+    return {}

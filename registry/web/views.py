@@ -1,0 +1,372 @@
+"""Server-rendered pages for department owners and approvers.
+
+Each view reads through registry.selectors (or registry.web.queries, which
+starts from them) and writes through one registry service with the viewer's
+Actor: the same rules as the REST API, checked in the same places. A NotFound
+from either becomes the 404 page, so outsiders learn nothing about a
+department's adapters. Other application errors are shown next to the form
+that caused them.
+"""
+
+from __future__ import annotations
+
+from functools import wraps
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from registry import selectors
+from registry.access import approver_department_ids, require_contributor
+from registry.actors import Actor, actor_from_request
+from registry.errors import ApplicationError, NotFound
+from registry.models import Ability, AdapterVersion
+from registry.services.adapters import adapter_create
+from registry.services.tokens import token_create, token_revoke
+from registry.services.versions import version_register, version_transition
+from registry.web import queries
+from registry.web.actions import version_actions
+from registry.web.forms import (
+    AdapterCreateForm,
+    TokenCreateForm,
+    TransitionForm,
+    UploadVersionForm,
+)
+
+PAST_TENSE = {
+    "submit": "submitted for review",
+    "approve": "approved",
+    "reject": "rejected",
+    "deprecate": "deprecated",
+    "archive": "archived",
+}
+
+
+def page(view):
+    """Login required; a registry NotFound becomes the 404 page."""
+
+    @login_required
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        try:
+            return view(request, actor_from_request(request), *args, **kwargs)
+        except NotFound as error:
+            raise Http404(error.message) from None
+
+    return wrapper
+
+
+def _paginate(request, queryset, per_page: int):
+    return Paginator(queryset, per_page).get_page(request.GET.get("page"))
+
+
+def _render(request, actor: Actor, template: str, context: dict, status: int = 200):
+    approves_in = approver_department_ids(actor)
+    context["is_approver"] = approves_in is None or bool(approves_in)
+    if context["is_approver"] and "pending_count" not in context:
+        context["pending_count"] = selectors.pending_reviews_for(actor).count()
+    return render(request, template, context, status=status)
+
+
+def _may_contribute(actor: Actor, department_id: int, ability: str) -> bool:
+    try:
+        require_contributor(actor, department_id, ability, "Adapter")
+    except ApplicationError:
+        return False
+    return True
+
+
+def _safe_next(request, fallback: str) -> str:
+    target = request.POST.get("next", "")
+    if url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
+        return target
+    return fallback
+
+
+# --- Dashboard and activity -------------------------------------------------
+
+
+@require_GET
+@page
+def dashboard(request, actor: Actor):
+    departments = queries.my_departments(actor)
+    adapters = _paginate(request, queries.adapters_with_latest_approved(actor), 20)
+    context = {
+        "departments": departments,
+        "adapters": adapters,
+        "pending_count": selectors.pending_reviews_for(actor).count(),
+        "activity": selectors.audit_events_for(actor)[:8],
+        # SLOT: deployments and their health, once the serving tier has its models.
+        "deployments": None,
+    }
+    return _render(request, actor, "registry/dashboard.html", context)
+
+
+@require_GET
+@page
+def activity(request, actor: Actor):
+    events = _paginate(request, selectors.audit_events_for(actor), 50)
+    return _render(request, actor, "registry/activity.html", {"events": events})
+
+
+@require_GET
+@page
+def deployments(request, actor: Actor):
+    # SLOT: the deployments page arrives with the serving tier.
+    return _render(request, actor, "registry/deployments.html", {})
+
+
+# --- Adapters ---------------------------------------------------------------
+
+
+@require_http_methods(["GET", "POST"])
+@page
+def adapter_new(request, actor: Actor):
+    departments = [row.department for row in queries.my_departments(actor)]
+    form = AdapterCreateForm(request.POST or None, departments=departments)
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                adapter = adapter_create(
+                    actor=actor,
+                    department=selectors.department_get(actor, data["department"]),
+                    name=data["name"],
+                    base_model=data["base_model"],
+                    description=data["description"],
+                    served_name=data["served_name"] or None,
+                    owners=data["owners"] or None,
+                )
+            except NotFound:
+                raise
+            except ApplicationError as error:
+                form.add_error(None, error.message)
+                status = error.status
+            else:
+                messages.success(request, f"Created adapter {adapter.name}.")
+                return redirect("web:adapter", pk=adapter.pk)
+        else:
+            status = 400
+    return _render(request, actor, "registry/adapter_new.html", {"form": form}, status)
+
+
+def _adapter_context(request, actor: Actor, adapter, upload_form=None, upload_error=""):
+    versions = _paginate(request, queries.adapter_versions(actor, adapter), 20)
+    return {
+        "adapter": adapter,
+        "versions": versions,
+        "served_where": queries.served_where([v.pk for v in versions]),
+        "can_upload": _may_contribute(actor, adapter.department_id, Ability.REGISTER_VERSIONS),
+        "upload_form": upload_form or UploadVersionForm(),
+        "upload_error": upload_error,
+    }
+
+
+@require_GET
+@page
+def adapter_detail(request, actor: Actor, pk: int):
+    adapter = selectors.adapter_get(actor, pk)
+    return _render(
+        request, actor, "registry/adapter_detail.html", _adapter_context(request, actor, adapter)
+    )
+
+
+@require_POST
+@page
+def version_upload(request, actor: Actor, pk: int):
+    adapter = selectors.adapter_get(actor, pk)
+    form = UploadVersionForm(request.POST, request.FILES)
+    error, status = "", 400
+    if form.is_valid():
+        try:
+            result = version_register(
+                actor=actor, adapter=adapter, uploads=form.cleaned_data["files"]
+            )
+        except NotFound:
+            raise
+        except ApplicationError as failure:
+            error, status = failure.message, failure.status
+        else:
+            version = result.version
+            messages.success(request, f"Registered version {version.number}.")
+            for warning in result.warnings:
+                messages.warning(request, warning)
+            target = reverse("web:version", args=[version.pk])
+            if request.htmx:
+                return HttpResponse(status=204, headers={"HX-Redirect": target})
+            return redirect(target)
+    if request.htmx:
+        # 422 is the one error status htmx is configured to swap into the page.
+        context = {"adapter": adapter, "upload_form": form, "upload_error": error}
+        return render(request, "registry/partials/upload_form.html", context, status=422)
+    context = _adapter_context(request, actor, adapter, form, error)
+    return _render(request, actor, "registry/adapter_detail.html", context, status)
+
+
+# --- Versions ---------------------------------------------------------------
+
+
+def _version_context(request, actor: Actor, version: AdapterVersion) -> dict:
+    trail = _paginate(request, queries.version_audit_trail(actor, version), 50)
+    return {
+        "version": version,
+        "adapter": version.adapter,
+        "trail": trail,
+        "actions": version_actions(actor, version),
+        "served_where": queries.served_where([version.pk]).get(version.pk, []),
+        "config_items": sorted(version.adapter_config.items()),
+    }
+
+
+@require_GET
+@page
+def version_detail(request, actor: Actor, pk: int):
+    version = selectors.version_get(actor, pk)
+    return _render(
+        request, actor, "registry/version_detail.html", _version_context(request, actor, version)
+    )
+
+
+@require_POST
+@page
+def version_action(request, actor: Actor, pk: int):
+    version = selectors.version_get(actor, pk)
+    form = TransitionForm(request.POST)
+    if not form.is_valid():
+        raise Http404("Unknown action.")
+    action = form.cleaned_data["action"]
+    try:
+        version = version_transition(
+            actor=actor, version=version, action=action, comment=form.cleaned_data["comment"]
+        )
+    except NotFound:
+        raise
+    except ApplicationError as error:
+        context = _version_context(request, actor, version)
+        context.update(action_error=error.message, failed_action=action, form=form)
+        return _render(request, actor, "registry/version_detail.html", context, error.status)
+    messages.success(
+        request,
+        f"{version.adapter.name} v{version.number} {PAST_TENSE.get(action, action)}.",
+    )
+    return redirect(_safe_next(request, reverse("web:version", args=[version.pk])))
+
+
+# --- Review queue -----------------------------------------------------------
+
+
+# (label, field, how the template shows it)
+DIFF_FIELDS = (
+    ("Rank (r)", "r", "plain"),
+    ("LoRA alpha", "lora_alpha", "plain"),
+    ("Target modules", "target_modules", "modules"),
+    ("Size", "total_size", "size"),
+    ("Parameters", "parameter_count", "count"),
+    ("Est. memory", "estimated_memory_bytes", "size"),
+    ("Base model", "base_model_name_or_path", "plain"),
+)
+
+
+def _diff_rows(candidate: AdapterVersion, current: AdapterVersion | None) -> list[dict]:
+    rows = []
+    for label, field, kind in DIFF_FIELDS:
+        new = getattr(candidate, field)
+        old = getattr(current, field) if current else None
+        if kind == "modules":
+            new, old = sorted(new), sorted(old) if current else None
+        rows.append(
+            {
+                "label": label,
+                "kind": kind,
+                "new": new,
+                "old": old,
+                "changed": current is not None and new != old,
+            }
+        )
+    return rows
+
+
+@require_GET
+@page
+def review_queue(request, actor: Actor):
+    pending = _paginate(request, selectors.pending_reviews_for(actor), 10)
+    current = queries.approved_versions_by_adapter(actor, {v.adapter_id for v in pending})
+    reviews = []
+    for version in pending:
+        approved = current.get(version.adapter_id)
+        new_modules = set(version.target_modules)
+        old_modules = set(approved.target_modules) if approved else set()
+        reviews.append(
+            {
+                "version": version,
+                "current": approved,
+                "diff": _diff_rows(version, approved),
+                "modules_added": sorted(new_modules - old_modules) if approved else [],
+                "modules_removed": sorted(old_modules - new_modules),
+                "actions": version_actions(actor, version),
+            }
+        )
+    context = {"pending": pending, "reviews": reviews, "pending_count": pending.paginator.count}
+    return _render(request, actor, "registry/review_queue.html", context)
+
+
+# --- API tokens -------------------------------------------------------------
+
+
+@require_http_methods(["GET", "POST"])
+@page
+def tokens(request, actor: Actor):
+    departments = [row.department for row in queries.my_departments(actor)]
+    form = TokenCreateForm(request.POST or None, departments=departments)
+    context: dict = {"form": form}
+    status = 200
+    if request.method == "POST":
+        status = 400
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                token, secret = token_create(
+                    actor=actor,
+                    department=selectors.department_get(actor, data["department"]),
+                    name=data["name"],
+                    abilities=data["abilities"],
+                    expires_in_days=data["expires_in_days"],
+                )
+            except NotFound:
+                raise
+            except ApplicationError as error:
+                form.add_error(None, error.message)
+                status = error.status
+            else:
+                context.update(
+                    new_token=token,
+                    new_secret=secret,
+                    form=TokenCreateForm(departments=departments),
+                )
+                status = 201
+    context["tokens"] = _paginate(request, selectors.tokens_for(actor), 20)
+    response = _render(request, actor, "registry/tokens.html", context, status)
+    # The secret is on this page once; keep it out of every cache.
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_POST
+@page
+def token_revoke_view(request, actor: Actor, pk: int):
+    token = selectors.token_get(actor, pk)
+    try:
+        token_revoke(actor=actor, token=token)
+    except NotFound:
+        raise
+    except ApplicationError as error:
+        messages.error(request, error.message)
+    else:
+        messages.success(request, f"Revoked token {token.name} ({token.prefix}…).")
+    return redirect("web:tokens")

@@ -1,0 +1,23 @@
+// Upload progress for the "Upload new version" form. htmx sends the form with
+// XMLHttpRequest and fires htmx:xhr:progress as the body goes out.
+(function () {
+  function progressFor(elt) {
+    var form = elt.closest ? elt.closest("form[data-upload]") : null;
+    return form ? form.querySelector(".upload-progress") : null;
+  }
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var box = progressFor(event.target);
+    if (!box) return;
+    box.hidden = false;
+    box.querySelector("progress").value = 0;
+    box.querySelector("[data-progress-text]").textContent = "Uploading… 0%";
+  });
+  document.addEventListener("htmx:xhr:progress", function (event) {
+    var box = progressFor(event.target);
+    if (!box || !event.detail.lengthComputable) return;
+    var percent = Math.round((event.detail.loaded / event.detail.total) * 100);
+    box.querySelector("progress").value = percent;
+    box.querySelector("[data-progress-text]").textContent =
+      percent < 100 ? "Uploading… " + percent + "%" : "Validating the artifact…";
+  });
+})();
