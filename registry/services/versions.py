@@ -129,6 +129,9 @@ def version_register(
                 lineage,
                 s3_uri,
             )
+        except _Replayed as replay:
+            get_artifact_store().delete_prefix(prefix + "/")
+            return RegistrationResult(version=replay.version, created=False)
         except BaseException:
             get_artifact_store().delete_prefix(prefix + "/")
             raise
@@ -237,6 +240,10 @@ def _record_version(
             # The adapter row lock serialises numbering: concurrent registrations
             # get N+1 and N+2, never the same number and never a gap.
             locked = Adapter.objects.select_for_update().get(pk=adapter.pk)
+            # Re-checked under the lock: the MLflow run id has no unique constraint.
+            replay = _existing_for_retry(adapter, idempotency_key, lineage)
+            if replay is not None:
+                raise _Replayed(replay)
             locked.last_version_number += 1
             locked.save(update_fields=["last_version_number", "updated_at"])
             version = AdapterVersion.objects.create(
@@ -292,16 +299,24 @@ def _record_version(
             for hook in hooks.after_version_registered:
                 hook(version)
     except IntegrityError:
-        # Lost a race against an identical upload or the same idempotency key.
-        winner = _existing_for_retry(adapter, idempotency_key, lineage)
-        if winner is None:
-            winner = adapter.versions.filter(manifest_sha256=staged.manifest_sha256).first()
+        # Lost a race. A retry with the same idempotency key or MLflow run gets
+        # the winner's result, as it would had it arrived a moment later.
+        replay = _existing_for_retry(adapter, idempotency_key, lineage)
+        if replay is not None:
+            raise _Replayed(replay) from None
+        winner = adapter.versions.filter(manifest_sha256=staged.manifest_sha256).first()
         raise Conflict(
             "An identical version was registered at the same moment"
             + (f": version {winner.number}." if winner else "."),
             code="duplicate_artifact",
         ) from None
     return version
+
+
+class _Replayed(Exception):
+    def __init__(self, version: AdapterVersion):
+        super().__init__(version.pk)
+        self.version = version
 
 
 def _warnings(adapter: Adapter, metadata: AdapterMetadata) -> list[str]:
