@@ -163,6 +163,59 @@ CELERY_TASK_ALWAYS_EAGER = cfg.boolean("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
+# --- MLflow lineage and mirror (registry/mlflow/) ---------------------------
+# Empty MLFLOW_TRACKING_URI turns the integration off: lineage fields can still be
+# set by hand, and the health endpoint says the mirror is off.
+MLFLOW_TRACKING_URI = cfg.env.str("MLFLOW_TRACKING_URI", default="").rstrip("/")
+if MLFLOW_TRACKING_URI and not MLFLOW_TRACKING_URI.startswith(("http://", "https://")):
+    raise ImproperlyConfigured(
+        "MLFLOW_TRACKING_URI must be the http(s) URL of a tracking server, "
+        f"got {MLFLOW_TRACKING_URI!r}"
+    )
+# Where people open the MLflow UI, if not the tracking URI (e.g. behind a proxy).
+MLFLOW_UI_URL = cfg.env.str("MLFLOW_UI_URL", default="").rstrip("/") or MLFLOW_TRACKING_URI
+MLFLOW_TRACKING_TOKEN = cfg.secret("MLFLOW_TRACKING_TOKEN")
+MLFLOW_HTTP_TIMEOUT = cfg.integer("MLFLOW_HTTP_TIMEOUT", 15, minimum=1)
+# Retries inside one call; the mirror tasks retry on top of this with their own backoff.
+MLFLOW_HTTP_MAX_RETRIES = cfg.integer("MLFLOW_HTTP_MAX_RETRIES", 2, minimum=0)
+MLFLOW_MIRROR_ENABLED = cfg.boolean("MLFLOW_MIRROR_ENABLED", True) and bool(MLFLOW_TRACKING_URI)
+MLFLOW_MIRROR_MAX_RETRIES = cfg.integer("MLFLOW_MIRROR_MAX_RETRIES", 8, minimum=0)
+MLFLOW_MIRROR_BACKOFF_SECONDS = cfg.integer("MLFLOW_MIRROR_BACKOFF_SECONDS", 10, minimum=0)
+MLFLOW_MIRROR_BACKOFF_MAX_SECONDS = cfg.integer("MLFLOW_MIRROR_BACKOFF_MAX_SECONDS", 900, minimum=1)
+MLFLOW_MIRROR_CATCH_UP_SECONDS = cfg.integer("MLFLOW_MIRROR_CATCH_UP_SECONDS", 300, minimum=10)
+CELERY_BEAT_SCHEDULE = {
+    **globals().get("CELERY_BEAT_SCHEDULE", {}),
+    "mlflow-mirror-catch-up": {
+        "task": "registry.mlflow.catch_up",
+        "schedule": MLFLOW_MIRROR_CATCH_UP_SECONDS,
+    },
+}
+# --- end MLflow ---------------------------------------------------------------
+
+# --- Serving control plane ---------------------------------------------------
+SERVING_HTTP_TIMEOUT_SECONDS = cfg.number("SERVING_HTTP_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+SERVING_CONNECT_TIMEOUT_SECONDS = cfg.number("SERVING_CONNECT_TIMEOUT_SECONDS", 3.0, minimum=0.1)
+SERVING_LOAD_TIMEOUT_SECONDS = cfg.number("SERVING_LOAD_TIMEOUT_SECONDS", 60.0, minimum=1)
+# Transient failures are retried with exponential backoff until this deadline.
+SERVING_RETRY_DEADLINE_SECONDS = cfg.number("SERVING_RETRY_DEADLINE_SECONDS", 90.0)
+SERVING_RETRY_BASE_SECONDS = cfg.number("SERVING_RETRY_BASE_SECONDS", 0.5)
+SERVING_RETRY_MAX_DELAY_SECONDS = cfg.number("SERVING_RETRY_MAX_DELAY_SECONDS", 5.0)
+SERVING_LEASE_SECONDS = cfg.integer("SERVING_LEASE_SECONDS", 600, minimum=10)
+SERVING_RECONCILE_INTERVAL_SECONDS = cfg.number(
+    "SERVING_RECONCILE_INTERVAL_SECONDS", 10.0, minimum=1
+)
+SERVING_STAGED_GRACE_SECONDS = cfg.integer("SERVING_STAGED_GRACE_SECONDS", 24 * 3600, minimum=0)
+SERVING_ATTEMPT_RETENTION_DAYS = cfg.integer("SERVING_ATTEMPT_RETENTION_DAYS", 14, minimum=1)
+CELERY_BEAT_SCHEDULE = {
+    "serving-reconcile": {
+        "task": "serving.reconcile_all",
+        "schedule": SERVING_RECONCILE_INTERVAL_SECONDS,
+        # A tick that cannot start before the next one is useless.
+        "options": {"expires": SERVING_RECONCILE_INTERVAL_SECONDS},
+    },
+    "serving-housekeeping": {"task": "serving.housekeeping", "schedule": 600.0},
+}
+
 # --- REST API ---------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

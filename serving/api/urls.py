@@ -1,1 +1,10 @@
-urlpatterns: list = []
+from rest_framework.routers import DefaultRouter
+
+from serving.api import views
+
+router = DefaultRouter()
+router.register("deployments", views.DeploymentViewSet, basename="deployment")
+router.register("promotions", views.PromotionViewSet, basename="promotion")
+router.register("rollouts", views.RolloutViewSet, basename="rollout")
+
+urlpatterns = router.urls

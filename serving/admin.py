@@ -1,0 +1,114 @@
+"""Admin screens for the control plane. Rollout history, attempts and drift are
+read-only records; the vLLM API key is never shown."""
+
+from django.contrib import admin
+
+from registry.admin import ReadOnlyAdminMixin
+from serving.models import (
+    Deployment,
+    DriftEvent,
+    HttpAttempt,
+    Promotion,
+    Replica,
+    ReplicaRollout,
+    Rollout,
+    ServedAdapter,
+    StagedFolder,
+)
+
+
+class ReplicaInline(admin.TabularInline):
+    model = Replica
+    extra = 0
+    fields = ["base_url", "active", "health", "vllm_version", "last_seen_at", "last_error"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Deployment)
+class DeploymentAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Changes go through the API so they are validated and audited."""
+
+    list_display = ["name", "environment", "base_model_name", "max_cpu_loras", "last_reconciled_at"]
+    list_filter = ["environment"]
+    exclude = ["vllm_api_key", "reconcile_lease_owner", "reconcile_lease_until"]
+    inlines = [ReplicaInline]
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_staff
+
+
+@admin.register(ServedAdapter)
+class ServedAdapterAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["deployment", "adapter", "version", "served_path", "updated_at"]
+    list_filter = ["deployment"]
+    list_select_related = ["deployment", "adapter__department", "version__adapter__department"]
+
+
+@admin.register(Promotion)
+class PromotionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["version", "deployment", "status", "requested_by", "reviewed_by", "created_at"]
+    list_filter = ["status", "deployment"]
+    list_select_related = [
+        "version__adapter__department",
+        "deployment",
+        "requested_by",
+        "reviewed_by",
+    ]
+
+
+class ReplicaRolloutInline(admin.TabularInline):
+    model = ReplicaRollout
+    extra = 0
+    readonly_fields = ["replica", "status", "error", "updated_at"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Rollout)
+class RolloutAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["id", "deployment", "adapter", "kind", "status", "target_version", "created_at"]
+    list_filter = ["status", "kind", "deployment"]
+    list_select_related = [
+        "deployment",
+        "adapter__department",
+        "target_version__adapter__department",
+    ]
+    inlines = [ReplicaRolloutInline]
+
+
+@admin.register(HttpAttempt)
+class HttpAttemptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = [
+        "started_at",
+        "replica",
+        "purpose",
+        "method",
+        "status_code",
+        "ok",
+        "duration_ms",
+    ]
+    list_filter = ["purpose", "ok", "transient"]
+    list_select_related = ["replica"]
+
+
+@admin.register(DriftEvent)
+class DriftEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["created_at", "deployment", "replica", "kind", "adapter_name"]
+    list_filter = ["kind", "deployment"]
+    list_select_related = ["deployment", "replica"]
+
+
+@admin.register(StagedFolder)
+class StagedFolderAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["write_path", "deployment", "created_at", "unreferenced_since", "deleted_at"]
+    list_select_related = ["deployment"]

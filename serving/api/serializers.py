@@ -1,0 +1,222 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from registry.models import Department
+from serving.models import (
+    Deployment,
+    DriftEvent,
+    HttpAttempt,
+    Promotion,
+    Replica,
+    ReplicaRollout,
+    Rollout,
+)
+
+
+class ReplicaSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Replica
+        fields = [
+            "id",
+            "base_url",
+            "discovered_via",
+            "active",
+            "health",
+            "vllm_version",
+            "last_seen_at",
+            "last_checked_at",
+            "last_error",
+        ]
+
+
+class DeploymentSerializer(serializers.ModelSerializer):
+    replicas = ReplicaSerializer(many=True, read_only=True)
+    allowed_departments = serializers.SlugRelatedField(
+        slug_field="slug", many=True, queryset=Department.objects.all(), required=False
+    )
+    vllm_api_key = serializers.CharField(
+        write_only=True, required=False, allow_blank=True, style={"input_type": "password"}
+    )
+    has_api_key = serializers.SerializerMethodField()
+    base_model_path = serializers.CharField(
+        write_only=True,
+        required=False,
+        help_text="A folder with the base model's config.json; fills the identity fields.",
+    )
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "id",
+            "name",
+            "environment",
+            "description",
+            "base_model_name",
+            "base_model_aliases",
+            "base_model_path",
+            "architecture",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "vocab_size",
+            "revision",
+            "module_dims",
+            "replica_urls",
+            "replica_dns_name",
+            "replica_port",
+            "replica_scheme",
+            "vllm_api_key",
+            "has_api_key",
+            "max_loras",
+            "max_cpu_loras",
+            "max_lora_rank",
+            "allow_lru_thrash",
+            "gpu_memory_bytes",
+            "lora_memory_share",
+            "volume_write_path",
+            "volume_serve_path",
+            "requires_promotion_approval",
+            "allowed_departments",
+            "unload_unknown_adapters",
+            "canary_by_default",
+            "verify_with_completion",
+            "last_reconciled_at",
+            "replicas",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["last_reconciled_at", "created_at", "updated_at"]
+
+    def get_has_api_key(self, deployment) -> bool:
+        return bool(deployment.vllm_api_key)
+
+
+class PromotionSerializer(serializers.ModelSerializer):
+    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    reviewed_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    adapter = serializers.IntegerField(source="version.adapter_id", read_only=True)
+    version_number = serializers.IntegerField(source="version.number", read_only=True)
+    rollout = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Promotion
+        fields = [
+            "id",
+            "deployment",
+            "version",
+            "adapter",
+            "version_number",
+            "status",
+            "canary",
+            "gate_report",
+            "requested_by",
+            "reviewed_by",
+            "reviewed_at",
+            "comment",
+            "created_at",
+            "rollout",
+        ]
+
+    def get_rollout(self, promotion) -> int | None:
+        rollout = promotion.rollouts.order_by("-id").first()
+        return rollout.pk if rollout else None
+
+
+class PromotionCreateSerializer(serializers.Serializer):
+    deployment = serializers.SlugField()
+    version = serializers.IntegerField()
+    canary = serializers.BooleanField(required=False, allow_null=True, default=None)
+
+
+class ReviewSerializer(serializers.Serializer):
+    comment = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class HttpAttemptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = HttpAttempt
+        fields = [
+            "purpose",
+            "method",
+            "url",
+            "started_at",
+            "duration_ms",
+            "status_code",
+            "ok",
+            "transient",
+            "error",
+        ]
+
+
+class ReplicaRolloutSerializer(serializers.ModelSerializer):
+    base_url = serializers.CharField(source="replica.base_url")
+    attempts = HttpAttemptSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = ReplicaRollout
+        fields = ["base_url", "status", "error", "updated_at", "attempts"]
+
+
+class RolloutSerializer(serializers.ModelSerializer):
+    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    served_name = serializers.CharField(source="adapter.served_name", read_only=True)
+    target_version_number = serializers.IntegerField(
+        source="target_version.number", read_only=True, allow_null=True
+    )
+    previous_version_number = serializers.IntegerField(
+        source="previous_version.number", read_only=True, allow_null=True
+    )
+    replicas = ReplicaRolloutSerializer(source="replica_steps", many=True, read_only=True)
+
+    class Meta:
+        model = Rollout
+        fields = [
+            "id",
+            "deployment",
+            "adapter",
+            "served_name",
+            "kind",
+            "status",
+            "target_version",
+            "target_version_number",
+            "previous_version",
+            "previous_version_number",
+            "canary",
+            "staged_path",
+            "served_path",
+            "error",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "replicas",
+        ]
+
+
+class RollbackSerializer(serializers.Serializer):
+    adapter = serializers.IntegerField()
+    version = serializers.IntegerField(required=False, help_text="Default: the previous version.")
+
+
+class RetireSerializer(serializers.Serializer):
+    adapter = serializers.IntegerField()
+
+
+class DriftEventSerializer(serializers.ModelSerializer):
+    replica = serializers.CharField(source="replica.base_url")
+
+    class Meta:
+        model = DriftEvent
+        fields = [
+            "id",
+            "replica",
+            "kind",
+            "adapter_name",
+            "expected_root",
+            "actual_root",
+            "detail",
+            "created_at",
+        ]

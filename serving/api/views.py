@@ -1,0 +1,204 @@
+from __future__ import annotations
+
+from django_filters import rest_framework as filters
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from registry import selectors as registry_selectors
+from registry.api.views import ActorMixin
+from serving import selectors
+from serving.api import serializers as s
+from serving.gate import evaluate_gate
+from serving.models import Rollout
+from serving.services.deployments import deployment_create, deployment_delete, deployment_update
+from serving.services.promotions import promotion_create, promotion_review, retire, rollback_to
+
+
+class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
+    """Platform admins create and change deployments; everyone signed in reads them."""
+
+    serializer_class = s.DeploymentSerializer
+    lookup_field = "name"
+    ordering_fields = ["name", "environment"]
+    filterset_fields = ["environment"]
+
+    def get_queryset(self):
+        return selectors.deployments_for(self.actor)
+
+    def get_object(self):
+        return selectors.deployment_get(self.actor, self.kwargs["name"])
+
+    def create(self, request):
+        data = s.DeploymentSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        deployment = deployment_create(actor=self.actor, **data.validated_data)
+        return Response(s.DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
+
+    def update(self, request, name=None, partial=False):
+        deployment = self.get_object()
+        data = s.DeploymentSerializer(deployment, data=request.data, partial=partial)
+        data.is_valid(raise_exception=True)
+        deployment = deployment_update(
+            actor=self.actor, deployment=deployment, **data.validated_data
+        )
+        return Response(s.DeploymentSerializer(deployment).data)
+
+    def partial_update(self, request, name=None):
+        return self.update(request, name, partial=True)
+
+    def destroy(self, request, name=None):
+        deployment_delete(actor=self.actor, deployment=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses=dict)
+    @action(detail=True, methods=["get"])
+    def state(self, request, name=None):
+        """Desired versus actual, per replica."""
+        return Response(selectors.deployment_state(self.actor, self.get_object()))
+
+    @extend_schema(parameters=[OpenApiParameter("version", int, required=True)], responses=dict)
+    @action(detail=True, methods=["get"])
+    def gate(self, request, name=None):
+        """The compatibility gate's checks for a version, without promoting it."""
+        deployment = self.get_object()
+        try:
+            version_id = int(request.query_params.get("version", ""))
+        except ValueError:
+            from registry.errors import ValidationFailed
+
+            raise ValidationFailed("Give ?version=<id>.") from None
+        version = registry_selectors.version_get(self.actor, version_id)
+        report = evaluate_gate(deployment, version)
+        return Response({"passed": report.passed, "checks": report.as_list()})
+
+    @extend_schema(request=s.RollbackSerializer, responses={202: s.RolloutSerializer})
+    @action(detail=True, methods=["post"])
+    def rollback(self, request, name=None):
+        deployment = self.get_object()
+        data = s.RollbackSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        adapter = registry_selectors.adapter_get(self.actor, data.validated_data["adapter"])
+        version = None
+        if "version" in data.validated_data:
+            version = registry_selectors.version_get(self.actor, data.validated_data["version"])
+        rollout = rollback_to(
+            actor=self.actor, deployment=deployment, adapter=adapter, version=version
+        )
+        return Response(_rollout_body(self.actor, rollout.pk), status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=s.RetireSerializer, responses={202: s.RolloutSerializer})
+    @action(detail=True, methods=["post"])
+    def retire(self, request, name=None):
+        deployment = self.get_object()
+        data = s.RetireSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        adapter = registry_selectors.adapter_get(self.actor, data.validated_data["adapter"])
+        rollout = retire(actor=self.actor, deployment=deployment, adapter=adapter)
+        return Response(_rollout_body(self.actor, rollout.pk), status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses=s.DriftEventSerializer(many=True))
+    @action(detail=True, methods=["get"], url_path="drift-events")
+    def drift_events(self, request, name=None):
+        rows = selectors.drift_events_for(self.actor, self.get_object())
+        page = self.paginate_queryset(rows)
+        return self.get_paginated_response(s.DriftEventSerializer(page, many=True).data)
+
+
+def _rollout_body(actor, rollout_id: int) -> dict:
+    return s.RolloutSerializer(selectors.rollout_get(actor, rollout_id)).data
+
+
+class PromotionViewSet(
+    ActorMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    serializer_class = s.PromotionSerializer
+    filterset_fields = ["status"]
+    ordering_fields = ["created_at"]
+
+    def get_queryset(self):
+        return selectors.promotions_for(self.actor).prefetch_related("rollouts")
+
+    def get_object(self):
+        return selectors.promotion_get(self.actor, int(self.kwargs["pk"]))
+
+    @extend_schema(request=s.PromotionCreateSerializer, responses={201: s.PromotionSerializer})
+    def create(self, request):
+        data = s.PromotionCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        deployment = selectors.deployment_get(self.actor, data.validated_data["deployment"])
+        version = registry_selectors.version_get(self.actor, data.validated_data["version"])
+        promotion = promotion_create(
+            actor=self.actor,
+            deployment=deployment,
+            version=version,
+            canary=data.validated_data["canary"],
+        )
+        return Response(s.PromotionSerializer(promotion).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.ReviewSerializer, responses=s.PromotionSerializer)
+    @action(detail=True, methods=["post"])
+    def approve(self, request, pk=None):
+        data = s.ReviewSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        promotion = promotion_review(
+            actor=self.actor,
+            promotion=self.get_object(),
+            approve=True,
+            comment=data.validated_data["comment"],
+        )
+        return Response(s.PromotionSerializer(promotion).data)
+
+    @extend_schema(request=s.ReviewSerializer, responses=s.PromotionSerializer)
+    @action(detail=True, methods=["post"])
+    def reject(self, request, pk=None):
+        data = s.ReviewSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        promotion = promotion_review(
+            actor=self.actor,
+            promotion=self.get_object(),
+            approve=False,
+            comment=data.validated_data["comment"],
+        )
+        return Response(s.PromotionSerializer(promotion).data)
+
+
+class RolloutFilter(filters.FilterSet):
+    deployment = filters.CharFilter(field_name="deployment__name")
+    served_name = filters.CharFilter(field_name="adapter__served_name")
+
+    class Meta:
+        model = Rollout
+        fields = ["deployment", "adapter", "status", "kind", "served_name"]
+
+
+class RolloutViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
+    serializer_class = s.RolloutSerializer
+    filterset_class = RolloutFilter
+    ordering_fields = ["created_at", "finished_at"]
+
+    def get_queryset(self):
+        return selectors.rollouts_for(self.actor)
+
+    def get_object(self):
+        return selectors.rollout_get(self.actor, int(self.kwargs["pk"]))
+
+    @extend_schema(request=None, responses={202: s.RolloutSerializer})
+    @action(detail=True, methods=["post"])
+    def rollback(self, request, pk=None):
+        """Put this rollout's adapter back on the version served before it."""
+        rollout = self.get_object()
+        if rollout.previous_version is None:
+            from registry.errors import Conflict
+
+            raise Conflict(
+                "Nothing was served before this rollout.", code="nothing_to_roll_back_to"
+            )
+        new = rollback_to(
+            actor=self.actor,
+            deployment=rollout.deployment,
+            adapter=rollout.adapter,
+            version=rollout.previous_version,
+        )
+        return Response(_rollout_body(self.actor, new.pk), status=status.HTTP_202_ACCEPTED)

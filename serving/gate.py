@@ -1,0 +1,179 @@
+"""The compatibility gate: every check that must pass before an adapter
+version touches a deployment's vLLM replicas.
+
+vLLM accepts a same-shaped adapter trained for another model and serves
+garbage (it never checks base_model_name_or_path), so the base-model check
+here is the only line of defence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from registry.models import AdapterVersion
+from serving.models import Deployment, ServedAdapter
+
+
+@dataclass(frozen=True)
+class GateCheck:
+    name: str
+    ok: bool
+    message: str
+    # A failed advisory check is reported but does not refuse the promotion.
+    advisory: bool = False
+
+
+@dataclass(frozen=True)
+class GateReport:
+    checks: tuple[GateCheck, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(c.ok or c.advisory for c in self.checks)
+
+    @property
+    def failures(self) -> list[GateCheck]:
+        return [c for c in self.checks if not c.ok and not c.advisory]
+
+    def as_list(self) -> list[dict]:
+        return [asdict(c) for c in self.checks]
+
+
+def _normalise(name: str) -> str:
+    return name.strip().rstrip("/").lower()
+
+
+def check_base_model(deployment: Deployment, version: AdapterVersion) -> GateCheck:
+    accepted = {_normalise(deployment.base_model_name)} | {
+        _normalise(alias) for alias in deployment.base_model_aliases or []
+    }
+    claimed = version.base_model_name_or_path or version.adapter.base_model
+    if _normalise(claimed) in accepted:
+        return GateCheck(
+            "base_model", True, f"Trained for {claimed}, which this deployment serves."
+        )
+    return GateCheck(
+        "base_model",
+        False,
+        f"The adapter was trained for {claimed!r}, but {deployment.name} serves "
+        f"{deployment.base_model_name!r}. vLLM would load it and answer with garbage.",
+    )
+
+
+def check_rank(deployment: Deployment, version: AdapterVersion) -> GateCheck:
+    ranks = [version.r, *[int(r) for r in (version.rank_pattern or {}).values()]]
+    top = max(ranks)
+    if top <= deployment.max_lora_rank:
+        return GateCheck("rank", True, f"Rank {top} fits max_lora_rank {deployment.max_lora_rank}.")
+    return GateCheck(
+        "rank",
+        False,
+        f"Rank {top} exceeds the deployment's max_lora_rank {deployment.max_lora_rank}.",
+    )
+
+
+def check_target_modules(deployment: Deployment, version: AdapterVersion) -> GateCheck:
+    known = set(deployment.module_dims or {})
+    if not known:
+        return GateCheck(
+            "target_modules",
+            False,
+            f"The deployment does not know the modules of architecture "
+            f"{deployment.architecture or 'unknown'}; enter module_dims for it.",
+        )
+    missing = sorted(set(version.target_modules) - known)
+    if missing:
+        return GateCheck(
+            "target_modules",
+            False,
+            f"Target modules {', '.join(missing)} do not exist in {deployment.architecture}.",
+        )
+    return GateCheck("target_modules", True, "Every target module exists in the architecture.")
+
+
+def check_shapes(deployment: Deployment, version: AdapterVersion) -> GateCheck:
+    dims = deployment.module_dims or {}
+    problems = []
+    for shape in version.module_shapes or []:
+        expected = dims.get(shape["module"])
+        if expected is None:
+            continue
+        if [shape["in_features"], shape["out_features"]] != list(expected):
+            problems.append(
+                f"{shape['module']} is {shape['in_features']}x{shape['out_features']}, "
+                f"the model has {expected[0]}x{expected[1]}"
+            )
+    if deployment.num_layers and version.layer_count > deployment.num_layers:
+        problems.append(
+            f"the adapter has {version.layer_count} layers, the model {deployment.num_layers}"
+        )
+    if problems:
+        return GateCheck("shapes", False, "Tensor shapes do not fit: " + "; ".join(problems) + ".")
+    return GateCheck("shapes", True, "Tensor shapes fit the base model's dimensions.")
+
+
+def check_capacity(deployment: Deployment, version: AdapterVersion) -> GateCheck:
+    others = (
+        ServedAdapter.objects.filter(deployment=deployment, version__isnull=False)
+        .exclude(adapter_id=version.adapter_id)
+        .count()
+    )
+    needed = others + 1
+    if needed <= deployment.max_cpu_loras:
+        return GateCheck(
+            "capacity", True, f"{needed} of {deployment.max_cpu_loras} LoRA slots (max_cpu_loras)."
+        )
+    if deployment.allow_lru_thrash:
+        return GateCheck(
+            "capacity",
+            True,
+            f"{needed} adapters exceed max_cpu_loras {deployment.max_cpu_loras}; "
+            "allowed by policy (LRU eviction will reload from disk).",
+        )
+    return GateCheck(
+        "capacity",
+        False,
+        f"{needed} adapters would exceed max_cpu_loras {deployment.max_cpu_loras}; "
+        "retire one, raise the limit, or allow LRU thrash.",
+    )
+
+
+def check_memory(deployment: Deployment, version: AdapterVersion) -> GateCheck:
+    served = (
+        ServedAdapter.objects.filter(deployment=deployment, version__isnull=False)
+        .exclude(adapter_id=version.adapter_id)
+        .values_list("version__estimated_memory_bytes", flat=True)
+    )
+    # vLLM keeps up to max_loras adapters on the GPU at once; budget the largest ones.
+    sizes = sorted([*served, version.estimated_memory_bytes], reverse=True)
+    resident = sum(sizes[: deployment.max_loras])
+    if not deployment.gpu_memory_bytes:
+        return GateCheck(
+            "memory",
+            True,
+            f"Estimated LoRA memory {resident} bytes; GPU memory not configured.",
+            advisory=True,
+        )
+    budget = int(deployment.gpu_memory_bytes * deployment.lora_memory_share)
+    share = resident / deployment.gpu_memory_bytes
+    return GateCheck(
+        "memory",
+        resident <= budget,
+        f"Estimated LoRA memory {resident} bytes is {share:.1%} of GPU memory "
+        f"(budget {deployment.lora_memory_share:.0%} = {budget} bytes).",
+        advisory=True,
+    )
+
+
+CHECKS = (
+    check_base_model,
+    check_rank,
+    check_target_modules,
+    check_shapes,
+    check_capacity,
+    check_memory,
+)
+
+
+def evaluate_gate(deployment: Deployment, version: AdapterVersion) -> GateReport:
+    return GateReport(checks=tuple(check(deployment, version) for check in CHECKS))

@@ -1,0 +1,335 @@
+"""The serving control plane's records.
+
+Desired state is `ServedAdapter` (what each deployment is meant to serve).
+Everything else records how we got there: promotions (with four-eyes approval
+where policy asks), rollouts with one row per replica and every HTTP attempt,
+reconcile drift events, and staged folders on the adapter volume.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from registry.models import Adapter, AdapterVersion, Department
+
+
+class Deployment(models.Model):
+    name = models.SlugField(max_length=100, unique=True)
+    environment = models.CharField(max_length=32, default="staging")
+    description = models.TextField(blank=True)
+
+    # The base model: its served name in vLLM, other names it is known by, and its identity.
+    base_model_name = models.CharField(max_length=300)
+    base_model_aliases = models.JSONField(
+        default=list, blank=True, help_text="Other names of the same weights (hub id, path)."
+    )
+    architecture = models.CharField(max_length=100, blank=True)
+    hidden_size = models.PositiveIntegerField(null=True, blank=True)
+    intermediate_size = models.PositiveIntegerField(null=True, blank=True)
+    num_layers = models.PositiveIntegerField(null=True, blank=True)
+    num_attention_heads = models.PositiveIntegerField(null=True, blank=True)
+    num_key_value_heads = models.PositiveIntegerField(null=True, blank=True)
+    vocab_size = models.PositiveIntegerField(null=True, blank=True)
+    revision = models.CharField(max_length=100, blank=True)
+    # {module: [in_features, out_features]} for every LoRA-targetable module.
+    module_dims = models.JSONField(default=dict, blank=True)
+
+    # Replicas: a static list, or a DNS name whose every A record is one replica.
+    replica_urls = models.JSONField(default=list, blank=True)
+    replica_dns_name = models.CharField(max_length=253, blank=True)
+    replica_port = models.PositiveIntegerField(default=8000)
+    replica_scheme = models.CharField(max_length=5, default="http")
+    # Never returned by the API or shown in the admin.
+    vllm_api_key = models.CharField(max_length=500, blank=True)
+
+    # vLLM's LoRA limits (its --max-loras, --max-cpu-loras, --max-lora-rank).
+    max_loras = models.PositiveIntegerField(default=4)
+    max_cpu_loras = models.PositiveIntegerField(default=8)
+    max_lora_rank = models.PositiveIntegerField(default=16)
+    allow_lru_thrash = models.BooleanField(default=False)
+    gpu_memory_bytes = models.BigIntegerField(null=True, blank=True)
+    lora_memory_share = models.FloatField(default=0.15)
+
+    # The adapter volume: where workers write, and where vLLM sees the same folder.
+    volume_write_path = models.CharField(max_length=500)
+    volume_serve_path = models.CharField(max_length=500)
+
+    # Policy.
+    requires_promotion_approval = models.BooleanField(default=False)
+    allowed_departments = models.ManyToManyField(
+        Department, blank=True, related_name="+", help_text="Empty means every department."
+    )
+    unload_unknown_adapters = models.BooleanField(default=False)
+    canary_by_default = models.BooleanField(default=False)
+    verify_with_completion = models.BooleanField(default=True)
+
+    # Only one reconciler works on a deployment at a time, whatever beat and workers do.
+    reconcile_lease_owner = models.CharField(max_length=100, blank=True, editable=False)
+    reconcile_lease_until = models.DateTimeField(null=True, blank=True, editable=False)
+    last_reconciled_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["environment", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ReplicaHealth(models.TextChoices):
+    UNKNOWN = "unknown", "Unknown"
+    UP = "up", "Up"
+    DOWN = "down", "Down"
+
+
+class Replica(models.Model):
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="replicas")
+    base_url = models.CharField(max_length=500)
+    discovered_via = models.CharField(max_length=8, default="static")
+    active = models.BooleanField(default=True)
+    health = models.CharField(
+        max_length=8, choices=ReplicaHealth.choices, default=ReplicaHealth.UNKNOWN
+    )
+    vllm_version = models.CharField(max_length=50, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    last_checked_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    # What /v1/models said at the last reconcile: [{id, root}] for adapters.
+    loaded_adapters = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["deployment", "base_url"], name="replica_url_per_deployment"
+            )
+        ]
+        ordering = ["deployment_id", "base_url"]
+
+    def __str__(self) -> str:
+        return self.base_url
+
+
+class ServedAdapter(models.Model):
+    """Desired state: the version of an adapter that a deployment is meant to serve.
+
+    `version` moves only when a rollout succeeds or is rolled back; null means
+    retired (must be unloaded). The lease serialises every push of this
+    adapter to this deployment across workers and the reconciler.
+    """
+
+    deployment = models.ForeignKey(
+        Deployment, on_delete=models.CASCADE, related_name="served_adapters"
+    )
+    adapter = models.ForeignKey(Adapter, on_delete=models.PROTECT, related_name="served_in")
+    version = models.ForeignKey(
+        AdapterVersion, on_delete=models.PROTECT, null=True, blank=True, related_name="served_in"
+    )
+    served_path = models.CharField(max_length=1000, blank=True)
+    lease_owner = models.CharField(max_length=100, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "adapter"], name="one_served_version")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.deployment}: {self.adapter} -> {self.version or 'retired'}"
+
+
+class PromotionStatus(models.TextChoices):
+    PENDING_APPROVAL = "pending_approval", "Pending approval"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Rejected"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class Promotion(models.Model):
+    deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="promotions")
+    version = models.ForeignKey(AdapterVersion, on_delete=models.PROTECT, related_name="promotions")
+    status = models.CharField(max_length=20, choices=PromotionStatus.choices)
+    canary = models.BooleanField(default=False)
+    gate_report = models.JSONField(default=list)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    reviewed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    comment = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["deployment", "version"],
+                condition=Q(status="pending_approval"),
+                name="one_pending_promotion_per_version",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.version} -> {self.deployment}"
+
+
+class RolloutKind(models.TextChoices):
+    PROMOTE = "promote", "Promote"
+    SWAP = "swap", "Swap"
+    ROLLBACK = "rollback", "Rollback"
+    RETIRE = "retire", "Retire"
+
+
+class RolloutStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    STAGING = "staging", "Staging"
+    LOADING = "loading", "Loading"
+    VERIFYING = "verifying", "Verifying"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    ROLLED_BACK = "rolled_back", "Rolled back"
+
+
+class Rollout(models.Model):
+    deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="rollouts")
+    adapter = models.ForeignKey(Adapter, on_delete=models.PROTECT, related_name="rollouts")
+    kind = models.CharField(max_length=10, choices=RolloutKind.choices)
+    # Null target: unload (retire). Null previous: nothing was served before.
+    target_version = models.ForeignKey(
+        AdapterVersion, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    previous_version = models.ForeignKey(
+        AdapterVersion, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    promotion = models.ForeignKey(
+        Promotion, on_delete=models.PROTECT, null=True, blank=True, related_name="rollouts"
+    )
+    status = models.CharField(
+        max_length=12, choices=RolloutStatus.choices, default=RolloutStatus.PENDING
+    )
+    canary = models.BooleanField(default=False)
+    staged_path = models.CharField(max_length=1000, blank=True)
+    served_path = models.CharField(max_length=1000, blank=True)
+    error = models.TextField(blank=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["deployment", "status"])]
+
+    def __str__(self) -> str:
+        return f"rollout #{self.pk} {self.kind} {self.adapter} on {self.deployment}"
+
+
+class ReplicaStepStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    LOADING = "loading", "Loading"
+    VERIFYING = "verifying", "Verifying"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    ROLLED_BACK = "rolled_back", "Rolled back"
+
+
+class ReplicaRollout(models.Model):
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="replica_steps")
+    replica = models.ForeignKey(Replica, on_delete=models.PROTECT, related_name="+")
+    status = models.CharField(
+        max_length=12, choices=ReplicaStepStatus.choices, default=ReplicaStepStatus.PENDING
+    )
+    error = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["rollout", "replica"], name="one_step_per_replica")
+        ]
+        ordering = ["rollout_id", "replica__base_url"]
+
+    def __str__(self) -> str:
+        return f"{self.rollout_id}@{self.replica_id}: {self.status}"
+
+
+class HttpAttempt(models.Model):
+    """Every call to a vLLM replica: rollouts, reconcile, retire."""
+
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="attempts")
+    replica_rollout = models.ForeignKey(
+        ReplicaRollout, on_delete=models.CASCADE, null=True, blank=True, related_name="attempts"
+    )
+    purpose = models.CharField(max_length=32)
+    method = models.CharField(max_length=8)
+    url = models.CharField(max_length=1000)
+    started_at = models.DateTimeField()
+    duration_ms = models.FloatField()
+    status_code = models.PositiveIntegerField(null=True, blank=True)
+    ok = models.BooleanField()
+    transient = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["started_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.url} -> {self.status_code}"
+
+
+class DriftKind(models.TextChoices):
+    MISSING_RELOADED = "missing_reloaded", "Missing adapter reloaded"
+    WRONG_ROOT_CORRECTED = "wrong_root_corrected", "Wrong path corrected"
+    RETIRED_UNLOADED = "retired_unloaded", "Retired adapter unloaded"
+    UNKNOWN_REPORTED = "unknown_reported", "Unknown adapter reported"
+    UNKNOWN_UNLOADED = "unknown_unloaded", "Unknown adapter unloaded"
+    REPAIR_FAILED = "repair_failed", "Repair failed"
+    REPLICA_DOWN = "replica_down", "Replica down"
+    REPLICA_UP = "replica_up", "Replica back up"
+
+
+class DriftEvent(models.Model):
+    deployment = models.ForeignKey(
+        Deployment, on_delete=models.CASCADE, related_name="drift_events"
+    )
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="drift_events")
+    kind = models.CharField(max_length=24, choices=DriftKind.choices)
+    adapter_name = models.CharField(max_length=200, blank=True)
+    expected_root = models.CharField(max_length=1000, blank=True)
+    actual_root = models.CharField(max_length=1000, blank=True)
+    detail = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.adapter_name} on {self.replica_id}"
+
+
+class StagedFolder(models.Model):
+    """A version's files on a deployment's adapter volume. Deleted only after a
+    grace period once nothing references it: vLLM re-reads evicted adapters."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="staged")
+    version = models.ForeignKey(AdapterVersion, on_delete=models.PROTECT, related_name="+")
+    write_path = models.CharField(max_length=1000)
+    serve_path = models.CharField(max_length=1000)
+    created_at = models.DateTimeField(auto_now_add=True)
+    unreferenced_since = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "version"], name="one_folder_per_version")
+        ]
+
+    def __str__(self) -> str:
+        return self.write_path

@@ -1,0 +1,178 @@
+"""What the control plane does to ONE vLLM replica, over HTTP only.
+
+These functions touch no database: rollouts run them in parallel threads and
+record the returned attempts afterwards, so no row lock or connection is held
+across an HTTP call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from serving.vllm_client import (
+    AttemptResult,
+    VLLMClient,
+    is_already_loaded_error,
+    is_not_found_error,
+    model_cards,
+    server_version,
+    supports_load_inplace,
+)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Transient failures (refused, timeouts, 502/503) are retried with
+    exponential backoff until the deadline; permanent ones are not."""
+
+    deadline_seconds: float
+    base_delay: float
+    max_delay: float
+
+    @classmethod
+    def from_settings(cls) -> RetryPolicy:
+        return cls(
+            deadline_seconds=settings.SERVING_RETRY_DEADLINE_SECONDS,
+            base_delay=settings.SERVING_RETRY_BASE_SECONDS,
+            max_delay=settings.SERVING_RETRY_MAX_DELAY_SECONDS,
+        )
+
+
+@dataclass
+class ReplicaOutcome:
+    ok: bool = False
+    error: str = ""
+    vllm_version: str | None = None
+    loaded_root: str | None = None
+    attempts: list[tuple[str, AttemptResult]] = field(default_factory=list)
+
+    def fail(self, message: str) -> ReplicaOutcome:
+        self.ok = False
+        self.error = message
+        return self
+
+    def succeed(self) -> ReplicaOutcome:
+        self.ok = True
+        self.error = ""
+        return self
+
+
+def call_with_retry(
+    call: Callable[[], AttemptResult], purpose: str, outcome: ReplicaOutcome, policy: RetryPolicy
+) -> AttemptResult:
+    started = time.monotonic()
+    delay = policy.base_delay
+    while True:
+        result = call()
+        outcome.attempts.append((purpose, result))
+        if result.ok or not result.transient:
+            return result
+        if time.monotonic() - started + delay > policy.deadline_seconds:
+            return result
+        time.sleep(delay)
+        delay = min(delay * 2, policy.max_delay)
+
+
+def _describe(result: AttemptResult) -> str:
+    code = result.status_code if result.status_code is not None else "no response"
+    return f"{result.method} {result.url} -> {code}: {result.error or 'unexpected answer'}"
+
+
+def _find(result: AttemptResult, name: str):
+    return next((card for card in model_cards(result) if card.id == name), None)
+
+
+def ensure_loaded(
+    client: VLLMClient, name: str, path: str, policy: RetryPolicy, *, known_version: str = ""
+) -> ReplicaOutcome:
+    """Makes `name` serve from `path`. Already loaded there is success; loaded
+    from another path is a swap (load_inplace on vLLM >= 0.33, else unload then load)."""
+    outcome = ReplicaOutcome(vllm_version=known_version or None)
+    if not outcome.vllm_version:
+        answer = call_with_retry(client.version, "version", outcome, policy)
+        if not answer.ok:
+            return outcome.fail(_describe(answer))
+        outcome.vllm_version = server_version(answer)
+    listing = call_with_retry(client.list_models, "list_models", outcome, policy)
+    if not listing.ok:
+        return outcome.fail(_describe(listing))
+    card = _find(listing, name)
+    if card is not None and card.root == path:
+        outcome.loaded_root = path
+        return outcome.succeed()
+    if card is None:
+        loaded = call_with_retry(lambda: client.load_adapter(name, path), "load", outcome, policy)
+        if loaded.ok:
+            outcome.loaded_root = path
+            return outcome.succeed()
+        if not is_already_loaded_error(loaded):
+            return outcome.fail(_describe(loaded))
+        # Someone loaded it meanwhile (or our earlier attempt landed): look again.
+        listing = call_with_retry(client.list_models, "list_models", outcome, policy)
+        card = _find(listing, name)
+        if card is not None and card.root == path:
+            outcome.loaded_root = path
+            return outcome.succeed()
+    return _swap(client, name, path, policy, outcome)
+
+
+def _swap(client, name, path, policy, outcome: ReplicaOutcome) -> ReplicaOutcome:
+    if supports_load_inplace(outcome.vllm_version):
+        # Validates the new weights before switching, so a failure leaves the old serving.
+        swapped = call_with_retry(
+            lambda: client.load_adapter(name, path, load_inplace=True),
+            "load_inplace",
+            outcome,
+            policy,
+        )
+        if not swapped.ok:
+            return outcome.fail(_describe(swapped))
+    else:
+        # vLLM <= 0.32: load_inplace sticks and re-reads from disk every step (#33791).
+        unloaded = call_with_retry(lambda: client.unload_adapter(name), "unload", outcome, policy)
+        if not (unloaded.ok or is_not_found_error(unloaded)):
+            return outcome.fail(_describe(unloaded))
+        loaded = call_with_retry(lambda: client.load_adapter(name, path), "load", outcome, policy)
+        if not loaded.ok:
+            return outcome.fail(_describe(loaded))
+    outcome.loaded_root = path
+    return outcome.succeed()
+
+
+def ensure_unloaded(client: VLLMClient, name: str, policy: RetryPolicy) -> ReplicaOutcome:
+    outcome = ReplicaOutcome()
+    result = call_with_retry(lambda: client.unload_adapter(name), "unload", outcome, policy)
+    if result.ok or is_not_found_error(result):
+        return outcome.succeed()
+    return outcome.fail(_describe(result))
+
+
+def verify_serving(
+    client: VLLMClient, name: str, path: str, policy: RetryPolicy, *, with_completion: bool
+) -> ReplicaOutcome:
+    """`GET /v1/models` lists `name` with root == path, and a one-token
+    completion through it answers 200."""
+    outcome = ReplicaOutcome()
+    listing = call_with_retry(client.list_models, "verify_models", outcome, policy)
+    if not listing.ok:
+        return outcome.fail(_describe(listing))
+    card = _find(listing, name)
+    if card is None:
+        return outcome.fail(f"{name} is not listed by /v1/models after loading.")
+    outcome.loaded_root = card.root
+    if card.root != path:
+        return outcome.fail(f"{name} serves from {card.root}, expected {path}.")
+    if with_completion:
+        answer = call_with_retry(
+            lambda: client.complete_one_token(name, chat=False),
+            "verify_completion",
+            outcome,
+            policy,
+        )
+        if not answer.ok:
+            return outcome.fail(_describe(answer))
+    return outcome.succeed()

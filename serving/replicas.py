@@ -1,0 +1,79 @@
+"""Which replicas a deployment has right now: its static list, or every A
+record of a DNS name (a headless Kubernetes Service)."""
+
+from __future__ import annotations
+
+import socket
+
+from django.conf import settings
+from django.utils import timezone
+
+from serving.models import Deployment, Replica
+from serving.vllm_client import VLLMClient
+
+
+def discover_urls(deployment: Deployment) -> list[str]:
+    if deployment.replica_dns_name:
+        try:
+            infos = socket.getaddrinfo(
+                deployment.replica_dns_name,
+                deployment.replica_port,
+                socket.AF_INET,
+                socket.SOCK_STREAM,
+            )
+        except socket.gaierror:
+            return []
+        addresses = sorted({info[4][0] for info in infos})
+        return [f"{deployment.replica_scheme}://{a}:{deployment.replica_port}" for a in addresses]
+    return [url.rstrip("/") for url in deployment.replica_urls or []]
+
+
+def replicas_sync(deployment: Deployment) -> list[Replica]:
+    """Upserts Replica rows for what discovery sees; the rest become inactive."""
+    urls = discover_urls(deployment)
+    via = "dns" if deployment.replica_dns_name else "static"
+    existing = {r.base_url: r for r in deployment.replicas.all()}
+    for url in urls:
+        replica = existing.get(url)
+        if replica is None:
+            existing[url] = Replica.objects.create(
+                deployment=deployment, base_url=url, discovered_via=via
+            )
+        elif not replica.active:
+            replica.active = True
+            replica.save(update_fields=["active"])
+    # A replica that DNS no longer lists is kept (its history matters) but inactive.
+    if deployment.replica_dns_name and not urls:
+        return [r for r in existing.values() if r.active]
+    Replica.objects.filter(deployment=deployment, active=True).exclude(base_url__in=urls).update(
+        active=False
+    )
+    return [existing[url] for url in urls]
+
+
+def client_for(replica: Replica, deployment: Deployment) -> VLLMClient:
+    return VLLMClient(
+        replica.base_url,
+        api_key=deployment.vllm_api_key or None,
+        timeout=settings.SERVING_HTTP_TIMEOUT_SECONDS,
+        connect_timeout=settings.SERVING_CONNECT_TIMEOUT_SECONDS,
+        load_timeout=settings.SERVING_LOAD_TIMEOUT_SECONDS,
+    )
+
+
+def mark_health(replica: Replica, *, up: bool, error: str = "", version: str | None = None) -> bool:
+    """Records health; returns True when it changed."""
+    now = timezone.now()
+    previous = replica.health
+    replica.health = "up" if up else "down"
+    replica.last_checked_at = now
+    fields = ["health", "last_checked_at", "last_error"]
+    replica.last_error = "" if up else error[:2000]
+    if up:
+        replica.last_seen_at = now
+        fields.append("last_seen_at")
+    if version:
+        replica.vllm_version = version
+        fields.append("vllm_version")
+    replica.save(update_fields=fields)
+    return previous != replica.health and previous != "unknown"

@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from serving.models import HttpAttempt, Replica, ReplicaRollout
+from serving.replica_ops import ReplicaOutcome
+
+
+def attempts_record(
+    replica: Replica, outcome: ReplicaOutcome, replica_rollout: ReplicaRollout | None = None
+) -> None:
+    HttpAttempt.objects.bulk_create(
+        [
+            HttpAttempt(
+                replica=replica,
+                replica_rollout=replica_rollout,
+                purpose=purpose,
+                method=result.method,
+                url=result.url[:1000],
+                started_at=result.started_at,
+                duration_ms=result.duration_ms,
+                status_code=result.status_code,
+                ok=result.ok,
+                transient=result.transient,
+                error=result.error[:4000],
+            )
+            for purpose, result in outcome.attempts
+        ]
+    )

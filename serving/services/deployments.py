@@ -1,0 +1,113 @@
+"""Deployments are created and changed by platform admins only."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+
+from registry.access import require_platform_admin
+from registry.actors import Actor
+from registry.audit import audit_record
+from registry.errors import Conflict, ValidationFailed
+from serving.base_models import identity_from_path, module_dims_for
+from serving.models import Deployment
+
+IDENTITY_FIELDS = (
+    "architecture",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+)
+# Never echoed into audit details.
+SECRET_FIELDS = {"vllm_api_key"}
+
+
+def _apply(deployment: Deployment, values: dict) -> list[str]:
+    values = dict(values)
+    departments = values.pop("allowed_departments", None)
+    base_model_path = values.pop("base_model_path", None)
+    if base_model_path:
+        identity = identity_from_path(base_model_path)
+        for name in IDENTITY_FIELDS:
+            values.setdefault(name, identity.get(name))
+        values.setdefault("module_dims", identity["module_dims"])
+        aliases = list(values.get("base_model_aliases", deployment.base_model_aliases) or [])
+        if base_model_path not in aliases:
+            aliases.append(base_model_path)
+        values["base_model_aliases"] = aliases
+    changed = []
+    for name, value in values.items():
+        if getattr(deployment, name) != value:
+            setattr(deployment, name, value)
+            changed.append(name)
+    if not deployment.module_dims and deployment.hidden_size:
+        deployment.module_dims = module_dims_for(
+            {name: getattr(deployment, name) for name in IDENTITY_FIELDS}
+        )
+    if not deployment.replica_urls and not deployment.replica_dns_name:
+        raise ValidationFailed(
+            "Give the replicas: replica_urls, or replica_dns_name.", code="no_replicas"
+        )
+    for url in deployment.replica_urls or []:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValidationFailed(f"Replica URL {url!r} must start with http:// or https://.")
+    if deployment.max_loras > deployment.max_cpu_loras:
+        raise ValidationFailed("max_loras cannot exceed max_cpu_loras (vLLM refuses to start).")
+    if not 0 < deployment.lora_memory_share <= 1:
+        raise ValidationFailed("lora_memory_share must be a fraction between 0 and 1.")
+    try:
+        deployment.full_clean(exclude=["allowed_departments"])
+    except ValidationError as error:
+        raise ValidationFailed(
+            "; ".join(f"{k}: {' '.join(v)}" for k, v in error.message_dict.items())
+        ) from None
+    deployment._departments = departments
+    return changed
+
+
+def _save(actor: Actor, deployment: Deployment, action: str, changed: list[str]) -> Deployment:
+    try:
+        with transaction.atomic():
+            deployment.save()
+            if deployment._departments is not None:
+                deployment.allowed_departments.set(deployment._departments)
+            audit_record(
+                actor=actor,
+                action=action,
+                obj=deployment,
+                department=None,
+                details={
+                    "changed": [c for c in changed if c not in SECRET_FIELDS]
+                    + (["vllm_api_key"] if "vllm_api_key" in changed else [])
+                },
+            )
+    except IntegrityError:
+        raise Conflict(f"A deployment named {deployment.name!r} already exists.") from None
+    return deployment
+
+
+def deployment_create(*, actor: Actor, **values) -> Deployment:
+    require_platform_admin(actor)
+    deployment = Deployment()
+    changed = _apply(deployment, values)
+    return _save(actor, deployment, "deployment.created", changed)
+
+
+def deployment_update(*, actor: Actor, deployment: Deployment, **values) -> Deployment:
+    require_platform_admin(actor)
+    changed = _apply(deployment, values)
+    return _save(actor, deployment, "deployment.updated", changed)
+
+
+def deployment_delete(*, actor: Actor, deployment: Deployment) -> None:
+    require_platform_admin(actor)
+    if deployment.served_adapters.filter(version__isnull=False).exists():
+        raise Conflict(
+            f"{deployment.name} still serves adapters; retire them first.", code="still_serving"
+        )
+    with transaction.atomic():
+        audit_record(actor=actor, action="deployment.deleted", obj=deployment, department=None)
+        deployment.delete()

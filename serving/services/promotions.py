@@ -1,0 +1,242 @@
+"""Promoting approved versions to deployments, and the actions that change what
+a deployment serves: approve/reject a promotion request, manual rollback, retire."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from registry.access import require_approver, require_contributor
+from registry.actors import Actor
+from registry.audit import audit_record
+from registry.errors import ApplicationError, Conflict, NotAuthorized, ValidationFailed
+from registry.models import Ability, Adapter, AdapterVersion, VersionStatus
+from serving.gate import GateReport, evaluate_gate
+from serving.models import (
+    Deployment,
+    Promotion,
+    PromotionStatus,
+    Rollout,
+    RolloutKind,
+    ServedAdapter,
+)
+from serving.services.rollouts import rollout_create
+from serving.transitions import PROMOTION_TRANSITIONS, ROLLOUT_TERMINAL, can_move
+
+
+class GateRefused(ApplicationError):
+    status = 422
+    code = "compatibility_gate_failed"
+
+
+def _require_may_deploy(actor: Actor, deployment: Deployment, adapter: Adapter) -> None:
+    require_contributor(actor, adapter.department_id, Ability.PROMOTE, "Version")
+    allowed = [d.pk for d in deployment.allowed_departments.all()]
+    if allowed and adapter.department_id not in allowed:
+        raise NotAuthorized(
+            f"Deployment {deployment.name} does not accept adapters from "
+            f"{adapter.department.slug}.",
+            code="department_not_allowed",
+        )
+
+
+def _require_gate(deployment: Deployment, version: AdapterVersion) -> GateReport:
+    report = evaluate_gate(deployment, version)
+    if not report.passed:
+        reasons = " ".join(check.message for check in report.failures)
+        raise GateRefused(
+            f"Version {version.number} cannot be promoted to {deployment.name}: {reasons}",
+            details={"checks": report.as_list()},
+        )
+    return report
+
+
+def _require_servable(version: AdapterVersion) -> None:
+    if version.status != VersionStatus.APPROVED:
+        raise Conflict(
+            f"Only approved versions can be served; version {version.number} is {version.status}.",
+            code="version_not_approved",
+        )
+
+
+def _start_rollout(actor, deployment, version, canary, promotion=None, kind=None) -> Rollout:
+    served, _ = ServedAdapter.objects.select_for_update().get_or_create(
+        deployment=deployment, adapter=version.adapter
+    )
+    if kind is None:
+        kind = RolloutKind.SWAP if served.version_id else RolloutKind.PROMOTE
+    in_flight = Rollout.objects.filter(
+        deployment=deployment, adapter=version.adapter, target_version=version
+    ).exclude(status__in=ROLLOUT_TERMINAL)
+    if in_flight.exists():
+        raise Conflict(
+            f"A rollout of version {version.number} to {deployment.name} is already in progress.",
+            code="rollout_in_progress",
+        )
+    return rollout_create(
+        actor=actor,
+        deployment=deployment,
+        adapter=version.adapter,
+        target=version,
+        kind=kind,
+        canary=canary,
+        promotion=promotion,
+    )
+
+
+def promotion_create(
+    *, actor: Actor, deployment: Deployment, version: AdapterVersion, canary: bool | None = None
+) -> Promotion:
+    """Runs the gate; then either starts the rollout or, where the deployment's
+    policy asks for it, waits for a second person's approval."""
+    _require_may_deploy(actor, deployment, version.adapter)
+    _require_servable(version)
+    report = _require_gate(deployment, version)
+    canary = deployment.canary_by_default if canary is None else canary
+    served = ServedAdapter.objects.filter(deployment=deployment, adapter=version.adapter).first()
+    if served and served.version_id == version.pk:
+        raise Conflict(
+            f"Version {version.number} is already served on {deployment.name}.",
+            code="already_served",
+        )
+    with transaction.atomic():
+        if deployment.requires_promotion_approval:
+            if Promotion.objects.filter(
+                deployment=deployment, version=version, status=PromotionStatus.PENDING_APPROVAL
+            ).exists():
+                raise Conflict(
+                    "A promotion of this version to this deployment already awaits approval.",
+                    code="promotion_pending",
+                )
+            status = PromotionStatus.PENDING_APPROVAL
+        else:
+            status = PromotionStatus.APPROVED
+        promotion = Promotion.objects.create(
+            deployment=deployment,
+            version=version,
+            status=status,
+            canary=canary,
+            gate_report=report.as_list(),
+            requested_by=actor.user,
+        )
+        audit_record(
+            actor=actor,
+            action="promotion.requested",
+            obj=promotion,
+            department=version.adapter.department,
+            to_state=status,
+            details={"deployment": deployment.name, "version": version.number},
+        )
+        if status == PromotionStatus.APPROVED:
+            _start_rollout(actor, deployment, version, canary, promotion)
+    return promotion
+
+
+def promotion_review(
+    *, actor: Actor, promotion: Promotion, approve: bool, comment: str = ""
+) -> Promotion:
+    """Four-eyes, exactly as for versions: an approver of the department or a
+    platform admin who is not the requester."""
+    version = promotion.version
+    require_approver(actor, version.adapter.department_id, "Promotion")
+    comment = (comment or "").strip()
+    if not approve and not comment:
+        raise ValidationFailed("A comment is required to reject.", code="comment_required")
+    target = PromotionStatus.APPROVED if approve else PromotionStatus.REJECTED
+    with transaction.atomic():
+        locked = Promotion.objects.select_for_update().get(pk=promotion.pk)
+        if not can_move(PROMOTION_TRANSITIONS, locked.status, target) or locked.status == target:
+            raise Conflict(
+                f"This promotion is {locked.status}; it can no longer be reviewed.",
+                code="invalid_transition",
+                details={"current_status": locked.status},
+            )
+        if locked.requested_by_id == actor.user.pk:
+            raise NotAuthorized(
+                "Four-eyes rule: you cannot approve or reject your own promotion request.",
+                code="four_eyes",
+            )
+        if approve:
+            _require_servable(version)
+            locked.gate_report = _require_gate(locked.deployment, version).as_list()
+        previous = locked.status
+        locked.status = target
+        locked.reviewed_by = actor.user
+        locked.reviewed_at = timezone.now()
+        locked.comment = comment
+        locked.save(
+            update_fields=["status", "reviewed_by", "reviewed_at", "comment", "gate_report"]
+        )
+        audit_record(
+            actor=actor,
+            action="promotion.approve" if approve else "promotion.reject",
+            obj=locked,
+            department=version.adapter.department,
+            from_state=previous,
+            to_state=target,
+            comment=comment,
+        )
+        if approve:
+            _start_rollout(actor, locked.deployment, version, locked.canary, locked)
+    return locked
+
+
+def rollback_to(
+    *, actor: Actor, deployment: Deployment, adapter: Adapter, version: AdapterVersion | None = None
+) -> Rollout:
+    """Manual rollback to an earlier approved version (default: the one served
+    before the current one)."""
+    _require_may_deploy(actor, deployment, adapter)
+    served = ServedAdapter.objects.filter(deployment=deployment, adapter=adapter).first()
+    if version is None:
+        last = (
+            Rollout.objects.filter(deployment=deployment, adapter=adapter, status="succeeded")
+            .exclude(previous_version=None)
+            .order_by("-finished_at")
+            .first()
+        )
+        if last is None:
+            raise Conflict(
+                f"{adapter} has no earlier version on {deployment.name} to go back to.",
+                code="nothing_to_roll_back_to",
+            )
+        version = last.previous_version
+    if version.adapter_id != adapter.pk:
+        raise ValidationFailed("That version belongs to another adapter.", code="wrong_adapter")
+    if served and served.version_id == version.pk:
+        raise Conflict(f"Version {version.number} is already served.", code="already_served")
+    _require_servable(version)
+    _require_gate(deployment, version)
+    with transaction.atomic():
+        return _start_rollout(actor, deployment, version, False, kind=RolloutKind.ROLLBACK)
+
+
+def retire(*, actor: Actor | None, deployment: Deployment, adapter: Adapter) -> Rollout:
+    """Stops serving the adapter on the deployment: unload from every replica.
+    Its staged folders stay for the grace period."""
+    if actor is not None:
+        _require_may_deploy(actor, deployment, adapter)
+    with transaction.atomic():
+        served = (
+            ServedAdapter.objects.select_for_update()
+            .filter(deployment=deployment, adapter=adapter)
+            .first()
+        )
+        if served is None or served.version_id is None:
+            raise Conflict(f"{adapter} is not served on {deployment.name}.", code="not_served")
+        served.version = None
+        served.served_path = ""
+        served.save(update_fields=["version", "served_path", "updated_at"])
+        return rollout_create(
+            actor=actor,
+            deployment=deployment,
+            adapter=adapter,
+            target=None,
+            kind=RolloutKind.RETIRE,
+        )
+
+
+def retire_version_everywhere(version: AdapterVersion) -> None:
+    """Registry hook: a deprecated (or archived) version stops being served."""
+    for served in ServedAdapter.objects.filter(version=version).select_related("deployment"):
+        retire(actor=None, deployment=served.deployment, adapter=version.adapter)

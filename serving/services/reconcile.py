@@ -1,0 +1,207 @@
+"""Reconcile: vLLM forgets (nothing survives a restart, each replica is its own
+registry), so the database's desired state is re-applied continuously.
+
+One GET /v1/models per replica; missing adapters are reloaded, wrong roots
+corrected, retired ones unloaded, unknown ones reported (and unloaded if the
+deployment's policy says so). Every repair is a DriftEvent. A deployment lease
+keeps concurrent beats/workers from reconciling the same deployment at once,
+and each repair also takes the adapter's lease so it never races a rollout.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from django.utils import timezone
+
+from serving.models import Deployment, DriftEvent, DriftKind, Replica, ServedAdapter
+from serving.replica_ops import (
+    ReplicaOutcome,
+    RetryPolicy,
+    call_with_retry,
+    ensure_loaded,
+    ensure_unloaded,
+)
+from serving.replicas import client_for, mark_health, replicas_sync
+from serving.services.attempts import attempts_record
+from serving.services.leases import (
+    deployment_reconcile_claim,
+    deployment_reconcile_release,
+    served_adapter_claim,
+    served_adapter_release,
+)
+from serving.vllm_client import model_cards, server_version
+from serving.volume import StagingError, stage_version
+
+logger = logging.getLogger(__name__)
+
+# Reconcile must not wait a rollout's long retry deadline on a dead replica.
+RECONCILE_POLICY = RetryPolicy(deadline_seconds=0, base_delay=0, max_delay=0)
+
+
+@dataclass
+class ReconcileReport:
+    deployment: str
+    skipped: bool = False
+    replicas_up: int = 0
+    replicas_down: int = 0
+    repairs: list[str] = field(default_factory=list)
+
+
+def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
+    deployment = Deployment.objects.get(pk=deployment_id)
+    report = ReconcileReport(deployment=deployment.name)
+    if not deployment_reconcile_claim(deployment.pk, worker):
+        report.skipped = True
+        return report
+    try:
+        _reconcile(deployment, worker, report)
+        Deployment.objects.filter(pk=deployment.pk).update(last_reconciled_at=timezone.now())
+    finally:
+        deployment_reconcile_release(deployment.pk, worker)
+    return report
+
+
+def _observe(deployment: Deployment, replica: Replica) -> tuple[ReplicaOutcome, list, str | None]:
+    outcome = ReplicaOutcome()
+    with client_for(replica, deployment) as client:
+        version = replica.vllm_version or None
+        if not version:
+            version = server_version(
+                call_with_retry(client.version, "version", outcome, RECONCILE_POLICY)
+            )
+        listing = call_with_retry(client.list_models, "reconcile_models", outcome, RECONCILE_POLICY)
+    if listing.ok:
+        outcome.succeed()
+    else:
+        outcome.fail(listing.error or f"status {listing.status_code}")
+    return outcome, [c for c in model_cards(listing) if c.is_adapter], version
+
+
+def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport) -> None:
+    replicas = replicas_sync(deployment)
+    desired = {
+        s.adapter.served_name: s
+        for s in ServedAdapter.objects.filter(deployment=deployment).select_related(
+            "adapter__department", "version__adapter__department"
+        )
+    }
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(replicas) or 1))) as pool:
+        observations = list(pool.map(lambda replica: _observe(deployment, replica), replicas))
+
+    for replica, (outcome, cards, version) in zip(replicas, observations, strict=True):
+        attempts_record(replica, outcome)
+        changed = mark_health(replica, up=outcome.ok, error=outcome.error, version=version)
+        if not outcome.ok:
+            report.replicas_down += 1
+            if changed or replica.drift_events.filter(kind=DriftKind.REPLICA_DOWN).count() == 0:
+                _drift(deployment, replica, DriftKind.REPLICA_DOWN, detail=outcome.error)
+            continue
+        report.replicas_up += 1
+        if changed:
+            _drift(deployment, replica, DriftKind.REPLICA_UP)
+        previous_names = {item.get("id") for item in replica.loaded_adapters or []}
+        Replica.objects.filter(pk=replica.pk).update(
+            loaded_adapters=[{"id": c.id, "root": c.root} for c in cards]
+        )
+        _repair_replica(deployment, replica, cards, desired, previous_names, worker, report)
+
+
+def _repair_replica(deployment, replica, cards, desired, previous_names, worker, report) -> None:
+    loaded = {card.id: card.root for card in cards}
+    for name, served in desired.items():
+        if served.version_id is None:
+            if name in loaded:
+                _repair(
+                    deployment,
+                    replica,
+                    served,
+                    worker,
+                    report,
+                    DriftKind.RETIRED_UNLOADED,
+                    actual=loaded[name],
+                )
+            continue
+        expected = served.served_path
+        if name not in loaded:
+            _repair(deployment, replica, served, worker, report, DriftKind.MISSING_RELOADED)
+        elif loaded[name] != expected:
+            _repair(
+                deployment,
+                replica,
+                served,
+                worker,
+                report,
+                DriftKind.WRONG_ROOT_CORRECTED,
+                actual=loaded[name],
+            )
+    for name, root in loaded.items():
+        if name in desired:
+            continue
+        if deployment.unload_unknown_adapters:
+            with client_for(replica, deployment) as client:
+                outcome = ensure_unloaded(client, name, RECONCILE_POLICY)
+            attempts_record(replica, outcome)
+            kind = DriftKind.UNKNOWN_UNLOADED if outcome.ok else DriftKind.REPAIR_FAILED
+            _drift(deployment, replica, kind, name, actual=root, detail=outcome.error)
+            report.repairs.append(f"{replica.base_url}: unloaded unknown {name}")
+        elif name not in previous_names:
+            _drift(deployment, replica, DriftKind.UNKNOWN_REPORTED, name, actual=root)
+
+
+def _repair(deployment, replica, served, worker, report, kind, actual="") -> None:
+    # A rollout holding this adapter's lease is already changing it: leave it alone.
+    if not served_adapter_claim(served.pk, worker):
+        return
+    try:
+        served.refresh_from_db()
+        name = served.adapter.served_name
+        with client_for(replica, deployment) as client:
+            if served.version_id is None:
+                outcome = ensure_unloaded(client, name, RECONCILE_POLICY)
+            else:
+                try:
+                    # The folder may have gone: a new volume, or a replica added later.
+                    stage_version(deployment, served.version)
+                except (StagingError, OSError) as error:
+                    _drift(deployment, replica, DriftKind.REPAIR_FAILED, name, detail=str(error))
+                    return
+                outcome = ensure_loaded(
+                    client,
+                    name,
+                    served.served_path,
+                    RECONCILE_POLICY,
+                    known_version=replica.vllm_version,
+                )
+        attempts_record(replica, outcome)
+        if outcome.ok:
+            _drift(deployment, replica, kind, name, expected=served.served_path, actual=actual)
+            report.repairs.append(f"{replica.base_url}: {kind} {name}")
+        else:
+            _drift(
+                deployment,
+                replica,
+                DriftKind.REPAIR_FAILED,
+                name,
+                expected=served.served_path,
+                actual=actual,
+                detail=outcome.error,
+            )
+    finally:
+        served_adapter_release(served.pk, worker)
+
+
+def _drift(deployment, replica, kind, adapter_name="", expected="", actual="", detail="") -> None:
+    DriftEvent.objects.create(
+        deployment=deployment,
+        replica=replica,
+        kind=kind,
+        adapter_name=adapter_name,
+        expected_root=expected or "",
+        actual_root=actual or "",
+        detail=(detail or "")[:4000],
+    )
+    logger.info("drift %s on %s: %s %s", kind, replica.base_url, adapter_name, detail)

@@ -1,0 +1,61 @@
+"""Celery tasks: thin, idempotent, each loads ids and calls one service."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from datetime import timedelta
+
+from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
+
+from serving.models import Deployment, HttpAttempt
+from serving.services.reconcile import reconcile_deployment
+from serving.services.rollouts import LeaseBusy, rollout_execute
+from serving.volume import collect_garbage
+
+logger = logging.getLogger(__name__)
+
+
+def worker_id(task_id: str | None) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{task_id or 'eager'}"[:100]
+
+
+@shared_task(
+    name="serving.run_rollout",
+    bind=True,
+    acks_late=True,
+    max_retries=60,
+    autoretry_for=(LeaseBusy,),
+    retry_backoff=2,
+    retry_backoff_max=30,
+)
+def run_rollout(self, rollout_id: int) -> str:
+    return rollout_execute(rollout_id, worker_id(self.request.id))
+
+
+@shared_task(name="serving.reconcile_deployment", bind=True, acks_late=True)
+def reconcile_one(self, deployment_id: int) -> dict:
+    report = reconcile_deployment(deployment_id, worker_id(self.request.id))
+    return {"deployment": report.deployment, "skipped": report.skipped, "repairs": report.repairs}
+
+
+@shared_task(name="serving.reconcile_all", acks_late=True)
+def reconcile_all() -> int:
+    ids = list(Deployment.objects.values_list("pk", flat=True))
+    for deployment_id in ids:
+        reconcile_one.delay(deployment_id)
+    return len(ids)
+
+
+@shared_task(name="serving.housekeeping", acks_late=True)
+def housekeeping() -> dict:
+    deleted = collect_garbage()
+    cutoff = timezone.now() - timedelta(days=settings.SERVING_ATTEMPT_RETENTION_DAYS)
+    # Rollout attempts are history worth keeping; reconcile polls are not.
+    pruned, _ = HttpAttempt.objects.filter(
+        replica_rollout__isnull=True, started_at__lt=cutoff
+    ).delete()
+    return {"deleted_folders": deleted, "pruned_attempts": pruned}

@@ -1,0 +1,144 @@
+"""The adapter volume that vLLM reads: immutable, versioned folders.
+
+    <root>/<department>/<adapter>/v<N>-<sha8>/
+
+A folder appears only complete (written to a temporary name, every sha256
+verified, then renamed), is never rewritten with other bytes, and is deleted
+only after a grace period once nothing serves it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from registry.artifact_store import get_artifact_store
+from registry.models import AdapterVersion
+from serving.models import Deployment, ServedAdapter, StagedFolder
+
+CHUNK = 1024 * 1024
+
+
+class StagingError(Exception):
+    pass
+
+
+def relative_path(version: AdapterVersion) -> str:
+    adapter = version.adapter
+    return f"{adapter.department.slug}/{adapter.name}/v{version.number}-{version.sha8}"
+
+
+def serve_path_for(deployment: Deployment, version: AdapterVersion) -> str:
+    return f"{deployment.volume_serve_path.rstrip('/')}/{relative_path(version)}"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _matches(folder: Path, version: AdapterVersion) -> bool:
+    expected = {f["path"]: f["sha256"] for f in version.files}
+    present = {p.name for p in folder.iterdir()}
+    if present != set(expected):
+        return False
+    return all(_sha256(folder / name) == digest for name, digest in expected.items())
+
+
+def stage_version(deployment: Deployment, version: AdapterVersion) -> StagedFolder:
+    """Idempotent: an existing, verified folder is reused as it is."""
+    final = Path(deployment.volume_write_path) / relative_path(version)
+    serve = serve_path_for(deployment, version)
+    if final.is_dir():
+        if not _matches(final, version):
+            raise StagingError(
+                f"{final} exists but does not match version {version.number}'s checksums; "
+                "refusing to reuse the path for other bytes."
+            )
+    else:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        temporary = final.parent / f".staging-{final.name}-{uuid.uuid4().hex[:8]}"
+        temporary.mkdir()
+        try:
+            _download_verified(version, temporary)
+            try:
+                os.rename(temporary, final)
+            except OSError:
+                # Another worker finished first; its folder must be the same bytes.
+                if not (final.is_dir() and _matches(final, version)):
+                    raise
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
+    folder, _ = StagedFolder.objects.update_or_create(
+        deployment=deployment,
+        version=version,
+        defaults={
+            "write_path": str(final),
+            "serve_path": serve,
+            "unreferenced_since": None,
+            "deleted_at": None,
+        },
+    )
+    return folder
+
+
+def _download_verified(version: AdapterVersion, into: Path) -> None:
+    store = get_artifact_store()
+    for item in version.files:
+        target = into / item["path"]
+        digest = hashlib.sha256()
+        source_key = f"{version.storage_prefix}/{item['path']}"
+        with store.open_read(source_key) as source, target.open("wb") as sink:
+            while chunk := source.read(CHUNK):
+                digest.update(chunk)
+                sink.write(chunk)
+            sink.flush()
+            os.fsync(sink.fileno())
+        if digest.hexdigest() != item["sha256"]:
+            raise StagingError(
+                f"{item['path']} of version {version.number} does not match its sha256 "
+                "in the registry; the stored artifact is corrupt."
+            )
+        target.chmod(0o444)
+
+
+def mark_unreferenced(deployment: Deployment) -> None:
+    """Starts the grace clock for folders no ServedAdapter points at."""
+    served = ServedAdapter.objects.filter(deployment=deployment, version__isnull=False).values(
+        "version_id"
+    )
+    StagedFolder.objects.filter(
+        deployment=deployment, deleted_at__isnull=True, unreferenced_since__isnull=True
+    ).exclude(version_id__in=served).update(unreferenced_since=timezone.now())
+
+
+def collect_garbage(now=None) -> list[str]:
+    """Deletes folders unreferenced for longer than the grace period."""
+    now = now or timezone.now()
+    grace = timedelta(seconds=settings.SERVING_STAGED_GRACE_SECONDS)
+    deleted = []
+    candidates = StagedFolder.objects.filter(
+        deleted_at__isnull=True, unreferenced_since__lt=now - grace
+    )
+    for folder in candidates:
+        still_served = ServedAdapter.objects.filter(
+            Q(version_id=folder.version_id), deployment_id=folder.deployment_id
+        ).exists()
+        if still_served:
+            StagedFolder.objects.filter(pk=folder.pk).update(unreferenced_since=None)
+            continue
+        shutil.rmtree(folder.write_path, ignore_errors=True)
+        StagedFolder.objects.filter(pk=folder.pk).update(deleted_at=now)
+        deleted.append(folder.write_path)
+    return deleted

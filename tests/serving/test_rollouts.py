@@ -1,0 +1,193 @@
+"""Rollout logic against fake vLLM replicas (error paths). The same behaviours
+are shown against real vLLM servers in tests/serving/vllm/."""
+
+from pathlib import Path
+
+import pytest
+
+from serving.models import HttpAttempt, Rollout, ServedAdapter
+from serving.services.promotions import promotion_create, retire, rollback_to
+from serving.services.rollouts import rollout_execute
+from tests.conftest import actor
+
+pytestmark = pytest.mark.django_db
+
+
+def promote(user, deployment, version, **extra):
+    promotion = promotion_create(actor=actor(user), deployment=deployment, version=version, **extra)
+    return promotion, promotion.rollouts.get()
+
+
+def test_promote_stages_loads_and_verifies_on_every_replica(
+    lena, deployment, approved_v1, fake_replicas, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks() as callbacks:
+        _, rollout = promote(lena, deployment, approved_v1)
+    assert len(callbacks) == 1  # enqueued only after commit
+
+    assert rollout_execute(rollout.pk, "w1") == "succeeded"
+
+    rollout.refresh_from_db()
+    expected = f"{deployment.volume_serve_path}/legal/contracts/v1-{approved_v1.sha8}"
+    assert rollout.served_path == expected
+    staged = Path(rollout.staged_path)
+    assert sorted(p.name for p in staged.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    for replica in fake_replicas:
+        assert replica.adapters == {"legal-contracts": expected}
+    served = ServedAdapter.objects.get(deployment=deployment)
+    assert served.version == approved_v1
+    assert set(rollout.replica_steps.values_list("status", flat=True)) == {"succeeded"}
+    purposes = set(HttpAttempt.objects.values_list("purpose", flat=True))
+    assert {"version", "list_models", "load", "verify_models", "verify_completion"} <= purposes
+
+
+def test_rerunning_a_finished_rollout_changes_nothing(lena, deployment, approved_v1, fake_replicas):
+    _, rollout = promote(lena, deployment, approved_v1)
+    rollout_execute(rollout.pk, "w1")
+    calls = sum(len(r.requests) for r in fake_replicas)
+    assert rollout_execute(rollout.pk, "w2") == "succeeded"
+    assert sum(len(r.requests) for r in fake_replicas) == calls
+
+
+def test_swap_unloads_then_loads_on_vllm_0_32(
+    lena, deployment, approved_v1, approved_v2, fake_replicas
+):
+    rollout_execute(promote(lena, deployment, approved_v1)[1].pk, "w")
+    _, swap = promote(lena, deployment, approved_v2)
+    assert swap.kind == "swap"
+    assert rollout_execute(swap.pk, "w") == "succeeded"
+    swap.refresh_from_db()
+    assert swap.previous_version == approved_v2.adapter.versions.get(number=1)
+    for replica in fake_replicas:
+        assert replica.adapters["legal-contracts"].endswith(f"v2-{approved_v2.sha8}")
+        paths = [path for _, path, _ in replica.requests]
+        assert "/v1/unload_lora_adapter" in paths
+        assert not any(body.get("load_inplace") for _, _, body in replica.requests)
+
+
+def test_swap_uses_load_inplace_on_vllm_0_33(
+    lena, deployment, approved_v1, approved_v2, fake_replicas
+):
+    for replica in fake_replicas:
+        replica.version = "0.33.1"
+    rollout_execute(promote(lena, deployment, approved_v1)[1].pk, "w")
+    assert rollout_execute(promote(lena, deployment, approved_v2)[1].pk, "w") == "succeeded"
+    for replica in fake_replicas:
+        assert any(body.get("load_inplace") for _, _, body in replica.requests)
+        assert "/v1/unload_lora_adapter" not in [p for _, p, _ in replica.requests]
+
+
+def test_transient_503_is_retried_then_succeeds(lena, deployment, approved_v1, fake_replicas):
+    fake_replicas[1].unavailable = 3
+    _, rollout = promote(lena, deployment, approved_v1)
+    assert rollout_execute(rollout.pk, "w") == "succeeded"
+    failures = HttpAttempt.objects.filter(status_code=503)
+    assert failures.count() == 3
+    assert all(a.transient for a in failures)
+
+
+def test_permanent_validation_error_is_not_retried_and_rolls_back(
+    lena, deployment, approved_v1, fake_replicas
+):
+    fake_replicas[1].fail_load = (500, "LoRA rank 64 is greater than max_lora_rank 16.")
+    _, rollout = promote(lena, deployment, approved_v1)
+
+    assert rollout_execute(rollout.pk, "w") == "rolled_back"
+
+    rollout.refresh_from_db()
+    assert "greater than max_lora_rank" in rollout.error
+    assert HttpAttempt.objects.filter(purpose="load", status_code=500).count() == 1
+    # Nothing was served before: the adapter is unloaded everywhere.
+    assert all("legal-contracts" not in r.adapters for r in fake_replicas)
+    assert ServedAdapter.objects.get(deployment=deployment).version is None
+
+
+def test_failed_verification_puts_every_replica_back_on_the_previous_version(
+    lena, deployment, approved_v1, approved_v2, fake_replicas
+):
+    rollout_execute(promote(lena, deployment, approved_v1)[1].pk, "w")
+    v1_path = fake_replicas[0].adapters["legal-contracts"]
+    fake_replicas[1].fail_completion_for = {"legal-contracts"}
+
+    _, swap = promote(lena, deployment, approved_v2)
+    assert rollout_execute(swap.pk, "w") == "rolled_back"
+
+    swap.refresh_from_db()
+    assert "Verification failed" in swap.error and "engine error" in swap.error
+    assert "back on v1" in swap.error
+    for replica in fake_replicas:
+        assert replica.adapters["legal-contracts"] == v1_path
+    assert ServedAdapter.objects.get(deployment=deployment).version.number == 1
+    assert set(swap.replica_steps.values_list("status", flat=True)) == {"rolled_back"}
+
+
+def test_canary_stops_before_touching_the_other_replicas(
+    lena, deployment, approved_v1, fake_replicas
+):
+    fake_replicas[0].fail_completion_for = {"legal-contracts"}
+    fake_replicas.sort(key=lambda r: r.base_url)
+    _, rollout = promote(lena, deployment, approved_v1, canary=True)
+    assert rollout_execute(rollout.pk, "w") == "rolled_back"
+    canary, rest = sorted(fake_replicas, key=lambda r: r.base_url)
+    if "legal-contracts" in canary.fail_completion_for:
+        assert not any(p == "/v1/load_lora_adapter" for _, p, _ in rest.requests)
+
+
+def test_already_loaded_with_the_same_root_is_success(lena, deployment, approved_v1, fake_replicas):
+    _, rollout = promote(lena, deployment, approved_v1)
+    rollout_execute(rollout.pk, "w")
+    Rollout.objects.filter(pk=rollout.pk).update(status="loading")
+    rollout.refresh_from_db()
+    assert rollout_execute(rollout.pk, "w") == "succeeded"
+
+
+def test_a_busy_lease_makes_the_task_retry_later(lena, deployment, approved_v1):
+    from serving.services.leases import served_adapter_claim
+    from serving.services.rollouts import LeaseBusy
+
+    _, rollout = promote(lena, deployment, approved_v1)
+    served = ServedAdapter.objects.get(deployment=deployment, adapter=approved_v1.adapter)
+    assert served_adapter_claim(served.pk, "other-worker")
+    with pytest.raises(LeaseBusy):
+        rollout_execute(rollout.pk, "w")
+    rollout.refresh_from_db()
+    assert rollout.status == "pending"
+
+
+def test_manual_rollback_goes_back_to_an_earlier_version(
+    lena, deployment, approved_v1, approved_v2, fake_replicas
+):
+    rollout_execute(promote(lena, deployment, approved_v1)[1].pk, "w")
+    rollout_execute(promote(lena, deployment, approved_v2)[1].pk, "w")
+
+    back = rollback_to(actor=actor(lena), deployment=deployment, adapter=approved_v1.adapter)
+
+    assert back.kind == "rollback" and back.target_version == approved_v1
+    assert rollout_execute(back.pk, "w") == "succeeded"
+    assert all(
+        r.adapters["legal-contracts"].endswith(f"v1-{approved_v1.sha8}") for r in fake_replicas
+    )
+
+
+def test_retire_unloads_everywhere(lena, deployment, approved_v1, fake_replicas):
+    rollout_execute(promote(lena, deployment, approved_v1)[1].pk, "w")
+    gone = retire(actor=actor(lena), deployment=deployment, adapter=approved_v1.adapter)
+    assert rollout_execute(gone.pk, "w") == "succeeded"
+    assert all("legal-contracts" not in r.adapters for r in fake_replicas)
+
+
+def test_deprecating_a_served_version_retires_it(
+    lena, alex, deployment, approved_v1, fake_replicas
+):
+    from registry.services.versions import version_transition
+
+    rollout_execute(promote(lena, deployment, approved_v1)[1].pk, "w")
+    version_transition(actor=actor(alex), version=approved_v1, action="deprecate")
+
+    retire_rollout = Rollout.objects.get(kind="retire")
+    assert rollout_execute(retire_rollout.pk, "w") == "succeeded"
+    assert all("legal-contracts" not in r.adapters for r in fake_replicas)
+    assert ServedAdapter.objects.get(deployment=deployment).version is None
