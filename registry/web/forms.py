@@ -20,6 +20,8 @@ class MultipleFileField(forms.FileField):
     def clean(self, data, initial=None):
         single = super().clean
         if isinstance(data, list | tuple):
+            if not data and self.required:
+                raise forms.ValidationError(self.error_messages["required"], code="required")
             return [single(item, initial) for item in data]
         return [single(data, initial)]
 

@@ -115,4 +115,3 @@ def bulk_events(department, user, count: int, obj_type: str, obj_id: str) -> Non
             object_id=obj_id,
             object_repr=f"event {i}",
         )
-
