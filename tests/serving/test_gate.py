@@ -1,0 +1,110 @@
+import pytest
+
+from serving.gate import evaluate_gate
+from serving.models import ServedAdapter
+from serving.services.promotions import promotion_create
+from tests.conftest import actor
+from tests.factories import make_adapter, make_approved_version
+from tests.support.adapters import AdapterSpec
+
+pytestmark = pytest.mark.django_db
+
+
+def checks(report):
+    return {c.name: c for c in report.checks}
+
+
+def test_a_compatible_version_passes_every_check(deployment, approved_v1):
+    report = evaluate_gate(deployment, approved_v1)
+    assert report.passed, report.as_list()
+    assert {c.name for c in report.checks} == {
+        "base_model",
+        "rank",
+        "target_modules",
+        "shapes",
+        "capacity",
+        "memory",
+    }
+
+
+def test_another_base_model_of_the_same_shape_is_refused(lena, alex, deployment, contracts):
+    version = make_approved_version(lena, alex, contracts, AdapterSpec(base_model="other/tiny"))
+    check = checks(evaluate_gate(deployment, version))["base_model"]
+    assert not check.ok
+    assert "other/tiny" in check.message and "tiny-llama" in check.message
+
+
+def test_base_model_aliases_count_as_the_same_model(lena, alex, deployment, contracts):
+    deployment.base_model_aliases = ["org/tiny-llama-v1"]
+    version = make_approved_version(
+        lena, alex, contracts, AdapterSpec(base_model="org/tiny-llama-v1")
+    )
+    assert checks(evaluate_gate(deployment, version))["base_model"].ok
+
+
+def test_rank_above_max_lora_rank_is_refused(lena, alex, deployment, contracts):
+    version = make_approved_version(lena, alex, contracts, AdapterSpec(r=32))
+    check = checks(evaluate_gate(deployment, version))["rank"]
+    assert not check.ok and "max_lora_rank 16" in check.message
+
+
+def test_target_module_missing_from_the_architecture_is_refused(deployment, approved_v1):
+    deployment.module_dims = {"q_proj": [128, 128]}
+    check = checks(evaluate_gate(deployment, approved_v1))["target_modules"]
+    assert not check.ok and "v_proj" in check.message
+
+
+def test_shapes_of_another_hidden_size_are_refused(lena, alex, deployment, contracts):
+    version = make_approved_version(lena, alex, contracts, AdapterSpec(hidden=256))
+    check = checks(evaluate_gate(deployment, version))["shapes"]
+    assert not check.ok and "q_proj is 256x256, the model has 128x128" in check.message
+
+
+def test_more_layers_than_the_model_is_refused(lena, alex, deployment, contracts):
+    version = make_approved_version(lena, alex, contracts, AdapterSpec(layers=3))
+    assert not checks(evaluate_gate(deployment, version))["shapes"].ok
+
+
+def test_capacity_counts_adapters_against_max_cpu_loras(lena, alex, legal, deployment, approved_v1):
+    deployment.max_cpu_loras = 1
+    other = make_adapter(lena, legal, name="nda")
+    other_v1 = make_approved_version(lena, alex, other, AdapterSpec(seed=9))
+    ServedAdapter.objects.create(deployment=deployment, adapter=other, version=other_v1)
+
+    refused = checks(evaluate_gate(deployment, approved_v1))["capacity"]
+    assert not refused.ok and "max_cpu_loras 1" in refused.message
+
+    deployment.allow_lru_thrash = True
+    assert checks(evaluate_gate(deployment, approved_v1))["capacity"].ok
+
+
+def test_memory_is_reported_against_the_gpu_share(deployment, approved_v1):
+    deployment.gpu_memory_bytes = 1000
+    deployment.lora_memory_share = 0.1
+    memory = checks(evaluate_gate(deployment, approved_v1))["memory"]
+    assert not memory.ok and memory.advisory
+    assert evaluate_gate(deployment, approved_v1).passed  # advisory only
+
+
+def test_promotion_refused_by_the_gate_is_422_and_calls_no_replica(
+    as_lena, lena, alex, deployment, contracts, fake_replicas
+):
+    version = make_approved_version(lena, alex, contracts, AdapterSpec(r=32))
+    response = as_lena.post(
+        "/api/v1/promotions/", {"deployment": deployment.name, "version": version.pk}, format="json"
+    )
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "compatibility_gate_failed"
+    assert "max_lora_rank" in error["message"]
+    assert any(c["name"] == "rank" and not c["ok"] for c in error["details"]["checks"])
+    assert all(not r.requests for r in fake_replicas)
+
+
+def test_only_approved_versions_can_be_promoted(lena, deployment, contracts):
+    from registry.errors import Conflict
+    from tests.factories import make_version
+
+    version = make_version(lena, contracts)
+    with pytest.raises(Conflict, match="registered"):
+        promotion_create(actor=actor(lena), deployment=deployment, version=version)

@@ -1,0 +1,230 @@
+"""The serving endpoints: who may do what, the error format, and the views."""
+
+import pytest
+
+from serving.models import Rollout
+from serving.services.promotions import promotion_create
+from serving.services.rollouts import rollout_execute
+from tests.conftest import actor, client_for
+from tests.serving.conftest import TINY_IDENTITY
+
+pytestmark = pytest.mark.django_db
+
+CALLERS = ["anonymous", "outsider", "member", "approver", "token", "admin"]
+
+
+def caller_client(caller, fred, lena, alex, root, legal_token):
+    who = {"anonymous": None, "outsider": fred, "member": lena, "approver": alex, "admin": root}
+    return client_for(who.get(caller, "token"), legal_token)
+
+
+@pytest.mark.parametrize(
+    "caller,expected",
+    list(zip(CALLERS, [401, 403, 403, 403, 403, 201], strict=True)),
+)
+def test_only_platform_admins_create_deployments(
+    caller, expected, fred, lena, alex, root, legal_token, fake_replicas, tmp_path
+):
+    client = caller_client(caller, fred, lena, alex, root, legal_token)
+    body = {
+        "name": "prod-legal-gpu",
+        "environment": "production",
+        "base_model_name": "tiny-llama",
+        "replica_urls": [r.base_url for r in fake_replicas],
+        "volume_write_path": str(tmp_path),
+        "volume_serve_path": "/mnt/adapters",
+        "vllm_api_key": "super-secret-key",
+        **TINY_IDENTITY,
+    }
+    response = client.post("/api/v1/deployments/", body, format="json")
+    assert response.status_code == expected
+    if expected == 201:
+        assert "vllm_api_key" not in response.json()
+        assert response.json()["has_api_key"] is True
+        assert "super-secret-key" not in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    "caller,expected", list(zip(CALLERS, [401, 200, 200, 200, 200, 200], strict=True))
+)
+def test_everyone_signed_in_reads_deployments(
+    caller, expected, deployment, fred, lena, alex, root, legal_token
+):
+    client = caller_client(caller, fred, lena, alex, root, legal_token)
+    assert client.get("/api/v1/deployments/").status_code == expected
+    assert client.get(f"/api/v1/deployments/{deployment.name}/").status_code == expected
+
+
+@pytest.mark.parametrize(
+    "caller,expected", list(zip(CALLERS, [401, 404, 201, 201, 201, 201], strict=True))
+)
+def test_promote_by_caller(
+    caller, expected, deployment, approved_v1, fred, lena, alex, root, legal_token
+):
+    client = caller_client(caller, fred, lena, alex, root, legal_token)
+    response = client.post(
+        "/api/v1/promotions/",
+        {"deployment": deployment.name, "version": approved_v1.pk},
+        format="json",
+    )
+    assert response.status_code == expected, response.content
+    if expected == 201:
+        assert response.json()["status"] == "approved"
+        assert response.json()["rollout"] == Rollout.objects.get().pk
+
+
+@pytest.mark.parametrize(
+    "caller,expected", list(zip(CALLERS, [401, 404, 403, 200, 403, 200], strict=True))
+)
+def test_approve_promotion_by_caller(
+    caller, expected, deployment, approved_v1, paula, fred, lena, alex, root, legal_token
+):
+    deployment.requires_promotion_approval = True
+    deployment.save()
+    promotion = promotion_create(actor=actor(paula), deployment=deployment, version=approved_v1)
+    client = caller_client(caller, fred, lena, alex, root, legal_token)
+    response = client.post(f"/api/v1/promotions/{promotion.pk}/approve/")
+    assert response.status_code == expected, response.content
+
+
+def test_rollout_detail_shows_each_replica_and_every_attempt(
+    as_lena, lena, deployment, approved_v1
+):
+    promotion = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
+    rollout = promotion.rollouts.get()
+    rollout_execute(rollout.pk, "w")
+
+    body = as_lena.get(f"/api/v1/rollouts/{rollout.pk}/").json()
+
+    assert body["status"] == "succeeded"
+    assert body["served_name"] == "legal-contracts"
+    assert len(body["replicas"]) == 2
+    for replica in body["replicas"]:
+        assert replica["status"] == "succeeded"
+        purposes = [a["purpose"] for a in replica["attempts"]]
+        assert "load" in purposes and "verify_completion" in purposes
+        assert all(a["duration_ms"] >= 0 and a["status_code"] for a in replica["attempts"])
+
+
+def test_outsiders_do_not_see_rollouts_or_served_adapters(as_fred, lena, deployment, approved_v1):
+    promotion = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
+    rollout = promotion.rollouts.get()
+    rollout_execute(rollout.pk, "w")
+    assert as_fred.get(f"/api/v1/rollouts/{rollout.pk}/").status_code == 404
+    assert as_fred.get("/api/v1/rollouts/").json()["count"] == 0
+    state = as_fred.get(f"/api/v1/deployments/{deployment.name}/state/").json()
+    assert state["desired"] == []
+
+
+def test_state_shows_desired_against_actual(as_lena, lena, deployment, approved_v1, fake_replicas):
+    from serving.services.reconcile import reconcile_deployment
+
+    promotion = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
+    rollout_execute(promotion.rollouts.get().pk, "w")
+    fake_replicas[0].restart()
+    fake_replicas[0].requests.clear()
+    # Observe only: with the adapter's lease held, reconcile records but does not repair.
+    from serving.models import ServedAdapter
+    from serving.services.leases import served_adapter_claim
+
+    served_adapter_claim(ServedAdapter.objects.get().pk, "someone")
+    reconcile_deployment(deployment.pk, "beat")
+
+    state = as_lena.get(f"/api/v1/deployments/{deployment.name}/state/").json()
+
+    assert state["desired"][0]["version"] == 1
+    in_sync = sorted(r["adapters"][0]["in_sync"] for r in state["replicas"])
+    assert in_sync == [False, True]
+
+
+def test_gate_preview(as_lena, deployment, approved_v1):
+    body = as_lena.get(
+        f"/api/v1/deployments/{deployment.name}/gate/?version={approved_v1.pk}"
+    ).json()
+    assert body["passed"] is True
+    assert {c["name"] for c in body["checks"]} >= {"base_model", "rank", "capacity"}
+
+
+def test_rollback_and_retire_endpoints(
+    as_lena, lena, deployment, approved_v1, approved_v2, fake_replicas
+):
+    for version in (approved_v1, approved_v2):
+        promotion = promotion_create(actor=actor(lena), deployment=deployment, version=version)
+        rollout_execute(promotion.rollouts.get().pk, "w")
+
+    back = as_lena.post(
+        f"/api/v1/deployments/{deployment.name}/rollback/",
+        {"adapter": approved_v1.adapter_id},
+        format="json",
+    )
+    assert back.status_code == 202 and back.json()["target_version_number"] == 1
+    rollout_execute(back.json()["id"], "w")
+
+    retired = as_lena.post(
+        f"/api/v1/deployments/{deployment.name}/retire/",
+        {"adapter": approved_v1.adapter_id},
+        format="json",
+    )
+    assert retired.status_code == 202 and retired.json()["kind"] == "retire"
+    rollout_execute(retired.json()["id"], "w")
+    assert all("legal-contracts" not in r.adapters for r in fake_replicas)
+
+    again = as_lena.post(
+        f"/api/v1/deployments/{deployment.name}/retire/",
+        {"adapter": approved_v1.adapter_id},
+        format="json",
+    )
+    assert again.status_code == 409 and again.json()["error"]["code"] == "not_served"
+
+
+def test_deployment_from_a_base_model_config(as_root, tmp_path, fake_replicas):
+    import json
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": 128,
+                "intermediate_size": 256,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 2,
+                "vocab_size": 300,
+            }
+        )
+    )
+    response = as_root.post(
+        "/api/v1/deployments/",
+        {
+            "name": "from-config",
+            "base_model_name": "tiny-llama",
+            "base_model_path": str(model),
+            "replica_urls": [fake_replicas[0].base_url],
+            "volume_write_path": str(tmp_path / "v"),
+            "volume_serve_path": str(tmp_path / "v"),
+        },
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["architecture"] == "LlamaForCausalLM"
+    assert body["module_dims"]["down_proj"] == [256, 128]
+    assert str(model) in body["base_model_aliases"]
+
+
+def test_bad_deployment_config_is_400_naming_the_problem(as_root, tmp_path):
+    response = as_root.post(
+        "/api/v1/deployments/",
+        {
+            "name": "broken",
+            "base_model_name": "tiny-llama",
+            "replica_urls": ["ftp://x"],
+            "volume_write_path": str(tmp_path),
+            "volume_serve_path": str(tmp_path),
+        },
+        format="json",
+    )
+    assert response.status_code == 400
+    assert "ftp://x" in response.json()["error"]["message"]
