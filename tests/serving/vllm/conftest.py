@@ -1,0 +1,305 @@
+"""The real-vLLM tier: two real vLLM servers (CPU, tiny generated model) for
+the whole session, a real Celery worker on the configured broker for each
+test, and the people of tests/conftest.py driving the REST API.
+
+The worker runs in this process (threads), so tests that use it are
+`django_db(transaction=True)`: its threads have their own database
+connections and only see committed rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+from django.conf import settings as django_settings
+from django.db import connections
+from rest_framework.test import APIClient
+
+from serving.vllm_client import VLLMClient, model_cards
+from tests.support.adapters import AdapterSpec, adapter_tar_gz
+from tests.support.vllm_servers import (
+    VLLMServer,
+    ensure_tiny_model,
+    ensure_vllm_installed,
+    start_servers,
+)
+
+SERVED_BASE = "tiny-llama"
+MAX_LORA_RANK = 16
+TERMINAL = {"succeeded", "failed", "rolled_back"}
+# Generous: two vLLM servers, the worker and pytest share two slow cores.
+ROLLOUT_TIMEOUT = 120.0
+
+
+# -- real servers ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    ensure_vllm_installed()
+    return ensure_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(tiny_model, tmp_path_factory) -> Iterator[list[VLLMServer]]:
+    """Two replicas, booted in parallel once per session."""
+    started = time.monotonic()
+    servers = start_servers(
+        2,
+        names=["replica-a", "replica-b"],
+        model_dir=tiny_model,
+        served_name=SERVED_BASE,
+        max_loras=2,
+        max_cpu_loras=4,
+        max_lora_rank=MAX_LORA_RANK,
+        log_dir=tmp_path_factory.mktemp("vllm-logs"),
+        timeout=300,
+    )
+    print(f"\n[vllm] two servers ready in {time.monotonic() - started:.1f}s")
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def adapters_on(server: VLLMServer) -> dict[str, str | None]:
+    """{served name: root} of the runtime adapters a real server lists now."""
+    with server.client(timeout=30) as client:
+        listing = client.list_models()
+    assert listing.ok, listing.error
+    return {card.id: card.root for card in model_cards(listing) if card.is_adapter}
+
+
+@pytest.fixture(autouse=True)
+def clean_servers(request) -> Iterator[None]:
+    """Every test starts with both servers up and no runtime adapters: they are
+    shared by the session, and a failed test may have left one down."""
+    if "vllm_servers" not in request.fixturenames:
+        yield
+        return
+    servers: list[VLLMServer] = request.getfixturevalue("vllm_servers")
+    for server in servers:
+        if not server.is_running():
+            server.start()
+    for server in servers:
+        server.wait_ready(timeout=300)
+        with server.client(timeout=30) as client:
+            for name in adapters_on(server):
+                client.unload_adapter(name)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def fast_retries(settings):
+    """Replaces tests/serving's one-second deadline: real servers are slower."""
+    settings.SERVING_RETRY_DEADLINE_SECONDS = 30.0
+    settings.SERVING_RETRY_BASE_SECONDS = 0.2
+    settings.SERVING_RETRY_MAX_DELAY_SECONDS = 2.0
+    settings.SERVING_HTTP_TIMEOUT_SECONDS = 60.0
+
+
+# -- Celery worker on the configured broker --------------------------------------
+
+
+def _purge_broker(app) -> None:
+    with app.connection_for_write() as connection:
+        connection.default_channel.queue_purge(app.conf.task_default_queue)
+
+
+@pytest.fixture
+def celery_worker(transactional_db) -> Iterator[Any]:
+    """A real worker (thread pool) consuming the configured broker:
+    filesystem:// by default, Redis in CI."""
+    from config.celery import app
+
+    options = app.conf.broker_transport_options or {}
+    for key in ("data_folder_in", "data_folder_out", "processed_folder"):
+        if options.get(key):
+            Path(options[key]).mkdir(parents=True, exist_ok=True)
+    # Messages of an earlier test name rows that no longer exist.
+    _purge_broker(app)
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=2,
+        perform_ping_check=False,
+        shutdown_timeout=60,
+        loglevel="WARNING",
+    ) as worker:
+        yield worker
+    _purge_broker(app)
+    connections.close_all()
+
+
+# -- the people, through the REST API ------------------------------------------------
+
+
+def api_for(user) -> APIClient:
+    client = APIClient()
+    client.force_login(user)
+    return client
+
+
+def ok(response, status: int = 200) -> Any:
+    assert response.status_code == status, (response.status_code, response.content[:2000])
+    return response.json() if response.content else None
+
+
+@dataclass
+class Platform:
+    """The registry and control plane as its users drive them over HTTP."""
+
+    admin: APIClient
+    member: APIClient
+    approver: APIClient
+    volume: Path
+    tiny_model: Path
+    _adapters: dict[str, int] = field(default_factory=dict)
+
+    def create_deployment(self, name: str, replica_urls: list[str], **extra) -> dict:
+        body = {
+            "name": name,
+            "environment": "staging",
+            "base_model_name": SERVED_BASE,
+            "base_model_path": str(self.tiny_model),
+            "replica_urls": replica_urls,
+            "volume_write_path": str(self.volume),
+            "volume_serve_path": str(self.volume),
+            "max_loras": 2,
+            "max_cpu_loras": 4,
+            "max_lora_rank": MAX_LORA_RANK,
+            **extra,
+        }
+        return ok(self.admin.post("/api/v1/deployments/", body, format="json"), 201)
+
+    def adapter(self, name: str, served_name: str) -> int:
+        if name not in self._adapters:
+            body = {
+                "department": "legal",
+                "name": name,
+                "base_model": SERVED_BASE,
+                "served_name": served_name,
+            }
+            created = ok(self.member.post("/api/v1/adapters/", body, format="json"), 201)
+            self._adapters[name] = created["id"]
+        return self._adapters[name]
+
+    def approved_version(self, adapter_name: str, served_name: str, spec: AdapterSpec) -> dict:
+        """Lena uploads a real PEFT archive and submits it; Alex approves."""
+        adapter_id = self.adapter(adapter_name, served_name)
+        upload = _upload(spec)
+        version = ok(
+            self.member.post(
+                f"/api/v1/adapters/{adapter_id}/versions/", {"files": [upload]}, format="multipart"
+            ),
+            201,
+        )
+        url = f"/api/v1/versions/{version['id']}"
+        assert ok(self.member.post(f"{url}/submit/"))["status"] == "pending_review"
+        approved = ok(self.approver.post(f"{url}/approve/", {"comment": "ok"}, format="json"))
+        assert approved["status"] == "approved"
+        return approved
+
+    def promote(self, deployment: str, version_id: int, **extra):
+        body = {"deployment": deployment, "version": version_id, **extra}
+        return self.member.post("/api/v1/promotions/", body, format="json")
+
+    def rollout(self, rollout_id: int) -> dict:
+        return ok(self.member.get(f"/api/v1/rollouts/{rollout_id}/"))
+
+    def wait_rollout(self, rollout_id: int, timeout: float = ROLLOUT_TIMEOUT) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            body = self.rollout(rollout_id)
+            if body["status"] in TERMINAL:
+                return body
+            if time.monotonic() > deadline:
+                raise AssertionError(f"rollout {rollout_id} still {body['status']}: {body}")
+            time.sleep(0.25)
+
+    def promote_and_wait(self, deployment: str, version_id: int, **extra) -> dict:
+        promotion = ok(self.promote(deployment, version_id, **extra), 201)
+        assert promotion["status"] == "approved"
+        return self.wait_rollout(promotion["rollout"])
+
+
+def _upload(spec: AdapterSpec):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    return SimpleUploadedFile(
+        "adapter.tar.gz", adapter_tar_gz(spec), content_type="application/gzip"
+    )
+
+
+@pytest.fixture
+def platform(root, lena, alex, tiny_model, tmp_path) -> Platform:
+    return Platform(
+        admin=api_for(root),
+        member=api_for(lena),
+        approver=api_for(alex),
+        volume=tmp_path / "volume",
+        tiny_model=tiny_model,
+    )
+
+
+# -- helpers for the tests ------------------------------------------------------------
+
+
+def chat_through_openai(base_url: str, model: str) -> str:
+    """One chat completion as an application would send it: the openai client."""
+    from openai import OpenAI
+
+    api = OpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0, timeout=120)
+    response = api.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=2, temperature=0
+    )
+    assert response.model == model
+    return response.choices[0].message.content or ""
+
+
+def wait_until(condition, timeout: float, interval: float = 0.25, message: str = "") -> float:
+    """Polls `condition()` until truthy; returns the seconds it took."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"not true after {timeout:.0f}s: {message}")
+        time.sleep(interval)
+    return time.monotonic() - started
+
+
+def direct_client(server: VLLMServer) -> VLLMClient:
+    return server.client(timeout=60)
+
+
+@contextlib.contextmanager
+def in_background(target, *args) -> Iterator[threading.Thread]:
+    """Runs `target(*args)` in a thread; re-raises its exception on exit."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            target(*args)
+        except BaseException as error:  # noqa: BLE001 - re-raised below
+            errors.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        thread.join(timeout=600)
+    if errors:
+        raise errors[0]
+
+
+def settings_db_vendor() -> str:
+    return django_settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]

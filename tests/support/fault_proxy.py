@@ -1,0 +1,126 @@
+"""A reverse proxy in front of ONE real vLLM server, for faults that real vLLM
+cannot be made to produce on demand, and to count what reaches a replica.
+
+Everything is forwarded unchanged, except completions for a model named in
+`fail_completions_for`: those are answered with a 500 in vLLM's own JSON error
+format, as an engine crash on that replica would be. An unreachable upstream
+is a 502, as from a real proxy (the control plane treats it as transient).
+
+    with FaultProxy(server.base_url) as proxy:
+        proxy.fail_completions_for.add("legal-contracts")
+        proxy.requests            # [(method, path), ...] seen so far
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
+# Hop-by-hop headers (RFC 9110 7.6.1) are the proxy's own business.
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "host",
+}
+
+
+class FaultProxy:
+    def __init__(self, upstream: str, *, timeout: float = 120.0) -> None:
+        parts = urlsplit(upstream)
+        self.upstream_host = parts.hostname or "127.0.0.1"
+        self.upstream_port = parts.port or 80
+        self.timeout = timeout
+        self.fail_completions_for: set[str] = set()
+        self.fault_message = "Injected fault: the engine failed to run this adapter."
+        self.requests: list[tuple[str, str]] = []
+        self.faults_served = 0
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _should_fail(self, method: str, path: str, body: bytes) -> bool:
+        if method != "POST" or path.split("?", 1)[0] not in COMPLETION_PATHS:
+            return False
+        try:
+            model = json.loads(body or b"{}").get("model")
+        except (ValueError, AttributeError):
+            return False
+        return model in self.fail_completions_for
+
+    def _handler(self):
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _reply(self, status: int, body: bytes, headers: list[tuple[str, str]]) -> None:
+                self.send_response(status)
+                for name, value in headers:
+                    if name.lower() not in HOP_BY_HOP:
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _json_error(self, status: int, message: str, kind: str) -> None:
+                body = json.dumps(
+                    {"error": {"message": message, "type": kind, "param": None, "code": status}}
+                ).encode()
+                self._reply(status, body, [("Content-Type", "application/json")])
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                with proxy._lock:
+                    proxy.requests.append((self.command, self.path))
+                if proxy._should_fail(self.command, self.path, body):
+                    with proxy._lock:
+                        proxy.faults_served += 1
+                    self._json_error(500, proxy.fault_message, "InternalServerError")
+                    return
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+                connection = http.client.HTTPConnection(
+                    proxy.upstream_host, proxy.upstream_port, timeout=proxy.timeout
+                )
+                try:
+                    connection.request(self.command, self.path, body=body or None, headers=headers)
+                    response = connection.getresponse()
+                    data = response.read()
+                    self._reply(response.status, data, response.getheaders())
+                except OSError as error:
+                    self._json_error(502, f"Upstream unreachable: {error}", "BadGateway")
+                finally:
+                    connection.close()
+
+            do_GET = do_POST = do_PUT = do_DELETE = _forward
+
+        return Handler
