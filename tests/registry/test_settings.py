@@ -1,0 +1,129 @@
+"""Bad configuration stops start-up with a message naming the variable;
+`*_FILE` secrets are read from files. Each case starts a fresh interpreter,
+because settings are read once per process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# Variables the test run or the machine may set that would change the outcome.
+CLEARED = {
+    "DATABASE_URL",
+    "DATABASE_URL_FILE",
+    "CELERY_BROKER_URL",
+    "ARTIFACT_STORE_URL",
+    "DJANGO_DEBUG",
+    "DJANGO_SECRET_KEY",
+    "DJANGO_SECRET_KEY_FILE",
+    "INGEST_MAX_BYTES",
+    "INGEST_MAX_ENTRIES",
+}
+
+
+def start(tmp_path, print_expr="'started'", **env_changes):
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED}
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings",
+        DJANGO_SECRET_KEY="test-key",
+        VAR_DIR=str(tmp_path / "var"),
+    )
+    for key, value in env_changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    code = (
+        "import django; django.setup(); from django.conf import settings; print(" + print_expr + ")"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_defaults_start(tmp_path):
+    result = start(tmp_path, "settings.DATABASES['default']['ENGINE']")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "django.db.backends.sqlite3"
+
+
+@pytest.mark.parametrize(
+    ("variable", "env", "hint"),
+    [
+        ("DATABASE_URL", {"DATABASE_URL": "mysql://u:p@db/registry"}, "mysql"),
+        ("INGEST_MAX_BYTES", {"INGEST_MAX_BYTES": "abc"}, "integer"),
+        ("INGEST_MAX_BYTES", {"INGEST_MAX_BYTES": "10"}, "at least"),
+        ("INGEST_MAX_ENTRIES", {"INGEST_MAX_ENTRIES": "1"}, "at least"),
+        ("CELERY_BROKER_URL", {"CELERY_BROKER_URL": "amqp://guest@rabbit//"}, "amqp"),
+        ("ARTIFACT_STORE_URL", {"ARTIFACT_STORE_URL": "ftp://host/dir"}, "ftp"),
+        ("DJANGO_DEBUG", {"DJANGO_DEBUG": "maybe"}, "true or false"),
+        ("SERVING_DTYPE", {"SERVING_DTYPE": "int8"}, "int8"),
+        ("AWS_S3_ADDRESSING_STYLE", {"AWS_S3_ADDRESSING_STYLE": "sideways"}, "sideways"),
+        (
+            "DJANGO_SECRET_KEY",
+            {"DJANGO_SECRET_KEY": None, "DJANGO_DEBUG": "false"},
+            "DJANGO_DEBUG",
+        ),
+        (
+            "DJANGO_SECRET_KEY_FILE",
+            {"DJANGO_SECRET_KEY": None, "DJANGO_SECRET_KEY_FILE": "/run/secrets/missing"},
+            "/run/secrets/missing",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_a_bad_value_stops_start_up_naming_the_variable(tmp_path, variable, env, hint):
+    result = start(tmp_path, **env)
+
+    assert result.returncode != 0
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("django.core.exceptions.ImproperlyConfigured: "), last_line
+    assert variable in last_line
+    assert hint in last_line
+    assert "started" not in result.stdout
+
+
+def test_secret_key_may_come_from_a_file(tmp_path):
+    secret_file = tmp_path / "secret_key"
+    secret_file.write_text("from-a-file\n")
+
+    result = start(
+        tmp_path,
+        "settings.SECRET_KEY",
+        DJANGO_SECRET_KEY=None,
+        DJANGO_SECRET_KEY_FILE=str(secret_file),
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "from-a-file"
+
+
+def test_database_url_and_s3_keys_may_come_from_files(tmp_path):
+    (tmp_path / "db").write_text("postgres://reg:pw@db.internal:5432/registry\n")
+    (tmp_path / "s3").write_text("s3-secret\n")
+
+    result = start(
+        tmp_path,
+        "settings.DATABASES['default']['HOST'], settings.ARTIFACT_S3['secret_key']",
+        DATABASE_URL_FILE=str(tmp_path / "db"),
+        AWS_SECRET_ACCESS_KEY_FILE=str(tmp_path / "s3"),
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["db.internal", "s3-secret"]
+
+
+def test_debug_without_a_secret_key_starts_with_a_development_key(tmp_path):
+    result = start(tmp_path, "settings.DEBUG", DJANGO_SECRET_KEY=None, DJANGO_DEBUG="true")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
