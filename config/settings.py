@@ -155,6 +155,9 @@ if CELERY_BROKER_URL.startswith("filesystem"):
         "processed_folder": str(_processed_dir),
         "store_processed": False,
     }
+    # kombu's filesystem transport lists these folders; it does not create them.
+    _queue_dir.mkdir(parents=True, exist_ok=True)
+    _processed_dir.mkdir(parents=True, exist_ok=True)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
