@@ -11,6 +11,7 @@ from django.utils.html import format_html
 
 from registry.actors import actor_from_request
 from registry.errors import ApplicationError
+from registry.mlflow.client import run_ui_url
 from registry.models import (
     Adapter,
     AdapterVersion,
@@ -112,7 +113,7 @@ class AdapterVersionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "created_at",
     ]
     list_filter = [PendingFilter, "status", "adapter__department"]
-    search_fields = ["adapter__name", "manifest_sha256", "mlflow_run_id"]
+    search_fields = ["adapter__name", "manifest_sha256", "mlflow_run_id", "mlflow_experiment_name"]
     list_select_related = ["adapter__department", "registered_by"]
     actions = ["approve_selected", "reject_selected"]
 
@@ -125,8 +126,12 @@ class AdapterVersionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="MLflow run")
     def mlflow_run(self, obj):
-        if obj.mlflow_run_uri:
-            return format_html('<a href="{}">{}</a>', obj.mlflow_run_uri, obj.mlflow_run_id)
+        url = run_ui_url(obj.mlflow_experiment_id, obj.mlflow_run_id)
+        if not url and obj.mlflow_run_uri.startswith(("http://", "https://")):
+            url = obj.mlflow_run_uri
+        if url:
+            label = obj.mlflow_experiment_name or obj.mlflow_run_id
+            return format_html('<a href="{}">{} / {}</a>', url, label, obj.mlflow_run_id[:8])
         return obj.mlflow_run_id or "-"
 
     def _review(self, request, queryset, action: str):
@@ -192,3 +197,6 @@ class AuditEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def get_actions(self, request):
         # Removes the built-in "delete selected" action.
         return {}
+
+
+from registry.mlflow.admin import *  # noqa: E402,F401,F403

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from registry.mlflow.client import run_ui_url
+from registry.mlflow.services import version_mirror_summary
 from registry.models import (
     Ability,
     Adapter,
@@ -82,6 +84,7 @@ class VersionSerializer(serializers.ModelSerializer):
     reviewed_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
     allowed_actions = serializers.SerializerMethodField()
     lineage = serializers.SerializerMethodField()
+    mlflow_mirror = serializers.SerializerMethodField()
 
     class Meta:
         model = AdapterVersion
@@ -119,6 +122,7 @@ class VersionSerializer(serializers.ModelSerializer):
             "review_comment",
             "source_uri",
             "lineage",
+            "mlflow_mirror",
             "created_at",
             "updated_at",
         ]
@@ -130,9 +134,24 @@ class VersionSerializer(serializers.ModelSerializer):
         return {
             "mlflow_run_id": version.mlflow_run_id,
             "mlflow_run_uri": version.mlflow_run_uri,
+            "mlflow_run_url": run_ui_url(version.mlflow_experiment_id, version.mlflow_run_id)
+            or None,
+            "mlflow_experiment_id": version.mlflow_experiment_id,
+            "mlflow_experiment_name": version.mlflow_experiment_name,
+            "mlflow_artifact_path": version.mlflow_artifact_path,
+            "run_name": version.run_tags.get("mlflow.runName", ""),
             "source_commit": version.source_commit,
             "dataset": version.dataset,
+            "dataset_digest": version.dataset_digest,
+            "run_base_model": version.run_base_model,
+            "run_metrics": version.run_metrics,
+            "run_params": version.run_params,
+            "run_tags": version.run_tags,
+            "warnings": version.lineage_warnings,
         }
+
+    def get_mlflow_mirror(self, version) -> dict:
+        return version_mirror_summary(version)
 
 
 class VersionRegisterSerializer(serializers.Serializer):

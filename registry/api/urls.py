@@ -1,6 +1,7 @@
 from rest_framework.routers import DefaultRouter
 
 from registry.api import views
+from registry.mlflow.api import urlpatterns as mlflow_urlpatterns
 
 router = DefaultRouter()
 router.register("departments", views.DepartmentViewSet, basename="department")
@@ -9,4 +10,4 @@ router.register("versions", views.VersionViewSet, basename="version")
 router.register("audit-events", views.AuditEventViewSet, basename="audit-event")
 router.register("tokens", views.TokenViewSet, basename="token")
 
-urlpatterns = router.urls
+urlpatterns = router.urls + mlflow_urlpatterns

@@ -1,0 +1,54 @@
+"""Celery tasks for the MLflow mirror. Thin: each takes a row id and calls a
+service. Transient failures (MLflow down) retry with exponential backoff;
+permanent ones (MLflow refused the call) are recorded as failed at once."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from celery import shared_task
+from django.conf import settings
+
+from registry.mlflow import services
+from registry.mlflow.client import MlflowCallError
+from registry.mlflow.models import MlflowAliasMirror, MlflowVersionMirror
+
+logger = logging.getLogger(__name__)
+
+
+def backoff_seconds(retries: int) -> float:
+    base = settings.MLFLOW_MIRROR_BACKOFF_SECONDS
+    delay = min(base * 2**retries, settings.MLFLOW_MIRROR_BACKOFF_MAX_SECONDS)
+    # Jitter, so the mirrors queued during an outage do not all return at once.
+    return delay * random.uniform(0.5, 1.0)
+
+
+def _run(task, model, pk: int, sync, argument: str) -> str:
+    try:
+        return sync(**{argument: pk})
+    except MlflowCallError as error:
+        if error.transient and task.request.retries < settings.MLFLOW_MIRROR_MAX_RETRIES:
+            logger.info("MLflow mirror %s %s: %s; retrying", model.__name__, pk, error.message)
+            raise task.retry(
+                countdown=backoff_seconds(task.request.retries),
+                max_retries=settings.MLFLOW_MIRROR_MAX_RETRIES,
+            ) from None
+        services.mirror_mark_failed(model, pk, error.message)
+        logger.warning("MLflow mirror %s %s failed: %s", model.__name__, pk, error.message)
+        return "failed"
+
+
+@shared_task(name="registry.mlflow.sync_version", bind=True, acks_late=True, max_retries=None)
+def sync_version_mirror(self, mirror_id: int) -> str:
+    return _run(self, MlflowVersionMirror, mirror_id, services.mirror_version_sync, "mirror_id")
+
+
+@shared_task(name="registry.mlflow.sync_alias", bind=True, acks_late=True, max_retries=None)
+def sync_alias_mirror(self, alias_id: int) -> str:
+    return _run(self, MlflowAliasMirror, alias_id, services.mirror_alias_sync, "alias_id")
+
+
+@shared_task(name="registry.mlflow.catch_up", acks_late=True, ignore_result=True)
+def catch_up() -> dict:
+    return services.mirror_catch_up()
