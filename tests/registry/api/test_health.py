@@ -1,0 +1,98 @@
+"""The probe endpoint: 200 when the database and the artifact store answer, 503
+naming the store when it does not. No login needed, no secrets shown."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from registry.artifact_store import get_artifact_store
+from tests.support.s3_server import free_port
+
+pytestmark = pytest.mark.django_db
+
+
+def test_healthy_with_the_local_store(anonymous):
+    response = anonymous.get("/healthz")
+
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "ok"
+    assert body["checks"]["database"] == {"ok": True}
+    assert body["checks"]["artifact_store"] == {"ok": True}
+
+
+@pytest.mark.s3
+def test_healthy_with_a_real_s3_store(anonymous, s3_store):
+    response = anonymous.get("/healthz")
+    assert response.status_code == 200, response.json()
+    assert response.json()["checks"]["artifact_store"] == {"ok": True}
+
+
+def _unreachable_s3(settings):
+    settings.ARTIFACT_STORE_URL = "s3://artifacts/registry"
+    settings.ARTIFACT_S3 = {
+        **settings.ARTIFACT_S3,
+        # Nothing listens here: the connection is refused at once.
+        "endpoint_url": f"http://127.0.0.1:{free_port()}",
+        "access_key": "probe-access-key",
+        "secret_key": "probe-secret-value",
+        "addressing_style": "path",
+        "connect_timeout": 1,
+        "read_timeout": 1,
+        "max_attempts": 1,
+    }
+    get_artifact_store.cache_clear()
+
+
+def test_unreachable_store_is_503_naming_it(anonymous, settings):
+    _unreachable_s3(settings)
+
+    started = time.monotonic()
+    response = anonymous.get("/healthz")
+
+    assert time.monotonic() - started < 10
+    assert response.status_code == 503
+    body = response.json()
+    assert body["status"] == "unavailable"
+    assert body["checks"]["database"] == {"ok": True}
+    store = body["checks"]["artifact_store"]
+    assert store["ok"] is False
+    assert "127.0.0.1" in store["error"]
+    assert "probe-secret-value" not in response.content.decode()
+
+
+@pytest.mark.s3
+def test_missing_bucket_is_503_naming_the_bucket(anonymous, settings, s3_endpoint):
+    settings.ARTIFACT_STORE_URL = "s3://no-such-bucket/registry"
+    settings.ARTIFACT_S3 = {
+        **settings.ARTIFACT_S3,
+        "endpoint_url": s3_endpoint,
+        "access_key": "testing",
+        "secret_key": "testing",
+        "addressing_style": "path",
+    }
+    get_artifact_store.cache_clear()
+
+    response = anonymous.get("/healthz")
+
+    assert response.status_code == 503
+    assert "no-such-bucket" in response.json()["checks"]["artifact_store"]["error"]
+
+
+def test_unwritable_local_store_is_503(anonymous, settings, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    settings.ARTIFACT_STORE_URL = (blocker / "artifacts").as_uri()
+    get_artifact_store.cache_clear()
+
+    response = anonymous.get("/healthz")
+
+    assert response.status_code == 503
+    assert response.json()["checks"]["artifact_store"]["ok"] is False
+
+
+def test_health_needs_no_login_and_ignores_bad_tokens(anonymous):
+    anonymous.credentials(HTTP_AUTHORIZATION="Bearer lrt_bogus")
+    assert anonymous.get("/healthz").status_code == 200
