@@ -11,4 +11,9 @@ fi
 echo "database: ${DATABASE_URL:-sqlite (embedded default)}"
 echo "broker:   ${CELERY_BROKER_URL:-filesystem (embedded default)}"
 $BIN/ruff check .
+# The browser tier drives Debian's chromium through Playwright (no browser download).
+if [[ ! -x /usr/bin/chromium ]]; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+    || echo "could not install chromium: the browser tests will be skipped" >&2
+fi
 exec $BIN/pytest -q "$@"

@@ -76,3 +76,32 @@ def http_url(value: str) -> str:
     javascript: link must never reach an href."""
     value = (value or "").strip()
     return value if value.lower().startswith(("http://", "https://")) else ""
+
+
+EVENT_LABELS = {
+    "version.registered": "registered",
+    "version.submit": "submitted",
+    "version.approve": "approved",
+    "version.reject": "rejected",
+    "version.deprecate": "deprecated",
+    "version.archive": "archived",
+    "adapter.created": "created adapter",
+    "adapter.updated": "updated adapter",
+    "token.created": "created token",
+    "token.revoked": "revoked token",
+    "membership.added": "added membership",
+    "membership.changed": "changed membership",
+    "membership.removed": "removed membership",
+    "department.created": "created department",
+}
+
+
+@register.filter
+def event_label(action: str) -> str:
+    """ "version.approve" -> "approved"; unknown actions read as they are stored."""
+    return EVENT_LABELS.get(action, action)
+
+
+@register.filter
+def state_label(state: str) -> str:
+    return (state or "").replace("_", " ")

@@ -10,6 +10,7 @@ that caused them.
 
 from __future__ import annotations
 
+import json
 from functools import wraps
 
 from django.contrib import messages
@@ -220,7 +221,7 @@ def _version_context(request, actor: Actor, version: AdapterVersion) -> dict:
         "trail": trail,
         "actions": version_actions(actor, version),
         "served_where": queries.served_where([version.pk]).get(version.pk, []),
-        "config_items": sorted(version.adapter_config.items()),
+        "config_items": [(k, json.dumps(v)) for k, v in sorted(version.adapter_config.items())],
     }
 
 
