@@ -154,10 +154,12 @@ if CELERY_BROKER_URL.startswith("filesystem"):
         "data_folder_out": str(_queue_dir),
         "processed_folder": str(_processed_dir),
         "store_processed": False,
+        # Broadcast/pidbox exchanges; kombu's default is ./control in the working directory.
+        "control_folder": str(VAR_DIR / "celery" / "control"),
     }
     # kombu's filesystem transport lists these folders; it does not create them.
-    _queue_dir.mkdir(parents=True, exist_ok=True)
-    _processed_dir.mkdir(parents=True, exist_ok=True)
+    for _folder in (_queue_dir, _processed_dir, VAR_DIR / "celery" / "control"):
+        _folder.mkdir(parents=True, exist_ok=True)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
