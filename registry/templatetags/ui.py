@@ -25,7 +25,7 @@ def relative(value: datetime, now: datetime | None = None) -> str:
     amount, unit = 1, "min"  # 45..59 s reads as a minute
     for name, length in _UNITS:
         if seconds >= length:
-            amount, unit = seconds // length, name
+            amount, unit = round(seconds / length), name
             break
     text = f"{amount} {unit}"
     return f"in {text}" if future else f"{text} ago"

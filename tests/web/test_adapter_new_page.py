@@ -26,7 +26,7 @@ def test_it_explains_what_is_wrong(web_lena, contracts):
         "/adapters/new/",
         {"department": "legal", "name": "contracts", "base_model": "tiny-llama"},
     )
-    assert response.status_code == 400
+    assert response.status_code == 409
     assert b"Adapter with this Department and Name already exists." in response.content
 
     response = web_lena.post(
