@@ -56,9 +56,22 @@ def adapter_create(
         created_by=actor.user,
     )
     try:
-        adapter.full_clean()
+        # Uniqueness is a conflict (409), not bad input: checked below and by the database.
+        adapter.full_clean(validate_unique=False, validate_constraints=False)
     except ValidationError as error:
         raise ValidationFailed(_validation_message(error)) from None
+    if Adapter.objects.filter(department=department, name=name).exists():
+        raise Conflict(
+            "Adapter with this Department and Name already exists. "
+            f"{department.name} already has an adapter named {name!r}.",
+            code="duplicate_name",
+        )
+    if Adapter.objects.filter(served_name=adapter.served_name).exists():
+        raise Conflict(
+            f"The served name {adapter.served_name!r} is taken; served names are unique "
+            "across the registry. Choose another served_name.",
+            code="served_name_taken",
+        )
     owner_users = _owners_in_department(department, owners) if owners else [actor.user]
     try:
         with transaction.atomic():
