@@ -4,6 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from registry.api.views import HealthView
+from registry.web.forms import SignInForm
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -15,7 +16,9 @@ urlpatterns = [
     path("api-auth/", include("rest_framework.urls")),
     path(
         "login/",
-        auth_views.LoginView.as_view(redirect_authenticated_user=True),
+        auth_views.LoginView.as_view(
+            authentication_form=SignInForm, redirect_authenticated_user=True
+        ),
         name="login",
     ),
     # LogoutView accepts POST only: a link or an <img> cannot sign anyone out.

@@ -6,8 +6,21 @@ from __future__ import annotations
 
 from django import forms
 from django.conf import settings
+from django.contrib.auth.forms import AuthenticationForm
 
 from registry.models import SERVED_NAME_PATTERN, Ability
+
+
+class PlainLabels:
+    """Labels without Django's trailing colon."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("label_suffix", "")
+        super().__init__(*args, **kwargs)
+
+
+class SignInForm(PlainLabels, AuthenticationForm):
+    pass
 
 
 class MultipleFileInput(forms.ClearableFileInput):
@@ -26,7 +39,7 @@ class MultipleFileField(forms.FileField):
         return [single(data, initial)]
 
 
-class UploadVersionForm(forms.Form):
+class UploadVersionForm(PlainLabels, forms.Form):
     files = MultipleFileField(
         label="Adapter archive or files",
         help_text=(
@@ -37,7 +50,7 @@ class UploadVersionForm(forms.Form):
     )
 
 
-class TransitionForm(forms.Form):
+class TransitionForm(PlainLabels, forms.Form):
     action = forms.CharField(max_length=32)
     comment = forms.CharField(
         required=False,
@@ -47,7 +60,7 @@ class TransitionForm(forms.Form):
     )
 
 
-class AdapterCreateForm(forms.Form):
+class AdapterCreateForm(PlainLabels, forms.Form):
     department = forms.ChoiceField(label="Department")
     name = forms.SlugField(
         max_length=100,
@@ -80,7 +93,7 @@ class AdapterCreateForm(forms.Form):
         return [name.strip() for name in raw.split(",") if name.strip()]
 
 
-class TokenCreateForm(forms.Form):
+class TokenCreateForm(PlainLabels, forms.Form):
     name = forms.CharField(max_length=100, help_text="What uses it, e.g. “nightly-training”.")
     department = forms.ChoiceField(label="Department")
     abilities = forms.MultipleChoiceField(
