@@ -77,6 +77,16 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": cfg.database(VAR_DIR / "db.sqlite3")}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # The embedded default has a web server and Celery workers writing one file. In
+    # the default rollback-journal mode every commit costs ~16 ms of fsyncs here, and
+    # a rollout makes a few dozen small commits (states, attempts), which was most of
+    # promote-to-served. WAL with synchronous=NORMAL survives a crash of any process
+    # (a power cut may lose the last commits, never corrupts), and readers no longer
+    # block the writer.
+    DATABASES["default"].setdefault("OPTIONS", {})["init_command"] = (
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -156,6 +166,9 @@ if CELERY_BROKER_URL.startswith("filesystem"):
         "store_processed": False,
         # Broadcast/pidbox exchanges; kombu's default is ./control in the working directory.
         "control_folder": str(VAR_DIR / "celery" / "control"),
+        # kombu polls the folder, by default every 1 s: on average 0.5 s before a
+        # worker even sees a rollout. A listdir every 50 ms costs nothing measurable.
+        "polling_interval": cfg.number("CELERY_BROKER_POLL_SECONDS", 0.05, minimum=0.01),
     }
     # kombu's filesystem transport lists these folders; it does not create them.
     for _folder in (_queue_dir, _processed_dir, VAR_DIR / "celery" / "control"):
