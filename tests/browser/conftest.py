@@ -3,7 +3,6 @@ pytest-django's live server. scripts/test.sh installs chromium when missing."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -23,16 +22,17 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screensh
 LAPTOP = {"width": 1366, "height": 900}
 TABLET = {"width": 768, "height": 1024}
 
-# Playwright's sync API runs an event loop in this thread; the ORM calls the
-# tests make between page steps are still plain synchronous calls.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
-
-@pytest.fixture(scope="session")
-def browser():
+@pytest.fixture
+def browser(live_server, transactional_db, monkeypatch):
+    """One Chromium per test, started after the database is ready and closed
+    before it is flushed: Playwright's sync API runs an event loop in this
+    thread, and Django refuses ORM work beside a running loop unless told
+    otherwise, which is said only for as long as the loop runs."""
     if not shutil.which(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is missing: `apt-get install -y chromium` (scripts/test.sh does)")
     sync_api = pytest.importorskip("playwright.sync_api")
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with sync_api.sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium

@@ -10,6 +10,7 @@ import re
 import pytest
 
 from registry.models import AdapterVersion
+from tests.browser.conftest import LAPTOP, TABLET
 from tests.conftest import PASSWORD
 from tests.factories import make_adapter, make_approved_version
 from tests.support.adapters import AdapterSpec, adapter_tar_gz, tar_gz_bytes
@@ -135,8 +136,8 @@ def test_member_uploads_and_submits_approver_approves_outsider_sees_nothing(
 def test_pages_fit_a_tablet_and_a_laptop(new_page, screenshot, lena, alex, paula, legal):
     contracts = make_adapter(lena, legal, description="Flags risky clauses in contracts.")
     version = make_approved_version(lena, paula, contracts, AdapterSpec(seed=4))
-    for viewport, suffix in (({"width": 768, "height": 1024}, "tablet"), (None, "laptop")):
-        page = new_page(viewport) if viewport else new_page()
+    for viewport, suffix in ((TABLET, "tablet"), (LAPTOP, "laptop")):
+        page = new_page(viewport)
         sign_in(page, "alex")
         for path, name in (
             ("/", "dashboard"),
