@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make run`: the whole product on embedded defaults, in the foreground.
-# Web server, Celery worker and beat, and (once serving is configured) a local vLLM.
+# Web server, Celery worker and beat, and a local vLLM registered as the demo
+# deployment local-cpu (scripts/run_vllm.sh; VLLM_URL=... uses an existing one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/.venv/bin
@@ -43,4 +44,11 @@ cat <<MSG
   Logs: var/log/   Stop with Ctrl-C.
 
 MSG
+if [[ -n "${DEMO_VLLM_URL:-}" ]]; then
+  cat <<MSG
+  vLLM for the demo deployment local-cpu: $DEMO_VLLM_URL
+  Upload, approve, promote and query the demo adapters: docs/walkthrough.md
+
+MSG
+fi
 wait -n "${pids[@]}"

@@ -1,0 +1,76 @@
+# Sourced by scripts/run.sh (`make run`), after seed_demo and before the workers:
+# one local vLLM (CPU build, tiny generated model) registered as the demo
+# deployment "local-cpu". With VLLM_URL set, that server is registered instead.
+#
+#   DEMO_VLLM_PORT (8100)     port of the local vLLM
+#   VLLM_URL                  use this running vLLM instead of starting one
+#   VLLM_BASE_MODEL_PATH      with VLLM_URL: a folder with the base model's
+#                             config.json (else read from /v1/models if local)
+#   VLLM_API_KEY              with VLLM_URL: its --api-key, if any
+#
+# Expects run.sh's BIN and pids (the server joins the processes stopped on exit).
+
+DEMO_VLLM_PORT="${DEMO_VLLM_PORT:-8100}"
+DEMO_MODEL_DIR="$PWD/var/models/tiny-llama"
+
+_vllm_ready() {  # $1 = base URL, $2 = api key: /health answers, /v1/models lists a model
+  curl -fsS -m 2 "$1/health" >/dev/null 2>&1 &&
+    curl -fsS -m 5 ${2:+-H "Authorization: Bearer $2"} \
+      "$1/v1/models" 2>/dev/null | grep -q '"id"'
+}
+
+if [[ -n "${VLLM_URL:-}" ]]; then
+  DEMO_VLLM_URL="${VLLM_URL%/}"
+  DEMO_VLLM_URL="${DEMO_VLLM_URL%/v1}"
+  echo "run: using the vLLM at $DEMO_VLLM_URL (VLLM_URL)"
+  if ! _vllm_ready "$DEMO_VLLM_URL" "${VLLM_API_KEY:-}"; then
+    echo "run: $DEMO_VLLM_URL does not answer /health and /v1/models" >&2
+    exit 1
+  fi
+  register_args=(--url "$DEMO_VLLM_URL")
+  if [[ -n "${VLLM_BASE_MODEL_PATH:-}" ]]; then
+    register_args+=(--base-model-path "$VLLM_BASE_MODEL_PATH")
+  fi
+  if [[ -n "${VLLM_API_KEY:-}" ]]; then
+    register_args+=(--api-key "$VLLM_API_KEY")
+  fi
+else
+  DEMO_VLLM_URL="http://127.0.0.1:$DEMO_VLLM_PORT"
+  if curl -fsS -m 2 "$DEMO_VLLM_URL/health" >/dev/null 2>&1; then
+    echo "run: something already answers on $DEMO_VLLM_URL; stop it, set DEMO_VLLM_PORT," >&2
+    echo "     or use it with VLLM_URL=$DEMO_VLLM_URL" >&2
+    exit 1
+  fi
+  echo "run: installing vLLM (CPU) into .venv-vllm if needed; the first time takes a few minutes"
+  if ! bash scripts/vllm/install.sh >>var/log/vllm-install.log 2>&1; then
+    echo "run: vLLM install failed; see var/log/vllm-install.log" >&2
+    exit 1
+  fi
+  "${VLLM_VENV:-$PWD/.venv-vllm}/bin/python" scripts/vllm/make_tiny_model.py "$DEMO_MODEL_DIR" \
+    >>var/log/vllm-install.log 2>&1
+  # Four demo adapters fit at once (max-loras) and in the CPU cache (max-cpu-loras).
+  # No inherited VLLM_API_KEY: the demo server runs without one.
+  env -u VLLM_API_KEY bash scripts/vllm/serve.sh --port "$DEMO_VLLM_PORT" --model "$DEMO_MODEL_DIR" \
+    --name tiny-llama --max-loras 4 --max-cpu-loras 8 --max-lora-rank 16 \
+    >var/log/vllm.log 2>&1 &
+  demo_vllm_pid=$!
+  pids+=("$demo_vllm_pid")
+  echo "run: starting vLLM on $DEMO_VLLM_URL (log: var/log/vllm.log, about 30 s)"
+  for _ in $(seq 1 360); do
+    _vllm_ready "$DEMO_VLLM_URL" && break
+    if ! kill -0 "$demo_vllm_pid" 2>/dev/null; then
+      echo "run: vLLM exited before it was ready; last lines of var/log/vllm.log:" >&2
+      tail -n 30 var/log/vllm.log >&2
+      exit 1
+    fi
+    sleep 0.5
+  done
+  if ! _vllm_ready "$DEMO_VLLM_URL"; then
+    echo "run: vLLM not ready after 180 s; see var/log/vllm.log" >&2
+    exit 1
+  fi
+  register_args=(--url "$DEMO_VLLM_URL" --base-model-path "$DEMO_MODEL_DIR")
+fi
+
+$BIN/python manage.py register_local_deployment --name local-cpu --environment local \
+  --max-loras 4 --max-cpu-loras 8 --max-lora-rank 16 "${register_args[@]}"
