@@ -7,18 +7,29 @@ Cases, each against the same S3 endpoint (moto server in its own process unless
 
   a  boto3 upload_file, default client, same part size and concurrency
   b  S3ArtifactStore.put_file
-  c  the full registry ingest path (HTTP upload -> staging -> validation -> store);
-     not written yet, see `measure_registry_ingest`
+  c  the full registry ingest path over real HTTP: `manage.py runserver` with the
+     S3 store at the same endpoint, a pipeline token, and a streamed multipart
+     upload (requests-toolbelt) of adapter_config.json + the weights file; timed
+     until the 201 arrives, i.e. the version is validated, stored and recorded
 
-Only this process's RSS is measured; the server keeps objects in its own memory.
+The file is a valid LoRA adapter_model.safetensors (random weight bytes, so nothing
+on the path can win by compressing), the same file for every case.
+
+"RSS +MiB" is this process's (the client's) peak growth; for case c the registry
+server's peak growth is measured too ("server RSS +MiB", psutil on its pid). The S3
+server keeps objects in its own memory and is not measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
+import shutil
 import statistics
+import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -35,6 +46,7 @@ from registry.storage import S3ArtifactStore
 from tests.support import s3_server
 
 MB = 1024 * 1024
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -62,6 +74,7 @@ class Measurement:
     seconds: list[float] = field(default_factory=list)
     rss_growth: list[int] = field(default_factory=list)
     cpu_seconds: list[float] = field(default_factory=list)
+    server_rss_growth: list[int] = field(default_factory=list)
     size: int = 0
     skipped: str = ""
 
@@ -78,9 +91,9 @@ class Measurement:
 class RssSampler:
     """Peak RSS growth of this process above its level at start, sampled in a thread."""
 
-    def __init__(self, interval: float = 0.005):
+    def __init__(self, interval: float = 0.005, pid: int | None = None):
         self.interval = interval
-        self.process = psutil.Process()
+        self.process = psutil.Process(pid)
         self.baseline = 0
         self.peak = 0
         self._stop = threading.Event()
@@ -169,18 +182,161 @@ def measure_store_put_file(ctx: BenchContext) -> str:
     return key
 
 
-def measure_registry_ingest(ctx: BenchContext) -> str:
-    """Hook for case (c): the whole registry ingest path, timed end to end.
+class RegistryServer:
+    """The registry app under `manage.py runserver` in its own process, with its
+    own SQLite database and staging folder, storing artifacts in ctx.bucket."""
 
-    To do: start the Django app (runserver or a WSGI server in a thread) with
-    ARTIFACT_STORE_URL=s3://<ctx.bucket>/... at ctx.endpoint, create a pipeline
-    token, POST ctx.path as an adapter version upload, and return once the version
-    is stored (poll its state if ingest is asynchronous). Return the object key
-    (or prefix) it wrote so the runner can check the size and delete it.
-    The file must then be a real adapter, not random bytes
-    (tests.support.adapters can build one of a given size).
+    def __init__(self, ctx: BenchContext, workdir: Path):
+        self.workdir = workdir
+        self.port = s3_server.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "DJANGO_"))},
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "DJANGO_SECRET_KEY": "bench-only-" + uuid.uuid4().hex,
+            "VAR_DIR": str(workdir / "var"),
+            "INGEST_STAGING_DIR": str(workdir / "staging"),
+            "ARTIFACT_STORE_URL": f"s3://{ctx.bucket}/bench/registry",
+            "AWS_ENDPOINT_URL": ctx.endpoint,
+            "AWS_ACCESS_KEY_ID": ctx.access_key,
+            "AWS_SECRET_ACCESS_KEY": ctx.secret_key,
+            "AWS_REGION": ctx.region,
+            "AWS_S3_ADDRESSING_STYLE": "path",
+            "AWS_S3_MULTIPART_CHUNK_MB": str(ctx.chunk_mb),
+            "AWS_S3_MAX_CONCURRENCY": str(ctx.concurrency),
+            "LOG_LEVEL": "WARNING",
+            "NO_PROXY": "127.0.0.1,localhost",
+        }
+        self.proc: subprocess.Popen | None = None
+        self.token = ""
+
+    def manage(self, *args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode:
+            raise SystemExit(f"manage.py {args[0]} failed:\n{result.stderr[-3000:]}")
+        return result.stdout
+
+    def start(self) -> None:
+        self.manage("migrate", "--noinput")
+        self.token = self.manage("shell", "-c", _SETUP).strip().splitlines()[-1]
+        self.log = open(self.workdir / "server.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{self.port}"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(
+                    f"registry server exited:\n{(self.workdir / 'server.log').read_text()}"
+                )
+            try:
+                if self.session().get(self.url + "/healthz", timeout=2).status_code == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit("registry server did not become healthy within 60 s")
+
+    def session(self):
+        import requests
+
+        session = requests.Session()
+        session.trust_env = False  # never through a proxy to loopback
+        session.headers["Authorization"] = f"Bearer {self.token}"
+        return session
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc:
+            self.log.close()
+
+
+# Run in the server's environment by `manage.py shell -c`; prints the token secret.
+_SETUP = """
+from django.contrib.auth import get_user_model
+from registry.actors import Actor
+from registry.models import Ability, Department, Membership, Role
+from registry.services.tokens import token_create
+department, _ = Department.objects.get_or_create(slug="bench", name="Bench")
+user, _ = get_user_model().objects.get_or_create(username="bench-pipeline")
+Membership.objects.get_or_create(user=user, department=department, role=Role.MEMBER)
+_token, secret = token_create(
+    actor=Actor(user=user), department=department, name="bench", abilities=list(Ability.values)
+)
+print(secret)
+"""
+
+
+def _registry(ctx: BenchContext) -> RegistryServer:
+    if "registry" not in ctx.extras:
+        workdir = Path(tempfile.mkdtemp(prefix="bench-registry-"))
+        server = RegistryServer(ctx, workdir)
+        ctx.extras["registry"] = server
+        ctx.extras["cleanup"].callback(shutil.rmtree, workdir, ignore_errors=True)
+        ctx.extras["cleanup"].callback(server.stop)
+        server.start()
+    return ctx.extras["registry"]
+
+
+def measure_registry_ingest(ctx: BenchContext) -> str:
+    """Case (c): the whole registry ingest path, timed end to end over HTTP.
+
+    Each run registers version 1 of a fresh adapter (a second upload of the same
+    content to one adapter would be refused as a duplicate). The client streams
+    the multipart body from disk, so neither side needs the file in memory.
     """
-    raise NotImplementedError("registry ingest case not written yet")
+    from requests_toolbelt.multipart.encoder import MultipartEncoder
+
+    server = _registry(ctx)
+    session = server.session()
+    name = f"bench-{uuid.uuid4().hex[:12]}"
+    created = session.post(
+        server.url + "/api/v1/adapters/",
+        json={"department": "bench", "name": name, "base_model": "bench-base"},
+        timeout=30,
+    )
+    if created.status_code != 201:
+        raise SystemExit(f"creating the adapter failed: {created.status_code} {created.text}")
+    adapter_id = created.json()["id"]
+    config = json.dumps(ctx.extras["adapter_config"]).encode()
+
+    with open(ctx.path, "rb") as weights, RssSampler(pid=server.proc.pid) as server_rss:
+        body = MultipartEncoder(
+            fields=[
+                ("files", ("adapter_config.json", config, "application/json")),
+                ("files", ("adapter_model.safetensors", weights, "application/octet-stream")),
+            ]
+        )
+        response = session.post(
+            f"{server.url}/api/v1/adapters/{adapter_id}/versions/",
+            data=body,
+            headers={"Content-Type": body.content_type},
+            timeout=3600,
+        )
+    if response.status_code != 201:
+        raise SystemExit(f"registration failed: {response.status_code} {response.text[:2000]}")
+    ctx.extras.setdefault("server_rss", []).append(server_rss.growth)
+    uri = response.json()["artifact_uri"]  # s3://bucket/bench/registry/adapters/.../
+    key = uri.removeprefix(f"s3://{ctx.bucket}/") + "adapter_model.safetensors"
+    return key
 
 
 CASES: list[tuple[str, str, Callable[[BenchContext], str]]] = [
@@ -193,15 +349,68 @@ CASES: list[tuple[str, str, Callable[[BenchContext], str]]] = [
 # --- runner ----------------------------------------------------------------------------
 
 
-def make_file(path: Path, size: int) -> None:
-    # Random bytes, so nothing on the path can win by compressing.
+LORA_RANK = 8
+LORA_HIDDEN = 4096
+
+
+def adapter_config() -> dict:
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": LORA_RANK,
+        "lora_alpha": 16,
+        "lora_dropout": 0.0,
+        "target_modules": ["q_proj", "v_proj"],
+        "base_model_name_or_path": "bench-base",
+        "bias": "none",
+        "use_dora": False,
+    }
+
+
+def make_file(path: Path, size: int) -> int:
+    """Write a valid LoRA adapter_model.safetensors of exactly `size` bytes and
+    return its layer count. Tensors are F32 lora_A (r x H) / lora_B (H x r) pairs
+    for q_proj and v_proj; the weight bytes are random, so nothing on the path can
+    win by compressing. The header is padded with spaces (allowed by the format)
+    to reach the exact size."""
+    pair = 2 * LORA_RANK * LORA_HIDDEN * 4
+    layers = max(1, (size - 4 * MB) // (2 * pair))
+
+    def header(layers: int) -> dict:
+        entries: dict = {}
+        offset = 0
+        for layer in range(layers):
+            for module in ("q_proj", "v_proj"):
+                base = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+                for part, shape in (
+                    ("lora_A", [LORA_RANK, LORA_HIDDEN]),
+                    ("lora_B", [LORA_HIDDEN, LORA_RANK]),
+                ):
+                    n = shape[0] * shape[1] * 4
+                    entries[f"{base}.{part}.weight"] = {
+                        "dtype": "F32",
+                        "shape": shape,
+                        "data_offsets": [offset, offset + n],
+                    }
+                    offset += n
+        return entries
+
+    raw = json.dumps(header(layers)).encode()
+    data_size = layers * 2 * pair
+    padding = size - 8 - len(raw) - data_size
+    if padding < 0:
+        raise SystemExit(f"--mb too small for a {LORA_HIDDEN}-wide adapter")
+    raw += b" " * padding
     block = os.urandom(8 * MB)
     with open(path, "wb") as f:
-        left = size
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        left = data_size
         while left:
             n = min(left, len(block))
             f.write(block[:n])
             left -= n
+    return layers
 
 
 def delete_everything(ctx: BenchContext, client) -> None:
@@ -242,6 +451,8 @@ def run(ctx: BenchContext, repeat: int, only: str) -> list[Measurement]:
             m.seconds.append(elapsed)
             m.rss_growth.append(rss.growth)
             m.cpu_seconds.append(sum(psutil.Process().cpu_times()[:2]) - cpu_before)
+            if case == "c":
+                m.server_rss_growth.append(ctx.extras["server_rss"][-1])
             delete_everything(ctx, admin)
     return list(results.values())
 
@@ -256,7 +467,7 @@ def print_table(ctx: BenchContext, results: list[Measurement], repeat: int) -> N
     baseline = next((m for m in results if m.case == "a" and m.seconds), None)
     header = (
         f"{'case':<34} {'seconds':>8} {'MB/s':>7} {'range':>9} {'vs a':>5} "
-        f"{'client CPU s':>12} {'RSS +MiB':>9}"
+        f"{'client CPU s':>12} {'RSS +MiB':>9} {'server RSS +MiB':>16}"
     )
     print(header)
     print("-" * len(header))
@@ -269,7 +480,8 @@ def print_table(ctx: BenchContext, results: list[Measurement], repeat: int) -> N
         print(
             f"{label:<34} {statistics.median(m.seconds):>8.2f} {m.mb_per_s:>7.1f} "
             f"{m.spread:>9} {ratio:>5} {statistics.median(m.cpu_seconds):>12.2f} "
-            f"{max(m.rss_growth) / MB:>9.1f}"
+            f"{max(m.rss_growth) / MB:>9.1f} "
+            + (f"{max(m.server_rss_growth) / MB:>16.1f}" if m.server_rss_growth else f"{'-':>16}")
         )
     print()
 
@@ -305,10 +517,9 @@ def main(argv: list[str] | None = None) -> int:
         workdir = args.workdir or Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-upload-"))
         )
-        path = workdir / f"upload-{args.mb}mb.bin"
-        if not path.exists() or path.stat().st_size != args.mb * MB:
-            print(f"writing {args.mb} MiB test file to {path} ...", file=sys.stderr)
-            make_file(path, args.mb * MB)
+        path = workdir / f"adapter_model-{args.mb}mb.safetensors"
+        print(f"writing {args.mb} MiB adapter weights to {path} ...", file=sys.stderr)
+        make_file(path, args.mb * MB)
         ctx = BenchContext(
             endpoint=endpoint,
             bucket=args.bucket,
@@ -319,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
             access_key=access_key,
             secret_key=secret_key,
             region=s3_server.REGION,
+            extras={"cleanup": stack, "adapter_config": adapter_config()},
         )
         results = run(ctx, args.repeat, args.cases)
         print_table(ctx, results, args.repeat)
