@@ -37,21 +37,12 @@ class ReadOnlyAdminMixin:
         return False
 
 
-class MembershipInline(admin.TabularInline):
+class MembershipInline(ReadOnlyAdminMixin, admin.TabularInline):
+    """Membership changes are security-relevant and audited by services;
+    the admin shows them, edits go through the API."""
+
     model = Membership
     extra = 0
-    autocomplete_fields = ["user"]
-
-    # Membership changes are security-relevant and audited by services;
-    # the admin shows them but edits go through the API.
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Department)

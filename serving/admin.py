@@ -59,19 +59,10 @@ class PromotionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     ]
 
 
-class ReplicaRolloutInline(admin.TabularInline):
+class ReplicaRolloutInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = ReplicaRollout
     extra = 0
     readonly_fields = ["replica", "status", "error", "updated_at"]
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Rollout)
