@@ -137,31 +137,28 @@ class PromotionViewSet(
         )
         return Response(s.PromotionSerializer(promotion).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=s.ReviewSerializer, responses=s.PromotionSerializer)
-    @action(detail=True, methods=["post"])
-    def approve(self, request, pk=None):
+    def _review(self, request, approve: bool) -> Response:
         data = s.ReviewSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         promotion = promotion_review(
             actor=self.actor,
             promotion=self.get_object(),
-            approve=True,
+            approve=approve,
             comment=data.validated_data["comment"],
         )
         return Response(s.PromotionSerializer(promotion).data)
 
     @extend_schema(request=s.ReviewSerializer, responses=s.PromotionSerializer)
     @action(detail=True, methods=["post"])
+    def approve(self, request, pk=None):
+        """Four-eyes: an approver of the department or a platform admin, not the requester."""
+        return self._review(request, approve=True)
+
+    @extend_schema(request=s.ReviewSerializer, responses=s.PromotionSerializer)
+    @action(detail=True, methods=["post"])
     def reject(self, request, pk=None):
-        data = s.ReviewSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        promotion = promotion_review(
-            actor=self.actor,
-            promotion=self.get_object(),
-            approve=False,
-            comment=data.validated_data["comment"],
-        )
-        return Response(s.PromotionSerializer(promotion).data)
+        """A comment is required."""
+        return self._review(request, approve=False)
 
 
 class RolloutFilter(filters.FilterSet):
