@@ -7,6 +7,10 @@ BIN=.venv/bin
 if [[ "${SKIP_VLLM:-0}" != "1" ]]; then
   bash scripts/vllm/install.sh
 fi
+if [[ "${SKIP_MLFLOW:-0}" != "1" ]]; then
+  bash scripts/mlflow/install.sh
+  export REQUIRE_MLFLOW=1  # installed: the MLflow tests must run, not skip
+fi
 
 echo "database: ${DATABASE_URL:-sqlite (embedded default)}"
 echo "broker:   ${CELERY_BROKER_URL:-filesystem (embedded default)}"

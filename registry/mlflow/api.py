@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.urls import path
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.parsers import FormParser, JSONParser
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -27,7 +27,7 @@ class FromRunSerializer(serializers.Serializer):
 
 
 class VersionFromRunView(ActorMixin, APIView):
-    parser_classes = [JSONParser, FormParser]
+    parser_classes = [JSONParser, FormParser, MultiPartParser]
 
     @extend_schema(
         request=FromRunSerializer,
