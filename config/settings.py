@@ -201,8 +201,8 @@ MLFLOW_MIRROR_MAX_RETRIES = cfg.integer("MLFLOW_MIRROR_MAX_RETRIES", 8, minimum=
 MLFLOW_MIRROR_BACKOFF_SECONDS = cfg.integer("MLFLOW_MIRROR_BACKOFF_SECONDS", 10, minimum=0)
 MLFLOW_MIRROR_BACKOFF_MAX_SECONDS = cfg.integer("MLFLOW_MIRROR_BACKOFF_MAX_SECONDS", 900, minimum=1)
 MLFLOW_MIRROR_CATCH_UP_SECONDS = cfg.integer("MLFLOW_MIRROR_CATCH_UP_SECONDS", 300, minimum=10)
-CELERY_BEAT_SCHEDULE = {
-    **globals().get("CELERY_BEAT_SCHEDULE", {}),
+# Merged into CELERY_BEAT_SCHEDULE after the serving block, which defines it.
+_MLFLOW_BEAT = {
     "mlflow-mirror-catch-up": {
         "task": "registry.mlflow.catch_up",
         "schedule": MLFLOW_MIRROR_CATCH_UP_SECONDS,
@@ -233,6 +233,7 @@ CELERY_BEAT_SCHEDULE = {
     },
     "serving-housekeeping": {"task": "serving.housekeeping", "schedule": 600.0},
 }
+CELERY_BEAT_SCHEDULE.update(_MLFLOW_BEAT)
 
 # --- REST API ---------------------------------------------------------------
 REST_FRAMEWORK = {
