@@ -23,5 +23,6 @@ urlpatterns = [
     ),
     # LogoutView accepts POST only: a link or an <img> cannot sign anyone out.
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include("serving.web.urls")),
     path("", include("registry.web.urls")),
 ]

@@ -68,6 +68,8 @@ def approved_versions_by_adapter(actor: Actor, adapter_ids: set[int]) -> dict[in
 
 
 def served_where(version_ids: list[int]) -> dict[int, list[str]]:
-    """Deployments serving each version. SLOT: filled in once the serving tier
-    has its models; until then nothing is served anywhere."""
-    return {}
+    """{version id: names of the deployments meant to serve it}, in one query.
+    The serving tier answers (serving.web.queries)."""
+    from serving.web.queries import served_where as serving_served_where
+
+    return serving_served_where(version_ids)

@@ -7,7 +7,6 @@ app_name = "web"
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("activity/", views.activity, name="activity"),
-    path("deployments/", views.deployments, name="deployments"),
     path("adapters/new/", views.adapter_new, name="adapter-new"),
     path("adapters/<int:pk>/", views.adapter_detail, name="adapter"),
     path("adapters/<int:pk>/versions/", views.version_upload, name="version-upload"),

@@ -95,6 +95,8 @@ def _safe_next(request, fallback: str) -> str:
 @require_GET
 @page
 def dashboard(request, actor: Actor):
+    from serving.web.queries import deployments_health
+
     departments = queries.my_departments(actor)
     adapters = _paginate(request, queries.adapters_with_latest_approved(actor), 20)
     context = {
@@ -102,8 +104,7 @@ def dashboard(request, actor: Actor):
         "adapters": adapters,
         "pending_count": selectors.pending_reviews_for(actor).count(),
         "activity": selectors.audit_events_for(actor)[:8],
-        # SLOT: deployments and their health, once the serving tier has its models.
-        "deployments": None,
+        "deployments": deployments_health(actor),
     }
     return _render(request, actor, "registry/dashboard.html", context)
 
@@ -113,13 +114,6 @@ def dashboard(request, actor: Actor):
 def activity(request, actor: Actor):
     events = _paginate(request, selectors.audit_events_for(actor), 50)
     return _render(request, actor, "registry/activity.html", {"events": events})
-
-
-@require_GET
-@page
-def deployments(request, actor: Actor):
-    # SLOT: the deployments page arrives with the serving tier.
-    return _render(request, actor, "registry/deployments.html", {})
 
 
 # --- Adapters ---------------------------------------------------------------
@@ -214,13 +208,16 @@ def version_upload(request, actor: Actor, pk: int):
 
 
 def _version_context(request, actor: Actor, version: AdapterVersion) -> dict:
+    from serving.web.views import version_panel
+
     trail = _paginate(request, queries.version_audit_trail(actor, version), 50)
     return {
         "version": version,
         "adapter": version.adapter,
         "trail": trail,
         "actions": version_actions(actor, version),
-        "served_where": queries.served_where([version.pk]).get(version.pk, []),
+        # Where it is served, "Promote to…" and pending promotion requests.
+        "serving": version_panel(actor, version),
         "config_items": [(k, json.dumps(v)) for k, v in sorted(version.adapter_config.items())],
     }
 

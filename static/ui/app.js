@@ -21,3 +21,22 @@
       percent < 100 ? "Uploading… " + percent + "%" : "Validating the artifact…";
   });
 })();
+
+// The rollout page swaps its progress every second: keep open any "HTTP
+// attempts" the reader expanded, by id, across the swap.
+(function () {
+  var open = [];
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    open = Array.prototype.map.call(
+      event.detail.target.querySelectorAll("details[id][open]"),
+      function (d) { return d.id; }
+    );
+  });
+  document.addEventListener("htmx:afterSettle", function () {
+    open.forEach(function (id) {
+      var details = document.getElementById(id);
+      if (details) details.open = true;
+    });
+    open = [];
+  });
+})();

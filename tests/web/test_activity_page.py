@@ -21,8 +21,3 @@ def test_its_query_count_does_not_grow_with_the_log(web_lena, lena, legal, contr
     small = query_count(web_lena, "/activity/")
     bulk_events(legal, lena, 200, "registry.adapter", str(contracts.pk))
     assert query_count(web_lena, "/activity/") == small
-
-
-def test_the_deployments_page_is_a_marked_slot_for_now(web_lena):
-    page = web_lena.get("/deployments/").content.decode()
-    assert 'data-slot="deployments"' in page

@@ -1,0 +1,30 @@
+"""Input forms for the serving pages: shape only. Who may promote, and whether
+a version fits a deployment, are the services' and the gate's to say."""
+
+from __future__ import annotations
+
+from django import forms
+
+from registry.web.forms import PlainLabels
+
+
+class PromoteForm(PlainLabels, forms.Form):
+    deployment = forms.ChoiceField(
+        label="Deployment", error_messages={"required": "Choose a deployment."}
+    )
+    canary = forms.BooleanField(
+        required=False,
+        label="Canary: load and verify one replica first, then the rest",
+    )
+
+    def __init__(self, *args, deployments=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["deployment"].choices = [
+            (d.name, f"{d.name} ({d.environment})") for d in deployments
+        ]
+        self.fields["deployment"].error_messages["invalid_choice"] = "Choose a listed deployment."
+
+
+class PromotionReviewForm(PlainLabels, forms.Form):
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+    comment = forms.CharField(required=False, max_length=2000, widget=forms.Textarea)

@@ -1,0 +1,303 @@
+"""Reads that only the serving pages need. Visibility is always the serving
+selectors' (serving.selectors), never re-decided here, and each function runs
+a fixed number of queries however many adapters a deployment serves."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from registry.access import visible_department_ids
+from registry.actors import Actor
+from serving import selectors
+from serving.models import Deployment, Replica, Rollout, ServedAdapter
+from serving.transitions import ROLLOUT_TERMINAL
+
+
+def _percent(part: int, whole: int | None) -> int:
+    if not whole:
+        return 0
+    return min(100, round(100 * part / whole))
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """LoRA slots and estimated memory of one deployment, over every department:
+    the budget is shared, so the numbers are too (never which adapters)."""
+
+    slots_used: int
+    max_cpu_loras: int
+    allow_lru_thrash: bool
+    resident_bytes: int  # the max_loras largest adapters, as the gate budgets them
+    gpu_memory_bytes: int | None
+    lora_memory_share: float
+
+    @property
+    def slots_percent(self) -> int:
+        return _percent(self.slots_used, self.max_cpu_loras)
+
+    @property
+    def slots_over(self) -> bool:
+        return self.slots_used > self.max_cpu_loras
+
+    @property
+    def memory_budget(self) -> int | None:
+        if not self.gpu_memory_bytes:
+            return None
+        return int(self.gpu_memory_bytes * self.lora_memory_share)
+
+    @property
+    def memory_percent(self) -> int:
+        return _percent(self.resident_bytes, self.memory_budget)
+
+    @property
+    def memory_over(self) -> bool:
+        budget = self.memory_budget
+        return budget is not None and self.resident_bytes > budget
+
+    @property
+    def share_percent(self) -> int:
+        return round(self.lora_memory_share * 100)
+
+
+def capacity_by_deployment(deployments: list[Deployment]) -> dict[int, Capacity]:
+    """One query for every deployment's slots and memory."""
+    sizes: dict[int, list[int]] = defaultdict(list)
+    rows = ServedAdapter.objects.filter(
+        deployment__in=[d.pk for d in deployments], version__isnull=False
+    ).values_list("deployment_id", "version__estimated_memory_bytes")
+    for deployment_id, size in rows:
+        sizes[deployment_id].append(size or 0)
+    result = {}
+    for d in deployments:
+        served = sorted(sizes[d.pk], reverse=True)
+        result[d.pk] = Capacity(
+            slots_used=len(served),
+            max_cpu_loras=d.max_cpu_loras,
+            allow_lru_thrash=d.allow_lru_thrash,
+            resident_bytes=sum(served[: d.max_loras]),
+            gpu_memory_bytes=d.gpu_memory_bytes,
+            lora_memory_share=d.lora_memory_share,
+        )
+    return result
+
+
+@dataclass(frozen=True)
+class DeploymentHealth:
+    deployment: Deployment
+    replicas_up: int
+    replicas_total: int
+    capacity: Capacity
+
+    @property
+    def healthy(self) -> bool:
+        return self.replicas_total > 0 and self.replicas_up == self.replicas_total
+
+
+def deployments_health(actor: Actor) -> list[DeploymentHealth]:
+    """Every deployment with replicas up/total and its capacity, in four queries."""
+    deployments = list(selectors.deployments_for(actor))
+    capacity = capacity_by_deployment(deployments)
+    rows = []
+    for d in deployments:
+        active = [r for r in d.replicas.all() if r.active]
+        up = sum(1 for r in active if r.health == "up")
+        rows.append(DeploymentHealth(d, up, len(active), capacity[d.pk]))
+    return rows
+
+
+def served_where(version_ids: list[int]) -> dict[int, list[str]]:
+    """{version id: names of the deployments meant to serve it}, in one query."""
+    where: dict[int, list[str]] = defaultdict(list)
+    rows = (
+        ServedAdapter.objects.filter(version_id__in=version_ids)
+        .order_by("deployment__environment", "deployment__name")
+        .values_list("version_id", "deployment__name")
+    )
+    for version_id, name in rows:
+        where[version_id].append(name)
+    return dict(where)
+
+
+def recent_rollouts(actor: Actor, deployment: Deployment | None = None, limit: int = 10):
+    """Newest rollouts the actor may see, without their steps and attempts."""
+    rows = selectors.rollouts_for(actor).prefetch_related(None)
+    if deployment is not None:
+        rows = rows.filter(deployment=deployment)
+    return rows[:limit]
+
+
+def pending_promotions(actor: Actor, **filters):
+    return (
+        selectors.promotions_for(actor)
+        .filter(status="pending_approval", **filters)
+        .order_by("created_at")
+    )
+
+
+# --- desired against actual ----------------------------------------------------
+
+# How one adapter stands on one replica, from the replica's last reconcile.
+IN_SYNC = "in_sync"
+MISSING = "missing"
+WRONG_ROOT = "wrong_root"
+NOT_UNLOADED = "not_unloaded"  # retired, still loaded
+CHANGED = "changed"  # desired state moved after the replica was last checked
+UNCHECKED = "unchecked"  # never reconciled
+DOWN = "down"
+
+CELL_LABELS = {
+    IN_SYNC: "loaded",
+    MISSING: "missing",
+    WRONG_ROOT: "wrong root",
+    NOT_UNLOADED: "still loaded",
+    CHANGED: "awaiting check",
+    UNCHECKED: "not checked yet",
+    DOWN: "replica down",
+}
+DRIFT = {MISSING, WRONG_ROOT, NOT_UNLOADED}
+
+
+@dataclass(frozen=True)
+class Cell:
+    state: str
+    actual_root: str | None
+
+    @property
+    def label(self) -> str:
+        return CELL_LABELS[self.state]
+
+    @property
+    def drift(self) -> bool:
+        return self.state in DRIFT
+
+
+def _cell(replica: dict, row: dict, changed_at) -> Cell:
+    desired, actual = row["desired_root"], row["actual_root"]
+    if replica["health"] == "down":
+        return Cell(DOWN, actual)
+    checked = replica["last_checked_at"]
+    if checked is None:
+        return Cell(UNCHECKED, actual)
+    if desired == actual:
+        return Cell(IN_SYNC, actual)
+    if changed_at is not None and changed_at > checked:
+        return Cell(CHANGED, actual)
+    if actual is None:
+        return Cell(MISSING, actual)
+    if desired is None:
+        return Cell(NOT_UNLOADED, actual)
+    return Cell(WRONG_ROOT, actual)
+
+
+def deployment_matrix(actor: Actor, deployment: Deployment) -> dict:
+    """serving.selectors.deployment_state (which keeps to the actor's
+    departments) shaped for the page: one row per adapter, one cell per replica,
+    drifted rows first."""
+    state = selectors.deployment_state(actor, deployment)
+    desired = {row["served_name"]: row for row in state["desired"]}
+    changed = dict(
+        selectors.served_adapters_for(actor, deployment).values_list(
+            "adapter__served_name", "updated_at"
+        )
+    )
+    by_url: dict[str, Replica] = {r.base_url: r for r in deployment.replicas.all()}
+    replicas = state["replicas"]
+    rows: dict[str, dict] = {}
+    for index, replica in enumerate(replicas):
+        for item in replica["adapters"]:
+            name = item["served_name"]
+            row = rows.setdefault(
+                name,
+                {
+                    "served_name": name,
+                    "desired": desired.get(name),
+                    "desired_root": item["desired_root"],
+                    "cells": [None] * len(replicas),
+                },
+            )
+            row["cells"][index] = _cell(replica, item, changed.get(name))
+    shown = []
+    for row in rows.values():
+        # A retired adapter that no replica still holds is history, not state.
+        if row["desired_root"] is None and all(c.state == IN_SYNC for c in row["cells"]):
+            continue
+        row["drift"] = any(c.drift for c in row["cells"])
+        shown.append(row)
+    if not replicas:
+        shown = [
+            {
+                "served_name": n,
+                "desired": d,
+                "desired_root": d["served_path"],
+                "cells": [],
+                "drift": False,
+            }
+            for n, d in desired.items()
+            if d["version_id"]
+        ]
+    shown.sort(key=lambda r: (not r["drift"], r["served_name"]))
+    for replica in replicas:
+        record = by_url.get(replica["base_url"])
+        replica["last_error"] = record.last_error if record else ""
+        replica["loaded_count"] = len(record.loaded_adapters or []) if record else 0
+    return {
+        "replicas": replicas,
+        "rows": shown,
+        "drift_count": sum(1 for r in shown if r["drift"]),
+        "unknown_count": sum(len(r["unknown_adapters"]) for r in replicas),
+        "shows_unknown": visible_department_ids(actor) is None,
+        "last_reconciled_at": state["last_reconciled_at"],
+    }
+
+
+# --- rollout progress ------------------------------------------------------------
+
+DONE, ACTIVE, FAILED, WAITING, SKIPPED = "done", "active", "failed", "waiting", "skipped"
+
+
+def _stage_state(rollout: Rollout) -> str:
+    if rollout.status == "pending":
+        return WAITING
+    if rollout.status == "staging":
+        return ACTIVE
+    if rollout.kind == "retire":
+        return SKIPPED
+    if rollout.served_path:
+        return DONE
+    return FAILED if rollout.status in ROLLOUT_TERMINAL else WAITING
+
+
+def _replica_phases(step, stage: str) -> tuple[str, str]:
+    """(load, verify) states of one replica step."""
+    status = step.status
+    if stage in (WAITING, ACTIVE) or status == "pending":
+        return WAITING, WAITING
+    if status == "loading":
+        return ACTIVE, WAITING
+    if status == "verifying":
+        return DONE, ACTIVE
+    if status == "succeeded":
+        return DONE, DONE
+    # Failed or rolled back: how far it got, from its recorded HTTP attempts.
+    verifies = [a for a in step.attempts.all() if a.purpose.startswith("verify")]
+    if not verifies:
+        return (FAILED if status == "failed" else WAITING), WAITING
+    return DONE, (FAILED if status == "failed" or not verifies[-1].ok else DONE)
+
+
+def rollout_progress(rollout: Rollout) -> dict:
+    """Stage -> load -> verify for each replica, from the rows the worker writes."""
+    stage = _stage_state(rollout)
+    steps = []
+    for step in rollout.replica_steps.all():
+        load, verify = _replica_phases(step, stage)
+        if rollout.kind == "retire":
+            verify = SKIPPED
+        steps.append({"step": step, "stage": stage, "load": load, "verify": verify})
+    return {
+        "stage": stage,
+        "steps": steps,
+        "terminal": rollout.status in ROLLOUT_TERMINAL,
+        "attempt_count": sum(len(s["step"].attempts.all()) for s in steps),
+    }

@@ -1,0 +1,15 @@
+from django.urls import path
+
+from serving.web import views
+
+app_name = "serving"
+
+urlpatterns = [
+    path("deployments/", views.deployment_list, name="deployments"),
+    path("deployments/<slug:name>/", views.deployment_detail, name="deployment"),
+    path("versions/<int:pk>/promote/", views.promote, name="promote"),
+    path("promotions/<int:pk>/review/", views.promotion_review_view, name="promotion-review"),
+    path("rollouts/<int:pk>/", views.rollout_detail, name="rollout"),
+    path("rollouts/<int:pk>/live/", views.rollout_live, name="rollout-live"),
+    path("rollouts/<int:pk>/rollback/", views.rollout_rollback, name="rollout-rollback"),
+]
