@@ -87,6 +87,10 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"].setdefault("OPTIONS", {})["init_command"] = (
         "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
     )
+    # Tests run a Celery worker in threads of the test process: the in-memory test
+    # database's shared cache fails those concurrent writes at once with "database
+    # table is locked" (no busy timeout applies), so tests use a file too.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
