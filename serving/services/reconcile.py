@@ -104,13 +104,20 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport) -> 
         if changed:
             _drift(deployment, replica, DriftKind.REPLICA_UP)
         previous_names = {item.get("id") for item in replica.loaded_adapters or []}
-        Replica.objects.filter(pk=replica.pk).update(
-            loaded_adapters=[{"id": c.id, "root": c.root} for c in cards]
+        snapshot = {c.id: c.root for c in cards}
+        _repair_replica(
+            deployment, replica, cards, desired, previous_names, worker, report, snapshot
         )
-        _repair_replica(deployment, replica, cards, desired, previous_names, worker, report)
+        # What the replica serves after the repairs: the state view reads it, and the
+        # pre-repair listing would show a just-reloaded adapter as missing until next tick.
+        Replica.objects.filter(pk=replica.pk).update(
+            loaded_adapters=[{"id": name, "root": root} for name, root in snapshot.items()]
+        )
 
 
-def _repair_replica(deployment, replica, cards, desired, previous_names, worker, report) -> None:
+def _repair_replica(
+    deployment, replica, cards, desired, previous_names, worker, report, snapshot
+) -> None:
     loaded = {card.id: card.root for card in cards}
     for name, served in desired.items():
         if served.version_id is None:
@@ -121,13 +128,16 @@ def _repair_replica(deployment, replica, cards, desired, previous_names, worker,
                     served,
                     worker,
                     report,
+                    snapshot,
                     DriftKind.RETIRED_UNLOADED,
                     actual=loaded[name],
                 )
             continue
         expected = served.served_path
         if name not in loaded:
-            _repair(deployment, replica, served, worker, report, DriftKind.MISSING_RELOADED)
+            _repair(
+                deployment, replica, served, worker, report, snapshot, DriftKind.MISSING_RELOADED
+            )
         elif loaded[name] != expected:
             _repair(
                 deployment,
@@ -135,6 +145,7 @@ def _repair_replica(deployment, replica, cards, desired, previous_names, worker,
                 served,
                 worker,
                 report,
+                snapshot,
                 DriftKind.WRONG_ROOT_CORRECTED,
                 actual=loaded[name],
             )
@@ -146,13 +157,15 @@ def _repair_replica(deployment, replica, cards, desired, previous_names, worker,
                 outcome = ensure_unloaded(client, name, RECONCILE_POLICY)
             attempts_record(replica, outcome)
             kind = DriftKind.UNKNOWN_UNLOADED if outcome.ok else DriftKind.REPAIR_FAILED
+            if outcome.ok:
+                snapshot.pop(name, None)
             _drift(deployment, replica, kind, name, actual=root, detail=outcome.error)
             report.repairs.append(f"{replica.base_url}: unloaded unknown {name}")
         elif name not in previous_names:
             _drift(deployment, replica, DriftKind.UNKNOWN_REPORTED, name, actual=root)
 
 
-def _repair(deployment, replica, served, worker, report, kind, actual="") -> None:
+def _repair(deployment, replica, served, worker, report, snapshot, kind, actual="") -> None:
     # A rollout holding this adapter's lease is already changing it: leave it alone.
     if not served_adapter_claim(served.pk, worker):
         return
@@ -178,6 +191,10 @@ def _repair(deployment, replica, served, worker, report, kind, actual="") -> Non
                 )
         attempts_record(replica, outcome)
         if outcome.ok:
+            if served.version_id is None:
+                snapshot.pop(name, None)
+            else:
+                snapshot[name] = served.served_path
             _drift(deployment, replica, kind, name, expected=served.served_path, actual=actual)
             report.repairs.append(f"{replica.base_url}: {kind} {name}")
         else:
