@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from django.conf import settings as django_settings
 
 from registry.artifact_store import get_artifact_store
 from registry.ingest.staging import IngestLimits
@@ -93,14 +94,8 @@ def _assert_nothing_left(adapter, store):
     assert not AdapterVersion.objects.filter(adapter=adapter).exists()
     assert not AuditEvent.objects.filter(action="version.registered").exists()
     assert store.list_prefix("adapters/") == []
-    staging = Path(_settings().INGEST_STAGING_DIR)
+    staging = Path(django_settings.INGEST_STAGING_DIR)
     assert not staging.exists() or list(staging.iterdir()) == []
-
-
-def _settings():
-    from django.conf import settings
-
-    return settings
 
 
 def _check(artifact, client, adapter, settings):
