@@ -280,9 +280,11 @@ def _replica_phases(step, stage: str) -> tuple[str, str]:
     if status == "succeeded":
         return DONE, DONE
     # Failed or rolled back: how far it got, from its recorded HTTP attempts.
-    verifies = [a for a in step.attempts.all() if a.purpose.startswith("verify")]
+    attempts = step.attempts.all()
+    verifies = [a for a in attempts if a.purpose.startswith("verify")]
     if not verifies:
-        return (FAILED if status == "failed" else WAITING), WAITING
+        refused = any(a.purpose == "load" and not a.ok and not a.transient for a in attempts)
+        return (FAILED if status == "failed" or refused else DONE), WAITING
     return DONE, (FAILED if status == "failed" or not verifies[-1].ok else DONE)
 
 
@@ -294,7 +296,12 @@ def rollout_progress(rollout: Rollout) -> dict:
         load, verify = _replica_phases(step, stage)
         if rollout.kind == "retire":
             verify = SKIPPED
-        steps.append({"step": step, "stage": stage, "load": load, "verify": verify})
+        error = step.error
+        if not error and step.status in ("failed", "rolled_back"):
+            # A rolled-back step keeps no error of its own; vLLM's words are in its attempts.
+            failed = [a.error for a in step.attempts.all() if not a.ok and a.error]
+            error = failed[-1] if failed else ""
+        steps.append({"step": step, "stage": stage, "load": load, "verify": verify, "error": error})
     return {
         "stage": stage,
         "steps": steps,
