@@ -478,7 +478,7 @@ def test_the_live_partial_polls_until_the_rollout_is_over(web_lena, lena, stagin
 
     page = web_lena.get(f"/rollouts/{rollout.pk}/").content.decode()
     assert 'id="rollout-live"' in page
-    assert "Promote contracts v1 on staging-cpu" in page
+    assert f"Rollout #{rollout.pk}: contracts v1 → staging-cpu" in page
 
 
 def test_a_failed_load_shows_vllms_error_text(web_lena, lena, staging, approved, fakes):

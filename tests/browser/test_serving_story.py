@@ -1,0 +1,230 @@
+"""Steps 4 and 5 of the issue 5 story, in a real browser (steps 1-3 and 6 are
+in test_story.py): a Legal approver promotes the approved version to a
+deployment, seeing the compatibility gate first, and the rollout page reaches
+"succeeded" live, without a reload.
+
+The rollout is a Celery task run by a real worker (threads, in this process)
+on the configured broker. It is started only once the rollout page shows the
+rollout pending, so what the page shows next can only have come from its own
+polling. The replicas are the fake vLLM by default and a real vLLM server
+where one can run (the `vllm` tier).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+from django.db import connections
+
+from config.celery import app as celery_app
+from serving.models import Rollout
+from serving.services.reconcile import reconcile_deployment
+from tests.browser.conftest import TABLET
+from tests.browser.test_story import no_horizontal_scroll, sign_in
+from tests.factories import make_adapter, make_approved_version
+from tests.serving.conftest import make_deployment
+from tests.support.adapters import AdapterSpec
+from tests.support.fake_vllm import FakeVLLM
+from tests.support.vllm_servers import VLLMServer, ensure_tiny_model, vllm_available
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+# Records, in the page, every status the polled partial brings in.
+RECORD_STATUSES = """
+window.sameDocument = true;
+window.seenStatuses = [document.querySelector("#rollout-live").dataset.status];
+document.body.addEventListener("htmx:afterSettle", () => {
+  const live = document.querySelector("#rollout-live");
+  if (live) window.seenStatuses.push(live.dataset.status);
+});
+"""
+
+
+def _purge(app) -> None:
+    with app.connection_for_write() as connection:
+        connection.default_channel.queue_purge(app.conf.task_default_queue)
+
+
+@contextlib.contextmanager
+def celery_worker() -> Iterator[None]:
+    """A real worker (thread pool) consuming the configured broker."""
+    app = celery_app
+    options = app.conf.broker_transport_options or {}
+    for key in ("data_folder_in", "data_folder_out", "processed_folder"):
+        if options.get(key):
+            Path(options[key]).mkdir(parents=True, exist_ok=True)
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=2,
+        perform_ping_check=False,
+        shutdown_timeout=60,
+        loglevel="WARNING",
+    ):
+        yield
+    _purge(app)
+    connections.close_all()
+
+
+@pytest.fixture
+def fake_replicas() -> Iterator[list[str]]:
+    fakes = [FakeVLLM(), FakeVLLM()]
+    yield [fake.base_url for fake in fakes]
+    for fake in fakes:
+        fake.close()
+
+
+@pytest.fixture(scope="module")
+def real_replica(tmp_path_factory) -> Iterator[list[str]]:
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (scripts/vllm/install.sh)")
+    server = VLLMServer(
+        name="browser-replica",
+        model_dir=ensure_tiny_model(),
+        served_name="tiny-llama",
+        max_loras=2,
+        max_cpu_loras=4,
+        max_lora_rank=16,
+        log_dir=tmp_path_factory.mktemp("vllm-logs"),
+    )
+    # Generous: other vLLM servers may be starting on the same cores.
+    server.start_and_wait(timeout=600)
+    try:
+        yield [server.base_url]
+    finally:
+        server.stop()
+
+
+def promote_and_watch(
+    new_page, screenshot, *, replica_urls, volume, people, suffix: str, timeout_ms: int
+):
+    lena, alex, paula, legal, root = people
+    contracts = make_adapter(
+        lena,
+        legal,
+        served_name="legal-contracts",
+        description="Flags risky clauses in contracts.",
+    )
+    version = make_approved_version(lena, paula, contracts, AdapterSpec(seed=1))
+    deployment = make_deployment(
+        root,
+        replica_urls,
+        volume,
+        description="Legal's staging deployment of",
+        gpu_memory_bytes=16 * 1024**3,
+        lora_memory_share=0.15,
+    )
+    _purge(celery_app)
+
+    # 4. The approver opens the approved version and picks a deployment: the
+    # compatibility gate's checks appear in place, each with its reason.
+    approver = new_page()
+    sign_in(approver, "alex")
+    approver.goto(f"/versions/{version.pk}/")
+    approver.get_by_label("Promote to…").select_option("staging-cpu")
+    gate = approver.get_by_test_id("gate")
+    gate.wait_for()
+    assert "v1 is compatible with staging-cpu" in gate.inner_text()
+    assert gate.locator("li.ok").count() == 6
+    assert gate.locator("li.fail").count() == 0
+    assert "fits max_lora_rank 16" in gate.inner_text()
+    approver.locator("#serving").scroll_into_view_if_needed()
+    screenshot(approver, f"promote-with-gate{suffix}")
+    approver.get_by_role("button", name="Promote to staging-cpu").click()
+
+    # 5. The rollout page: pending until a worker takes it, then live to the end.
+    approver.wait_for_url(re.compile(r"/rollouts/\d+/$"))
+    rollout = Rollout.objects.get()
+    assert approver.url.endswith(f"/rollouts/{rollout.pk}/")
+    status = approver.get_by_test_id("rollout-status")
+    assert status.inner_text() == "Pending"
+    assert "Waiting for a worker" in approver.content()
+    approver.evaluate(RECORD_STATUSES)
+
+    started = time.monotonic()
+    with celery_worker():
+        approver.locator('#rollout-live[data-status="succeeded"]').wait_for(timeout=timeout_ms)
+    took = time.monotonic() - started
+
+    assert approver.evaluate("window.sameDocument") is True, "the page was reloaded"
+    seen = approver.evaluate("window.seenStatuses")
+    assert seen[0] == "pending" and seen[-1] == "succeeded", seen
+    assert status.inner_text() == "Succeeded"
+    steps = approver.get_by_test_id("replica-step")
+    assert steps.count() == len(replica_urls)
+    for i in range(steps.count()):
+        assert steps.nth(i).get_attribute("data-status") == "succeeded"
+        assert steps.nth(i).locator(".step-done").count() == 3  # stage, load, verify
+    # Polling has stopped: the final partial carries no trigger.
+    assert approver.locator("#rollout-live").get_attribute("hx-trigger") is None
+    # The HTTP attempts are there, collapsed.
+    first_attempts = approver.locator("details.attempts").first
+    assert first_attempts.get_attribute("open") is None
+    first_attempts.locator("summary").click()
+    assert "load_lora_adapter" in first_attempts.inner_text()
+    screenshot(approver, f"rollout-succeeded{suffix}")
+    print(f"\n[browser{suffix}] rollout succeeded {took:.1f}s after the worker started")
+
+    # What the replicas say now, as the next reconcile records it.
+    reconcile_deployment(deployment.pk, "browser-test")
+    approver.goto("/deployments/")
+    card = approver.get_by_test_id("deployment-staging-cpu")
+    assert f"{len(replica_urls)}/{len(replica_urls)} up" in card.inner_text()
+    screenshot(approver, f"deployments{suffix}")
+    approver.get_by_role("link", name="staging-cpu").first.click()
+    approver.wait_for_url("**/deployments/staging-cpu/")
+    row = approver.get_by_test_id("adapter-legal-contracts")
+    assert row.locator(".cell-in_sync").count() == len(replica_urls)
+    assert approver.get_by_test_id("drift-count").inner_text() == "no drift"
+    screenshot(approver, f"deployment-detail{suffix}")
+
+    approver.goto(f"/versions/{version.pk}/")
+    assert "Served on staging-cpu" in approver.get_by_test_id("served-on").inner_text()
+
+    tablet = new_page(TABLET)
+    sign_in(tablet, "alex")
+    for path, name in (
+        ("/deployments/", "deployments"),
+        ("/deployments/staging-cpu/", "deployment-detail"),
+        (f"/rollouts/{rollout.pk}/", "rollout"),
+    ):
+        tablet.goto(path)
+        assert no_horizontal_scroll(tablet), f"{path} scrolls sideways at tablet width"
+        screenshot(tablet, f"{name}-tablet{suffix}")
+
+
+def test_approver_promotes_and_watches_the_rollout_succeed_live(
+    new_page, screenshot, fake_replicas, tmp_path, lena, alex, paula, legal, root
+):
+    promote_and_watch(
+        new_page,
+        screenshot,
+        replica_urls=fake_replicas,
+        volume=tmp_path / "volume",
+        people=(lena, alex, paula, legal, root),
+        suffix="",
+        timeout_ms=30_000,
+    )
+
+
+@pytest.mark.vllm
+def test_the_same_story_against_a_real_vllm_server(
+    new_page, screenshot, real_replica, tmp_path, lena, alex, paula, legal, root, settings
+):
+    settings.SERVING_RETRY_DEADLINE_SECONDS = 30.0
+    settings.SERVING_HTTP_TIMEOUT_SECONDS = 60.0
+    promote_and_watch(
+        new_page,
+        screenshot,
+        replica_urls=real_replica,
+        volume=tmp_path / "volume",
+        people=(lena, alex, paula, legal, root),
+        suffix="-vllm",
+        timeout_ms=180_000,
+    )
