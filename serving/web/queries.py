@@ -299,8 +299,11 @@ def rollout_progress(rollout: Rollout) -> dict:
         error = step.error
         if not error and step.status in ("failed", "rolled_back"):
             # A rolled-back step keeps no error of its own; vLLM's words are in its attempts.
-            failed = [a.error for a in step.attempts.all() if not a.ok and a.error]
-            error = failed[-1] if failed else ""
+            # The first permanent refusal is what stopped it (a later unload's
+            # "not found" while rolling back is not news).
+            failed = [a for a in step.attempts.all() if not a.ok and a.error]
+            permanent = [a for a in failed if not a.transient]
+            error = (permanent or failed)[0].error if failed else ""
         steps.append({"step": step, "stage": stage, "load": load, "verify": verify, "error": error})
     return {
         "stage": stage,

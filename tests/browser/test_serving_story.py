@@ -228,3 +228,43 @@ def test_the_same_story_against_a_real_vllm_server(
         suffix="-vllm",
         timeout_ms=180_000,
     )
+
+
+def test_refusals_and_failures_read_clearly(
+    new_page, screenshot, fake_replicas, tmp_path, lena, alex, paula, legal, root, settings
+):
+    """The gate's refusal, and a rollout vLLM refused, as an approver sees them."""
+    from serving.services.promotions import promotion_create
+    from serving.services.rollouts import rollout_execute
+    from tests.conftest import actor
+
+    settings.SERVING_RETRY_DEADLINE_SECONDS = 1.0
+    contracts = make_adapter(lena, legal, served_name="legal-contracts")
+    version = make_approved_version(lena, paula, contracts, AdapterSpec(seed=1, r=16))
+    make_deployment(root, fake_replicas, tmp_path / "v1", name="edge-small", max_lora_rank=8)
+    broken = FakeVLLM()
+    try:
+        broken.fail_load = (400, "Loading lora legal-contracts failed: size mismatch for q_proj")
+        staging = make_deployment(root, [fake_replicas[0], broken.base_url], tmp_path / "v2")
+        promotion = promotion_create(actor=actor(alex), deployment=staging, version=version)
+        rollout = promotion.rollouts.get()
+        assert rollout_execute(rollout.pk, "browser-test") in {"failed", "rolled_back"}
+    finally:
+        broken.close()
+
+    page = new_page()
+    sign_in(page, "alex")
+    page.goto(f"/versions/{version.pk}/")
+    page.get_by_label("Promote to…").select_option("edge-small")
+    gate = page.get_by_test_id("gate")
+    gate.wait_for()
+    assert "refuses v1 on edge-small" in gate.inner_text()
+    assert "Rank 16 exceeds the deployment's max_lora_rank 8." in gate.inner_text()
+    assert gate.get_by_role("button").count() == 0
+    page.locator("#serving").scroll_into_view_if_needed()
+    screenshot(page, "promote-gate-refused")
+
+    page.goto(f"/rollouts/{rollout.pk}/")
+    assert "size mismatch for q_proj" in page.get_by_test_id("replica-error").inner_text()
+    assert page.locator(".step-failed").count() >= 1
+    screenshot(page, "rollout-failed")

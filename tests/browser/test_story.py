@@ -1,7 +1,7 @@
 """The story from issue 5, in a real browser: a Legal member uploads and
 submits a version, cannot approve it; a Legal approver approves it from the
-queue; a Finance member cannot see the Legal adapter. (Promotion and the live
-rollout page join the story with the serving tier.)"""
+queue; a Finance member cannot see the Legal adapter. Steps 4 and 5 (promote
+through the gate, watch the rollout succeed live) are in test_serving_story.py."""
 
 from __future__ import annotations
 
