@@ -7,6 +7,13 @@ from serving.replica_ops import ReplicaOutcome
 def attempts_record(
     replica: Replica, outcome: ReplicaOutcome, replica_rollout: ReplicaRollout | None = None
 ) -> None:
+    attempts_record_all([(replica, outcome, replica_rollout)])
+
+
+def attempts_record_all(
+    rows: list[tuple[Replica, ReplicaOutcome, ReplicaRollout | None]],
+) -> None:
+    """Every attempt of several replicas in one INSERT."""
     HttpAttempt.objects.bulk_create(
         [
             HttpAttempt(
@@ -22,6 +29,7 @@ def attempts_record(
                 transient=result.transient,
                 error=result.error[:4000],
             )
+            for replica, outcome, replica_rollout in rows
             for purpose, result in outcome.attempts
         ]
     )

@@ -38,7 +38,7 @@ from serving.replica_ops import (
     verify_serving,
 )
 from serving.replicas import client_for, replicas_sync
-from serving.services.attempts import attempts_record
+from serving.services.attempts import attempts_record_all
 from serving.services.leases import served_adapter_claim, served_adapter_release
 from serving.transitions import (
     REPLICA_STEP_TRANSITIONS,
@@ -107,12 +107,17 @@ def _set_status(rollout: Rollout, status: str, **fields) -> None:
 
 
 def _set_steps(steps: list[ReplicaRollout], status: str, errors: dict[int, str] | None = None):
+    # One UPDATE per distinct error message (usually one for every replica): each
+    # statement is a round trip on the rollout's critical path.
+    by_error: dict[str, list[int]] = {}
     for step in steps:
         if not can_move(REPLICA_STEP_TRANSITIONS, step.status, status):
             continue
         step.status = status
         step.error = (errors or {}).get(step.replica_id, "" if status != "failed" else step.error)
-        ReplicaRollout.objects.filter(pk=step.pk).update(status=step.status, error=step.error)
+        by_error.setdefault(step.error, []).append(step.pk)
+    for error, pks in by_error.items():
+        ReplicaRollout.objects.filter(pk__in=pks).update(status=status, error=error)
 
 
 @dataclass
@@ -133,9 +138,9 @@ def _fan_out(ctx: _Context, replicas: list[Replica], work) -> dict[int, ReplicaO
 
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(replicas)))) as pool:
         outcomes = dict(zip([r.pk for r in replicas], pool.map(run, replicas), strict=True))
+    attempts_record_all([(r, outcomes[r.pk], ctx.steps.get(r.pk)) for r in replicas])
     for replica in replicas:
         outcome = outcomes[replica.pk]
-        attempts_record(replica, outcome, ctx.steps.get(replica.pk))
         if outcome.vllm_version and outcome.vllm_version != replica.vllm_version:
             replica.vllm_version = outcome.vllm_version
             Replica.objects.filter(pk=replica.pk).update(vllm_version=outcome.vllm_version)
@@ -184,11 +189,7 @@ def _run(rollout: Rollout, served: ServedAdapter) -> None:
             previous_version=rollout.previous_version, started_at=rollout.started_at
         )
     replicas = replicas_sync(deployment)
-    steps = {}
-    for replica in replicas:
-        steps[replica.pk], _ = ReplicaRollout.objects.get_or_create(
-            rollout=rollout, replica=replica
-        )
+    steps = _steps_for(rollout, replicas)
     ctx = _Context(rollout, deployment, replicas, steps, RetryPolicy.from_settings())
     if not replicas:
         _finish(ctx, RolloutStatus.FAILED, "The deployment has no replicas.")
@@ -240,6 +241,19 @@ def _run(rollout: Rollout, served: ServedAdapter) -> None:
             return
         _set_steps(group_steps, ReplicaStepStatus.SUCCEEDED)
     _succeed(ctx, served)
+
+
+def _steps_for(rollout: Rollout, replicas: list[Replica]) -> dict[int, ReplicaRollout]:
+    """One row per replica; a resumed rollout finds the rows it made before."""
+    existing = ReplicaRollout.objects.filter(rollout=rollout, replica__in=replicas)
+    steps = {step.replica_id: step for step in existing}
+    missing = [ReplicaRollout(rollout=rollout, replica=r) for r in replicas if r.pk not in steps]
+    if missing:
+        # ignore_conflicts: the (rollout, replica) constraint still holds if another
+        # delivery of this task got there first. Rows are read back for their ids.
+        ReplicaRollout.objects.bulk_create(missing, ignore_conflicts=True)
+        steps = {step.replica_id: step for step in existing.all()}
+    return steps
 
 
 def _failed(ctx: _Context, steps, outcomes: dict[int, ReplicaOutcome], phase: str) -> bool:
