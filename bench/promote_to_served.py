@@ -324,24 +324,26 @@ class _Existing:
     base_url: str
 
 
+# The worker's own default queue must be the bench's too: a task that retries (a
+# retire that finds the lease still held for a moment) is re-sent from the worker.
+_WORKER = """
+import sys
+from config.celery import app
+app.conf.task_default_queue = sys.argv[1]
+app.worker_main(["worker", "-Q", sys.argv[1], "-n", sys.argv[1] + "@%h",
+                 "--concurrency=2", "--loglevel=INFO"])
+"""
+
+
 def start_worker(var_dir: Path, queue: str, log: Path) -> subprocess.Popen:
-    celery = Path(sys.executable).parent / "celery"
-    env = dict(os.environ)
-    command = [
-        str(celery),
-        "-A",
-        "config",
-        "worker",
-        "-Q",
-        queue,
-        "-n",
-        f"{queue}@%h",
-        "--concurrency=2",
-        "--loglevel=INFO",
-    ]
+    """A `celery worker` process (prefork, 2 children, as `make run` starts it)."""
     handle = open(log, "ab")  # noqa: SIM115 - lives as long as the worker
     return subprocess.Popen(
-        command, cwd=REPO_ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT
+        [sys.executable, "-c", _WORKER, queue],
+        cwd=REPO_ROOT,
+        env=dict(os.environ),
+        stdout=handle,
+        stderr=subprocess.STDOUT,
     )
 
 
@@ -477,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         report(args, broker, results, served_recorded, api_calls, breakdowns)
+    except BaseException:
+        args.keep = True  # the worker log and the database say what happened
+        raise
     finally:
         worker.terminate()
         try:
