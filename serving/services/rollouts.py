@@ -114,7 +114,9 @@ def _set_steps(steps: list[ReplicaRollout], status: str, errors: dict[int, str] 
         if not can_move(REPLICA_STEP_TRANSITIONS, step.status, status):
             continue
         step.status = status
-        step.error = (errors or {}).get(step.replica_id, "" if status != "failed" else step.error)
+        # A failed step keeps its reason when it is then rolled back.
+        keep = status in (ReplicaStepStatus.FAILED, ReplicaStepStatus.ROLLED_BACK)
+        step.error = (errors or {}).get(step.replica_id, step.error if keep else "")
         by_error.setdefault(step.error, []).append(step.pk)
     for error, pks in by_error.items():
         ReplicaRollout.objects.filter(pk__in=pks).update(status=status, error=error)
