@@ -45,6 +45,9 @@ def test_failed_verification_on_one_replica_puts_every_replica_back_on_v1(
     chat_through_openai(direct.base_url, "legal-contracts")
     steps = {step["base_url"]: step for step in rollout["replicas"]}
     assert {s["status"] for s in steps.values()} == {"rolled_back"}
+    # The replica that failed keeps its reason after the rollback.
+    assert faulty.fault_message in steps[faulty.base_url]["error"]
+    assert steps[direct.base_url]["error"] == ""
     failed = [a for a in steps[faulty.base_url]["attempts"] if not a["ok"]]
     assert [(a["purpose"], a["status_code"], a["transient"]) for a in failed] == [
         ("verify_completion", 500, False)
