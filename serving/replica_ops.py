@@ -97,6 +97,14 @@ def ensure_loaded(
         if not answer.ok:
             return outcome.fail(_describe(answer))
         outcome.vllm_version = server_version(answer)
+    # Load first: the common case (a new adapter) costs one call. Only a name that
+    # is already loaded needs a look at /v1/models, to tell "done" from "swap".
+    loaded = call_with_retry(lambda: client.load_adapter(name, path), "load", outcome, policy)
+    if loaded.ok:
+        outcome.loaded_root = path
+        return outcome.succeed()
+    if not is_already_loaded_error(loaded):
+        return outcome.fail(_describe(loaded))
     listing = call_with_retry(client.list_models, "list_models", outcome, policy)
     if not listing.ok:
         return outcome.fail(_describe(listing))
@@ -104,19 +112,6 @@ def ensure_loaded(
     if card is not None and card.root == path:
         outcome.loaded_root = path
         return outcome.succeed()
-    if card is None:
-        loaded = call_with_retry(lambda: client.load_adapter(name, path), "load", outcome, policy)
-        if loaded.ok:
-            outcome.loaded_root = path
-            return outcome.succeed()
-        if not is_already_loaded_error(loaded):
-            return outcome.fail(_describe(loaded))
-        # Someone loaded it meanwhile (or our earlier attempt landed): look again.
-        listing = call_with_retry(client.list_models, "list_models", outcome, policy)
-        card = _find(listing, name)
-        if card is not None and card.root == path:
-            outcome.loaded_root = path
-            return outcome.succeed()
     return _swap(client, name, path, policy, outcome)
 
 

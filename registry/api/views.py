@@ -31,6 +31,15 @@ class ActorMixin:
             self._actor = actor_from_request(self.request)
         return self._actor
 
+    def lookup_id(self) -> int:
+        """The numeric id in the URL; anything else names no object (404, not 500)."""
+        raw = self.kwargs["pk"]
+        if not str(raw).isdigit():
+            from registry.errors import NotFound
+
+            raise NotFound(f"No object with id {raw!r}.")
+        return int(raw)
+
 
 class DepartmentViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.DepartmentSerializer
@@ -98,7 +107,7 @@ class AdapterViewSet(
         return selectors.adapters_for(self.actor)
 
     def get_object(self):
-        return selectors.adapter_get(self.actor, int(self.kwargs["pk"]))
+        return selectors.adapter_get(self.actor, self.lookup_id())
 
     @extend_schema(request=s.AdapterCreateSerializer, responses={201: s.AdapterSerializer})
     def create(self, request):
@@ -201,7 +210,7 @@ class VersionViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
         return selectors.versions_for(self.actor)
 
     def get_object(self):
-        return selectors.version_get(self.actor, int(self.kwargs["pk"]))
+        return selectors.version_get(self.actor, self.lookup_id())
 
     submit = _transition_action("submit", "registered → pending_review.")
     approve = _transition_action(
@@ -237,7 +246,7 @@ class TokenViewSet(
         return selectors.tokens_for(self.actor)
 
     def get_object(self):
-        return selectors.token_get(self.actor, int(self.kwargs["pk"]))
+        return selectors.token_get(self.actor, self.lookup_id())
 
     def create(self, request):
         data = s.TokenCreateSerializer(data=request.data)

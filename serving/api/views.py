@@ -121,7 +121,7 @@ class PromotionViewSet(
         return selectors.promotions_for(self.actor).prefetch_related("rollouts")
 
     def get_object(self):
-        return selectors.promotion_get(self.actor, int(self.kwargs["pk"]))
+        return selectors.promotion_get(self.actor, self.lookup_id())
 
     @extend_schema(request=s.PromotionCreateSerializer, responses={201: s.PromotionSerializer})
     def create(self, request):
@@ -179,7 +179,7 @@ class RolloutViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
         return selectors.rollouts_for(self.actor)
 
     def get_object(self):
-        return selectors.rollout_get(self.actor, int(self.kwargs["pk"]))
+        return selectors.rollout_get(self.actor, self.lookup_id())
 
     @extend_schema(request=None, responses={202: s.RolloutSerializer})
     @action(detail=True, methods=["post"])

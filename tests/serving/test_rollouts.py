@@ -41,7 +41,7 @@ def test_promote_stages_loads_and_verifies_on_every_replica(
     assert served.version == approved_v1
     assert set(rollout.replica_steps.values_list("status", flat=True)) == {"succeeded"}
     purposes = set(HttpAttempt.objects.values_list("purpose", flat=True))
-    assert {"version", "list_models", "load", "verify_models", "verify_completion"} <= purposes
+    assert {"version", "load", "verify_models", "verify_completion"} <= purposes
 
 
 def test_rerunning_a_finished_rollout_changes_nothing(lena, deployment, approved_v1, fake_replicas):

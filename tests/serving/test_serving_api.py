@@ -228,3 +228,10 @@ def test_bad_deployment_config_is_400_naming_the_problem(as_root, tmp_path):
     )
     assert response.status_code == 400
     assert "ftp://x" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["rollouts", "promotions", "versions", "adapters", "tokens"])
+def test_a_non_numeric_id_is_404(as_lena, path):
+    response = as_lena.get(f"/api/v1/{path}/null/")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"

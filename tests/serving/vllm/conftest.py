@@ -1,5 +1,5 @@
-"""The real-vLLM tier: two real vLLM servers (CPU, tiny generated model) for
-the whole session, a real Celery worker on the configured broker for each
+"""The real-vLLM tier: two real vLLM servers (CPU, tiny generated model) shared
+by every test here, a real Celery worker on the configured broker for each
 test, and the people of tests/conftest.py driving the REST API.
 
 The worker runs in this process (threads), so tests that use it are
@@ -19,11 +19,10 @@ from typing import Any
 
 import pytest
 from celery.contrib.testing.worker import start_worker
-from django.conf import settings as django_settings
 from django.db import connections
 from rest_framework.test import APIClient
 
-from serving.vllm_client import VLLMClient, model_cards
+from serving.vllm_client import model_cards
 from tests.support.adapters import AdapterSpec, adapter_tar_gz
 from tests.support.vllm_servers import (
     VLLMServer,
@@ -48,9 +47,10 @@ def tiny_model() -> Path:
     return ensure_tiny_model()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm_servers(tiny_model, tmp_path_factory) -> Iterator[list[VLLMServer]]:
-    """Two replicas, booted in parallel once per session."""
+    """Two replicas, booted in parallel once for this tier and stopped after it
+    (not at the end of the whole suite: 1.3 GB and some CPU while idle)."""
     started = time.monotonic()
     servers = start_servers(
         2,
@@ -276,10 +276,6 @@ def wait_until(condition, timeout: float, interval: float = 0.25, message: str =
     return time.monotonic() - started
 
 
-def direct_client(server: VLLMServer) -> VLLMClient:
-    return server.client(timeout=60)
-
-
 @contextlib.contextmanager
 def in_background(target, *args) -> Iterator[threading.Thread]:
     """Runs `target(*args)` in a thread; re-raises its exception on exit."""
@@ -299,7 +295,3 @@ def in_background(target, *args) -> Iterator[threading.Thread]:
         thread.join(timeout=600)
     if errors:
         raise errors[0]
-
-
-def settings_db_vendor() -> str:
-    return django_settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
