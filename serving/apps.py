@@ -16,3 +16,15 @@ class ServingConfig(AppConfig):
                 retire_version_everywhere(version)
 
         hooks.after_version_transition.append(retire_when_deprecated)
+
+        from registry.mlflow.services import mirror_alias_clear, mirror_alias_set
+        from serving import hooks as serving_hooks
+
+        def move_mlflow_alias(deployment, adapter, version):
+            # MLflow answers "what is in production?" with what the deployment serves.
+            if version is None:
+                mirror_alias_clear(deployment_name=deployment.name, adapter=adapter)
+            else:
+                mirror_alias_set(deployment_name=deployment.name, adapter=adapter, version=version)
+
+        serving_hooks.after_served_version_changed.append(move_mlflow_alias)
