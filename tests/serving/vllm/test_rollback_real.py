@@ -48,7 +48,12 @@ def test_failed_verification_on_one_replica_puts_every_replica_back_on_v1(
     # The replica that failed keeps its reason after the rollback.
     assert faulty.fault_message in steps[faulty.base_url]["error"]
     assert steps[direct.base_url]["error"] == ""
-    failed = [a for a in steps[faulty.base_url]["attempts"] if not a["ok"]]
+    # (A swap's load first meets vLLM's 400 "already loaded"; that is not a failure.)
+    failed = [
+        a
+        for a in steps[faulty.base_url]["attempts"]
+        if not a["ok"] and "has already been loaded" not in a["error"]
+    ]
     assert [(a["purpose"], a["status_code"], a["transient"]) for a in failed] == [
         ("verify_completion", 500, False)
     ]
