@@ -341,9 +341,24 @@ def _succeed(ctx: _Context, served: ServedAdapter) -> None:
             to_state=RolloutStatus.SUCCEEDED,
             details={"served_path": rollout.served_path},
         )
+        _note_observed(ctx, rollout.adapter.served_name, rollout.served_path)
         mark_unreferenced(ctx.deployment)
         for hook in serving_hooks.after_served_version_changed:
             hook(ctx.deployment, rollout.adapter, rollout.target_version)
+
+
+def _note_observed(
+    ctx: _Context, name: str, root: str | None, only: set[int] | None = None
+) -> None:
+    """What the rollout saw each replica serve, so the state view is right before
+    the next reconcile looks again."""
+    for replica in ctx.replicas:
+        if only is not None and replica.pk not in only:
+            continue
+        loaded = [item for item in replica.loaded_adapters or [] if item.get("id") != name]
+        if root is not None:
+            loaded.append({"id": name, "root": root})
+        Replica.objects.filter(pk=replica.pk).update(loaded_adapters=loaded)
 
 
 def _retire(ctx: _Context, served: ServedAdapter) -> None:
@@ -367,6 +382,7 @@ def _retire(ctx: _Context, served: ServedAdapter) -> None:
             )
         else:
             _set_status(ctx.rollout, RolloutStatus.SUCCEEDED, finished_at=timezone.now())
+        _note_observed(ctx, name, None, only={pk for pk in ctx.steps if pk not in errors})
         mark_unreferenced(ctx.deployment)
         for hook in serving_hooks.after_served_version_changed:
             hook(ctx.deployment, ctx.rollout.adapter, None)

@@ -191,3 +191,19 @@ def test_deprecating_a_served_version_retires_it(
     assert rollout_execute(retire_rollout.pk, "w") == "succeeded"
     assert all("legal-contracts" not in r.adapters for r in fake_replicas)
     assert ServedAdapter.objects.get(deployment=deployment).version is None
+
+
+def test_the_state_view_shows_a_rollout_before_the_next_reconcile(
+    lena, deployment, approved_v1, fake_replicas
+):
+    from serving.models import Replica
+
+    _, rollout = promote(lena, deployment, approved_v1)
+    rollout_execute(rollout.pk, "w")
+    rollout.refresh_from_db()
+    for replica in Replica.objects.filter(deployment=deployment):
+        assert replica.loaded_adapters == [{"id": "legal-contracts", "root": rollout.served_path}]
+
+    gone = retire(actor=actor(lena), deployment=deployment, adapter=approved_v1.adapter)
+    rollout_execute(gone.pk, "w")
+    assert all(r.loaded_adapters == [] for r in Replica.objects.filter(deployment=deployment))
