@@ -26,6 +26,7 @@ from registry import selectors
 from registry.access import approver_department_ids, require_contributor
 from registry.actors import Actor, actor_from_request
 from registry.errors import ApplicationError, NotFound
+from registry.mlflow.client import run_ui_url
 from registry.models import Ability, AdapterVersion
 from registry.services.adapters import adapter_create
 from registry.services.tokens import token_create, token_revoke
@@ -219,6 +220,9 @@ def _version_context(request, actor: Actor, version: AdapterVersion) -> dict:
         # Where it is served, "Promote to…" and pending promotion requests.
         "serving": version_panel(actor, version),
         "config_items": [(k, json.dumps(v)) for k, v in sorted(version.adapter_config.items())],
+        "run_url": run_ui_url(version.mlflow_experiment_id, version.mlflow_run_id)
+        or version.mlflow_run_uri,
+        "run_metrics": sorted((version.run_metrics or {}).items()),
     }
 
 
@@ -290,6 +294,21 @@ def _diff_rows(candidate: AdapterVersion, current: AdapterVersion | None) -> lis
     return rows
 
 
+def _metric_rows(candidate: AdapterVersion, current: AdapterVersion | None) -> list[dict]:
+    """Training metrics from the MLflow run snapshots, side by side."""
+    new_metrics = candidate.run_metrics or {}
+    old_metrics = (current.run_metrics or {}) if current else {}
+    return [
+        {
+            "label": name,
+            "new": new_metrics.get(name),
+            "old": old_metrics.get(name),
+            "changed": current is not None and new_metrics.get(name) != old_metrics.get(name),
+        }
+        for name in sorted(set(new_metrics) | set(old_metrics))
+    ]
+
+
 @require_GET
 @page
 def review_queue(request, actor: Actor):
@@ -305,6 +324,7 @@ def review_queue(request, actor: Actor):
                 "version": version,
                 "current": approved,
                 "diff": _diff_rows(version, approved),
+                "metrics": _metric_rows(version, approved),
                 "modules_added": sorted(new_modules - old_modules) if approved else [],
                 "modules_removed": sorted(old_modules - new_modules),
                 "actions": version_actions(actor, version),

@@ -76,3 +76,45 @@ def test_its_query_count_does_not_grow_with_the_queue(web_alex, lena, paula, leg
     large = query_count(web_alex, "/reviews/")
     assert large == small
     assert large <= 12
+
+
+def test_training_metrics_from_the_runs_are_compared(web_alex, lena, paula, contracts):
+    from registry.models import AdapterVersion
+
+    approved = make_approved_version(lena, paula, contracts, AdapterSpec(seed=40))
+    candidate = submitted(lena, contracts, AdapterSpec(seed=41))
+    # Snapshots as registration from an MLflow run records them.
+    AdapterVersion.objects.filter(pk=approved.pk).update(run_metrics={"eval_loss": 0.91})
+    AdapterVersion.objects.filter(pk=candidate.pk).update(
+        run_metrics={"eval_loss": 0.72, "exact_match": 0.64}
+    )
+
+    page = web_alex.get("/reviews/").content.decode()
+
+    assert "eval_loss" in page and "exact_match" in page
+    assert '<td class="changed">0.72</td>' in page
+    assert "<td>0.91</td>" in page
+    assert "No training metrics recorded" not in page
+
+
+def test_the_version_page_shows_the_run_its_metrics_and_warnings(
+    web_lena, lena, contracts, settings
+):
+    from registry.models import AdapterVersion
+
+    settings.MLFLOW_TRACKING_URI = "http://mlflow.internal:5000"
+    settings.MLFLOW_UI_URL = ""
+    version = make_version(lena, contracts)
+    AdapterVersion.objects.filter(pk=version.pk).update(
+        mlflow_run_id="abc123",
+        mlflow_experiment_id="7",
+        mlflow_experiment_name="legal-finetunes",
+        run_metrics={"eval_loss": 0.72},
+        lineage_warnings=["The run trained on base model X, the adapter says Y."],
+    )
+
+    page = web_lena.get(f"/versions/{version.pk}/").content.decode()
+
+    assert 'href="http://mlflow.internal:5000/#/experiments/7/runs/abc123"' in page
+    assert "legal-finetunes" in page and "eval_loss" in page and "0.72" in page
+    assert "the adapter says Y" in page
