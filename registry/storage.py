@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,8 @@ COPY_BUFFER = 1024 * 1024
 # S3 rejects multipart parts below 5 MiB (except the last one).
 MIN_PART_MB = 5
 _TMP_MARKER = ".~tmp-"
+STREAM_PART_BYTES = 8 * 1024 * 1024
+STREAM_IN_FLIGHT = 3
 
 
 class StorageError(Exception):
@@ -79,6 +82,14 @@ class ArtifactStore(ABC):
     def put_file(self, key: str, path: Path, *, sha256: str | None = None) -> None:
         """Store the file at `path` under `key`, streaming it from disk."""
 
+    def open_write(self, key: str) -> ArtifactWriter:
+        """A writer for `key`: write() as bytes arrive, then commit() or abort().
+
+        Nothing is visible under `key` before commit(). This fallback spools to a
+        temporary file and calls put_file; the stores below stream instead.
+        """
+        return _SpoolingWriter(self, key)
+
     @abstractmethod
     def open_read(self, key: str) -> BinaryIO:
         """Open `key` for streaming reads; the caller closes it."""
@@ -106,9 +117,78 @@ class ArtifactStore(ABC):
         """Raise StorageError with a readable reason if the store is unusable."""
 
 
+class ArtifactWriter(ABC):
+    @abstractmethod
+    def write(self, data: bytes) -> None: ...
+
+    @abstractmethod
+    def commit(self) -> None:
+        """Make the object visible. StorageError if the store failed."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Drop everything written; never raises StorageError. Safe to repeat."""
+
+
+class _SpoolingWriter(ArtifactWriter):
+    def __init__(self, store: ArtifactStore, key: str):
+        self._store = store
+        self._key = validate_key(key)
+        self._file = tempfile.NamedTemporaryFile(prefix=_TMP_MARKER, delete=False)  # noqa: SIM115
+
+    def write(self, data: bytes) -> None:
+        self._file.write(data)
+
+    def commit(self) -> None:
+        try:
+            self._file.close()
+            self._store.put_file(self._key, Path(self._file.name))
+        finally:
+            Path(self._file.name).unlink(missing_ok=True)
+
+    def abort(self) -> None:
+        self._file.close()
+        Path(self._file.name).unlink(missing_ok=True)
+
+
 # --------------------------------------------------------------------------
 # Local filesystem
 # --------------------------------------------------------------------------
+
+
+class _LocalWriter(ArtifactWriter):
+    """A temp file in the final folder (hidden from listings), renamed on commit."""
+
+    def __init__(self, dest: Path):
+        self._dest = dest
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, self._tmp = tempfile.mkstemp(prefix=_TMP_MARKER, dir=dest.parent)
+        except OSError as exc:
+            raise StorageError(f"cannot write {dest}: {exc.strerror or exc}") from exc
+        self._file = os.fdopen(fd, "wb")
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._file.write(data)
+        except OSError as exc:
+            raise StorageError(f"cannot write {self._dest}: {exc.strerror or exc}") from exc
+
+    def commit(self) -> None:
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.replace(self._tmp, self._dest)
+        except OSError as exc:
+            self.abort()
+            raise StorageError(f"cannot write {self._dest}: {exc.strerror or exc}") from exc
+
+    def abort(self) -> None:
+        with contextlib.suppress(OSError):
+            self._file.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._tmp)
 
 
 class LocalArtifactStore(ArtifactStore):
@@ -145,6 +225,9 @@ class LocalArtifactStore(ArtifactStore):
                 self._atomic_write(dest, src)
             except OSError as exc:
                 raise StorageError(f"cannot write {dest}: {exc.strerror or exc}") from exc
+
+    def open_write(self, key: str) -> ArtifactWriter:
+        return _LocalWriter(self._path(key))
 
     def open_read(self, key: str) -> BinaryIO:
         path = self._path(key)
@@ -311,6 +394,116 @@ class _S3Reader(io.RawIOBase):
         super().close()
 
 
+class _S3Writer(ArtifactWriter):
+    """A multipart upload fed as bytes arrive. Parts are uploaded by a few
+    threads while the caller keeps writing; at most `in_flight` parts wait or
+    travel at once, so memory stays near (in_flight + 1) x part_size whatever
+    the object's size. An object smaller than one part is a single PUT."""
+
+    def __init__(self, store: S3ArtifactStore, key: str, part_size: int, in_flight: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._store = store
+        self._key = key
+        self._part_size = part_size
+        self._buffer: list[bytes] = []
+        self._buffered = 0
+        self._upload_id: str | None = None
+        self._futures: list = []
+        self._slots = threading.BoundedSemaphore(in_flight)
+        self._pool = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="s3-part")
+        self._closed = False
+
+    def _call(self, action: str, fn, **kwargs):
+        try:
+            return fn(Bucket=self._store.bucket, Key=self._key, **kwargs)
+        except Exception as exc:
+            if _is_boto_error(exc):
+                raise self._store._fail(action, exc, self._key) from exc
+            raise
+
+    def write(self, data: bytes) -> None:
+        self._buffer.append(bytes(data))
+        self._buffered += len(data)
+        if self._buffered >= self._part_size:
+            self._send_part()
+
+    def _send_part(self) -> None:
+        body = b"".join(self._buffer)
+        self._buffer, self._buffered = [], 0
+        if self._upload_id is None:
+            created = self._call(
+                "upload to",
+                self._store.client.create_multipart_upload,
+                ContentType="application/octet-stream",
+            )
+            self._upload_id = created["UploadId"]
+        # Blocks while `in_flight` parts are still on their way: the sender
+        # slows down to the store's pace instead of buffering without bound.
+        self._slots.acquire()
+        failed = next((f for f in self._futures if f.done() and f.exception()), None)
+        if failed is not None:
+            self._slots.release()
+            failed.result()
+        number = len(self._futures) + 1
+        self._futures.append(self._pool.submit(self._upload_part, number, body))
+
+    def _upload_part(self, number: int, body: bytes) -> dict:
+        try:
+            response = self._call(
+                "upload to",
+                self._store.client.upload_part,
+                UploadId=self._upload_id,
+                PartNumber=number,
+                Body=body,
+            )
+            return {"PartNumber": number, "ETag": response["ETag"]}
+        finally:
+            self._slots.release()
+
+    def commit(self) -> None:
+        try:
+            if self._upload_id is None:
+                self._call(
+                    "upload to",
+                    self._store.client.put_object,
+                    Body=b"".join(self._buffer),
+                    ContentType="application/octet-stream",
+                )
+            else:
+                if self._buffered:
+                    self._send_part()
+                parts = [f.result() for f in self._futures]
+                self._call(
+                    "upload to",
+                    self._store.client.complete_multipart_upload,
+                    UploadId=self._upload_id,
+                    MultipartUpload={"Parts": parts},
+                )
+                self._upload_id = None
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self._buffer = []
+            self._pool.shutdown(wait=True)
+
+    def abort(self) -> None:
+        self._buffer = []
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._upload_id is not None:
+            upload_id, self._upload_id = self._upload_id, None
+            try:
+                self._call(
+                    "abort upload to",
+                    self._store.client.abort_multipart_upload,
+                    UploadId=upload_id,
+                )
+            except StorageError as error:
+                # The bucket's lifecycle rule for incomplete uploads is the backstop.
+                logger.warning("could not abort multipart upload %s: %s", upload_id, error)
+
+
 class S3ArtifactStore(ArtifactStore):
     def __init__(
         self,
@@ -359,6 +552,9 @@ class S3ArtifactStore(ArtifactStore):
             max_attempts=max_attempts,
         )
         chunk = multipart_chunk_mb * 1024 * 1024
+        # Streamed writes hold parts in memory: smaller parts, fewer in flight.
+        self._stream_part_size = min(chunk, STREAM_PART_BYTES)
+        self._stream_in_flight = min(max_concurrency, STREAM_IN_FLIGHT)
         self._transfer = TransferConfig(
             multipart_threshold=chunk,
             multipart_chunksize=chunk,
@@ -410,6 +606,12 @@ class S3ArtifactStore(ArtifactStore):
             if _is_boto_error(exc):
                 raise self._fail("upload to", exc, full) from exc
             raise
+
+    def open_write(self, key: str) -> ArtifactWriter:
+        # No sha256 metadata: the digest is only known once the last byte has
+        # gone, after the multipart upload was created. The registry's database
+        # holds the digest of every file.
+        return _S3Writer(self, self._key(key), self._stream_part_size, self._stream_in_flight)
 
     def metadata(self, key: str) -> dict[str, str]:
         full = self._key(key)

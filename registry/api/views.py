@@ -3,6 +3,7 @@ service or selector with the Actor, and serializes the result."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import connection
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
@@ -13,15 +14,24 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry import selectors
+from registry.access import require_contributor
 from registry.actors import Actor, actor_from_request
 from registry.api import serializers as s
 from registry.api.filters import AdapterFilter, AuditEventFilter, VersionFilter
 from registry.artifact_store import get_artifact_store
+from registry.models import Ability
 from registry.services.adapters import adapter_create, adapter_update
 from registry.services.departments import department_create, membership_remove, membership_set
 from registry.services.tokens import token_create, token_revoke
-from registry.services.versions import Lineage, version_register, version_transition
+from registry.services.versions import (
+    Lineage,
+    ingest_limits,
+    version_prefix,
+    version_register,
+    version_transition,
+)
 from registry.storage import StorageError
+from registry.streamed_upload import install_streaming_handler
 
 
 class ActorMixin:
@@ -155,23 +165,43 @@ class AdapterViewSet(
             ).qs
             page = self.paginate_queryset(rows)
             return self.get_paginated_response(s.VersionSerializer(page, many=True).data)
-        data = s.VersionRegisterSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        values = data.validated_data
-        uploads = request.FILES.getlist("files") or None
-        result = version_register(
-            actor=self.actor,
-            adapter=adapter,
-            uploads=uploads,
-            s3_uri=values.get("s3_uri") if not uploads else None,
-            idempotency_key=request.headers.get("Idempotency-Key"),
-            lineage=Lineage(
-                mlflow_run_id=values.get("mlflow_run_id", ""),
-                mlflow_run_uri=values.get("mlflow_run_uri", ""),
-                source_commit=values.get("source_commit", ""),
-                dataset=values.get("dataset", ""),
-            ),
+        # Checked before the body is read: loose files are streamed into the
+        # store while they arrive, so an outsider's upload must never start.
+        require_contributor(self.actor, adapter.department_id, Ability.REGISTER_VERSIONS, "Adapter")
+        streaming = install_streaming_handler(
+            request,
+            prefix=version_prefix(adapter),
+            store=get_artifact_store(),
+            limits=ingest_limits(),
+            staging_root=settings.INGEST_STAGING_DIR,
         )
+        try:
+            data = s.VersionRegisterSerializer(data=request.data)
+            data.is_valid(raise_exception=True)
+            values = data.validated_data
+            uploads = request.FILES.getlist("files") or None
+            streamed = streaming.artifact(uploads) if streaming and uploads else None
+            result = version_register(
+                actor=self.actor,
+                adapter=adapter,
+                uploads=uploads if streamed is None else None,
+                streamed=streamed,
+                s3_uri=values.get("s3_uri") if not uploads else None,
+                idempotency_key=request.headers.get("Idempotency-Key"),
+                lineage=Lineage(
+                    mlflow_run_id=values.get("mlflow_run_id", ""),
+                    mlflow_run_uri=values.get("mlflow_run_uri", ""),
+                    source_commit=values.get("source_commit", ""),
+                    dataset=values.get("dataset", ""),
+                ),
+            )
+        except BaseException:
+            if streaming is not None:
+                streaming.discard()
+            raise
+        finally:
+            if streaming is not None:
+                streaming.close()
         body = s.VersionSerializer(result.version).data
         body["warnings"] = result.warnings
         return Response(

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -36,6 +37,9 @@ from registry.ingest.staging import (
 from registry.models import Ability, Adapter, AdapterVersion
 from registry.storage import SourceRejected, StorageError, download_s3_prefix
 from registry.transitions import TRANSITIONS, allowed_actions_from
+
+if TYPE_CHECKING:
+    from registry.streamed_upload import StreamedArtifact
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +79,11 @@ def _existing_for_retry(
     return None
 
 
+def version_prefix(adapter: Adapter) -> str:
+    """Where a new version's files go in the artifact store."""
+    return f"adapters/{adapter.department.slug}/{adapter.name}/{uuid.uuid4().hex}"
+
+
 def version_register(
     *,
     actor: Actor,
@@ -82,6 +91,7 @@ def version_register(
     uploads: Sequence | None = None,
     source_dir: Path | None = None,
     s3_uri: str | None = None,
+    streamed: StreamedArtifact | None = None,
     idempotency_key: str | None = None,
     lineage: Lineage = Lineage(),
 ) -> RegistrationResult:
@@ -89,7 +99,31 @@ def version_register(
 
     Nothing is kept unless everything succeeds: the staging folder is always
     removed, and stored objects are deleted if the row cannot be written.
+    `streamed` files are already in the store (see registry.streamed_upload);
+    they are validated from their local sparse copies and deleted unless a new
+    version records them.
     """
+    if streamed is None:
+        return _register(
+            actor, adapter, uploads, source_dir, s3_uri, None, idempotency_key, lineage
+        )
+    try:
+        result = _register(
+            actor, adapter, uploads, source_dir, s3_uri, streamed, idempotency_key, lineage
+        )
+    except BaseException:
+        streamed.discard()
+        raise
+    finally:
+        streamed.close()
+    if not result.created:
+        streamed.discard()  # a replay: the earlier version's files are the ones kept
+    return result
+
+
+def _register(
+    actor, adapter, uploads, source_dir, s3_uri, streamed, idempotency_key, lineage
+) -> RegistrationResult:
     require_contributor(actor, adapter.department_id, Ability.REGISTER_VERSIONS, "Adapter")
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
         raise ValidationFailed(
@@ -98,7 +132,7 @@ def version_register(
     existing = _existing_for_retry(adapter, idempotency_key, lineage)
     if existing:
         return RegistrationResult(version=existing, created=False)
-    if sum(x is not None for x in (uploads, source_dir, s3_uri)) != 1:
+    if sum(x is not None for x in (uploads, source_dir, s3_uri, streamed)) != 1:
         raise ValidationFailed(
             "Give the artifact exactly one way: uploaded files, or s3_uri.",
             code="no_artifact",
@@ -108,7 +142,10 @@ def version_register(
     staging_root.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="ingest-", dir=staging_root))
     try:
-        staged, metadata = _stage_and_inspect(workdir, uploads, source_dir, s3_uri)
+        if streamed is not None:
+            staged, metadata = streamed.staged, _inspect(streamed.staged)
+        else:
+            staged, metadata = _stage_and_inspect(workdir, uploads, source_dir, s3_uri)
         duplicate = adapter.versions.filter(manifest_sha256=staged.manifest_sha256).first()
         if duplicate:
             raise Conflict(
@@ -116,8 +153,11 @@ def version_register(
                 code="duplicate_artifact",
                 details={"duplicate_of": duplicate.number},
             )
-        prefix = f"adapters/{adapter.department.slug}/{adapter.name}/{uuid.uuid4().hex}"
-        _store(staged, prefix)
+        if streamed is not None:
+            prefix = streamed.prefix
+        else:
+            prefix = version_prefix(adapter)
+            _store(staged, prefix)
         try:
             version = _record_version(
                 actor,
@@ -157,17 +197,27 @@ def _stage_and_inspect(
                 source_dir.mkdir()
                 _download_s3(s3_uri, source_dir, limits)
             staged = _stage_local(source_dir, dest, limits)
-        metadata = inspect_adapter(
+    except ArtifactRejected as rejection:
+        raise _rejected(rejection) from rejection
+    return staged, _inspect(staged)
+
+
+def _inspect(staged: StagedArtifact) -> AdapterMetadata:
+    try:
+        return inspect_adapter(
             staged.root,
             serving_dtype=settings.SERVING_DTYPE,
             allow_pickle=settings.INGEST_ALLOW_PICKLE,
         )
     except ArtifactRejected as rejection:
-        error = ValidationFailed(rejection.message, code=rejection.code)
-        # Keep the library's 413 (size limits) and 415 (unsupported type).
-        error.status = rejection.status
-        raise error from rejection
-    return staged, metadata
+        raise _rejected(rejection) from rejection
+
+
+def _rejected(rejection: ArtifactRejected) -> ValidationFailed:
+    error = ValidationFailed(rejection.message, code=rejection.code)
+    # Keep the library's 413 (size limits) and 415 (unsupported type).
+    error.status = rejection.status
+    return error
 
 
 def _stage_local(source_dir: Path, dest: Path, limits: IngestLimits) -> StagedArtifact:

@@ -5,6 +5,7 @@ Runs without Django: `pytest tests/registry/test_storage.py -p no:django`.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import socket
@@ -636,3 +637,45 @@ def test_download_reports_an_unreachable_endpoint_as_storage_error(tmp_path):
 def test_factory_ignores_s3_options_for_local_urls(tmp_path):
     store = build_artifact_store(tmp_path.as_uri(), region="us-east-1", max_concurrency=4)
     assert isinstance(store, LocalArtifactStore)
+
+
+# --- streamed writes ------------------------------------------------------------------
+
+
+def _no_pending_uploads(store) -> bool:
+    if not isinstance(store, S3ArtifactStore):
+        return True
+    return not store.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads")
+
+
+@pytest.mark.parametrize("size", [0, 1000, 21 * MB + 7])
+def test_open_write_streams_an_object_in_pieces(store, size):
+    data = os.urandom(size)
+    writer = store.open_write("adapters/v1/weights.bin")
+    for start in range(0, size, 3 * MB):
+        writer.write(data[start : start + 3 * MB])
+    assert store.list_prefix("adapters/") == []  # nothing visible before commit
+    writer.commit()
+
+    with store.open_read("adapters/v1/weights.bin") as f:
+        assert hashlib.sha256(f.read()).digest() == hashlib.sha256(data).digest()
+    assert store.list_prefix("adapters/") == [StoredObject("adapters/v1/weights.bin", size)]
+    assert _no_pending_uploads(store)
+
+
+def test_open_write_abort_leaves_nothing(store, tmp_path):
+    writer = store.open_write("adapters/v1/weights.bin")
+    writer.write(os.urandom(12 * MB))  # past one S3 part: a multipart upload exists
+    writer.abort()
+    writer.abort()
+
+    assert store.list_prefix("adapters/") == []
+    assert _no_pending_uploads(store)
+    if isinstance(store, LocalArtifactStore):
+        leftovers = [p for p in (tmp_path / "artifacts").rglob("*") if p.is_file()]
+        assert leftovers == []
+
+
+def test_open_write_rejects_unsafe_keys(store):
+    with pytest.raises(ValueError):
+        store.open_write("../escape")

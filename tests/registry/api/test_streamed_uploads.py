@@ -1,0 +1,222 @@
+"""Loose files are streamed into the store while the request arrives
+(registry.streamed_upload); archives keep the staging path. Both must agree on
+content identity, and a refused loose upload must leave nothing in the store."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from django.conf import settings as django_settings
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from registry.ingest.staging import IngestLimits, stage_upload
+from registry.models import AdapterVersion
+from registry.storage import S3ArtifactStore
+from tests.factories import make_adapter
+from tests.registry.ingest.hostile_corpus import as_sources
+from tests.support.adapters import AdapterSpec, tar_gz_bytes
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def contracts(lena, legal):
+    return make_adapter(lena, legal, name="contracts")
+
+
+def post_files(client, adapter, files: dict[str, bytes]):
+    return client.post(
+        f"/api/v1/adapters/{adapter.pk}/versions/",
+        {"files": [SimpleUploadedFile(name, data) for name, data in files.items()]},
+        format="multipart",
+    )
+
+
+def assert_store_empty(store):
+    assert store.list_prefix("adapters/") == []
+    if isinstance(store, S3ArtifactStore):
+        assert not store.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads")
+    staging = Path(django_settings.INGEST_STAGING_DIR)
+    assert not staging.exists() or list(staging.iterdir()) == []
+
+
+@pytest.mark.s3
+def test_loose_files_land_in_s3_with_their_sha256s(as_token, contracts, s3_store, tmp_path):
+    files = AdapterSpec(seed=3).files()
+
+    response = post_files(as_token, contracts, files)
+
+    assert response.status_code == 201, response.json()
+    version = AdapterVersion.objects.get(pk=response.json()["id"])
+    stored = {o.key.rpartition("/")[2]: o.size for o in s3_store.list_prefix("adapters/")}
+    assert stored == {name: len(data) for name, data in files.items()}
+    for entry in version.files:
+        with s3_store.open_read(f"{version.storage_prefix}/{entry['path']}") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == entry["sha256"]
+        assert entry["sha256"] == hashlib.sha256(files[entry["path"]]).hexdigest()
+    # The same manifest stage_upload computes for the same files.
+    dest = tmp_path / "staged"
+    dest.mkdir()
+    staged = stage_upload(as_sources(list(files.items())), dest, IngestLimits())
+    assert version.manifest_sha256 == staged.manifest_sha256
+    assert version.total_size == staged.total_size
+    assert not s3_store.client.list_multipart_uploads(Bucket=s3_store.bucket).get("Uploads")
+
+
+@pytest.mark.s3
+def test_an_archive_of_streamed_files_is_a_duplicate(as_token, contracts, s3_store):
+    files = AdapterSpec(seed=4).files()
+    assert post_files(as_token, contracts, files).status_code == 201
+
+    archive = SimpleUploadedFile("adapter.tar.gz", tar_gz_bytes(files))
+    response = as_token.post(
+        f"/api/v1/adapters/{contracts.pk}/versions/", {"files": [archive]}, format="multipart"
+    )
+
+    assert response.status_code == 409, response.json()
+    assert response.json()["error"]["details"] == {"duplicate_of": 1}
+
+
+@pytest.mark.s3
+def test_loose_files_of_an_archived_version_are_a_duplicate(as_token, contracts, s3_store):
+    files = AdapterSpec(seed=5).files()
+    archive = SimpleUploadedFile("adapter.tar.gz", tar_gz_bytes(files))
+    first = as_token.post(
+        f"/api/v1/adapters/{contracts.pk}/versions/", {"files": [archive]}, format="multipart"
+    )
+    assert first.status_code == 201
+    before = s3_store.list_prefix("adapters/")
+
+    response = post_files(as_token, contracts, files)
+
+    assert response.status_code == 409, response.json()
+    assert s3_store.list_prefix("adapters/") == before  # the streamed copy was deleted
+    assert not s3_store.client.list_multipart_uploads(Bucket=s3_store.bucket).get("Uploads")
+
+
+def _rank_mismatch() -> dict[str, bytes]:
+    files = AdapterSpec(r=4).files()
+    files["adapter_config.json"] = AdapterSpec(r=8).files()["adapter_config.json"]
+    return files
+
+
+REFUSED = {
+    "bad_config": (
+        lambda: {**AdapterSpec().files(), "adapter_config.json": b"{not json"},
+        "invalid_config",
+    ),
+    "pickle_bin": (
+        lambda: {
+            "adapter_config.json": AdapterSpec().files()["adapter_config.json"],
+            "adapter_model.bin": b"\x80\x04pickle" + os.urandom(1000),
+        },
+        "pickle_weights",
+    ),
+    "rank_mismatch": (_rank_mismatch, None),
+}
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("case", REFUSED, ids=str)
+def test_a_refused_loose_upload_leaves_nothing_in_s3(case, as_token, contracts, s3_store):
+    build, code = REFUSED[case]
+
+    response = post_files(as_token, contracts, build())
+
+    assert response.status_code == 400, response.json()
+    if code:
+        assert response.json()["error"]["code"] == code
+    assert not AdapterVersion.objects.exists()
+    assert_store_empty(s3_store)
+
+
+@pytest.mark.s3
+def test_the_size_limit_stops_a_loose_file_mid_stream(
+    as_token, contracts, s3_store, settings, monkeypatch
+):
+    settings.INGEST_MAX_BYTES = 20 * 1024**2
+    seen = []
+    original = S3ArtifactStore.open_write
+
+    def spying(self, key):
+        writer = original(self, key)
+        seen.append(writer)
+        return writer
+
+    monkeypatch.setattr(S3ArtifactStore, "open_write", spying)
+    files = {
+        "adapter_config.json": AdapterSpec().files()["adapter_config.json"],
+        "adapter_model.safetensors": os.urandom(24 * 1024**2),
+    }
+
+    response = post_files(as_token, contracts, files)
+
+    assert response.status_code == 413, response.json()
+    assert response.json()["error"]["code"] == "file_too_large"
+    assert len(seen) == 2  # both files were on their way to the store
+    assert not AdapterVersion.objects.exists()
+    assert_store_empty(s3_store)
+
+
+@pytest.mark.s3
+def test_an_outsiders_upload_writes_nothing(as_fred, contracts, s3_store, monkeypatch):
+    def never(self, key):
+        raise AssertionError("an outsider's upload reached the store")
+
+    monkeypatch.setattr(S3ArtifactStore, "open_write", never)
+
+    response = post_files(as_fred, contracts, AdapterSpec().files())
+
+    assert response.status_code == 404
+    assert_store_empty(s3_store)
+
+
+def test_loose_files_on_the_local_store_leave_no_temp_files(as_lena, contracts, tmp_path):
+    files = AdapterSpec(seed=6).files()
+
+    response = post_files(as_lena, contracts, files)
+
+    assert response.status_code == 201, response.json()
+    stored = sorted(p.name for p in (tmp_path / "artifacts").rglob("*") if p.is_file())
+    assert stored == sorted(files)
+    staging = Path(django_settings.INGEST_STAGING_DIR)
+    assert list(staging.iterdir()) == []
+
+
+def test_a_loose_file_with_an_unusual_name_joins_the_streamed_ones(as_lena, contracts):
+    files = {**AdapterSpec(seed=7).files(), "NOTES": b"trained on contracts"}
+
+    response = post_files(as_lena, contracts, files)
+
+    # "NOTES" arrives as a temporary file, then goes the streamed way: same
+    # rule as stage_upload (not an adapter file).
+    assert response.status_code == 400, response.json()
+    assert response.json()["error"]["code"] == "unexpected_file"
+
+
+def test_an_archive_next_to_loose_files_is_refused(as_lena, contracts, tmp_path):
+    files = AdapterSpec(seed=8).files()
+    upload = {**files, "adapter.tar.gz": tar_gz_bytes(files)}
+
+    response = post_files(as_lena, contracts, upload)
+
+    assert response.status_code == 415, response.json()
+    assert response.json()["error"]["code"] == "unsupported_upload_type"
+    assert not [p for p in (tmp_path / "artifacts").rglob("*") if p.is_file()]
+
+
+def test_validation_reads_the_weights_header_from_a_sparse_copy(as_lena, contracts):
+    spec = AdapterSpec(seed=9)
+    files = spec.files()
+    header_len = int.from_bytes(files["adapter_model.safetensors"][:8], "little")
+    assert len(files["adapter_model.safetensors"]) > 8 + header_len  # data follows the header
+
+    response = post_files(as_lena, contracts, files)
+
+    assert response.status_code == 201, response.json()
+    assert response.json()["tensor_count"] == len(spec.tensors())
+    assert json.loads(files["adapter_config.json"])["r"] == response.json()["r"]
