@@ -25,6 +25,8 @@ if not SECRET_KEY:
             "DJANGO_SECRET_KEY (or DJANGO_SECRET_KEY_FILE) must be set unless DJANGO_DEBUG=true"
         )
     SECRET_KEY = "insecure-development-key-only-for-debug"  # noqa: S105 - DEBUG only
+# Encrypts secrets kept in the database (vLLM API keys); defaults to one derived from SECRET_KEY.
+FIELD_ENCRYPTION_KEY = cfg.secret("FIELD_ENCRYPTION_KEY") or ""
 ALLOWED_HOSTS = cfg.env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = cfg.env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from registry.fields import EncryptedTextField
 from registry.models import Adapter, AdapterVersion, Department
 
 
@@ -41,8 +42,8 @@ class Deployment(models.Model):
     replica_dns_name = models.CharField(max_length=253, blank=True)
     replica_port = models.PositiveIntegerField(default=8000)
     replica_scheme = models.CharField(max_length=5, default="http")
-    # Never returned by the API or shown in the admin.
-    vllm_api_key = models.CharField(max_length=500, blank=True)
+    # Encrypted at rest; never returned by the API or shown in the admin.
+    vllm_api_key = EncryptedTextField(blank=True)
 
     # vLLM's LoRA limits (its --max-loras, --max-cpu-loras, --max-lora-rank).
     max_loras = models.PositiveIntegerField(default=4)

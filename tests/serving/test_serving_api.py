@@ -235,3 +235,51 @@ def test_a_non_numeric_id_is_404(as_lena, path):
     response = as_lena.get(f"/api/v1/{path}/null/")
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "not_found"
+
+
+def test_the_vllm_api_key_is_encrypted_at_rest_and_sent_to_replicas(
+    as_root, root, tmp_path, settings
+):
+    from django.db import connection
+
+    from serving.models import Deployment
+    from serving.replicas import client_for
+    from tests.support.fake_vllm import FakeVLLM
+
+    fake = FakeVLLM()
+    try:
+        response = as_root.post(
+            "/api/v1/deployments/",
+            {
+                "name": "keyed",
+                "base_model_name": "tiny-llama",
+                "replica_urls": [fake.base_url],
+                "volume_write_path": str(tmp_path),
+                "volume_serve_path": str(tmp_path),
+                "vllm_api_key": "sk-vllm-very-secret",
+                **TINY_IDENTITY,
+            },
+            format="json",
+        )
+        assert response.status_code == 201
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT vllm_api_key FROM serving_deployment WHERE name = 'keyed'")
+            (stored,) = cursor.fetchone()
+        assert stored.startswith("fernet:") and "very-secret" not in stored
+
+        deployment = Deployment.objects.get(name="keyed")
+        assert deployment.vllm_api_key == "sk-vllm-very-secret"
+        client = client_for(deployment.replicas.first() or _replica(deployment), deployment)
+        assert client._api_key == "sk-vllm-very-secret"
+
+        settings.FIELD_ENCRYPTION_KEY = "a-rotated-key"
+        with pytest.raises(ValueError, match="cannot be decrypted"):
+            Deployment.objects.get(name="keyed")
+    finally:
+        fake.close()
+
+
+def _replica(deployment):
+    from serving.replicas import replicas_sync
+
+    return replicas_sync(deployment)[0]
