@@ -10,6 +10,7 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
 from registry.actors import actor_from_request
+from registry.admin_mixins import ReadOnlyAdminMixin
 from registry.errors import ApplicationError
 from registry.mlflow.client import run_ui_url
 from registry.models import (
@@ -22,19 +23,6 @@ from registry.models import (
     VersionStatus,
 )
 from registry.services.versions import version_transition
-
-
-class ReadOnlyAdminMixin:
-    """Rows that must only change through services (which audit them)."""
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 class MembershipInline(ReadOnlyAdminMixin, admin.TabularInline):

@@ -5,18 +5,12 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from registry.admin_mixins import ReadOnlyAdminMixin
 from registry.mlflow.models import MlflowAliasMirror, MlflowVersionMirror
 
 
-class _ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+class _ReadOnly(ReadOnlyAdminMixin, admin.ModelAdmin):
+    pass
 
 
 @admin.register(MlflowVersionMirror)
