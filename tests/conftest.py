@@ -29,6 +29,17 @@ def pytest_configure(config):
 
 
 @pytest.fixture(autouse=True)
+def celery_not_left_eager():
+    """pytest-django runs transactional tests (browser, vLLM tiers) last; they need
+    tasks to go through the real broker, so no test may leave eager mode on."""
+    from config.celery import app
+
+    before = app.conf.task_always_eager
+    yield
+    assert app.conf.task_always_eager == before, "this test left Celery in eager mode"
+
+
+@pytest.fixture(autouse=True)
 def isolated_storage(settings, tmp_path):
     """Each test gets its own artifact store and staging folder."""
     settings.ARTIFACT_STORE_URL = (tmp_path / "artifacts").as_uri()

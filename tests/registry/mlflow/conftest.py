@@ -47,6 +47,10 @@ def mlflow_on(settings, mlflow_server, s3_store):
     artifacts land in the real S3 store."""
     from config.celery import app
 
+    # Saved before touching Django settings: Celery reads its configuration from
+    # them lazily, so saving afterwards would "restore" eager mode for every
+    # later test (the browser and vLLM tiers then ran rollouts inside requests).
+    saved = app.conf.task_always_eager, app.conf.task_eager_propagates
     settings.MLFLOW_TRACKING_URI = mlflow_server.url
     settings.MLFLOW_UI_URL = mlflow_server.url
     settings.MLFLOW_MIRROR_ENABLED = True
@@ -55,7 +59,6 @@ def mlflow_on(settings, mlflow_server, s3_store):
     settings.MLFLOW_MIRROR_MAX_RETRIES = 2
     settings.MLFLOW_MIRROR_BACKOFF_SECONDS = 0
     settings.CELERY_TASK_ALWAYS_EAGER = True
-    saved = app.conf.task_always_eager, app.conf.task_eager_propagates
     app.conf.task_always_eager = True
     app.conf.task_eager_propagates = True
     if not mlflow_server.running:  # a failed outage test must not take the rest down
