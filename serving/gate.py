@@ -138,15 +138,18 @@ def check_capacity(deployment: Deployment, version: AdapterVersion) -> GateCheck
     )
 
 
+def resident_lora_bytes(sizes: list[int], max_loras: int) -> int:
+    """vLLM keeps up to max_loras adapters on the GPU at once: budget the largest."""
+    return sum(sorted(sizes, reverse=True)[:max_loras])
+
+
 def check_memory(deployment: Deployment, version: AdapterVersion) -> GateCheck:
     served = (
         ServedAdapter.objects.filter(deployment=deployment, version__isnull=False)
         .exclude(adapter_id=version.adapter_id)
         .values_list("version__estimated_memory_bytes", flat=True)
     )
-    # vLLM keeps up to max_loras adapters on the GPU at once; budget the largest ones.
-    sizes = sorted([*served, version.estimated_memory_bytes], reverse=True)
-    resident = sum(sizes[: deployment.max_loras])
+    resident = resident_lora_bytes([*served, version.estimated_memory_bytes], deployment.max_loras)
     if not deployment.gpu_memory_bytes:
         return GateCheck(
             "memory",

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from registry.access import visible_department_ids
 from registry.actors import Actor
 from serving import selectors
+from serving.gate import resident_lora_bytes
 from serving.models import Deployment, Replica, Rollout, ServedAdapter
 from serving.transitions import ROLLOUT_TERMINAL
 
@@ -70,12 +71,12 @@ def capacity_by_deployment(deployments: list[Deployment]) -> dict[int, Capacity]
         sizes[deployment_id].append(size or 0)
     result = {}
     for d in deployments:
-        served = sorted(sizes[d.pk], reverse=True)
+        served = sizes[d.pk]
         result[d.pk] = Capacity(
             slots_used=len(served),
             max_cpu_loras=d.max_cpu_loras,
             allow_lru_thrash=d.allow_lru_thrash,
-            resident_bytes=sum(served[: d.max_loras]),
+            resident_bytes=resident_lora_bytes(served, d.max_loras),
             gpu_memory_bytes=d.gpu_memory_bytes,
             lora_memory_share=d.lora_memory_share,
         )
