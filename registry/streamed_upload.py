@@ -44,6 +44,7 @@ from registry.ingest.staging import (
     _human,
     _ignored,
     manifest_sha256,
+    require_entry_count,
 )
 from registry.storage import ArtifactStore, ArtifactWriter, StorageError
 
@@ -287,13 +288,7 @@ class StreamingIngestHandler(FileUploadHandler):
                 "unsafe_name", f"Uploaded file name {file_name!r} is not a plain file name."
             )
         self.entries += 1
-        if self.entries > self.limits.max_entries:
-            raise ArtifactRejected(
-                "too_many_entries",
-                f"The upload has more than {self.limits.max_entries} entries. A LoRA "
-                "adapter needs only adapter_config.json and adapter_model.safetensors.",
-                413,
-            )
+        require_entry_count(self.entries, self.limits)
         if any(f.path == name for f in self.files):
             raise ArtifactRejected(
                 "duplicate_entry",

@@ -196,6 +196,17 @@ def _ignored(parts: tuple[str, ...]) -> bool:
 # --- writing with budgets -----------------------------------------------------
 
 
+def require_entry_count(entries: int, limits: IngestLimits) -> None:
+    """The one entry-count rule for archives, loose files and streamed uploads."""
+    if entries > limits.max_entries:
+        raise ArtifactRejected(
+            "too_many_entries",
+            f"The upload has more than {limits.max_entries} entries. A LoRA "
+            "adapter needs only adapter_config.json and adapter_model.safetensors.",
+            413,
+        )
+
+
 class _Writer:
     """Writes entries into the scratch directory while enforcing the limits."""
 
@@ -211,13 +222,7 @@ class _Writer:
 
     def count_entry(self) -> None:
         self.entries += 1
-        if self.entries > self.limits.max_entries:
-            raise ArtifactRejected(
-                "too_many_entries",
-                f"The upload has more than {self.limits.max_entries} entries. A LoRA "
-                "adapter needs only adapter_config.json and adapter_model.safetensors.",
-                413,
-            )
+        require_entry_count(self.entries, self.limits)
 
     def claim(self, parts: tuple[str, ...], shown: str) -> None:
         if parts in self.files or parts in self.dirs:
@@ -727,13 +732,7 @@ def _check_zip_end_record(file, limits: IngestLimits) -> None:
     if not end:
         return  # zipfile reports the archive as corrupt
     entries, directory_size = end[zipfile._ECD_ENTRIES_TOTAL], end[zipfile._ECD_SIZE]
-    if entries > limits.max_entries:
-        raise ArtifactRejected(
-            "too_many_entries",
-            f"The upload has more than {limits.max_entries} entries. A LoRA adapter "
-            "needs only adapter_config.json and adapter_model.safetensors.",
-            413,
-        )
+    require_entry_count(entries, limits)
     if directory_size > MAX_ZIP_DIRECTORY_BYTES:
         raise ArtifactRejected(
             "corrupt_archive",
