@@ -28,7 +28,8 @@ from pathlib import Path
 from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler, StopFutureHandlers
 
-from registry.errors import DependencyUnavailable, ValidationFailed
+from registry.artifact_store import discard_stored, store_unavailable
+from registry.errors import ValidationFailed
 from registry.ingest.errors import ArtifactRejected
 
 # The name rules and helpers are stage_upload's own, so both paths refuse the same names.
@@ -241,10 +242,7 @@ class StreamingIngestHandler(FileUploadHandler):
             self._current.close()
             self._current = None
         if self._opened:
-            try:
-                self.store.delete_prefix(self.prefix + "/")
-            except StorageError as error:
-                logger.warning("could not delete streamed objects under %s: %s", self.prefix, error)
+            discard_stored(self.store, self.prefix)
         self.close()
 
     def close(self) -> None:
@@ -264,11 +262,7 @@ class StreamingIngestHandler(FileUploadHandler):
             raise rejection_error(rejection) from rejection
         except StorageError as error:
             self.discard()
-            logger.warning("artifact store write failed: %s", error)
-            raise DependencyUnavailable(
-                "The artifact store is unavailable; nothing was registered. Try again.",
-                code="artifact_store_unavailable",
-            ) from None
+            raise store_unavailable(error) from None
         except BaseException:
             self.discard()
             raise

@@ -18,7 +18,12 @@ from django.utils import timezone
 from registry import hooks
 from registry.access import require_approver, require_contributor
 from registry.actors import Actor
-from registry.artifact_store import get_artifact_store, s3_source_options
+from registry.artifact_store import (
+    discard_stored,
+    get_artifact_store,
+    s3_source_options,
+    store_unavailable,
+)
 from registry.audit import audit_record
 from registry.errors import (
     Conflict,
@@ -170,10 +175,10 @@ def _register(
                 s3_uri,
             )
         except _Replayed as replay:
-            get_artifact_store().delete_prefix(prefix + "/")
+            discard_stored(get_artifact_store(), prefix)
             return RegistrationResult(version=replay.version, created=False)
         except BaseException:
-            get_artifact_store().delete_prefix(prefix + "/")
+            discard_stored(get_artifact_store(), prefix)
             raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -271,14 +276,10 @@ def _store(staged: StagedArtifact, prefix: str) -> None:
         for item in staged.files:
             store.put_file(f"{prefix}/{item.path}", staged.root / item.path, sha256=item.sha256)
     except StorageError as error:
-        store.delete_prefix(prefix + "/")
-        logger.warning("artifact store write failed: %s", error)
-        raise DependencyUnavailable(
-            "The artifact store is unavailable; nothing was registered. Try again.",
-            code="artifact_store_unavailable",
-        ) from None
+        discard_stored(store, prefix)
+        raise store_unavailable(error) from None
     except BaseException:
-        store.delete_prefix(prefix + "/")
+        discard_stored(store, prefix)
         raise
 
 

@@ -96,3 +96,31 @@ def test_unwritable_local_store_is_503(anonymous, settings, tmp_path):
 def test_health_needs_no_login_and_ignores_bad_tokens(anonymous):
     anonymous.credentials(HTTP_AUTHORIZATION="Bearer lrt_bogus")
     assert anonymous.get("/healthz").status_code == 200
+
+
+def test_a_store_that_fails_writes_and_cleanup_still_answers_503(as_lena, lena, legal, monkeypatch):
+    """The cleanup after a failed write cannot delete from a store that is down;
+    the client must still get the 503 naming the store, not a 500."""
+    from registry.artifact_store import get_artifact_store
+    from registry.models import AdapterVersion
+    from registry.storage import StorageError
+    from tests.factories import archive_upload, make_adapter
+
+    adapter = make_adapter(lena, legal, name="contracts")
+    store = get_artifact_store()
+
+    def down(*args, **kwargs):
+        raise StorageError("connection refused")
+
+    monkeypatch.setattr(store, "put_file", down)
+    monkeypatch.setattr(store, "delete_prefix", down)
+
+    response = as_lena.post(
+        f"/api/v1/adapters/{adapter.pk}/versions/",
+        {"files": [archive_upload()]},
+        format="multipart",
+    )
+
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "artifact_store_unavailable"
+    assert AdapterVersion.objects.count() == 0
