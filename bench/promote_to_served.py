@@ -164,9 +164,9 @@ class Product:
         from django.contrib.auth import get_user_model
         from rest_framework.test import APIClient
 
-        from registry.actors import Actor
-        from registry.models import Ability, Department, Membership, Role
-        from registry.services.tokens import token_create
+        from core.actors import Actor
+        from core.models import Ability, Department, Membership, Role
+        from core.services.tokens import token_create
         from serving.services.deployments import deployment_create
 
         User = get_user_model()
@@ -209,7 +209,7 @@ class Product:
     def approved_version(self, name: str, files_dir: Path):
         from django.core.files.uploadedfile import SimpleUploadedFile
 
-        from registry.actors import Actor
+        from core.actors import Actor
         from registry.services.adapters import adapter_create
         from registry.services.versions import version_register, version_transition
 
@@ -277,7 +277,7 @@ class Product:
         raise TimeoutError(f"rollout {rollout_id} still {rollout.status}")
 
     def retire(self, count: int, version) -> None:
-        from registry.actors import Actor
+        from core.actors import Actor
         from serving.services.promotions import retire
 
         rollout = retire(

@@ -276,9 +276,9 @@ class RegistryServer:
 # Run in the server's environment by `manage.py shell -c`; prints the token secret.
 _SETUP = """
 from django.contrib.auth import get_user_model
-from registry.actors import Actor
-from registry.models import Ability, Department, Membership, Role
-from registry.services.tokens import token_create
+from core.actors import Actor
+from core.models import Ability, Department, Membership, Role
+from core.services.tokens import token_create
 department, _ = Department.objects.get_or_create(slug="bench", name="Bench")
 user, _ = get_user_model().objects.get_or_create(username="bench-pipeline")
 Membership.objects.get_or_create(user=user, department=department, role=Role.MEMBER)

@@ -9,42 +9,12 @@ from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
-from registry.actors import actor_from_request
-from registry.admin_mixins import ReadOnlyAdminMixin
-from registry.errors import ApplicationError
+from core.actors import actor_from_request
+from core.admin_mixins import ReadOnlyAdminMixin
+from core.errors import ApplicationError
 from registry.mlflow.client import run_ui_url
-from registry.models import (
-    Adapter,
-    AdapterVersion,
-    ApiToken,
-    AuditEvent,
-    Department,
-    Membership,
-    VersionStatus,
-)
+from registry.models import Adapter, AdapterVersion, VersionStatus
 from registry.services.versions import version_transition
-
-
-class MembershipInline(ReadOnlyAdminMixin, admin.TabularInline):
-    """Membership changes are security-relevant and audited by services;
-    the admin shows them, edits go through the API."""
-
-    model = Membership
-    extra = 0
-
-
-@admin.register(Department)
-class DepartmentAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "created_at"]
-    search_fields = ["slug", "name"]
-    inlines = [MembershipInline]
-
-
-@admin.register(Membership)
-class MembershipAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ["user", "department", "role", "created_at"]
-    list_filter = ["department", "role"]
-    search_fields = ["user__username"]
 
 
 @admin.register(Adapter)
@@ -157,25 +127,6 @@ class AdapterVersionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     @admin.action(description="Reject selected versions (comment required)")
     def reject_selected(self, request, queryset):
         return self._review(request, queryset, "reject")
-
-
-@admin.register(ApiToken)
-class ApiTokenAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ["name", "prefix", "department", "created_by", "expires_at", "revoked_at"]
-    list_filter = ["department"]
-    exclude = ["secret_sha256"]
-
-
-@admin.register(AuditEvent)
-class AuditEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ["created_at", "actor_label", "action", "object_repr", "from_state", "to_state"]
-    list_filter = ["action", "department"]
-    search_fields = ["object_repr", "actor_label", "request_id"]
-    date_hierarchy = "created_at"
-
-    def get_actions(self, request):
-        # Removes the built-in "delete selected" action.
-        return {}
 
 
 from registry.mlflow.admin import *  # noqa: E402,F401,F403

@@ -7,7 +7,7 @@ from functools import cache
 
 from django.conf import settings
 
-from registry.errors import DependencyUnavailable
+from core.errors import DependencyUnavailable
 from registry.storage import ArtifactStore, StorageError, build_artifact_store
 
 logger = logging.getLogger(__name__)

@@ -12,48 +12,13 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 
+from core.models import Department
+
 SERVED_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 served_name_validator = RegexValidator(
     SERVED_NAME_PATTERN,
     "Use letters, digits, '.', '_' or '-', starting with a letter or digit (max 128).",
 )
-
-
-class Department(models.Model):
-    slug = models.SlugField(max_length=64, unique=True)
-    name = models.CharField(max_length=200)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["slug"]
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class Role(models.TextChoices):
-    MEMBER = "member", "Member"
-    APPROVER = "approver", "Approver"
-
-
-class Membership(models.Model):
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
-    )
-    department = models.ForeignKey(Department, on_delete=models.CASCADE, related_name="memberships")
-    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["user", "department"], name="one_membership_per_department"
-            )
-        ]
-        ordering = ["department__slug", "user__username"]
-
-    def __str__(self) -> str:
-        return f"{self.user} ({self.role}) in {self.department}"
 
 
 class Adapter(models.Model):
@@ -140,7 +105,7 @@ class AdapterVersion(models.Model):
         related_name="registered_versions",
     )
     registered_via_token = models.ForeignKey(
-        "ApiToken", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+        "core.ApiToken", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     submitted_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -210,99 +175,6 @@ class AdapterVersion(models.Model):
     @property
     def sha8(self) -> str:
         return self.manifest_sha256[:8]
-
-
-class Ability(models.TextChoices):
-    """What a pipeline token may do. Approval is deliberately not an ability."""
-
-    REGISTER_VERSIONS = "versions:register", "Register versions"
-    SUBMIT_FOR_REVIEW = "versions:submit", "Submit versions for review"
-    CREATE_ADAPTERS = "adapters:create", "Create adapters"
-    PROMOTE = "deployments:promote", "Promote approved versions"
-
-
-class ApiToken(models.Model):
-    department = models.ForeignKey(Department, on_delete=models.CASCADE, related_name="api_tokens")
-    name = models.CharField(max_length=100)
-    # The first characters of the secret, kept to tell tokens apart in lists and logs.
-    prefix = models.CharField(max_length=16, db_index=True)
-    secret_sha256 = models.CharField(max_length=64, unique=True)
-    abilities = models.JSONField(default=list)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    expires_at = models.DateTimeField()
-    revoked_at = models.DateTimeField(null=True, blank=True)
-    revoked_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.SET_NULL,
-        null=True,
-        blank=True,
-        related_name="+",
-    )
-    last_used_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-created_at"]
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.prefix}…)"
-
-
-class AuditEventQuerySet(models.QuerySet):
-    def update(self, **kwargs):
-        raise PermissionError("Audit events are append-only.")
-
-    def delete(self):
-        raise PermissionError("Audit events are append-only.")
-
-
-class AuditEvent(models.Model):
-    """One security-relevant fact. Written in the same transaction as the change."""
-
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-    actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.PROTECT,
-        null=True,
-        blank=True,
-        related_name="+",
-    )
-    actor_token = models.ForeignKey(
-        ApiToken, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
-    )
-    actor_label = models.CharField(max_length=200)
-    action = models.CharField(max_length=64, db_index=True)
-    department = models.ForeignKey(
-        Department, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
-    )
-    object_type = models.CharField(max_length=64)
-    object_id = models.CharField(max_length=64)
-    object_repr = models.CharField(max_length=300)
-    from_state = models.CharField(max_length=32, blank=True)
-    to_state = models.CharField(max_length=32, blank=True)
-    comment = models.TextField(blank=True)
-    request_id = models.CharField(max_length=64, blank=True)
-    client_address = models.GenericIPAddressField(null=True, blank=True)
-    details = models.JSONField(default=dict, blank=True)
-
-    objects = AuditEventQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["object_type", "object_id"])]
-
-    def __str__(self) -> str:
-        return f"{self.action} {self.object_repr} by {self.actor_label}"
-
-    def save(self, *args, **kwargs):
-        if self.pk is not None:
-            raise PermissionError("Audit events are append-only.")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise PermissionError("Audit events are append-only.")
 
 
 from registry.mlflow.models import *  # noqa: E402,F401,F403

@@ -5,22 +5,15 @@ from __future__ import annotations
 
 from django.db.models import Prefetch, QuerySet
 
-from registry.access import (
+from core.access import (
     approver_department_ids,
     require_visible,
     visible_department_ids,
 )
-from registry.actors import Actor
-from registry.errors import NotFound
-from registry.models import (
-    Adapter,
-    AdapterVersion,
-    ApiToken,
-    AuditEvent,
-    Department,
-    Membership,
-    VersionStatus,
-)
+from core.actors import Actor
+from core.errors import NotFound
+from core.models import ApiToken, AuditEvent, Department, Membership
+from registry.models import Adapter, AdapterVersion, VersionStatus
 
 
 def _restrict(queryset: QuerySet, actor: Actor, field: str) -> QuerySet:

@@ -28,8 +28,8 @@ from pathlib import Path
 from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler, StopFutureHandlers
 
+from core.errors import ValidationFailed
 from registry.artifact_store import discard_stored, store_unavailable
-from registry.errors import ValidationFailed
 from registry.ingest.errors import ArtifactRejected
 
 # The name rules and helpers are stage_upload's own, so both paths refuse the same names.

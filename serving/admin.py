@@ -3,7 +3,7 @@ read-only records; the vLLM API key is never shown."""
 
 from django.contrib import admin
 
-from registry.admin_mixins import ReadOnlyAdminMixin
+from core.admin_mixins import ReadOnlyAdminMixin
 from serving.models import (
     Deployment,
     DriftEvent,

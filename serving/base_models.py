@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from registry.errors import ValidationFailed
+from core.errors import ValidationFailed
 
 # Families whose decoder layers use the Llama projection names.
 LLAMA_LIKE = {

@@ -12,8 +12,9 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from registry.fields import EncryptedTextField
-from registry.models import Adapter, AdapterVersion, Department
+from core.fields import EncryptedTextField
+from core.models import Department
+from registry.models import Adapter, AdapterVersion
 
 
 class Deployment(models.Model):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from django.db.models import Prefetch, QuerySet
 
-from registry.access import visible_department_ids
-from registry.actors import Actor
-from registry.errors import NotFound
+from core.access import visible_department_ids
+from core.actors import Actor
+from core.errors import NotFound
 from serving.models import (
     Deployment,
     DriftEvent,

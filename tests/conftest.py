@@ -12,10 +12,10 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from rest_framework.test import APIClient
 
-from registry.actors import Actor
+from core.actors import Actor
+from core.models import Ability, Department, Membership, Role
+from core.services.tokens import token_create
 from registry.artifact_store import get_artifact_store
-from registry.models import Ability, Department, Membership, Role
-from registry.services.tokens import token_create
 from tests.support.adapters import AdapterSpec
 
 PASSWORD = "correct-horse-battery"

@@ -1,6 +1,7 @@
 import django_filters
 
-from registry.models import Adapter, AdapterVersion, AuditEvent, VersionStatus
+from core.models import AuditEvent
+from registry.models import Adapter, AdapterVersion, VersionStatus
 
 
 class AdapterFilter(django_filters.FilterSet):

@@ -5,18 +5,10 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from core.models import Ability, ApiToken, AuditEvent, Department, Membership, Role
 from registry.mlflow.client import run_ui_url
 from registry.mlflow.services import version_mirror_summary
-from registry.models import (
-    Ability,
-    Adapter,
-    AdapterVersion,
-    ApiToken,
-    AuditEvent,
-    Department,
-    Membership,
-    Role,
-)
+from registry.models import Adapter, AdapterVersion
 from registry.transitions import allowed_actions_from
 
 

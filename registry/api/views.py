@@ -13,16 +13,17 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.access import require_contributor
+from core.actors import Actor, actor_from_request
+from core.models import Ability
+from core.services.departments import department_create, membership_remove, membership_set
+from core.services.tokens import token_create, token_revoke
+from core.signals import health_check
 from registry import selectors
-from registry.access import require_contributor
-from registry.actors import Actor, actor_from_request
 from registry.api import serializers as s
 from registry.api.filters import AdapterFilter, AuditEventFilter, VersionFilter
 from registry.artifact_store import get_artifact_store
-from registry.models import Ability
 from registry.services.adapters import adapter_create, adapter_update
-from registry.services.departments import department_create, membership_remove, membership_set
-from registry.services.tokens import token_create, token_revoke
 from registry.services.versions import (
     Lineage,
     ingest_limits,
@@ -45,7 +46,7 @@ class ActorMixin:
         """The numeric id in the URL; anything else names no object (404, not 500)."""
         raw = self.kwargs["pk"]
         if not str(raw).isdigit():
-            from registry.errors import NotFound
+            from core.errors import NotFound
 
             raise NotFound(f"No object with id {raw!r}.")
         return int(raw)
@@ -95,7 +96,7 @@ class DepartmentViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
             .first()
         )
         if membership is None:
-            from registry.errors import NotFound
+            from core.errors import NotFound
 
             raise NotFound("Membership not found.")
         membership_remove(actor=self.actor, membership=membership)
@@ -314,10 +315,8 @@ class HealthView(APIView):
             checks["artifact_store"] = {"ok": True}
         except StorageError as error:
             checks["artifact_store"] = {"ok": False, "error": str(error)}
-        from registry import hooks
-
-        for name, probe in hooks.health_checks:
-            checks[name] = probe()
+        for _receiver, (name, result) in health_check.send(sender=self.__class__):
+            checks[name] = result
         healthy = all(c.get("ok", True) or c.get("optional") for c in checks.values())
         return Response(
             {"status": "ok" if healthy else "unavailable", "checks": checks},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from registry.admin_mixins import ReadOnlyAdminMixin
+from core.admin_mixins import ReadOnlyAdminMixin
 from registry.mlflow.models import MlflowAliasMirror, MlflowVersionMirror
 
 

@@ -24,14 +24,15 @@ from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.text import slugify
 
-from registry.access import require_contributor
-from registry.actors import Actor
-from registry.errors import (
+from core.access import require_contributor
+from core.actors import Actor
+from core.errors import (
     Conflict,
     DependencyUnavailable,
     NotFound,
     ValidationFailed,
 )
+from core.models import Ability
 from registry.mlflow import client as mlc
 from registry.mlflow.client import (
     MlflowCallError,
@@ -47,7 +48,7 @@ from registry.mlflow.runs import (
     read_run,
     walk_artifacts,
 )
-from registry.models import Ability, Adapter, AdapterVersion
+from registry.models import Adapter, AdapterVersion
 from registry.services.versions import Lineage, RegistrationResult, version_register
 
 logger = logging.getLogger(__name__)

@@ -1,2 +1,2 @@
-"""Writes. Each service takes an Actor, checks access through registry.access,
+"""Writes. Each service takes an Actor, checks access through core.access,
 changes rows inside one transaction and records the audit event with them."""

@@ -4,11 +4,12 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from registry.access import require_contributor
-from registry.actors import Actor
-from registry.audit import audit_record
-from registry.errors import Conflict, ValidationFailed
-from registry.models import Ability, Adapter, Department, Membership
+from core.access import require_contributor
+from core.actors import Actor
+from core.audit import audit_record
+from core.errors import Conflict, ValidationFailed
+from core.models import Ability, Department, Membership
+from registry.models import Adapter
 
 
 def _validation_message(error: ValidationError) -> str:

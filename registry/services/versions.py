@@ -15,21 +15,22 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from registry import hooks
-from registry.access import require_approver, require_contributor
-from registry.actors import Actor
+from core.access import require_approver, require_contributor
+from core.actors import Actor
+from core.audit import audit_record
+from core.errors import (
+    Conflict,
+    DependencyUnavailable,
+    NotAuthorized,
+    ValidationFailed,
+)
+from core.models import Ability
+from registry import signals
 from registry.artifact_store import (
     discard_stored,
     get_artifact_store,
     s3_source_options,
     store_unavailable,
-)
-from registry.audit import audit_record
-from registry.errors import (
-    Conflict,
-    DependencyUnavailable,
-    NotAuthorized,
-    ValidationFailed,
 )
 from registry.ingest.adapter_validation import AdapterMetadata, inspect_adapter
 from registry.ingest.errors import ArtifactRejected
@@ -39,7 +40,7 @@ from registry.ingest.staging import (
     stage_directory,
     stage_upload,
 )
-from registry.models import Ability, Adapter, AdapterVersion
+from registry.models import Adapter, AdapterVersion
 from registry.storage import SourceRejected, StorageError, download_s3_prefix
 from registry.transitions import TRANSITIONS, allowed_actions_from
 
@@ -347,8 +348,7 @@ def _record_version(
                     "total_size": staged.total_size,
                 },
             )
-            for hook in hooks.after_version_registered:
-                hook(version)
+            signals.version_registered.send(sender=AdapterVersion, version=version)
     except IntegrityError:
         # Lost a race. A retry with the same idempotency key or MLflow run gets
         # the winner's result, as it would had it arrived a moment later.
@@ -446,6 +446,5 @@ def _require_four_eyes(actor: Actor, version: AdapterVersion) -> None:
 
 
 def _after_transition(version: AdapterVersion, previous: str) -> None:
-    """Hooks for other parts of the product (serving retires deprecated versions)."""
-    for hook in hooks.after_version_transition:
-        hook(version, previous)
+    """Other apps react here (serving retires deprecated versions)."""
+    signals.version_transitioned.send(sender=AdapterVersion, version=version, previous=previous)

@@ -1,7 +1,7 @@
 """Which lifecycle buttons a viewer sees on a version.
 
 The answer comes from the same table and the same access checks the services
-apply (registry.transitions, registry.access, the four-eyes rule in
+apply (registry.transitions, core.access, the four-eyes rule in
 registry.services.versions), so the buttons can never promise more than the
 POST will allow. The POST itself still goes through version_transition, which
 checks everything again under the row lock.
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from registry.access import require_approver, require_contributor
-from registry.actors import Actor
-from registry.errors import ApplicationError
-from registry.models import Ability, AdapterVersion
+from core.access import require_approver, require_contributor
+from core.actors import Actor
+from core.errors import ApplicationError
+from core.models import Ability
+from registry.models import AdapterVersion
 from registry.services.versions import _require_four_eyes
 from registry.transitions import TRANSITIONS, allowed_actions_from
 

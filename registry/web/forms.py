@@ -8,7 +8,8 @@ from django import forms
 from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm
 
-from registry.models import SERVED_NAME_PATTERN, Ability
+from core.models import Ability
+from registry.models import SERVED_NAME_PATTERN
 
 
 class PlainLabels:

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 from django.db.models import OuterRef, QuerySet, Subquery
 
+from core.access import ADMIN
+from core.actors import Actor
+from core.models import AuditEvent, Department, Membership
 from registry import selectors
-from registry.access import ADMIN
-from registry.actors import Actor
-from registry.models import Adapter, AdapterVersion, AuditEvent, Department, Membership
+from registry.models import Adapter, AdapterVersion
 from registry.models import VersionStatus as S
 
 
@@ -65,11 +66,3 @@ def approved_versions_by_adapter(actor: Actor, adapter_ids: set[int]) -> dict[in
     for version in rows:
         current.setdefault(version.adapter_id, version)
     return current
-
-
-def served_where(version_ids: list[int]) -> dict[int, list[str]]:
-    """{version id: names of the deployments meant to serve it}, in one query.
-    The serving tier answers (serving.web.queries)."""
-    from serving.web.queries import served_where as serving_served_where
-
-    return serving_served_where(version_ids)

@@ -11,25 +11,23 @@ that caused them.
 from __future__ import annotations
 
 import json
-from functools import wraps
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from core.access import can_contribute
+from core.actors import Actor
+from core.errors import ApplicationError, NotFound
+from core.models import Ability
+from core.services.tokens import token_create, token_revoke
+from core.web import page, paginate, safe_next
 from registry import selectors
-from registry.access import approver_department_ids, require_contributor
-from registry.actors import Actor, actor_from_request
-from registry.errors import ApplicationError, NotFound
 from registry.mlflow.client import run_ui_url
-from registry.models import Ability, AdapterVersion
+from registry.models import AdapterVersion
 from registry.services.adapters import adapter_create
-from registry.services.tokens import token_create, token_revoke
 from registry.services.versions import version_register, version_transition
 from registry.web import queries
 from registry.web.actions import version_actions
@@ -49,72 +47,28 @@ PAST_TENSE = {
 }
 
 
-def page(view):
-    """Login required; a registry NotFound becomes the 404 page."""
-
-    @login_required
-    @wraps(view)
-    def wrapper(request, *args, **kwargs):
-        try:
-            return view(request, actor_from_request(request), *args, **kwargs)
-        except NotFound as error:
-            raise Http404(error.message) from None
-
-    return wrapper
-
-
-def _paginate(request, queryset, per_page: int):
-    return Paginator(queryset, per_page).get_page(request.GET.get("page"))
-
-
-def _render(request, actor: Actor, template: str, context: dict, status: int = 200):
-    approves_in = approver_department_ids(actor)
-    context["is_approver"] = approves_in is None or bool(approves_in)
-    if context["is_approver"] and "pending_count" not in context:
-        context["pending_count"] = selectors.pending_reviews_for(actor).count()
-    return render(request, template, context, status=status)
-
-
-def _may_contribute(actor: Actor, department_id: int, ability: str) -> bool:
-    try:
-        require_contributor(actor, department_id, ability, "Adapter")
-    except ApplicationError:
-        return False
-    return True
-
-
-def _safe_next(request, fallback: str) -> str:
-    target = request.POST.get("next", "")
-    if url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
-        return target
-    return fallback
-
-
 # --- Dashboard and activity -------------------------------------------------
 
 
 @require_GET
 @page
 def dashboard(request, actor: Actor):
-    from serving.web.queries import deployments_health
-
     departments = queries.my_departments(actor)
-    adapters = _paginate(request, queries.adapters_with_latest_approved(actor), 20)
+    adapters = paginate(request, queries.adapters_with_latest_approved(actor), 20)
     context = {
         "departments": departments,
         "adapters": adapters,
         "pending_count": selectors.pending_reviews_for(actor).count(),
         "activity": selectors.audit_events_for(actor)[:8],
-        "deployments": deployments_health(actor),
     }
-    return _render(request, actor, "registry/dashboard.html", context)
+    return render(request, "registry/dashboard.html", context)
 
 
 @require_GET
 @page
 def activity(request, actor: Actor):
-    events = _paginate(request, selectors.audit_events_for(actor), 50)
-    return _render(request, actor, "registry/activity.html", {"events": events})
+    events = paginate(request, selectors.audit_events_for(actor), 50)
+    return render(request, "registry/activity.html", {"events": events})
 
 
 # --- Adapters ---------------------------------------------------------------
@@ -149,16 +103,15 @@ def adapter_new(request, actor: Actor):
                 return redirect("web:adapter", pk=adapter.pk)
         else:
             status = 400
-    return _render(request, actor, "registry/adapter_new.html", {"form": form}, status)
+    return render(request, "registry/adapter_new.html", {"form": form}, status=status)
 
 
 def _adapter_context(request, actor: Actor, adapter, upload_form=None, upload_error=""):
-    versions = _paginate(request, queries.adapter_versions(actor, adapter), 20)
+    versions = paginate(request, queries.adapter_versions(actor, adapter), 20)
     return {
         "adapter": adapter,
         "versions": versions,
-        "served_where": queries.served_where([v.pk for v in versions]),
-        "can_upload": _may_contribute(actor, adapter.department_id, Ability.REGISTER_VERSIONS),
+        "can_upload": can_contribute(actor, adapter.department_id, Ability.REGISTER_VERSIONS),
         "upload_form": upload_form or UploadVersionForm(),
         "upload_error": upload_error,
     }
@@ -168,8 +121,8 @@ def _adapter_context(request, actor: Actor, adapter, upload_form=None, upload_er
 @page
 def adapter_detail(request, actor: Actor, pk: int):
     adapter = selectors.adapter_get(actor, pk)
-    return _render(
-        request, actor, "registry/adapter_detail.html", _adapter_context(request, actor, adapter)
+    return render(
+        request, "registry/adapter_detail.html", _adapter_context(request, actor, adapter)
     )
 
 
@@ -202,23 +155,19 @@ def version_upload(request, actor: Actor, pk: int):
         context = {"adapter": adapter, "upload_form": form, "upload_error": error}
         return render(request, "registry/partials/upload_form.html", context, status=422)
     context = _adapter_context(request, actor, adapter, form, error)
-    return _render(request, actor, "registry/adapter_detail.html", context, status)
+    return render(request, "registry/adapter_detail.html", context, status=status)
 
 
 # --- Versions ---------------------------------------------------------------
 
 
-def _version_context(request, actor: Actor, version: AdapterVersion) -> dict:
-    from serving.web.views import version_panel
-
-    trail = _paginate(request, queries.version_audit_trail(actor, version), 50)
+def version_page_context(request, actor: Actor, version: AdapterVersion) -> dict:
+    trail = paginate(request, queries.version_audit_trail(actor, version), 50)
     return {
         "version": version,
         "adapter": version.adapter,
         "trail": trail,
         "actions": version_actions(actor, version),
-        # Where it is served, "Promote to…" and pending promotion requests.
-        "serving": version_panel(actor, version),
         "config_items": [(k, json.dumps(v)) for k, v in sorted(version.adapter_config.items())],
         "run_url": run_ui_url(version.mlflow_experiment_id, version.mlflow_run_id)
         or version.mlflow_run_uri,
@@ -230,8 +179,8 @@ def _version_context(request, actor: Actor, version: AdapterVersion) -> dict:
 @page
 def version_detail(request, actor: Actor, pk: int):
     version = selectors.version_get(actor, pk)
-    return _render(
-        request, actor, "registry/version_detail.html", _version_context(request, actor, version)
+    return render(
+        request, "registry/version_detail.html", version_page_context(request, actor, version)
     )
 
 
@@ -250,14 +199,14 @@ def version_action(request, actor: Actor, pk: int):
     except NotFound:
         raise
     except ApplicationError as error:
-        context = _version_context(request, actor, version)
+        context = version_page_context(request, actor, version)
         context.update(action_error=error.message, failed_action=action, form=form)
-        return _render(request, actor, "registry/version_detail.html", context, error.status)
+        return render(request, "registry/version_detail.html", context, status=error.status)
     messages.success(
         request,
         f"{version.adapter.name} v{version.number} {PAST_TENSE.get(action, action)}.",
     )
-    return redirect(_safe_next(request, reverse("web:version", args=[version.pk])))
+    return redirect(safe_next(request, reverse("web:version", args=[version.pk])))
 
 
 # --- Review queue -----------------------------------------------------------
@@ -312,7 +261,7 @@ def _metric_rows(candidate: AdapterVersion, current: AdapterVersion | None) -> l
 @require_GET
 @page
 def review_queue(request, actor: Actor):
-    pending = _paginate(request, selectors.pending_reviews_for(actor), 10)
+    pending = paginate(request, selectors.pending_reviews_for(actor), 10)
     current = queries.approved_versions_by_adapter(actor, {v.adapter_id for v in pending})
     reviews = []
     for version in pending:
@@ -331,7 +280,7 @@ def review_queue(request, actor: Actor):
             }
         )
     context = {"pending": pending, "reviews": reviews, "pending_count": pending.paginator.count}
-    return _render(request, actor, "registry/review_queue.html", context)
+    return render(request, "registry/review_queue.html", context)
 
 
 # --- API tokens -------------------------------------------------------------
@@ -368,8 +317,8 @@ def tokens(request, actor: Actor):
                     form=TokenCreateForm(departments=departments),
                 )
                 status = 201
-    context["tokens"] = _paginate(request, selectors.tokens_for(actor), 20)
-    response = _render(request, actor, "registry/tokens.html", context, status)
+    context["tokens"] = paginate(request, selectors.tokens_for(actor), 20)
+    response = render(request, "registry/tokens.html", context, status=status)
     # The secret is on this page once; keep it out of every cache.
     response["Cache-Control"] = "no-store"
     return response

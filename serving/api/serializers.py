@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from registry.models import Department
+from core.models import Department
 from serving.models import (
     Deployment,
     DriftEvent,

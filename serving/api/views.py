@@ -66,7 +66,7 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
         try:
             version_id = int(request.query_params.get("version", ""))
         except ValueError:
-            from registry.errors import ValidationFailed
+            from core.errors import ValidationFailed
 
             raise ValidationFailed("Give ?version=<id>.") from None
         version = registry_selectors.version_get(self.actor, version_id)
@@ -187,7 +187,7 @@ class RolloutViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
         """Put this rollout's adapter back on the version served before it."""
         rollout = self.get_object()
         if rollout.previous_version is None:
-            from registry.errors import Conflict
+            from core.errors import Conflict
 
             raise Conflict(
                 "Nothing was served before this rollout.", code="nothing_to_roll_back_to"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from registry.access import require_platform_admin
-from registry.actors import Actor
-from registry.audit import audit_record
-from registry.errors import Conflict, ValidationFailed
+from core.access import require_platform_admin
+from core.actors import Actor
+from core.audit import audit_record
+from core.errors import Conflict, ValidationFailed
 from serving.base_models import identity_from_path, module_dims_for
 from serving.models import Deployment
 

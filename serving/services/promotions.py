@@ -6,11 +6,12 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from registry.access import require_approver, require_contributor
-from registry.actors import Actor
-from registry.audit import audit_record
-from registry.errors import ApplicationError, Conflict, NotAuthorized, ValidationFailed
-from registry.models import Ability, Adapter, AdapterVersion, VersionStatus
+from core.access import require_approver, require_contributor
+from core.actors import Actor
+from core.audit import audit_record
+from core.errors import ApplicationError, Conflict, NotAuthorized, ValidationFailed
+from core.models import Ability
+from registry.models import Adapter, AdapterVersion, VersionStatus
 from serving.gate import GateReport, evaluate_gate
 from serving.models import (
     Deployment,

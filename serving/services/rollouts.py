@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
-from registry.actors import Actor
-from registry.audit import audit_record
-from registry.errors import Conflict
+from core.actors import Actor
+from core.audit import audit_record
+from core.errors import Conflict
 from registry.models import AdapterVersion
-from serving import hooks as serving_hooks
 from serving.models import (
     Deployment,
     Replica,
@@ -40,6 +39,7 @@ from serving.replica_ops import (
 from serving.replicas import client_for, replicas_sync
 from serving.services.attempts import attempts_record_all
 from serving.services.leases import served_adapter_claim, served_adapter_release
+from serving.signals import served_version_changed
 from serving.transitions import (
     REPLICA_STEP_TRANSITIONS,
     ROLLOUT_TERMINAL,
@@ -343,8 +343,12 @@ def _succeed(ctx: _Context, served: ServedAdapter) -> None:
         )
         _note_observed(ctx, rollout.adapter.served_name, rollout.served_path)
         mark_unreferenced(ctx.deployment)
-        for hook in serving_hooks.after_served_version_changed:
-            hook(ctx.deployment, rollout.adapter, rollout.target_version)
+        served_version_changed.send(
+            sender=Rollout,
+            deployment=ctx.deployment,
+            adapter=rollout.adapter,
+            version=rollout.target_version,
+        )
 
 
 def _note_observed(
@@ -384,5 +388,6 @@ def _retire(ctx: _Context, served: ServedAdapter) -> None:
             _set_status(ctx.rollout, RolloutStatus.SUCCEEDED, finished_at=timezone.now())
         _note_observed(ctx, name, None, only={pk for pk in ctx.steps if pk not in errors})
         mark_unreferenced(ctx.deployment)
-        for hook in serving_hooks.after_served_version_changed:
-            hook(ctx.deployment, ctx.rollout.adapter, None)
+        served_version_changed.send(
+            sender=Rollout, deployment=ctx.deployment, adapter=ctx.rollout.adapter, version=None
+        )

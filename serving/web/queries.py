@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from registry.access import visible_department_ids
-from registry.actors import Actor
+from core.access import visible_department_ids
+from core.actors import Actor
 from serving import selectors
 from serving.gate import resident_lora_bytes
 from serving.models import Deployment, Replica, Rollout, ServedAdapter

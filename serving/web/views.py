@@ -17,13 +17,14 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from core.access import approver_department_ids, can_approve, can_contribute
+from core.actors import Actor
+from core.errors import ApplicationError, NotFound
+from core.models import Ability
+from core.web import page, safe_next
 from registry import selectors as registry_selectors
-from registry.access import approver_department_ids, require_approver, require_contributor
-from registry.actors import Actor
-from registry.errors import ApplicationError, NotFound
-from registry.models import Ability, AdapterVersion, VersionStatus
-from registry.web.views import _render as render_page
-from registry.web.views import _safe_next, _version_context, page
+from registry.models import AdapterVersion, VersionStatus
+from registry.web.views import version_page_context
 from serving import selectors
 from serving.gate import evaluate_gate
 from serving.models import PromotionStatus, Rollout, ServedAdapter
@@ -54,7 +55,7 @@ def _reviewable(actor: Actor, promotions) -> list[dict]:
     rows = []
     for promotion in promotions:
         department_id = promotion.version.adapter.department_id
-        may_review = not _allowed(require_approver, actor, department_id, "Promotion")
+        may_review = can_approve(actor, department_id)
         own = promotion.requested_by_id == actor.user.pk
         rows.append(
             {
@@ -89,7 +90,7 @@ def deployment_list(request, actor: Actor):
         "rollouts": queries.recent_rollouts(actor, limit=10),
         "pending_promotions": _reviewable(actor, _approver_pending(actor)[:20]),
     }
-    return render_page(request, actor, "serving/deployments.html", context)
+    return render(request, "serving/deployments.html", context)
 
 
 @require_GET
@@ -110,7 +111,7 @@ def deployment_detail(request, actor: Actor, name: str):
         ),
         "allowed_departments": list(deployment.allowed_departments.all()),
     }
-    return render_page(request, actor, "serving/deployment_detail.html", context)
+    return render(request, "serving/deployment_detail.html", context)
 
 
 # --- Promoting a version ----------------------------------------------------
@@ -119,10 +120,10 @@ def deployment_detail(request, actor: Actor, name: str):
 def version_panel(actor: Actor, version: AdapterVersion) -> dict:
     """The version page's serving section: where it is served, the "Promote
     to…" form for viewers who may promote, and its pending promotion requests.
-    Called by registry.web.views for the version page."""
+    Shown on the version page through serving_panels.version_serving."""
     served_on = queries.served_where([version.pk]).get(version.pk, [])
-    may_promote = version.status == VersionStatus.APPROVED and not _allowed(
-        require_contributor, actor, version.adapter.department_id, Ability.PROMOTE, "Version"
+    may_promote = version.status == VersionStatus.APPROVED and can_contribute(
+        actor, version.adapter.department_id, Ability.PROMOTE
     )
     options = []
     if may_promote:
@@ -198,7 +199,7 @@ def promote(request, actor: Actor, pk: int):
         context = _gate_context(actor, version, deployment, form)
         if request.htmx:
             return render(request, "serving/partials/gate.html", context)
-        return render_page(request, actor, "serving/promote.html", context)
+        return render(request, "serving/promote.html", context)
 
     try:
         promotion = promotion_create(
@@ -211,7 +212,7 @@ def promote(request, actor: Actor, pk: int):
         raise
     except ApplicationError as error:
         context = _gate_context(actor, version, deployment, form, error.message)
-        return render_page(request, actor, "serving/promote.html", context, error.status)
+        return render(request, "serving/promote.html", context, status=error.status)
     label = f"{version.adapter.name} v{version.number}"
     if promotion.status == PromotionStatus.PENDING_APPROVAL:
         messages.info(
@@ -242,9 +243,9 @@ def promotion_review_view(request, actor: Actor, pk: int):
     except NotFound:
         raise
     except ApplicationError as error:
-        context = _version_context(request, actor, version)
+        context = version_page_context(request, actor, version)
         context.update(review_error=error.message, failed_promotion=promotion.pk)
-        return render_page(request, actor, "registry/version_detail.html", context, error.status)
+        return render(request, "registry/version_detail.html", context, status=error.status)
     label = f"{version.adapter.name} v{version.number} to {promotion.deployment.name}"
     if approve:
         rollout = promotion.rollouts.order_by("-pk").first()
@@ -253,7 +254,7 @@ def promotion_review_view(request, actor: Actor, pk: int):
             return redirect("serving:rollout", pk=rollout.pk)
     else:
         messages.success(request, f"Rejected the promotion of {label}.")
-    return redirect(_safe_next(request, reverse("web:version", args=[version.pk])))
+    return redirect(safe_next(request, reverse("web:version", args=[version.pk])))
 
 
 # --- Rollouts ---------------------------------------------------------------
@@ -292,7 +293,7 @@ def _rollout_context(actor: Actor, rollout: Rollout) -> dict:
 @page
 def rollout_detail(request, actor: Actor, pk: int):
     rollout = selectors.rollout_get(actor, pk)
-    return render_page(request, actor, "serving/rollout.html", _rollout_context(actor, rollout))
+    return render(request, "serving/rollout.html", _rollout_context(actor, rollout))
 
 
 @require_GET

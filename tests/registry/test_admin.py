@@ -8,7 +8,8 @@ from django.contrib.admin.sites import site
 from django.contrib.messages import get_messages
 from django.test import RequestFactory
 
-from registry.models import AdapterVersion, AuditEvent, Department, Membership, Role
+from core.models import AuditEvent, Department, Membership, Role
+from registry.models import AdapterVersion
 from registry.services.versions import version_transition
 from tests.conftest import actor, client_for
 from tests.factories import make_adapter, make_version
@@ -169,7 +170,7 @@ def test_audit_event_change_page_is_view_only(lena, contracts, as_root):
     make_version(lena, contracts)
     event = AuditEvent.objects.get(action="version.registered")
 
-    page = as_root.get(f"/admin/registry/auditevent/{event.pk}/change/")
+    page = as_root.get(f"/admin/core/auditevent/{event.pk}/change/")
 
     assert page.status_code == 200
     assert b'name="_save"' not in page.content
@@ -183,7 +184,7 @@ def test_people_who_are_not_staff_cannot_open_the_admin(as_alex):
 
 
 def test_department_admin_shows_memberships_read_only(legal, lena, as_root):
-    page = as_root.get(f"/admin/registry/department/{legal.pk}/change/")
+    page = as_root.get(f"/admin/core/department/{legal.pk}/change/")
     assert page.status_code == 200
     assert b"lena" in page.content
     assert Department.objects.count() == 1

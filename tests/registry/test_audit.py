@@ -8,8 +8,8 @@ from django.contrib.admin.sites import site
 from django.db import DatabaseError, connection, transaction
 from django.test import RequestFactory
 
-from registry.audit import audit_record
-from registry.models import AuditEvent
+from core.audit import audit_record
+from core.models import AuditEvent
 from registry.services.versions import version_transition
 from tests.conftest import actor, requires_postgres
 from tests.factories import make_adapter, make_version
@@ -67,19 +67,19 @@ def test_postgres_trigger_refuses_raw_update_and_delete(event, sql):
 
 def test_admin_offers_no_add_change_or_delete(event, root, as_root):
     model_admin = site._registry[AuditEvent]
-    request = RequestFactory().get("/admin/registry/auditevent/")
+    request = RequestFactory().get("/admin/core/auditevent/")
     request.user = root
     assert not model_admin.has_add_permission(request)
     assert not model_admin.has_change_permission(request, event)
     assert not model_admin.has_delete_permission(request, event)
     assert model_admin.get_actions(request) == {}
 
-    changelist = as_root.get("/admin/registry/auditevent/")
+    changelist = as_root.get("/admin/core/auditevent/")
     assert changelist.status_code == 200
     assert b"delete_selected" not in changelist.content
-    assert as_root.get("/admin/registry/auditevent/add/").status_code == 403
-    assert as_root.post(f"/admin/registry/auditevent/{event.pk}/delete/").status_code == 403
-    detail = as_root.post(f"/admin/registry/auditevent/{event.pk}/change/", {"comment": "forged"})
+    assert as_root.get("/admin/core/auditevent/add/").status_code == 403
+    assert as_root.post(f"/admin/core/auditevent/{event.pk}/delete/").status_code == 403
+    detail = as_root.post(f"/admin/core/auditevent/{event.pk}/change/", {"comment": "forged"})
     assert detail.status_code == 403
     assert AuditEvent.objects.get(pk=event.pk).comment == ""
 

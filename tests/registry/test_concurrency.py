@@ -12,7 +12,8 @@ from collections import Counter
 import pytest
 from django.db import connection
 
-from registry.models import AdapterVersion, AuditEvent, VersionStatus
+from core.models import AuditEvent
+from registry.models import AdapterVersion, VersionStatus
 from tests.conftest import client_for, requires_postgres
 from tests.factories import archive_upload, make_adapter, make_version
 from tests.support.adapters import AdapterSpec

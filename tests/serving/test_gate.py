@@ -102,7 +102,7 @@ def test_promotion_refused_by_the_gate_is_422_and_calls_no_replica(
 
 
 def test_only_approved_versions_can_be_promoted(lena, deployment, contracts):
-    from registry.errors import Conflict
+    from core.errors import Conflict
     from tests.factories import make_version
 
     version = make_version(lena, contracts)

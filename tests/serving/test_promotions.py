@@ -1,7 +1,7 @@
 import pytest
 
-from registry.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
-from registry.models import AuditEvent
+from core.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
+from core.models import AuditEvent
 from serving.models import Promotion, Rollout
 from serving.services.promotions import promotion_create, promotion_review
 from tests.conftest import actor

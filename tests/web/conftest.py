@@ -8,7 +8,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from registry.models import Adapter, AdapterVersion, AuditEvent
+from core.models import AuditEvent
+from registry.models import Adapter, AdapterVersion
 from tests.factories import make_adapter, make_version
 
 

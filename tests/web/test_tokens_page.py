@@ -1,7 +1,7 @@
 import pytest
 
-from registry.models import ApiToken, AuditEvent
-from registry.services.tokens import hash_token_secret
+from core.models import ApiToken, AuditEvent
+from core.services.tokens import hash_token_secret
 
 pytestmark = pytest.mark.django_db
 

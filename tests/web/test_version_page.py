@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from registry.models import AuditEvent
+from core.models import AuditEvent
 from registry.services.versions import version_transition
 from tests.conftest import actor
 from tests.factories import make_approved_version, make_version

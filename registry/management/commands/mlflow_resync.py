@@ -6,7 +6,7 @@ duplicated. Safe to run from cron; exits non-zero when something failed.
 
 from django.core.management.base import BaseCommand, CommandError
 
-from registry.errors import ApplicationError
+from core.errors import ApplicationError
 from registry.mlflow.services import mirror_resync
 
 

@@ -13,7 +13,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from registry.models import Adapter, Department, Membership, Role
+from core.models import Department, Membership, Role
+from registry.models import Adapter
 
 DEPARTMENTS = {
     "finance": ("Finance", "invoices", "Reads invoices and extracts line items."),

@@ -21,8 +21,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from registry.actors import system_actor
-from registry.errors import ApplicationError
+from core.actors import system_actor
+from core.errors import ApplicationError
 from serving.models import Deployment
 from serving.services.deployments import deployment_create, deployment_update
 from serving.vllm_client import VLLMClient, model_cards

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from registry.models import Adapter, AuditEvent
-from registry.services.tokens import token_create
+from core.models import AuditEvent
+from core.services.tokens import token_create
+from registry.models import Adapter
 from tests.conftest import actor, client_for
 from tests.factories import make_adapter
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from registry.models import AuditEvent, Department, Membership
+from core.models import AuditEvent, Department, Membership
 
 pytestmark = pytest.mark.django_db
 

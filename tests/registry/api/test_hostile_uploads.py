@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from django.conf import settings as django_settings
 
+from core.models import AuditEvent
 from registry.artifact_store import get_artifact_store
 from registry.ingest.staging import IngestLimits
-from registry.models import AdapterVersion, AuditEvent
+from registry.models import AdapterVersion
 from tests.factories import make_adapter
 from tests.registry.ingest.hostile_corpus import HOSTILE_ARTIFACTS
 

@@ -6,8 +6,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from registry.models import AuditEvent, Department, Membership, Role
-from registry.services.tokens import token_create
+from core.models import AuditEvent, Department, Membership, Role
+from core.services.tokens import token_create
 from tests.conftest import actor, client_for
 from tests.factories import make_adapter, make_version
 from tests.support.adapters import AdapterSpec

@@ -12,8 +12,8 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from registry.models import ApiToken, AuditEvent, Membership
-from registry.services.tokens import token_create
+from core.models import ApiToken, AuditEvent, Membership
+from core.services.tokens import token_create
 from tests.conftest import actor, client_for
 from tests.factories import make_adapter, make_approved_version, make_version
 

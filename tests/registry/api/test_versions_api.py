@@ -1,6 +1,7 @@
 import pytest
 
-from registry.models import AdapterVersion, AuditEvent, VersionStatus
+from core.models import AuditEvent
+from registry.models import AdapterVersion, VersionStatus
 from tests.factories import archive_upload, make_adapter, make_version
 from tests.support.adapters import AdapterSpec, adapter_zip
 

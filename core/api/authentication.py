@@ -3,7 +3,7 @@ from __future__ import annotations
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
-from registry.services.tokens import token_authenticate
+from core.services.tokens import token_authenticate
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):

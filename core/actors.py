@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 from django.contrib.auth.models import AnonymousUser
 
-from registry.middleware import current_request_id
+from core.middleware import current_request_id
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
-    from registry.models import ApiToken
+    from core.models import ApiToken
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def client_address_of(request) -> str | None:
 
 
 def actor_from_request(request) -> Actor:
-    from registry.models import ApiToken
+    from core.models import ApiToken
 
     user = request.user
     if isinstance(user, AnonymousUser) or not user.is_authenticated:

@@ -3,11 +3,11 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from registry.access import require_platform_admin
-from registry.actors import Actor
-from registry.audit import audit_record
-from registry.errors import Conflict, NotFound, ValidationFailed
-from registry.models import Department, Membership, Role
+from core.access import require_platform_admin
+from core.actors import Actor
+from core.audit import audit_record
+from core.errors import Conflict, NotFound, ValidationFailed
+from core.models import Department, Membership, Role
 
 
 def department_create(*, actor: Actor, slug: str, name: str) -> Department:

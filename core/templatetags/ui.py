@@ -1,34 +1,17 @@
-"""Small presentation helpers for the web UI: relative times, status badges,
-sizes and counts."""
+"""Small presentation helpers for the web UI: times, status badges, sizes and counts."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
 from django import template
+from django.contrib.humanize.templatetags.humanize import naturaltime
 from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 register = template.Library()
-
-_UNITS = (("y", 365 * 86400), ("mo", 30 * 86400), ("d", 86400), ("h", 3600), ("min", 60))
-
-
-def relative(value: datetime, now: datetime | None = None) -> str:
-    seconds = int(((now or timezone.now()) - value).total_seconds())
-    future = seconds < 0
-    seconds = abs(seconds)
-    if seconds < 45:
-        return "just now"
-    amount, unit = 1, "min"  # 45..59 s reads as a minute
-    for name, length in _UNITS:
-        if seconds >= length:
-            amount, unit = round(seconds / length), name
-            break
-    text = f"{amount} {unit}"
-    return f"in {text}" if future else f"{text} ago"
 
 
 @register.filter
@@ -39,7 +22,7 @@ def when(value: datetime | None) -> str:
     local = timezone.localtime(value)
     exact = local.strftime("%Y-%m-%d %H:%M:%S %Z")
     return format_html(
-        '<time datetime="{}" title="{}">{}</time>', value.isoformat(), exact, relative(value)
+        '<time datetime="{}" title="{}">{}</time>', value.isoformat(), exact, naturaltime(value)
     )
 
 

@@ -12,8 +12,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from registry.errors import ApplicationError
-from registry.middleware import current_request_id
+from core.errors import ApplicationError
+from core.middleware import current_request_id
 
 
 def error_response(status_code: int, code: str, message: str, details=None, headers=None):

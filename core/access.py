@@ -1,15 +1,16 @@
 """Who may see and do what. Every face of the product (API, admin, web UI,
 tasks) asks these functions; none re-implements them.
 
-Outsiders get NotFound, not NotAuthorized: a department's adapters are not even
-confirmed to exist to people outside it.
+`can_*` answer yes or no (for buttons and templates); `require_*` raise the
+error a caller shows. Outsiders get NotFound, not NotAuthorized: a department's
+adapters are not even confirmed to exist to people outside it.
 """
 
 from __future__ import annotations
 
-from registry.actors import Actor
-from registry.errors import NotAuthorized, NotFound
-from registry.models import Ability, Membership, Role
+from core.actors import Actor
+from core.errors import NotAuthorized, NotFound
+from core.models import Ability, Membership, Role
 
 ADMIN = "admin"
 
@@ -50,15 +51,30 @@ def approver_department_ids(actor: Actor) -> set[int] | None:
     )
 
 
+def can_see(actor: Actor, department_id: int) -> bool:
+    return role_in(actor, department_id) is not None
+
+
+def can_contribute(actor: Actor, department_id: int, ability: str) -> bool:
+    """Members, approvers and admins; a token only with the named ability."""
+    if not can_see(actor, department_id):
+        return False
+    return actor.token is None or ability in actor.token.abilities
+
+
+def can_approve(actor: Actor, department_id: int) -> bool:
+    """Approvers of the department and platform admins; never a token."""
+    return actor.token is None and role_in(actor, department_id) in {Role.APPROVER, ADMIN}
+
+
 def require_visible(actor: Actor, department_id: int, what: str) -> None:
-    if role_in(actor, department_id) is None:
+    if not can_see(actor, department_id):
         raise NotFound(f"{what} not found.")
 
 
 def require_contributor(actor: Actor, department_id: int, ability: str, what: str) -> None:
-    """Members, approvers and admins; a token only with the named ability."""
     require_visible(actor, department_id, what)
-    if actor.token is not None and ability not in actor.token.abilities:
+    if not can_contribute(actor, department_id, ability):
         label = Ability(ability).label if ability in Ability.values else ability
         raise NotAuthorized(
             f"This token lacks the ability '{ability}' ({label}).",
@@ -72,7 +88,7 @@ def require_approver(actor: Actor, department_id: int, what: str) -> None:
         raise NotAuthorized(
             "API tokens can never approve, reject or retire.", code="token_forbidden"
         )
-    if role_in(actor, department_id) not in {Role.APPROVER, ADMIN}:
+    if not can_approve(actor, department_id):
         raise NotAuthorized(
             "Only an approver of this department or a platform admin may do this.",
             code="not_an_approver",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from django.db import models
 
-from registry.actors import Actor
-from registry.models import AuditEvent, Department
+from core.actors import Actor
+from core.models import AuditEvent, Department
 
 
 def audit_record(

@@ -14,11 +14,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from registry.access import require_visible
-from registry.actors import Actor
-from registry.audit import audit_record
-from registry.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
-from registry.models import Ability, ApiToken, Department
+from core.access import require_visible
+from core.actors import Actor
+from core.audit import audit_record
+from core.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
+from core.models import Ability, ApiToken, Department
 
 TOKEN_PREFIX = "lrt_"  # noqa: S105 - a public marker, not a secret
 

@@ -1,0 +1,10 @@
+"""What serving tells the rest of the product.
+
+Receivers run inside the transaction that changes what a deployment serves and
+must only record rows or enqueue work with transaction.on_commit.
+"""
+
+from django.dispatch import Signal
+
+# deployment=<Deployment>, adapter=<Adapter>, version=<AdapterVersion or None when retired>.
+served_version_changed = Signal()

@@ -1,0 +1,30 @@
+"""Serving's parts of registry pages. The registry's views know nothing of
+serving; its templates ask these tags, which read through serving's own
+queries with the viewer's Actor (set on the request by core.web.page)."""
+
+from __future__ import annotations
+
+from django import template
+
+from serving.web import queries
+
+register = template.Library()
+
+
+@register.simple_tag(takes_context=True)
+def version_serving(context, version):
+    """Where the version is served, "Promote to…" and its pending promotions."""
+    from serving.web.views import version_panel
+
+    return version_panel(context["request"].actor, version)
+
+
+@register.simple_tag(takes_context=True)
+def deployments_health(context):
+    return queries.deployments_health(context["request"].actor)
+
+
+@register.simple_tag
+def served_where(versions):
+    """{version id: names of the deployments meant to serve it}, in one query."""
+    return queries.served_where([version.pk for version in versions])
