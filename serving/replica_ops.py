@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from core.backoff import backoff_delay
 from serving.vllm_client import (
     AttemptResult,
     VLLMClient,
@@ -65,16 +66,17 @@ def call_with_retry(
     call: Callable[[], AttemptResult], purpose: str, outcome: ReplicaOutcome, policy: RetryPolicy
 ) -> AttemptResult:
     started = time.monotonic()
-    delay = policy.base_delay
+    retry = 0
     while True:
         result = call()
         outcome.attempts.append((purpose, result))
         if result.ok or not result.transient:
             return result
+        delay = backoff_delay(retry, base=policy.base_delay, cap=policy.max_delay)
         if time.monotonic() - started + delay > policy.deadline_seconds:
             return result
         time.sleep(delay)
-        delay = min(delay * 2, policy.max_delay)
+        retry += 1
 
 
 def _describe(result: AttemptResult) -> str:

@@ -26,6 +26,7 @@ from django.utils.text import slugify
 
 from core.access import require_contributor
 from core.actors import Actor
+from core.backoff import backoff_delay
 from core.errors import (
     Conflict,
     DependencyUnavailable,
@@ -565,7 +566,7 @@ def _due(model, now):
     cap = settings.MLFLOW_MIRROR_BACKOFF_MAX_SECONDS
     due = []
     for pk, attempts, last in rows.values_list("pk", "attempts", "last_attempt_at"):
-        wait = min(base * 2 ** min(attempts, 20), cap)
+        wait = backoff_delay(attempts, base=base, cap=cap)
         if last is None or last <= now - timedelta(seconds=wait):
             due.append(pk)
     return due

@@ -5,11 +5,11 @@ permanent ones (MLflow refused the call) are recorded as failed at once."""
 from __future__ import annotations
 
 import logging
-import random
 
 from celery import shared_task
 from django.conf import settings
 
+from core.backoff import backoff_delay
 from registry.mlflow import services
 from registry.mlflow.client import MlflowCallError
 from registry.mlflow.models import MlflowAliasMirror, MlflowVersionMirror
@@ -18,10 +18,12 @@ logger = logging.getLogger(__name__)
 
 
 def backoff_seconds(retries: int) -> float:
-    base = settings.MLFLOW_MIRROR_BACKOFF_SECONDS
-    delay = min(base * 2**retries, settings.MLFLOW_MIRROR_BACKOFF_MAX_SECONDS)
-    # Jitter, so the mirrors queued during an outage do not all return at once.
-    return delay * random.uniform(0.5, 1.0)
+    return backoff_delay(
+        retries,
+        base=settings.MLFLOW_MIRROR_BACKOFF_SECONDS,
+        cap=settings.MLFLOW_MIRROR_BACKOFF_MAX_SECONDS,
+        jitter=True,
+    )
 
 
 def _run(task, model, pk: int, sync, argument: str) -> str:

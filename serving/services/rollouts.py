@@ -18,6 +18,7 @@ from django.utils import timezone
 from core.actors import Actor
 from core.audit import audit_record
 from core.errors import Conflict
+from core.state import can_move
 from registry.models import AdapterVersion
 from serving.models import (
     Deployment,
@@ -44,7 +45,6 @@ from serving.transitions import (
     REPLICA_STEP_TRANSITIONS,
     ROLLOUT_TERMINAL,
     ROLLOUT_TRANSITIONS,
-    can_move,
 )
 from serving.volume import StagingError, mark_unreferenced, serve_path_for, stage_version
 
