@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "core",
     "registry",
     "serving",
+    "mlflow_bridge",
 ]
 
 MIDDLEWARE = [
@@ -189,7 +190,7 @@ CELERY_TASK_ALWAYS_EAGER = cfg.boolean("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
-# --- MLflow lineage and mirror (registry/mlflow/) ---------------------------
+# --- MLflow lineage and mirror (mlflow_bridge/) ---------------------------
 # Empty MLFLOW_TRACKING_URI turns the integration off: lineage fields can still be
 # set by hand, and the health endpoint says the mirror is off.
 MLFLOW_TRACKING_URI = cfg.env.str("MLFLOW_TRACKING_URI", default="").rstrip("/")
@@ -212,7 +213,7 @@ MLFLOW_MIRROR_CATCH_UP_SECONDS = cfg.integer("MLFLOW_MIRROR_CATCH_UP_SECONDS", 3
 # Merged into CELERY_BEAT_SCHEDULE after the serving block, which defines it.
 _MLFLOW_BEAT = {
     "mlflow-mirror-catch-up": {
-        "task": "registry.mlflow.catch_up",
+        "task": "mlflow_bridge.catch_up",
         "schedule": MLFLOW_MIRROR_CATCH_UP_SECONDS,
     },
 }

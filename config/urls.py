@@ -10,6 +10,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("registry.api.urls")),
     path("api/v1/", include("serving.api.urls")),
+    path("api/v1/", include("mlflow_bridge.api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", HealthView.as_view(), name="health"),

@@ -25,7 +25,7 @@ from core.models import Ability
 from core.services.tokens import token_create, token_revoke
 from core.web import page, paginate, safe_next
 from registry import selectors
-from registry.mlflow.client import run_ui_url
+from registry.lineage import run_ui_url
 from registry.models import AdapterVersion
 from registry.services.adapters import adapter_create
 from registry.services.versions import version_register, version_transition
