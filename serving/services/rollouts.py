@@ -236,7 +236,12 @@ def _run(rollout: Rollout, served: ServedAdapter) -> None:
             ctx,
             group,
             lambda client, replica: verify_serving(
-                client, name, path, ctx.policy, with_completion=deployment.verify_with_completion
+                client,
+                name,
+                path,
+                ctx.policy,
+                with_completion=deployment.verify_with_completion,
+                base_name=deployment.base_model_name,
             ),
         )
         if _failed(ctx, group_steps, verified, "verification"):
