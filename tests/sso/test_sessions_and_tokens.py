@@ -144,3 +144,42 @@ def test_with_sso_off_there_is_no_provider_button_and_no_oidc_pages(settings, le
     assert "Sign in with" not in Client().get("/login/").content.decode()
     assert Client().get("/oidc/authenticate/").status_code == 404
     assert Client().get("/oidc/callback/?code=x&state=y").status_code == 404
+
+
+def test_renewal_without_a_session_at_the_provider_signs_the_person_out(sso, sam, legal):
+    sso.provider.set_ttl(IdToken=2)
+    client = Client()
+    provider_sign_in(client, sso.provider, "sam")
+    time.sleep(2.5)
+    bounce = client.get("/activity/", headers={"Accept": "text/html"})
+    # A browser without the provider's cookie: its session there is gone.
+    stranger = requests.Session()
+    stranger.trust_env = False
+    answer = stranger.get(bounce["Location"], allow_redirects=False, timeout=10)
+    while answer.headers["Location"].startswith(("/", sso.provider.issuer)):
+        answer = stranger.get(
+            urljoin(sso.provider.issuer, answer.headers["Location"]),
+            allow_redirects=False,
+            timeout=10,
+        )
+    back = client.get(answer.headers["Location"].removeprefix("http://testserver"))
+    assert back.status_code == 401
+    assert "The identity provider said: login_required" in back.content.decode()
+    assert client.get("/")["Location"].startswith("/login/")
+
+
+def test_an_htmx_request_after_expiry_reloads_the_page_it_came_from(sso, sam, legal):
+    sso.provider.set_ttl(IdToken=2)
+    client = Client()
+    provider_sign_in(client, sso.provider, "sam")
+    time.sleep(2.5)
+    response = client.get(
+        "/activity/",
+        headers={"HX-Request": "true", "HX-Current-URL": "http://testserver/tokens/"},
+    )
+    assert response["HX-Redirect"] == "http://testserver/tokens/"
+    elsewhere = client.get(
+        "/activity/",
+        headers={"HX-Request": "true", "HX-Current-URL": "https://evil.example/"},
+    )
+    assert elsewhere["HX-Redirect"] == "/"
