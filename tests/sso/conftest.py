@@ -9,6 +9,7 @@ browser tests (tests/browser/test_sso_story.py) do the same in Chromium.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlencode, urljoin, urlparse, urlunparse
 
@@ -26,6 +27,8 @@ PASSWORD = "provider-password-1"
 @pytest.fixture(scope="session")
 def oidc_provider(request, tmp_path_factory):
     missing = node_available()
+    if missing and os.environ.get("REQUIRE_OIDC") == "1":
+        pytest.fail(f"REQUIRE_OIDC=1 but {missing}")
     if missing:
         pytest.skip(missing)
     from tests.support.oidc_provider import install_dependencies

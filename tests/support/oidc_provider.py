@@ -30,10 +30,14 @@ CLIENT_SECRET = "test-client-secret-" + "x" * 16
 
 
 def node_available() -> str | None:
-    """None when Node.js and npm are here, else why not."""
+    """None when Node.js (>= 20) and npm are here, else why not."""
     for tool in ("node", "npm"):
         if not shutil.which(tool):
             return f"{tool} is missing (scripts/test.sh installs Debian's nodejs and npm)"
+    version = subprocess.run(["node", "--version"], capture_output=True, text=True, timeout=30)
+    major = int(version.stdout.strip().lstrip("v").split(".")[0] or 0)
+    if major < 20:
+        return f"oidc-provider 9 needs Node.js 20 or later, this is {version.stdout.strip()}"
     return None
 
 
