@@ -11,6 +11,7 @@ from django.test import Client
 
 from registry.models import AuditEvent, Membership, Role
 from sso.models import Identity
+from tests.conftest import PASSWORD as PASSWORD_LOCAL
 from tests.sso.conftest import provider_sign_in, replace_query
 
 pytestmark = [pytest.mark.oidc, pytest.mark.django_db]
@@ -160,3 +161,41 @@ def test_an_expired_id_token_is_refused(sso, ada, legal):
 
     sso.provider.set_clock_offset(-20)  # the control: within the allowance, accepted
     assert provider_sign_in(Client(), sso.provider, "ada").status_code == 302
+
+
+def test_a_discovery_document_for_another_issuer_is_not_trusted(sso, ada, legal):
+    # The same provider reached under another name: its document names 127.0.0.1.
+    sso.configure(OIDC_ISSUER=sso.provider.issuer.replace("127.0.0.1", "localhost"))
+    response = Client().get("/oidc/authenticate/")
+    assert response.status_code == 503
+    assert "describes another issuer" in response.content.decode()
+
+
+def test_a_provider_that_is_down_breaks_sign_in_only(sso, lena):
+    from tests.support.s3_server import free_port
+
+    sso.configure(OIDC_ISSUER=f"http://127.0.0.1:{free_port()}")
+    response = Client().get("/oidc/authenticate/")
+    assert response.status_code == 503
+    assert "cannot be reached" in response.content.decode()
+    local = Client()
+    local.post("/login/", {"username": "lena", "password": PASSWORD_LOCAL})
+    assert local.get("/").status_code == 200
+
+
+def test_a_wrong_client_secret_fails_the_code_exchange_with_a_clear_page(sso, ada, legal):
+    sso.configure(OIDC_RP_CLIENT_SECRET="not-the-secret")
+    response = provider_sign_in(Client(), sso.provider, "ada")
+    assert response.status_code == 502
+    assert "did not accept this sign-in (HTTP 401)" in response.content.decode()
+    assert not User.objects.filter(username="ada").exists()
+
+
+def test_platform_admins_see_identities_read_only_in_the_admin(sso, ada, legal, root):
+    provider_sign_in(Client(), sso.provider, "ada")
+    admin = Client()
+    admin.force_login(root)
+    page = admin.get("/admin/sso/identity/")
+    assert page.status_code == 200 and "sub-ada" in page.content.decode()
+    identity = Identity.objects.get(subject="sub-ada")
+    assert admin.post(f"/admin/sso/identity/{identity.pk}/delete/").status_code == 403
