@@ -76,6 +76,14 @@ class OIDCBackend(OIDCAuthenticationBackend):
         return isinstance(claims.get("sub"), str) and bool(claims["sub"])
 
     def get_or_create_user(self, access_token, id_token, payload):
+        try:
+            return self._sign_in(access_token, id_token, payload)
+        except SuspiciousOperation as error:
+            # The library logs this and answers "no user"; keep the reason for the page.
+            self.request.sso_refusal = str(error)
+            raise
+
+    def _sign_in(self, access_token, id_token, payload):
         userinfo = self.get_userinfo(access_token, id_token, payload)
         if not isinstance(userinfo, dict) or userinfo.get("sub") != payload.get("sub"):
             raise SuspiciousOperation("The userinfo answer is about another person.")

@@ -75,6 +75,9 @@ def _sign_in(request, issuer: str, claims: dict) -> SignIn:
     groups = groups_from_claims(claims)
     group_map: GroupMap = settings.OIDC_GROUP_MAP
     user, identity = _user_for(request, issuer, claims)
+    if not user.is_active:
+        # Deactivated here: the callback refuses the sign-in; nothing to sync.
+        return SignIn(user=user, groups=groups, unmapped=[])
     actor = Actor(
         user=user,
         request_id=getattr(request, "request_id", "") or current_request_id(),

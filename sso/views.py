@@ -100,6 +100,9 @@ class CallbackView(oidc_views.OIDCAuthenticationCallbackView):
             )
 
     def login_failure(self):
+        refusal = getattr(self.request, "sso_refusal", None)
+        if refusal:
+            return _failed(self.request, f"Sign-in refused. {refusal}", 400)
         error = self.request.GET.get("error", "")[:100]
         if error:
             description = self.request.GET.get("error_description", "")[:300]

@@ -199,3 +199,32 @@ def test_platform_admins_see_identities_read_only_in_the_admin(sso, ada, legal, 
     assert page.status_code == 200 and "sub-ada" in page.content.decode()
     identity = Identity.objects.get(subject="sub-ada")
     assert admin.post(f"/admin/sso/identity/{identity.pk}/delete/").status_code == 403
+
+
+def test_userinfo_about_another_person_is_refused(sso, ada, legal, monkeypatch):
+    # A stand-in for a provider that answers userinfo for the wrong account: the
+    # real provider cannot be made to, so its real answer is altered on the way.
+    from sso.backends import OIDCBackend
+
+    real = OIDCBackend.get_userinfo
+
+    def someone_else(self, *args):
+        return {**real(self, *args), "sub": "sub-mallory"}
+
+    monkeypatch.setattr(OIDCBackend, "get_userinfo", someone_else)
+    response = provider_sign_in(Client(), sso.provider, "ada")
+    assert response.status_code == 400
+    assert "The userinfo answer is about another person." in response.content.decode()
+    assert not User.objects.filter(username="ada").exists()
+
+
+def test_a_person_deactivated_here_cannot_sign_in_through_the_provider(sso, ada, legal):
+    provider_sign_in(Client(), sso.provider, "ada")
+    User.objects.filter(username="ada").update(is_active=False)
+    sso.provider.set_groups("sub-ada", ["platform-admins"])
+    client = Client()
+    response = provider_sign_in(client, sso.provider, "ada")
+    assert response.status_code == 401
+    assert "This account is disabled here." in response.content.decode()
+    assert not User.objects.get(username="ada").is_staff
+    assert client.get("/")["Location"].startswith("/login/")
