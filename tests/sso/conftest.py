@@ -10,7 +10,10 @@ browser tests (tests/browser/test_sso_story.py) do the same in Chromium.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urljoin, urlparse, urlunparse
 
 import pytest
@@ -25,7 +28,7 @@ PASSWORD = "provider-password-1"
 
 
 @pytest.fixture(scope="session")
-def oidc_provider(request, tmp_path_factory):
+def oidc_provider(request):
     missing = node_available()
     if missing and os.environ.get("REQUIRE_OIDC") == "1":
         pytest.fail(f"REQUIRE_OIDC=1 but {missing}")
@@ -35,10 +38,14 @@ def oidc_provider(request, tmp_path_factory):
 
     install_dependencies()
     live_server = request.getfixturevalue("live_server")
-    provider = OidcProvider(tmp_path_factory.mktemp("oidc"), ["http://testserver", live_server.url])
+    # Not under pytest's basetemp: other pytest runs on the machine prune old
+    # basetemps, and the provider reads its account store for the whole session.
+    workdir = Path(tempfile.mkdtemp(prefix="oidc-provider-"))
+    provider = OidcProvider(workdir, ["http://testserver", live_server.url])
     provider.start()
     yield provider
     provider.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 @dataclass
