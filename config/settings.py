@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "registry",
     "serving",
     "mlflow_bridge",
+    "sso",
 ]
 
 MIDDLEWARE = [
@@ -57,6 +58,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "sso.middleware.SessionRefresh",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -103,6 +105,12 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# --- Sign-in: local passwords and/or OpenID Connect single sign-on (sso/) ----
+# Sets SSO_ENABLED, LOCAL_LOGIN, AUTHENTICATION_BACKENDS and the OIDC_* settings
+# of mozilla-django-oidc; see sso/conf.py and the README's configuration table.
+from sso.conf import from_env as _sso_settings  # noqa: E402
+
+globals().update(_sso_settings())
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
