@@ -54,6 +54,7 @@ def _apply(deployment: Deployment, values: dict) -> list[str]:
             raise ValidationFailed(f"Replica URL {url!r} must start with http:// or https://.")
     if deployment.max_loras > deployment.max_cpu_loras:
         raise ValidationFailed("max_loras cannot exceed max_cpu_loras (vLLM refuses to start).")
+    _check_resources(deployment.runtime_resources)
     if not 0 < deployment.gpu_memory_utilization <= 1:
         raise ValidationFailed("gpu_memory_utilization must be a fraction between 0 and 1.")
     if not 0 < deployment.lora_memory_share <= 1:
@@ -66,6 +67,17 @@ def _apply(deployment: Deployment, values: dict) -> list[str]:
         ) from None
     deployment._departments = departments
     return changed
+
+
+def _check_resources(resources) -> None:
+    shape = 'runtime_resources must look like {"requests": {"cpu": "4"}, "limits": {...}}'
+    if not isinstance(resources, dict) or set(resources) - {"requests", "limits"}:
+        raise ValidationFailed(shape + ".")
+    for part in resources.values():
+        if not isinstance(part, dict) or not all(
+            isinstance(k, str) and isinstance(v, str | int) for k, v in part.items()
+        ):
+            raise ValidationFailed(shape + ": names to quantities.")
 
 
 def _check_discovery(deployment: Deployment) -> None:
