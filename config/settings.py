@@ -110,7 +110,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "staticfiles"
+# The image collects static files at build time, outside VAR_DIR (an emptyDir on Kubernetes).
+STATIC_ROOT = Path(cfg.env.str("DJANGO_STATIC_ROOT", default=str(VAR_DIR / "staticfiles")))
 STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else []
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
