@@ -32,6 +32,10 @@ from serving.models import Deployment, Replica
 logger = logging.getLogger(__name__)
 
 DISCOVERED_VIA = "k8s"
+RBAC_HINT = (
+    " (the service account needs get, list and watch on endpointslices.discovery.k8s.io"
+    " in this namespace)"
+)
 
 # --- label selectors ------------------------------------------------------------
 # Checked here so a bad selector is a 400 when the deployment is saved, not a
@@ -211,7 +215,8 @@ class EndpointSliceWatch:
                     self.stats.relists_after_gone += 1
                     self.stats.resource_version = None
                     continue
-                delay = self._failed(f"API {error.status}: {error.reason}", delay)
+                hint = RBAC_HINT if error.status == 403 else ""
+                delay = self._failed(f"API {error.status}: {error.reason}{hint}", delay)
             except Exception as error:  # dropped connections, timeouts, DNS: resume
                 delay = self._failed(f"{type(error).__name__}: {error}", delay)
             finally:

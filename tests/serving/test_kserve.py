@@ -182,6 +182,10 @@ def test_a_member_whose_departments_cover_every_adapter_downloads_it(
     assert as_lena.get(url(cluster_ready)).status_code == 200
 
 
+def test_a_department_token_downloads_it_like_a_member(as_token, cluster_ready, promoted):
+    assert as_token.get(url(cluster_ready)).status_code == 200
+
+
 def test_an_outsider_is_refused_because_it_names_other_departments_adapters(
     as_fred, cluster_ready, promoted
 ):

@@ -19,6 +19,7 @@ from serving.discovery.kubernetes import (
     WatchTarget,
     api_client,
     label_selector_problem,
+    ready_urls,
 )
 from serving.models import Replica
 from serving.services.deployments import deployment_update
@@ -113,6 +114,38 @@ def test_selectors_are_checked_when_the_deployment_is_saved(root, k8s_deployment
         deployment_update(
             actor=actor(root), deployment=k8s_deployment, replica_dns_name="vllm.ml.svc"
         )
+
+
+def test_ready_urls_follow_the_api_rules_for_readiness_ports_and_address_types(k8s_deployment):
+    from kubernetes.client import (
+        DiscoveryV1EndpointPort,
+        V1Endpoint,
+        V1EndpointConditions,
+        V1EndpointSlice,
+        V1ObjectMeta,
+    )
+
+    def endpoint(address, ready):
+        return V1Endpoint(addresses=[address], conditions=V1EndpointConditions(ready=ready))
+
+    def slice_(kind, endpoints, ports):
+        return V1EndpointSlice(
+            address_type=kind,
+            endpoints=endpoints,
+            metadata=V1ObjectMeta(name=f"s-{kind}"),
+            ports=[DiscoveryV1EndpointPort(port=p, protocol="TCP") for p in ports],
+        )
+
+    slices = [
+        # ready unset means ready; the deployment's port wins when the slice lists it
+        slice_("IPv4", [endpoint("10.0.0.1", None), endpoint("10.0.0.2", False)], [9090, 8000]),
+        slice_("IPv6", [endpoint("fd00::1", True)], [8080]),  # else the slice's only port
+        slice_("FQDN", [endpoint("vllm.example.com", True)], [8000]),  # not a pod address
+    ]
+    assert ready_urls(slices, k8s_deployment) == {
+        "http://10.0.0.1:8000",
+        "http://[fd00::1]:8080",
+    }
 
 
 def test_the_api_takes_kubernetes_discovery(as_root, tmp_path):

@@ -290,7 +290,11 @@ class StandInKubeAPIServer:
                     return in_namespace and matches(obj["metadata"].get("labels"))
 
                 if watching:
-                    return self._watch(query, selected)
+                    try:
+                        return self._watch(query, selected)
+                    except (BrokenPipeError, ConnectionResetError):
+                        self.close_connection = True  # the client went away: so does the watch
+                        return None
                 with server._lock:
                     items = [copy.deepcopy(o) for o in server._objects.values() if selected(o)]
                     version = server.resource_version
