@@ -16,6 +16,7 @@ from django.core.management import call_command
 from registry.errors import ValidationFailed
 from serving.discovery.kubernetes import (
     EndpointSliceWatch,
+    WatchSupervisor,
     WatchTarget,
     api_client,
     label_selector_problem,
@@ -323,3 +324,52 @@ def test_bad_credentials_are_an_api_error_not_a_crash(
     with pytest.raises(ApiException) as error:
         watch.relist()
     assert error.value.status == 401
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_supervisor_follows_the_deployments_table(
+    kubeconfig, apiserver, root, k8s_deployment, fake_replicas, enqueued, tmp_path
+):
+    supervisor = WatchSupervisor(api_client())
+    try:
+        supervisor.refresh()
+        first = WatchTarget.of(k8s_deployment)
+        assert set(supervisor.watches) == {first}
+        _, old_thread = supervisor.watches[first]
+
+        other = make_deployment(
+            root,
+            [],
+            tmp_path / "other",
+            name="other",
+            kubernetes_namespace=NAMESPACE,
+            kubernetes_label_selector="app=other",
+        )
+        changed = deployment_update(
+            actor=actor(root), deployment=k8s_deployment, kubernetes_label_selector="app=changed"
+        )
+        static = make_deployment(root, [fake_replicas[1].base_url], tmp_path / "s", name="static")
+        supervisor.refresh()
+        assert set(supervisor.watches) == {WatchTarget.of(changed), WatchTarget.of(other)}
+        old_thread.join(5)
+        assert not old_thread.is_alive(), "the watch of the old selector was not stopped"
+
+        pod(apiserver, "other-a", fake_replicas[0], labels={"app": "other"})
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not active(other):
+            time.sleep(0.05)
+        assert active(other) == {fake_replicas[0].base_url}
+        assert active(changed) == set()
+        assert not Replica.objects.filter(deployment=static).exists()
+    finally:
+        supervisor.stop()
+    assert supervisor.watches == {}
+
+
+def test_the_command_without_credentials_says_so(settings, tmp_path):
+    from django.core.management import CommandError
+
+    settings.KUBERNETES_AUTH = "kubeconfig"
+    settings.KUBERNETES_KUBECONFIG = str(tmp_path / "missing")
+    with pytest.raises(CommandError, match="No Kubernetes credentials"):
+        call_command("watch_replicas", seconds=0.1)
