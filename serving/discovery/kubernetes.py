@@ -197,6 +197,7 @@ class EndpointSliceWatch:
         self._slices: dict[str, object] = {}
         self._watch = None
         self._applied: set[str] | None = None
+        self._unapplied = False
 
     # One list, then watches until stopped; every failure backs off and resumes.
     def run(self) -> None:
@@ -207,6 +208,10 @@ class EndpointSliceWatch:
             try:
                 if self.stats.resource_version is None:
                     self.relist()
+                elif self._unapplied:
+                    # The last write failed (database down, locked): the slices
+                    # in memory are current, so write them before resuming.
+                    self._apply()
                 self.watch_once()
                 delay = 0.5
             except ApiException as error:
@@ -218,6 +223,8 @@ class EndpointSliceWatch:
                 hint = RBAC_HINT if error.status == 403 else ""
                 delay = self._failed(f"API {error.status}: {error.reason}{hint}", delay)
             except Exception as error:  # dropped connections, timeouts, DNS: resume
+                if self.stop_event.is_set():
+                    break  # stop() cut the connection on purpose
                 delay = self._failed(f"{type(error).__name__}: {error}", delay)
             finally:
                 close_old_connections()
@@ -277,15 +284,18 @@ class EndpointSliceWatch:
         self._mark_progress()
 
     def _apply(self) -> None:
+        self._unapplied = True
         deployment = Deployment.objects.filter(pk=self.target.deployment_id).first()
         if deployment is None:
             self.stop_event.set()
             return
         urls = ready_urls(self._slices.values(), deployment)
         if urls == self._applied:
+            self._unapplied = False
             return
         became_ready = replicas_apply(deployment.pk, urls)
         self._applied = urls
+        self._unapplied = False
         self.stats.applied.append(urls)
         if became_ready:
             logger.info("%s: ready %s", deployment.name, ", ".join(became_ready))

@@ -373,3 +373,41 @@ def test_the_command_without_credentials_says_so(settings, tmp_path):
     settings.KUBERNETES_KUBECONFIG = str(tmp_path / "missing")
     with pytest.raises(CommandError, match="No Kubernetes credentials"):
         call_command("watch_replicas", seconds=0.1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_write_is_retried_before_the_watch_resumes(
+    watch, apiserver, k8s_deployment, fake_replicas, enqueued, monkeypatch
+):
+    from django.db import OperationalError
+
+    from serving.discovery import kubernetes
+
+    a, b = fake_replicas
+    real = kubernetes.replicas_apply
+    failures = []
+
+    def flaky(deployment_id, urls):
+        if len(urls) == 2 and not failures:
+            failures.append(urls)
+            raise OperationalError("database is locked")
+        return real(deployment_id, urls)
+
+    monkeypatch.setattr(kubernetes, "replicas_apply", flaky)
+    pod(apiserver, "granite-8b-a", a)
+    runner = threading.Thread(target=watch.run, daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and active(k8s_deployment) != {a.base_url}:
+            time.sleep(0.05)
+        pod(apiserver, "granite-8b-b", b)  # its write fails once; no event comes after it
+        while time.monotonic() < deadline and len(active(k8s_deployment)) != 2:
+            time.sleep(0.05)
+    finally:
+        watch.stop()
+        runner.join(5)
+    assert failures, "the write never failed: the test tested nothing"
+    assert active(k8s_deployment) == {a.base_url, b.base_url}
+    assert watch.stats.errors == 1, watch.stats.last_error
+    assert "database is locked" in watch.stats.last_error
