@@ -85,6 +85,15 @@ def _resources(deployment: Deployment) -> dict:
     return resources
 
 
+def _health_probe(*, period: int, failures: int) -> dict:
+    return {
+        "httpGet": {"path": "/health", "port": PORT},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
 def _metadata(deployment: Deployment, name: str) -> dict:
     metadata = {
         "name": name,
@@ -147,6 +156,11 @@ def manifests(deployment: Deployment) -> list[dict]:
                     "args": vllm_args(deployment, served),
                     "env": env,
                     "ports": [{"containerPort": PORT, "name": "http1", "protocol": "TCP"}],
+                    # Ready only once vLLM answers: the endpoint turning ready is
+                    # what makes the control plane reconcile the new pod.
+                    "startupProbe": _health_probe(period=10, failures=90),
+                    "readinessProbe": _health_probe(period=5, failures=3),
+                    "livenessProbe": _health_probe(period=30, failures=5),
                     "resources": _resources(deployment),
                     "volumeMounts": [
                         {"name": "base-model", "mountPath": MODEL_MOUNT, "readOnly": True},

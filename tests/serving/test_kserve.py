@@ -116,6 +116,9 @@ def test_mounts_annotations_and_resources(cluster_ready, promoted):
     assert container["resources"]["requests"]["nvidia.com/gpu"] == "1"
     env = {e["name"]: e for e in container["env"]}
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"]["value"] == "True"
+    # The pod turns ready (and is reconciled) only once vLLM answers.
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": 8000}
     assert runtime["metadata"]["namespace"] == service["metadata"]["namespace"] == "ai-inference"
     assert service["spec"]["predictor"]["model"]["runtime"] == runtime["metadata"]["name"]
     # The discovery selector finds this InferenceService's pods.
