@@ -32,6 +32,7 @@ from serving.models import Deployment, Replica
 logger = logging.getLogger(__name__)
 
 DISCOVERED_VIA = "k8s"
+INITIAL_DELAY, MAX_DELAY = 0.5, 30.0
 RBAC_HINT = (
     " (the service account needs get, list and watch on endpointslices.discovery.k8s.io"
     " in this namespace)"
@@ -198,12 +199,12 @@ class EndpointSliceWatch:
         self._watch = None
         self._applied: set[str] | None = None
         self._unapplied = False
+        self._delay = INITIAL_DELAY
 
     # One list, then watches until stopped; every failure backs off and resumes.
     def run(self) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        delay = 0.5
         while not self.stop_event.is_set():
             try:
                 if self.stats.resource_version is None:
@@ -213,7 +214,6 @@ class EndpointSliceWatch:
                     # in memory are current, so write them before resuming.
                     self._apply()
                 self.watch_once()
-                delay = 0.5
             except ApiException as error:
                 if error.status == 410:
                     # Compacted: the only way back is a fresh list.
@@ -221,11 +221,11 @@ class EndpointSliceWatch:
                     self.stats.resource_version = None
                     continue
                 hint = RBAC_HINT if error.status == 403 else ""
-                delay = self._failed(f"API {error.status}: {error.reason}{hint}", delay)
+                self._failed(f"API {error.status}: {error.reason}{hint}")
             except Exception as error:  # dropped connections, timeouts, DNS: resume
                 if self.stop_event.is_set():
                     break  # stop() cut the connection on purpose
-                delay = self._failed(f"{type(error).__name__}: {error}", delay)
+                self._failed(f"{type(error).__name__}: {error}")
             finally:
                 close_old_connections()
 
@@ -243,6 +243,7 @@ class EndpointSliceWatch:
         self._slices = {item.metadata.name: item for item in listing.items or []}
         self.stats.resource_version = listing.metadata.resource_version
         self._apply()
+        self._mark_progress()
 
     def watch_once(self) -> None:
         """One watch request, from the last resourceVersion, until the server ends it."""
@@ -302,8 +303,10 @@ class EndpointSliceWatch:
 
     def _mark_progress(self) -> None:
         self.stats.last_progress = time.time()
+        # Backoff grows over failures in a row only: one that follows progress starts small.
+        self._delay = INITIAL_DELAY
 
-    def _failed(self, message: str, delay: float) -> float:
+    def _failed(self, message: str) -> None:
         self.stats.errors += 1
         self.stats.last_error = message
         logger.warning(
@@ -311,10 +314,10 @@ class EndpointSliceWatch:
             self.target.namespace,
             self.target.selector,
             message,
-            delay,
+            self._delay,
         )
-        self.stop_event.wait(delay * random.uniform(0.5, 1.0))
-        return min(delay * 2, 30.0)
+        self.stop_event.wait(self._delay * random.uniform(0.5, 1.0))
+        self._delay = min(self._delay * 2, MAX_DELAY)
 
 
 class WatchSupervisor:

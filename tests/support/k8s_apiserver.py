@@ -35,6 +35,7 @@ import itertools
 import json
 import re
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -126,7 +127,7 @@ class StandInKubeAPIServer:
         self._compacted_before = 0
         self._drops = 0
         self.requests: list[dict] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = _QuietServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
@@ -375,6 +376,13 @@ class StandInKubeAPIServer:
                 self.wfile.flush()
 
         return Handler
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        # A client closing a kept-alive connection is not an error worth a traceback.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 def _filtered(kind: str, obj: dict, before: dict | None, selected) -> str | None:
