@@ -121,7 +121,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "staticfiles"
+# The image collects static files at build time, outside VAR_DIR (an emptyDir on Kubernetes).
+STATIC_ROOT = Path(cfg.env.str("DJANGO_STATIC_ROOT", default=str(VAR_DIR / "staticfiles")))
 STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else []
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -241,6 +242,22 @@ SERVING_RECONCILE_INTERVAL_SECONDS = cfg.number(
 )
 SERVING_STAGED_GRACE_SECONDS = cfg.integer("SERVING_STAGED_GRACE_SECONDS", 24 * 3600, minimum=0)
 SERVING_ATTEMPT_RETENTION_DAYS = cfg.integer("SERVING_ATTEMPT_RETENTION_DAYS", 14, minimum=1)
+# Kubernetes replica discovery (manage.py watch_replicas). "auto": in-cluster
+# credentials when running in a pod, else the kubeconfig.
+KUBERNETES_AUTH = cfg.choice("KUBERNETES_AUTH", "auto", {"auto", "in-cluster", "kubeconfig"})
+KUBERNETES_KUBECONFIG = cfg.env.str("KUBERNETES_KUBECONFIG", default="")
+KUBERNETES_CONTEXT = cfg.env.str("KUBERNETES_CONTEXT", default="")
+# The API server closes each watch after this; the watch resumes from its resourceVersion.
+KUBERNETES_WATCH_TIMEOUT_SECONDS = cfg.integer("KUBERNETES_WATCH_TIMEOUT_SECONDS", 300, minimum=1)
+KUBERNETES_REQUEST_TIMEOUT_SECONDS = cfg.number(
+    "KUBERNETES_REQUEST_TIMEOUT_SECONDS", 10.0, minimum=0.5
+)
+# How often the watch process re-reads which deployments to watch.
+KUBERNETES_DEPLOYMENTS_REFRESH_SECONDS = cfg.number(
+    "KUBERNETES_DEPLOYMENTS_REFRESH_SECONDS", 30.0, minimum=0.1
+)
+# The vLLM image a rendered KServe ServingRuntime runs unless the deployment names one.
+KSERVE_VLLM_IMAGE = cfg.env.str("KSERVE_VLLM_IMAGE", default="vllm/vllm-openai:v0.33.0")
 CELERY_BEAT_SCHEDULE = {
     "serving-reconcile": {
         "task": "serving.reconcile_all",

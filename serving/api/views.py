@@ -8,7 +8,7 @@ from rest_framework.response import Response
 
 from core.api.views import ActorMixin
 from registry import selectors as registry_selectors
-from serving import selectors
+from serving import kserve, selectors
 from serving.api import serializers as s
 from serving.gate import evaluate_gate
 from serving.models import Rollout
@@ -57,6 +57,14 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
     def state(self, request, name=None):
         """Desired versus actual, per replica."""
         return Response(selectors.deployment_state(self.actor, self.get_object()))
+
+    @extend_schema(responses={(200, "application/yaml"): str})
+    @action(detail=True, methods=["get"])
+    def kserve(self, request, name=None):
+        """The ServingRuntime and InferenceService that run this deployment on
+        KServe with every promoted adapter in --lora-modules (YAML)."""
+        deployment = self.get_object()
+        return kserve.yaml_download(selectors.kserve_manifests(self.actor, deployment), deployment)
 
     @extend_schema(parameters=[OpenApiParameter("version", int, required=True)], responses=dict)
     @action(detail=True, methods=["get"])
