@@ -75,6 +75,11 @@ class CallbackView(oidc_views.OIDCAuthenticationCallbackView):
     def get(self, request):
         if not settings.SSO_ENABLED:
             raise Http404("Single sign-on is not configured.")
+        # RFC 9207: a provider that names itself in the redirect must be ours, or
+        # the code came from another provider (a mix-up attack) and is never sent on.
+        iss = request.GET.get("iss")
+        if iss is not None and settings.OIDC_ISSUER and iss.rstrip("/") != settings.OIDC_ISSUER:
+            return _failed(request, "Sign-in refused. The answer comes from another issuer.", 400)
         try:
             return super().get(request)
         except SuspiciousOperation as error:

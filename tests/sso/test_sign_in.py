@@ -228,3 +228,19 @@ def test_a_person_deactivated_here_cannot_sign_in_through_the_provider(sso, ada,
     assert "This account is disabled here." in response.content.decode()
     assert not User.objects.get(username="ada").is_staff
     assert client.get("/")["Location"].startswith("/login/")
+
+
+def test_a_code_from_another_issuer_is_never_exchanged(sso, ada, legal):
+    # The provider names itself in the redirect (RFC 9207); a mix-up swaps the name.
+    client = Client()
+    response = provider_sign_in(
+        client,
+        sso.provider,
+        "ada",
+        before_callback=lambda url: replace_query(url, iss="https://evil.example"),
+    )
+    assert response.status_code == 400
+    assert "comes from another issuer" in response.content.decode()
+    assert not User.objects.filter(username="ada").exists()
+    # The state was not spent on it: the genuine answer would still be accepted.
+    assert client.session["oidc_states"]
