@@ -33,6 +33,7 @@ from core.errors import (
     ValidationFailed,
 )
 from core.models import Ability
+from registry.ingest.sources import MlflowRunArtifact
 from registry.mlflow import client as mlc
 from registry.mlflow.client import (
     MlflowCallError,
@@ -116,7 +117,7 @@ def register_from_run(
             result = version_register(
                 actor=actor,
                 adapter=adapter,
-                source_dir=source_dir,
+                source=MlflowRunArtifact(source_dir),
                 lineage=Lineage(
                     mlflow_run_id=run.run_id,
                     mlflow_run_uri=f"runs:/{run.run_id}/{artifact_path}",

@@ -25,6 +25,7 @@ from core.models import Ability
 from core.services.tokens import token_create, token_revoke
 from core.web import page, paginate, safe_next
 from registry import selectors
+from registry.ingest.sources import UploadedFiles
 from registry.mlflow.client import run_ui_url
 from registry.models import AdapterVersion
 from registry.services.adapters import adapter_create
@@ -135,7 +136,7 @@ def version_upload(request, actor: Actor, pk: int):
     if form.is_valid():
         try:
             result = version_register(
-                actor=actor, adapter=adapter, uploads=form.cleaned_data["files"]
+                actor=actor, adapter=adapter, source=UploadedFiles(form.cleaned_data["files"])
             )
         except NotFound:
             raise

@@ -1,5 +1,5 @@
 """Loose files are streamed into the store while the request arrives
-(registry.streamed_upload); archives keep the staging path. Both must agree on
+(registry.ingest.streamed); archives keep the staging path. Both must agree on
 content identity, and a refused loose upload must leave nothing in the store."""
 
 from __future__ import annotations

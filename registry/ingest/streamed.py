@@ -71,12 +71,22 @@ class StreamedUpload(UploadedFile):
 
 @dataclass
 class StreamedArtifact:
-    """Files already in the store under `prefix`; `staged.root` is the local
-    folder of sparse copies that inspect_adapter reads."""
+    """The ArtifactSource of a streamed upload: files already in the store under
+    `prefix`; `staged.root` is the local folder of sparse copies that
+    inspect_adapter reads."""
 
     prefix: str
     staged: StagedArtifact
     handler: StreamingIngestHandler
+    source_uri: str = ""
+
+    @property
+    def stored_prefix(self) -> str:
+        return self.prefix
+
+    def stage(self, workdir: Path, limits: IngestLimits) -> StagedArtifact:
+        # Staged while it arrived, under the same limits.
+        return self.staged
 
     def discard(self) -> None:
         self.handler.discard()
