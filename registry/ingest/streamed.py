@@ -578,7 +578,7 @@ def rejection_error(rejection: ArtifactRejected) -> ValidationFailed:
     return error
 
 
-def install_streaming_handler(request, *, prefix: str, store, limits, staging_root):
+def install_streaming_handler(request, *, prefix: str, store, limits, staging_root, file_checks=()):
     """Put a StreamingIngestHandler in front of the request's upload handlers.
 
     Returns None, leaving the request alone, when the body is not multipart or
@@ -591,7 +591,12 @@ def install_streaming_handler(request, *, prefix: str, store, limits, staging_ro
     if hasattr(django_request, "_files"):
         return None
     handler = StreamingIngestHandler(
-        django_request, prefix=prefix, store=store, limits=limits, staging_root=staging_root
+        django_request,
+        prefix=prefix,
+        store=store,
+        limits=limits,
+        staging_root=staging_root,
+        file_checks=file_checks,
     )
     try:
         django_request.upload_handlers = [handler, *django_request.upload_handlers]

@@ -4,6 +4,7 @@ on content identity, and a refused upload must leave nothing in the store."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -15,6 +16,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from registry.ingest.errors import ArtifactRejected
 from registry.ingest.staging import IngestLimits, stage_upload
 from registry.models import AdapterVersion
 from registry.storage import LocalArtifactStore, S3ArtifactStore
@@ -349,3 +351,72 @@ def test_files_after_a_streamed_archive_are_refused(as_lena, contracts, tmp_path
     assert "'adapter.tar.gz'" in response.json()["error"]["message"]
     assert not [p for p in (tmp_path / "artifacts").rglob("*") if p.is_file()]
     assert list(Path(django_settings.INGEST_STAGING_DIR).iterdir()) == []
+
+
+# --- per-file checks -------------------------------------------------------------------
+
+
+@pytest.fixture
+def file_checks(monkeypatch):
+    """Installs per-file checks on the API's streaming handler; returns the list to fill."""
+    from registry.api import views
+    from registry.ingest.streamed import install_streaming_handler
+
+    checks: list = []
+    monkeypatch.setattr(
+        views,
+        "install_streaming_handler",
+        functools.partial(install_streaming_handler, file_checks=checks),
+    )
+    return checks
+
+
+class Digesting:
+    """A FileCheck that records the sha256 of the bytes it was fed."""
+
+    def __init__(self, name: str, seen: dict):
+        self.name, self.seen, self.digest = name, seen, hashlib.sha256()
+
+    def write(self, chunk: bytes) -> None:
+        self.digest.update(chunk)
+
+    def finish(self) -> None:
+        self.seen[self.name] = self.digest.hexdigest()
+
+
+@pytest.mark.parametrize("form", ["loose", "tar.gz"])
+def test_every_streamed_file_passes_through_the_file_checks(form, as_lena, contracts, file_checks):
+    seen: dict = {}
+    file_checks.append(lambda name: Digesting(name, seen))
+    files = AdapterSpec(seed=21).files()
+
+    if form == "loose":
+        response = post_files(as_lena, contracts, files)
+    else:
+        response = post_archive(as_lena, contracts, "adapter.tar.gz", tar_gz_bytes(files))
+
+    assert response.status_code == 201, response.json()
+    assert seen == {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("form", ["loose", "tar.gz"])
+def test_a_file_check_that_refuses_stops_the_upload_and_leaves_nothing(
+    form, as_token, contracts, s3_store, file_checks
+):
+    class Refusing(Digesting):
+        def finish(self) -> None:
+            raise ArtifactRejected("bad_tensor_values", f"{self.name!r} is refused.")
+
+    file_checks.append(lambda name: Refusing(name, {}) if name.endswith(".safetensors") else None)
+    files = AdapterSpec(seed=22).files()
+
+    if form == "loose":
+        response = post_files(as_token, contracts, files)
+    else:
+        response = post_archive(as_token, contracts, "adapter.tar.gz", tar_gz_bytes(files))
+
+    assert response.status_code == 400, response.json()
+    assert response.json()["error"]["code"] == "bad_tensor_values"
+    assert not AdapterVersion.objects.exists()
+    assert_store_empty(s3_store)
