@@ -437,13 +437,7 @@ class StreamingIngestHandler(FileUploadHandler):
             others = [u for u in uploads if not isinstance(u, StreamedUpload)]
             for upload in others:
                 if _basename(upload.name).lower().endswith(ARCHIVE_SUFFIXES):
-                    raise ArtifactRejected(
-                        "unsupported_upload_type",
-                        f"{_basename(upload.name)!r} is an archive uploaded together with "
-                        "other files. Upload either one archive or the loose adapter "
-                        "files, not both.",
-                        415,
-                    )
+                    raise _mixed(_basename(upload.name))
             # Loose files with unusual names arrived as temporary files; they go
             # the same way, from disk.
             for upload in others:
