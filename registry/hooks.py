@@ -13,3 +13,7 @@ after_version_registered: list = []
 
 # (name, callable returning {"ok": bool, ...}) pairs shown by the health endpoint.
 health_checks: list = []
+
+# Extra panels on the adapter page: callables (actor, adapter) -> a context dict
+# with a "template" key (rendered at the end of the page), or None.
+adapter_page_panels: list = []

@@ -161,7 +161,16 @@ def _adapter_context(request, actor: Actor, adapter, upload_form=None, upload_er
         "can_upload": _may_contribute(actor, adapter.department_id, Ability.REGISTER_VERSIONS),
         "upload_form": upload_form or UploadVersionForm(),
         "upload_error": upload_error,
+        "panels": _adapter_panels(actor, adapter),
     }
+
+
+def _adapter_panels(actor: Actor, adapter) -> list[dict]:
+    from registry import hooks
+
+    return [
+        panel for panel in (hook(actor, adapter) for hook in hooks.adapter_page_panels) if panel
+    ]
 
 
 @require_GET

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from django.utils import timezone
 
+from observability.services import reconcile_observed
 from serving.models import Deployment, DriftEvent, DriftKind, Replica, ServedAdapter
 from serving.replica_ops import (
     ReplicaOutcome,
@@ -57,7 +58,9 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
         report.skipped = True
         return report
     try:
-        _reconcile(deployment, worker, report)
+        # Records the duration and reads vLLM's /metrics; never raises (observability/).
+        with reconcile_observed(deployment):
+            _reconcile(deployment, worker, report)
         Deployment.objects.filter(pk=deployment.pk).update(last_reconciled_at=timezone.now())
     finally:
         deployment_reconcile_release(deployment.pk, worker)

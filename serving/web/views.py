@@ -10,6 +10,7 @@ what caused them.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.http import Http404
@@ -17,6 +18,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from observability.selectors import deployment_usage
 from registry import selectors as registry_selectors
 from registry.access import approver_department_ids, require_approver, require_contributor
 from registry.actors import Actor
@@ -109,8 +111,21 @@ def deployment_detail(request, actor: Actor, name: str):
             actor, _approver_pending(actor, deployment=deployment)[:20]
         ),
         "allowed_departments": list(deployment.allowed_departments.all()),
+        "usage": _usage(actor, deployment),
+        "idle_days": settings.OBSERVABILITY_IDLE_DAYS,
     }
     return render_page(request, actor, "serving/deployment_detail.html", context)
+
+
+def _usage(actor: Actor, deployment) -> list:
+    """What vLLM reported about the adapters of the viewer's departments here."""
+    served = dict(
+        selectors.served_adapters_for(actor, deployment)
+        .filter(version__isnull=False)
+        .values_list("adapter__served_name", "updated_at")
+    )
+    usage = deployment_usage(deployment, served)
+    return [(name, usage[name]) for name in sorted(usage)]
 
 
 # --- Promoting a version ----------------------------------------------------

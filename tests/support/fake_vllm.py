@@ -21,6 +21,8 @@ class FakeVLLM:
         self.unavailable = 0  # answer the next N requests with 503
         self.fail_load: tuple[int, str] | None = None
         self.fail_completion_for: set[str] = set()
+        # GET /metrics body (Prometheus text); None answers 404 like a server without it.
+        self.metrics_text: str | None = None
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
@@ -72,6 +74,8 @@ class FakeVLLM:
                     return self._send(200, {"version": fake.version})
                 if method == "GET" and self.path == "/health":
                     return self._send(200, "", text=True)
+                if method == "GET" and self.path == "/metrics" and fake.metrics_text is not None:
+                    return self._send(200, fake.metrics_text, text=True)
                 if method == "GET" and self.path == "/v1/models":
                     cards = [{"id": fake.base_model, "root": "/models/base", "parent": None}]
                     cards += [

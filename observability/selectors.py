@@ -1,0 +1,241 @@
+"""Reads: a deployment's planner input, its LoRA pool against its budget, and
+when its adapters were last used. Visibility of deployments and adapters is
+decided by the callers (serving.selectors, registry.selectors)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from observability.models import AdapterActivity, ReplicaLoraState
+from observability.planner import (
+    LLAMA_MODULES,
+    ModelShape,
+    PlanInput,
+    PlannerInputError,
+    lora_pool_bytes,
+    lora_slot_bytes,
+)
+from serving.models import Deployment
+
+# Fields of Deployment the pool model needs.
+_SHAPE_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+)
+
+
+def deployment_shape(deployment: Deployment) -> ModelShape | None:
+    """The base model as the deployment describes it; None when a dimension is unknown."""
+    values = {name: getattr(deployment, name) for name in _SHAPE_FIELDS}
+    if not all(values.values()):
+        return None
+    modules = {
+        name: (int(dims[0]), int(dims[1]))
+        for name, dims in (deployment.module_dims or {}).items()
+        if isinstance(dims, list | tuple) and len(dims) == 2
+    }
+    return ModelShape(
+        hidden_size=values["hidden_size"],
+        intermediate_size=values["intermediate_size"],
+        num_layers=values["num_layers"],
+        num_attention_heads=values["num_attention_heads"],
+        num_key_value_heads=values["num_key_value_heads"],
+        vocab_size=values["vocab_size"],
+        dtype=settings.SERVING_DTYPE,
+        modules=modules,
+    )
+
+
+@dataclass(frozen=True)
+class PoolFigures:
+    pool_bytes: int | None
+    slot_bytes: int | None
+    budget_bytes: int | None
+
+    @property
+    def over(self) -> bool:
+        return (
+            None not in (self.pool_bytes, self.budget_bytes) and self.pool_bytes > self.budget_bytes
+        )
+
+
+def pool_figures(
+    deployment: Deployment, *, max_loras: int | None = None, max_lora_rank: int | None = None
+) -> PoolFigures:
+    shape = deployment_shape(deployment)
+    budget = (
+        int(deployment.gpu_memory_bytes * deployment.lora_memory_share)
+        if deployment.gpu_memory_bytes
+        else None
+    )
+    if shape is None:
+        return PoolFigures(None, None, budget)
+    rank = max_lora_rank or deployment.max_lora_rank
+    return PoolFigures(
+        pool_bytes=lora_pool_bytes(shape, max_loras or deployment.max_loras, rank),
+        slot_bytes=lora_slot_bytes(shape, rank),
+        budget_bytes=budget,
+    )
+
+
+def deployment_pool_figures() -> dict[int, PoolFigures]:
+    """Every deployment's pool and budget, in one query."""
+    return {d.pk: pool_figures(d) for d in Deployment.objects.all()}
+
+
+@dataclass(frozen=True)
+class ObservedConcurrency:
+    peak_running: int | None
+    waiting_seen: bool
+    samples: int
+
+
+def observed_concurrency(deployment: Deployment) -> ObservedConcurrency:
+    rows = list(
+        ReplicaLoraState.objects.filter(replica__deployment=deployment).values_list(
+            "peak_running", "waiting_samples", "samples"
+        )
+    )
+    samples = sum(r[2] for r in rows)
+    if not samples:
+        return ObservedConcurrency(None, False, 0)
+    return ObservedConcurrency(
+        peak_running=max(r[0] for r in rows),
+        waiting_seen=any(r[1] for r in rows),
+        samples=samples,
+    )
+
+
+def deployment_plan_input(deployment: Deployment, **overrides) -> PlanInput:
+    """The planner's input filled from a deployment's configuration and what
+    its replicas reported; `overrides` win (what the planner page's form says)."""
+    shape = deployment_shape(deployment)
+    if shape is None:
+        missing = [name for name in _SHAPE_FIELDS if not getattr(deployment, name)]
+        raise PlannerInputError({name: "not set on the deployment" for name in missing})
+    observed = observed_concurrency(deployment)
+    values = {
+        "model": shape,
+        "gpu_memory_bytes": deployment.gpu_memory_bytes or 0,
+        "gpu_memory_utilization": settings.PLANNER_GPU_MEMORY_UTILIZATION,
+        "max_loras": deployment.max_loras,
+        "max_cpu_loras": deployment.max_cpu_loras,
+        "max_lora_rank": deployment.max_lora_rank,
+        "target_modules": tuple(m for m in LLAMA_MODULES if m in shape.linear_modules()),
+        "context_length": settings.PLANNER_CONTEXT_LENGTH,
+        "use_cases": max(1, deployment.served_adapters.filter(version__isnull=False).count()),
+        "lora_memory_share": deployment.lora_memory_share,
+        "observed_peak_adapters": observed.peak_running,
+        "observed_waiting": observed.waiting_seen,
+    }
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return PlanInput(**values)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """How an adapter is used on one deployment, for the pages."""
+
+    deployment: str
+    last_active_at: datetime | None
+    active_samples: int
+    served_since: datetime | None
+    active_now: bool
+    idle: bool
+
+    @property
+    def idle_since(self) -> datetime | None:
+        return self.last_active_at or self.served_since
+
+
+def _active_window() -> timedelta:
+    # vLLM re-stamps its series every engine step while requests run; an idle
+    # engine keeps its last label set, stamped when it went idle.
+    return timedelta(seconds=2 * settings.SERVING_RECONCILE_INTERVAL_SECONDS)
+
+
+def adapter_usage(adapter_id: int, served: dict[str, datetime]) -> list[Usage]:
+    """`served`: {deployment name: since when it serves the adapter}."""
+    now = timezone.now()
+    threshold = now - timedelta(days=settings.OBSERVABILITY_IDLE_DAYS)
+    seen = {
+        row["deployment__name"]: row
+        for row in AdapterActivity.objects.filter(adapter_id=adapter_id).values(
+            "deployment__name", "last_active_at", "active_samples"
+        )
+    }
+    running_now = _running_now({row["deployment__name"] for row in seen.values()}, adapter_id)
+    rows = []
+    for deployment in sorted(set(served) | set(seen)):
+        row = seen.get(deployment, {})
+        last = row.get("last_active_at")
+        since = served.get(deployment)
+        reference = last or since
+        rows.append(
+            Usage(
+                deployment=deployment,
+                last_active_at=last,
+                active_samples=row.get("active_samples", 0),
+                served_since=since,
+                active_now=deployment in running_now,
+                idle=deployment in served and reference is not None and reference < threshold,
+            )
+        )
+    return rows
+
+
+def _running_now(deployments: set[str], adapter_id: int) -> set[str]:
+    from registry.models import Adapter
+
+    served_name = (
+        Adapter.objects.filter(pk=adapter_id).values_list("served_name", flat=True).first()
+    )
+    recent = timezone.now() - _active_window()
+    result = set()
+    for deployment, running, waiting in ReplicaLoraState.objects.filter(
+        replica__deployment__name__in=deployments, series_timestamp__gte=recent.timestamp(), ok=True
+    ).values_list("replica__deployment__name", "running", "waiting"):
+        if served_name in (running or []) or served_name in (waiting or []):
+            result.add(deployment)
+    return result
+
+
+def deployment_usage(deployment: Deployment, served: dict[str, datetime]) -> dict[str, Usage]:
+    """{served name: Usage} for a deployment's adapters (`served`: {name: since})."""
+    now = timezone.now()
+    threshold = now - timedelta(days=settings.OBSERVABILITY_IDLE_DAYS)
+    seen = {
+        row["served_name"]: row
+        for row in AdapterActivity.objects.filter(deployment=deployment).values(
+            "served_name", "last_active_at", "active_samples"
+        )
+    }
+    recent = now - _active_window()
+    running: set[str] = set()
+    for names_running, names_waiting in ReplicaLoraState.objects.filter(
+        replica__deployment=deployment, series_timestamp__gte=recent.timestamp(), ok=True
+    ).values_list("running", "waiting"):
+        running.update(names_running or [])
+        running.update(names_waiting or [])
+    result = {}
+    for name, since in served.items():
+        row = seen.get(name, {})
+        last = row.get("last_active_at")
+        reference = last or since
+        result[name] = Usage(
+            deployment=deployment.name,
+            last_active_at=last,
+            active_samples=row.get("active_samples", 0),
+            served_since=since,
+            active_now=name in running,
+            idle=reference is not None and reference < threshold,
+        )
+    return result
