@@ -20,4 +20,9 @@ if [[ ! -x /usr/bin/chromium ]]; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
     || echo "could not install chromium: the browser tests will be skipped" >&2
 fi
+# The Prometheus tier runs Debian's prometheus (and promtool for the alert rules).
+if [[ ! -x /usr/bin/prometheus || ! -x /usr/bin/promtool ]]; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; } \
+    || echo "could not install prometheus: the Prometheus tests will be skipped" >&2
+fi
 exec $BIN/pytest -q "$@"
