@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from observability.models import AdapterActivity, ReplicaLoraState
@@ -19,7 +20,7 @@ from observability.planner import (
     lora_pool_bytes,
     lora_slot_bytes,
 )
-from serving.models import Deployment
+from serving.models import Deployment, ServedAdapter
 
 # Fields of Deployment the pool model needs.
 _SHAPE_FIELDS = (
@@ -162,42 +163,41 @@ def _active_window() -> timedelta:
     return timedelta(seconds=2 * settings.SERVING_RECONCILE_INTERVAL_SECONDS)
 
 
-def adapter_usage(adapter_id: int, served: dict[str, datetime]) -> list[Usage]:
-    """`served`: {deployment name: since when it serves the adapter}."""
+def adapter_usage(adapter) -> list[Usage]:
+    """Every deployment that serves the adapter or has seen it active, in one
+    query (plus one for "active now" when it was ever seen)."""
     now = timezone.now()
     threshold = now - timedelta(days=settings.OBSERVABILITY_IDLE_DAYS)
-    seen = {
-        row["deployment__name"]: row
-        for row in AdapterActivity.objects.filter(adapter_id=adapter_id).values(
-            "deployment__name", "last_active_at", "active_samples"
-        )
-    }
-    running_now = _running_now({row["deployment__name"] for row in seen.values()}, adapter_id)
-    rows = []
-    for deployment in sorted(set(served) | set(seen)):
-        row = seen.get(deployment, {})
-        last = row.get("last_active_at")
-        since = served.get(deployment)
-        reference = last or since
-        rows.append(
-            Usage(
-                deployment=deployment,
-                last_active_at=last,
-                active_samples=row.get("active_samples", 0),
-                served_since=since,
-                active_now=deployment in running_now,
-                idle=deployment in served and reference is not None and reference < threshold,
-            )
-        )
-    return rows
-
-
-def _running_now(deployments: set[str], adapter_id: int) -> set[str]:
-    from registry.models import Adapter
-
-    served_name = (
-        Adapter.objects.filter(pk=adapter_id).values_list("served_name", flat=True).first()
+    activity = AdapterActivity.objects.filter(deployment=OuterRef("pk"), adapter=adapter)
+    served = ServedAdapter.objects.filter(
+        deployment=OuterRef("pk"), adapter=adapter, version__isnull=False
     )
+    rows = list(
+        Deployment.objects.annotate(
+            since=Subquery(served.values("updated_at")[:1]),
+            last=Subquery(activity.values("last_active_at")[:1]),
+            samples=Subquery(activity.values("active_samples")[:1]),
+        )
+        .filter(Q(since__isnull=False) | Q(last__isnull=False))
+        .order_by("name")
+        .values("name", "since", "last", "samples")
+    )
+    seen = {row["name"] for row in rows if row["last"]}
+    running_now = _running_now(seen, adapter.served_name) if seen else set()
+    return [
+        Usage(
+            deployment=row["name"],
+            last_active_at=row["last"],
+            active_samples=row["samples"] or 0,
+            served_since=row["since"],
+            active_now=row["name"] in running_now,
+            idle=row["since"] is not None and (row["last"] or row["since"]) < threshold,
+        )
+        for row in rows
+    ]
+
+
+def _running_now(deployments: set[str], served_name: str) -> set[str]:
     recent = timezone.now() - _active_window()
     result = set()
     for deployment, running, waiting in ReplicaLoraState.objects.filter(
@@ -208,16 +208,19 @@ def _running_now(deployments: set[str], adapter_id: int) -> set[str]:
     return result
 
 
-def deployment_usage(deployment: Deployment, served: dict[str, datetime]) -> dict[str, Usage]:
-    """{served name: Usage} for a deployment's adapters (`served`: {name: since})."""
+def deployment_usage(deployment: Deployment, names: list[str]) -> dict[str, Usage]:
+    """{served name: Usage} of the named adapters the deployment serves, in two queries."""
     now = timezone.now()
     threshold = now - timedelta(days=settings.OBSERVABILITY_IDLE_DAYS)
-    seen = {
-        row["served_name"]: row
-        for row in AdapterActivity.objects.filter(deployment=deployment).values(
-            "served_name", "last_active_at", "active_samples"
-        )
-    }
+    activity = AdapterActivity.objects.filter(
+        deployment=deployment, served_name=OuterRef("adapter__served_name")
+    )
+    rows = ServedAdapter.objects.filter(
+        deployment=deployment, adapter__served_name__in=names, version__isnull=False
+    ).annotate(
+        last=Subquery(activity.values("last_active_at")[:1]),
+        samples=Subquery(activity.values("active_samples")[:1]),
+    )
     recent = now - _active_window()
     running: set[str] = set()
     for names_running, names_waiting in ReplicaLoraState.objects.filter(
@@ -226,16 +229,14 @@ def deployment_usage(deployment: Deployment, served: dict[str, datetime]) -> dic
         running.update(names_running or [])
         running.update(names_waiting or [])
     result = {}
-    for name, since in served.items():
-        row = seen.get(name, {})
-        last = row.get("last_active_at")
-        reference = last or since
+    for row in rows.values("adapter__served_name", "updated_at", "last", "samples"):
+        name = row["adapter__served_name"]
         result[name] = Usage(
             deployment=deployment.name,
-            last_active_at=last,
-            active_samples=row.get("active_samples", 0),
-            served_since=since,
+            last_active_at=row["last"],
+            active_samples=row["samples"] or 0,
+            served_since=row["updated_at"],
             active_now=name in running,
-            idle=reference is not None and reference < threshold,
+            idle=(row["last"] or row["updated_at"]) < threshold,
         )
     return result

@@ -113,3 +113,19 @@ class PlanSerializer(serializers.Serializer):
     economics = EconomicsSerializer()
     fits = serializers.BooleanField()
     warnings = serializers.ListField(child=serializers.CharField())
+
+
+class _ErrorBody(serializers.Serializer):
+    status = serializers.IntegerField()
+    code = serializers.CharField()
+    message = serializers.CharField()
+    details = serializers.DictField(
+        help_text='For 400: {"fields": {field: [why]}} naming each bad field.'
+    )
+    request_id = serializers.CharField()
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The one error shape every endpoint answers with (registry.api.errors)."""
+
+    error = _ErrorBody()

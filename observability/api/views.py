@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers as drf
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from observability.api.serializers import PlannerInputSerializer, PlanSerializer
+from observability.api.serializers import ErrorSerializer, PlannerInputSerializer, PlanSerializer
 from observability.planner import PlannerInputError
 from observability.planning import plan_for
 from registry.api.views import ActorMixin
@@ -17,7 +17,14 @@ class PlannerView(ActorMixin, APIView):
 
     @extend_schema(
         request=PlannerInputSerializer,
-        responses={200: PlanSerializer},
+        responses={
+            200: PlanSerializer,
+            400: OpenApiResponse(
+                ErrorSerializer, description="Bad input; details name each field."
+            ),
+            401: OpenApiResponse(ErrorSerializer, description="Not signed in, no token."),
+            404: OpenApiResponse(ErrorSerializer, description="No such deployment."),
+        },
         summary="Plan GPU memory, the LoRA pool, the KV cache and the cost of consolidation",
     )
     def post(self, request):

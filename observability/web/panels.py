@@ -5,19 +5,13 @@ from __future__ import annotations
 from django.conf import settings
 
 from observability.selectors import adapter_usage
-from serving.models import ServedAdapter
 
 
 def adapter_usage_panel(actor, adapter) -> dict:
     """The adapter page's "Usage" card. The page has already checked that the
     viewer may see the adapter; deployment names are visible to everyone signed in."""
-    served = dict(
-        ServedAdapter.objects.filter(adapter=adapter, version__isnull=False).values_list(
-            "deployment__name", "updated_at"
-        )
-    )
     return {
         "template": "observability/partials/adapter_usage.html",
-        "rows": adapter_usage(adapter.pk, served),
+        "rows": adapter_usage(adapter),
         "idle_days": settings.OBSERVABILITY_IDLE_DAYS,
     }

@@ -100,6 +100,10 @@ def deployment_detail(request, actor: Actor, name: str):
     deployment = selectors.deployment_get(actor, name)
     matrix = queries.deployment_matrix(actor, deployment)
     rows = Paginator(matrix["rows"], ADAPTER_ROWS_PER_PAGE).get_page(request.GET.get("page"))
+    # What vLLM's metrics said about the adapters on this page (observability).
+    usage = deployment_usage(deployment, [row["served_name"] for row in rows])
+    for row in rows:
+        row["usage"] = usage.get(row["served_name"])
     context = {
         "deployment": deployment,
         "capacity": queries.capacity_by_deployment([deployment])[deployment.pk],
@@ -111,21 +115,9 @@ def deployment_detail(request, actor: Actor, name: str):
             actor, _approver_pending(actor, deployment=deployment)[:20]
         ),
         "allowed_departments": list(deployment.allowed_departments.all()),
-        "usage": _usage(actor, deployment),
         "idle_days": settings.OBSERVABILITY_IDLE_DAYS,
     }
     return render_page(request, actor, "serving/deployment_detail.html", context)
-
-
-def _usage(actor: Actor, deployment) -> list:
-    """What vLLM reported about the adapters of the viewer's departments here."""
-    served = dict(
-        selectors.served_adapters_for(actor, deployment)
-        .filter(version__isnull=False)
-        .values_list("adapter__served_name", "updated_at")
-    )
-    usage = deployment_usage(deployment, served)
-    return [(name, usage[name]) for name in sorted(usage)]
 
 
 # --- Promoting a version ----------------------------------------------------
