@@ -173,37 +173,47 @@ def replica_lora_state_record(
         if snapshot is None:
             state.save()
             return state
-        # Old label sets stay exported with their old time: only a newer series is news.
-        fresh = snapshot.timestamp is not None and (
-            state.series_timestamp is None or snapshot.timestamp > state.series_timestamp
-        )
         state.max_lora = snapshot.max_lora
         state.running = list(snapshot.running)
         state.waiting = list(snapshot.waiting)
         state.gpu_loaded = None if snapshot.gpu_loaded is None else list(snapshot.gpu_loaded)
         state.cpu_loaded = None if snapshot.cpu_loaded is None else list(snapshot.cpu_loaded)
+        # Old label sets stay exported with the last time they were current: only
+        # those current since the previous read are news (a request that came and
+        # went between two reads included).
+        fresh = snapshot.since(state.series_timestamp)
         if fresh:
-            state.series_timestamp = snapshot.timestamp
+            state.series_timestamp = max(s.timestamp for s in fresh)
             state.samples += 1
-            running = len(snapshot.running)
-            state.peak_running = max(state.peak_running, running)
             counts = dict(state.concurrency or {})
-            counts[str(running)] = counts.get(str(running), 0) + 1
+            for series in fresh:
+                key = str(len(series.running))
+                counts[key] = counts.get(key, 0) + 1
             state.concurrency = counts
-            if snapshot.waiting:
+            state.peak_running = max(state.peak_running, *(len(s.running) for s in fresh))
+            if any(s.waiting for s in fresh):
                 state.waiting_samples += 1
-            _activity_record(deployment, snapshot, _when(snapshot.timestamp, now))
+            _activity_record(deployment, fresh, now)
         state.save()
     return state
 
 
-def _activity_record(deployment: Deployment, snapshot: LoraSnapshot, when: datetime) -> None:
-    names = snapshot.active
-    if not names:
+def _activity_record(deployment: Deployment, fresh, now: datetime) -> None:
+    """Per adapter: the latest time a fresh label set showed it, counted once per read."""
+    last: dict[str, float] = {}
+    running: set[str] = set()
+    waiting: set[str] = set()
+    for series in fresh:
+        for name in (*series.running, *series.waiting):
+            last[name] = max(last.get(name, 0.0), series.timestamp)
+        running.update(series.running)
+        waiting.update(series.waiting)
+    if not last:
         return
-    adapters = dict(Adapter.objects.filter(served_name__in=names).values_list("served_name", "pk"))
-    for name in names:
-        activity, created = AdapterActivity.objects.get_or_create(
+    adapters = dict(Adapter.objects.filter(served_name__in=last).values_list("served_name", "pk"))
+    for name, timestamp in last.items():
+        when = _when(timestamp, now)
+        activity, _ = AdapterActivity.objects.get_or_create(
             deployment=deployment,
             served_name=name,
             defaults={
@@ -215,6 +225,6 @@ def _activity_record(deployment: Deployment, snapshot: LoraSnapshot, when: datet
         AdapterActivity.objects.filter(pk=activity.pk).update(
             adapter_id=adapters.get(name, activity.adapter_id),
             last_active_at=max(when, activity.last_active_at),
-            active_samples=F("active_samples") + (1 if name in snapshot.running else 0),
-            waiting_samples=F("waiting_samples") + (1 if name in snapshot.waiting else 0),
+            active_samples=F("active_samples") + (1 if name in running else 0),
+            waiting_samples=F("waiting_samples") + (1 if name in waiting else 0),
         )

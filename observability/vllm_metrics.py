@@ -36,6 +36,15 @@ class MetricsParseError(ValueError):
 
 
 @dataclass(frozen=True)
+class LoraSeries:
+    """One label set of lora_requests_info and the last time it was current."""
+
+    running: tuple[str, ...]
+    waiting: tuple[str, ...]
+    timestamp: float
+
+
+@dataclass(frozen=True)
 class LoraSnapshot:
     max_lora: int | None = None
     running: tuple[str, ...] = ()
@@ -46,6 +55,13 @@ class LoraSnapshot:
     cpu_loaded: tuple[str, ...] | None = None
     num_gpu_loaded: int | None = None
     max_gpu_adapters: int | None = None
+    # Every label set, oldest first. vLLM re-stamps a set each time it is current, so
+    # a request that started and finished between two reads still leaves its set here.
+    series: tuple[LoraSeries, ...] = ()
+
+    def since(self, after: float | None) -> tuple[LoraSeries, ...]:
+        """The label sets that were current after `after` (all of them for None)."""
+        return tuple(s for s in self.series if after is None or s.timestamp > after)
 
     @property
     def active(self) -> tuple[str, ...]:
@@ -66,6 +82,7 @@ def _int(value: str | None) -> int | None:
 def parse_lora_metrics(text: str) -> LoraSnapshot:
     """The LoRA state in a /metrics body (Prometheus text format)."""
     newest = None
+    series: list[LoraSeries] = []
     gpu: list[str] = []
     cpu: list[str] = []
     residency = False
@@ -78,6 +95,13 @@ def parse_lora_metrics(text: str) -> LoraSnapshot:
         # The parser strips a counter's _total, never the colon-prefixed names used here.
         if family.name == LORA_INFO:
             for sample in family.samples:
+                series.append(
+                    LoraSeries(
+                        running=_names(sample.labels.get("running_lora_adapters")),
+                        waiting=_names(sample.labels.get("waiting_lora_adapters")),
+                        timestamp=float(sample.value),
+                    )
+                )
                 if newest is None or sample.value > newest.value:
                     newest = sample
         elif family.name == ADAPTER_LOADED:
@@ -107,6 +131,7 @@ def parse_lora_metrics(text: str) -> LoraSnapshot:
         cpu_loaded=tuple(cpu) if residency else None,
         num_gpu_loaded=num_gpu,
         max_gpu_adapters=max_gpu,
+        series=tuple(sorted(series, key=lambda s: s.timestamp)),
     )
 
 

@@ -31,7 +31,8 @@ def test_a_reconcile_reads_each_replicas_lora_metrics(deployment, served, fake_r
 
     first = ReplicaLoraState.objects.get(replica__base_url=fake_replicas[0].base_url)
     assert first.ok and first.running == ["legal-contracts"] and first.max_lora == 2
-    assert first.samples == 1 and first.peak_running == 1 and first.concurrency == {"1": 1}
+    assert first.samples == 1 and first.peak_running == 1
+    assert first.concurrency == {"0": 1, "1": 1}  # both label sets are news on a first read
     second = ReplicaLoraState.objects.get(replica__base_url=fake_replicas[1].base_url)
     assert second.running == [] and second.concurrency == {"0": 1}
     activity = AdapterActivity.objects.get()
@@ -53,6 +54,25 @@ def test_an_unchanged_series_is_not_counted_twice(deployment, served, fake_repli
     fake_replicas[0].metrics_text = lora_info(("legal-contracts", "", now - 5), newer)
     reconcile_deployment(deployment.pk, "beat")
     assert AdapterActivity.objects.get().active_samples == 3
+
+
+def test_a_request_that_finished_between_two_reads_still_counts(deployment, served, fake_replicas):
+    # What vLLM 0.32 exports after a request: its label set, then the idle one.
+    now = time.time()
+    fake_replicas[0].metrics_text = lora_info(("", "", now - 30))
+    reconcile_deployment(deployment.pk, "beat")
+    fake_replicas[0].metrics_text = lora_info(
+        ("", "", now), ("legal-contracts", "legal-contracts", now - 0.01)
+    )
+    reconcile_deployment(deployment.pk, "beat")
+    activity = AdapterActivity.objects.get()
+    assert abs(activity.last_active_at.timestamp() - (now - 0.01)) < 0.01
+    assert (activity.active_samples, activity.waiting_samples) == (1, 1)
+    state = ReplicaLoraState.objects.get(replica__base_url=fake_replicas[0].base_url)
+    assert state.running == [] and state.series_timestamp == now
+    # Read again, nothing new: no second count.
+    reconcile_deployment(deployment.pk, "beat")
+    assert AdapterActivity.objects.get().active_samples == 1
 
 
 def test_waiting_requests_are_recorded(deployment, served, fake_replicas):

@@ -149,3 +149,10 @@ def test_an_error_status_is_a_failed_attempt(hostile):
 def test_a_refused_connection_is_a_transient_failure():
     attempt, text = fetch_metrics("http://127.0.0.1:9", api_key=None, timeout=2, max_bytes=1024)
     assert text is None and attempt.status_code is None and attempt.transient
+
+
+def test_every_label_set_is_kept_with_when_it_was_last_current():
+    snapshot = parse_lora_metrics(VLLM_032)
+    assert [s.timestamp for s in snapshot.series] == [1.7644e9, 1.7645e9, 1.7646e9]
+    assert [s.running for s in snapshot.since(1.7644e9)] == [(), ("legal-contracts", "hr-policy")]
+    assert len(snapshot.since(None)) == 3 and snapshot.since(1.7646e9) == ()
