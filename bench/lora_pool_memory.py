@@ -1,7 +1,8 @@
 """The planner's LoRA-pool model against a real vLLM's memory.
 
     .venv/bin/python -m bench.lora_pool_memory             # ranks 16 and 64, 1 and 8 slots
-    .venv/bin/python -m bench.lora_pool_memory --repeats 2
+    .venv/bin/python -m bench.lora_pool_memory --repeats 3
+    .venv/bin/python -m bench.lora_pool_memory --model wide   # 4x wider, 2x deeper tiny Llama
 
 vLLM preallocates its LoRA pool at start-up (max_loras slots, A and B buffers
 at max_lora_rank for every LoRA-capable module). On the tiny model, this starts
@@ -13,7 +14,10 @@ two is the memory of 7 slots; the baseline is the max_loras=1 run measured in
 the same session. Two max_loras=1 runs at rank 16 (or --repeats) show the noise
 between identical starts. The planner's figure is 7 x lora_slot_bytes(rank).
 
-No adapter is loaded: the pool does not depend on registered adapters.
+No adapter is loaded: the pool does not depend on registered adapters. On the
+tiny model the rank-16 pool (2.4 MiB for 7 slots) is about the size of the noise
+between two identical starts; `--model wide` (hidden 512, intermediate 1024, 4
+layers, 8 heads, same tokenizer) makes the pool ~30 times the noise.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,15 +34,37 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from observability.planner import ModelShape, lora_slot_bytes  # noqa: E402
-from tests.support.vllm_servers import VLLMServer, ensure_tiny_model  # noqa: E402
+from tests.support.vllm_servers import (  # noqa: E402
+    VLLMServer,
+    ensure_tiny_model,
+    vllm_python,
+)
 
 MIB = 1024 * 1024
+WIDE = {"HIDDEN": 512, "INTERMEDIATE": 1024, "LAYERS": 4, "HEADS": 8, "KV_HEADS": 8}
+
+
+def ensure_wide_model() -> Path:
+    """The tiny model's generator with wider shapes (its constants set here)."""
+    target = REPO_ROOT / "var" / "models" / "bench-wide-llama"
+    if (target / "config.json").is_file():
+        return target
+    ensure_tiny_model()  # installs vLLM's venv if needed
+    overrides = "; ".join(f"m.{k} = {v}" for k, v in WIDE.items())
+    scripts = str(REPO_ROOT / "scripts" / "vllm")
+    code = (
+        f"import sys; from pathlib import Path; sys.path.insert(0, {scripts!r}); "
+        f"import make_tiny_model as m; {overrides}; "
+        f"m.build(Path({str(target)!r}), 'wide-llama', 0)"
+    )
+    subprocess.run([str(vllm_python()), "-c", code], check=True, timeout=600)
+    return target
 
 
 def measure(model_dir: Path, max_loras: int, rank: int, log_dir: Path) -> int:
     """Median RSS (bytes) of one freshly started server, idle after start-up."""
     server = VLLMServer(
-        name=f"pool-{max_loras}x{rank}",
+        name=f"pool-{model_dir.name}-{max_loras}x{rank}",
         model_dir=model_dir,
         max_loras=max_loras,
         max_cpu_loras=max(max_loras, 8),
@@ -62,9 +89,10 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--slots", type=int, nargs=2, default=[1, 8], metavar=("LOW", "HIGH"))
     parser.add_argument("--repeats", type=int, default=1, help="runs per configuration")
+    parser.add_argument("--model", choices=["tiny", "wide"], default="tiny")
     args = parser.parse_args()
 
-    model_dir = ensure_tiny_model()
+    model_dir = ensure_tiny_model() if args.model == "tiny" else ensure_wide_model()
     config = json.loads((model_dir / "config.json").read_text())
     shape = ModelShape.from_config(config, dtype="float32")  # serve.sh runs --dtype float32
     log_dir = REPO_ROOT / "var" / "log" / "bench-lora-pool"
@@ -72,7 +100,7 @@ def main() -> int:
     low, high = args.slots
 
     print(
-        f"tiny model: hidden {shape.hidden_size}, intermediate {shape.intermediate_size}, "
+        f"{args.model} model: hidden {shape.hidden_size}, intermediate {shape.intermediate_size}, "
         f"{shape.num_layers} layers, vocab {shape.vocab_size}, float32"
     )
     noise = [measure(model_dir, low, args.ranks[0], log_dir) for _ in range(2)]
