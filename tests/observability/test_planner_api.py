@@ -170,3 +170,26 @@ def test_the_command_names_bad_input(tmp_path, deployment):
         call_command("plan", "--deployment", deployment.name, "--max-lora-rank", "7")
     with pytest.raises(CommandError, match="No deployment"):
         call_command("plan", "--deployment", "nowhere")
+
+
+def test_a_deployments_plan_recommends_max_loras_from_what_vllm_reported(as_lena, deployment):
+    from django.utils import timezone
+
+    from observability.models import ReplicaLoraState
+    from serving.models import Replica
+
+    deployment.gpu_memory_bytes = 16 * GIB
+    deployment.save()
+    for url, peak, waiting in (("http://a:8000", 1, 0), ("http://b:8000", 2, 3)):
+        replica = Replica.objects.create(deployment=deployment, base_url=url, health="up")
+        ReplicaLoraState.objects.create(
+            replica=replica, observed_at=timezone.now(), ok=True, samples=40,
+            peak_running=peak, waiting_samples=waiting,
+        )  # fmt: skip
+    plan = as_lena.post("/api/v1/planner/", {"deployment": deployment.name}, format="json").json()
+    # Both slots were busy and requests waited: double max_loras (2 -> 4).
+    assert plan["max_loras_recommended"] == 4
+    assert "waited for a LoRA slot" in plan["recommendation"]
+    ReplicaLoraState.objects.update(peak_running=1, waiting_samples=0)
+    plan = as_lena.post("/api/v1/planner/", {"deployment": deployment.name}, format="json").json()
+    assert plan["max_loras_recommended"] == 1
