@@ -70,6 +70,11 @@ def measure(model_dir: Path, max_loras: int, rank: int, log_dir: Path) -> int:
         max_cpu_loras=max(max_loras, 8),
         max_lora_rank=rank,
         log_dir=log_dir,
+        # glibc raises its mmap threshold after a large free, then keeps freed
+        # memory (start-up's temporary weight buffers) and serves later
+        # allocations, the pool included, from it: RSS would hide the pool.
+        # A fixed threshold returns large frees to the OS.
+        env={"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"},
     )
     server.start()
     try:

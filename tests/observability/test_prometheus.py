@@ -43,12 +43,15 @@ def test_promql_sees_a_promotion_and_a_replica_going_down(
     assert prometheus.wait_for(
         f'sum(lora_replicas{{deployment="{name}",state="up"}})', lambda v: v == 2
     )
-    assert prometheus.value(f'lora_adapters_desired{{deployment="{name}"}}') == 1
-    assert prometheus.value(f'sum(lora_adapters_loaded{{deployment="{name}"}})') == 2
+    # Scrapes are a second apart: the reconcile may land in a later one than the rollout.
+    desired = f'lora_adapters_desired{{deployment="{name}"}}'
+    assert prometheus.wait_for(desired, lambda v: v == 1) == 1
+    loaded = f'sum(lora_adapters_loaded{{deployment="{name}"}})'
+    assert prometheus.wait_for(loaded, lambda v: v == 2) == 2
     duration = f'lora_rollout_duration_seconds_count{{deployment="{name}"}}'
-    assert prometheus.value(duration) == 1
+    assert prometheus.wait_for(duration, lambda v: v == 1) == 1
     stale = f'time() - lora_reconcile_last_success_timestamp_seconds{{deployment="{name}"}}'
-    assert prometheus.value(stale) < 60
+    assert prometheus.wait_for(stale, lambda v: v is not None and v < 60) < 60
 
     fake_replicas[1].close()
     reconcile_deployment(deployment.pk, "beat")

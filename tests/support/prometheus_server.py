@@ -116,7 +116,7 @@ class PrometheusServer:
         return result[0]["value"] if result else None
 
     def wait_for(
-        self, promql: str, expected: Callable[[float | None], bool], timeout: float = 30
+        self, promql: str, expected: Callable[[float | None], bool], timeout: float = 60
     ) -> float | None:
         """Polls until the query's value satisfies `expected` (scrapes are 1 s apart)."""
         deadline = time.monotonic() + timeout
