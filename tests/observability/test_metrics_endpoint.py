@@ -203,3 +203,23 @@ def test_a_scrape_costs_the_same_queries_however_much_there_is(
     finally:
         for fake in extra:
             fake.close()
+
+
+def test_mirror_lag_is_the_age_of_the_oldest_unsynced_change(metrics_token, approved_v1):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from registry.mlflow.models import MlflowVersionMirror
+
+    assert value(scrape(), "lora_mlflow_mirror_lag_seconds", kind="version") == 0
+    row = MlflowVersionMirror.objects.create(version=approved_v1, state="failed")
+    MlflowVersionMirror.objects.filter(pk=row.pk).update(
+        updated_at=timezone.now() - timedelta(seconds=600)
+    )
+    s = scrape()
+    assert 600 <= value(s, "lora_mlflow_mirror_lag_seconds", kind="version") < 660
+    assert value(s, "lora_mlflow_mirror_backlog", kind="version", state="failed") == 1
+    assert value(s, "lora_mlflow_mirror_backlog", kind="alias", state="pending") == 0
+    MlflowVersionMirror.objects.filter(pk=row.pk).update(state="synced")
+    assert value(scrape(), "lora_mlflow_mirror_lag_seconds", kind="version") == 0
