@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "serving",
     "mlflow_bridge",
     "sso",
+    "observability",
 ]
 
 MIDDLEWARE = [
@@ -268,6 +269,28 @@ CELERY_BEAT_SCHEDULE = {
     "serving-housekeeping": {"task": "serving.housekeeping", "schedule": 600.0},
 }
 CELERY_BEAT_SCHEDULE.update(_MLFLOW_BEAT)
+
+# --- Observability (observability/) -------------------------------------------
+# GET /metrics needs `Authorization: Bearer <METRICS_TOKEN>`, unless anonymous
+# scrapes are allowed (a network policy in front); with neither it answers 404.
+METRICS_TOKEN = cfg.secret("METRICS_TOKEN") or ""
+METRICS_ALLOW_ANONYMOUS = cfg.boolean("METRICS_ALLOW_ANONYMOUS", False)
+# Each reconcile reads every up replica's /metrics (vllm:lora_requests_info).
+OBSERVABILITY_VLLM_METRICS = cfg.boolean("OBSERVABILITY_VLLM_METRICS", True)
+OBSERVABILITY_VLLM_METRICS_TIMEOUT_SECONDS = cfg.number(
+    "OBSERVABILITY_VLLM_METRICS_TIMEOUT_SECONDS", 3.0, minimum=0.1
+)
+OBSERVABILITY_VLLM_METRICS_MAX_BYTES = cfg.integer(
+    "OBSERVABILITY_VLLM_METRICS_MAX_BYTES", 2 * 1024**2, minimum=4096
+)
+# An adapter served but not seen active for this long is suggested for retirement.
+OBSERVABILITY_IDLE_DAYS = cfg.number("OBSERVABILITY_IDLE_DAYS", 14.0, minimum=0.01)
+# Planner defaults where a deployment does not say (its GPU memory and share are its own).
+PLANNER_GPU_MEMORY_UTILIZATION = cfg.number(
+    "PLANNER_GPU_MEMORY_UTILIZATION", 0.9, minimum=0.05, maximum=1.0
+)
+PLANNER_CONTEXT_LENGTH = cfg.integer("PLANNER_CONTEXT_LENGTH", 4096, minimum=1)
+# --- end observability ----------------------------------------------------------
 
 # --- REST API ---------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from observability.urls import metrics_urlpatterns
 from registry.api.views import HealthView
 from sso import views as sso_views
 
@@ -10,14 +11,17 @@ urlpatterns = [
     path("api/v1/", include("registry.api.urls")),
     path("api/v1/", include("serving.api.urls")),
     path("api/v1/", include("mlflow_bridge.api")),
+    path("api/v1/", include("observability.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", HealthView.as_view(), name="health"),
+    *metrics_urlpatterns,
     path("api-auth/", include("rest_framework.urls")),
     # Local passwords (unless LOCAL_LOGIN=false) and single sign-on (OIDC).
     path("login/", sso_views.LoginView.as_view(), name="login"),
     path("logout/", sso_views.logout, name="logout"),
     path("oidc/", include("sso.urls")),
+    path("", include("observability.urls")),
     path("", include("serving.web.urls")),
     path("", include("registry.web.urls")),
 ]

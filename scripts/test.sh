@@ -40,4 +40,9 @@ fi
 if command -v kubectl >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1; then
   export REQUIRE_DEPLOY_TOOLS=1  # installed: the deploy tests must run, not skip
 fi
+# The Prometheus tier runs Debian's prometheus (and promtool for the alert rules).
+if [[ ! -x /usr/bin/prometheus || ! -x /usr/bin/promtool ]]; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; } \
+    || echo "could not install prometheus: the Prometheus tests will be skipped" >&2
+fi
 exec $BIN/pytest -q "$@"

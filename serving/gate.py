@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from registry.models import AdapterVersion
+from serving.capacity import pool_figures
 from serving.models import Deployment, ServedAdapter
 
 
@@ -138,34 +139,36 @@ def check_capacity(deployment: Deployment, version: AdapterVersion) -> GateCheck
     )
 
 
-def resident_lora_bytes(sizes: list[int], max_loras: int) -> int:
-    """vLLM keeps up to max_loras adapters on the GPU at once: budget the largest."""
-    return sum(sorted(sizes, reverse=True)[:max_loras])
-
-
 def check_memory(deployment: Deployment, version: AdapterVersion) -> GateCheck:
-    served = (
-        ServedAdapter.objects.filter(deployment=deployment, version__isnull=False)
-        .exclude(adapter_id=version.adapter_id)
-        .values_list("version__estimated_memory_bytes", flat=True)
-    )
-    resident = resident_lora_bytes([*served, version.estimated_memory_bytes], deployment.max_loras)
-    if not deployment.gpu_memory_bytes:
+    """vLLM preallocates max_loras slots at max_lora_rank for every LoRA-capable
+    module (serving.planner), whatever the adapters: a pool over the
+    deployment's share of GPU memory starves the KV cache, so it refuses."""
+    figures = pool_figures(deployment)
+    if figures.pool_bytes is None:
         return GateCheck(
             "memory",
             True,
-            f"Estimated LoRA memory {resident} bytes; GPU memory not configured.",
+            "LoRA pool unknown: the deployment does not give the base model's dimensions.",
             advisory=True,
         )
-    budget = int(deployment.gpu_memory_bytes * deployment.lora_memory_share)
-    share = resident / deployment.gpu_memory_bytes
-    return GateCheck(
-        "memory",
-        resident <= budget,
-        f"Estimated LoRA memory {resident} bytes is {share:.1%} of GPU memory "
-        f"(budget {deployment.lora_memory_share:.0%} = {budget} bytes).",
-        advisory=True,
+    pool = (
+        f"LoRA pool {figures.pool_bytes} bytes ({deployment.max_loras} slots x "
+        f"{figures.slot_bytes} bytes at max_lora_rank {deployment.max_lora_rank})"
     )
+    if figures.budget_bytes is None:
+        return GateCheck("memory", True, f"{pool}; GPU memory not configured.", advisory=True)
+    share = figures.pool_bytes / deployment.gpu_memory_bytes
+    budget = (
+        f"{share:.1%} of GPU memory {deployment.gpu_memory_bytes} bytes, budget "
+        f"{deployment.lora_memory_share:.0%} = {figures.budget_bytes} bytes"
+    )
+    if figures.over:
+        return GateCheck(
+            "memory",
+            False,
+            f"{pool} is {budget}: lower max_loras or max_lora_rank, or raise lora_memory_share.",
+        )
+    return GateCheck("memory", True, f"{pool} is {budget}.")
 
 
 CHECKS = (

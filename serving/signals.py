@@ -8,3 +8,8 @@ from django.dispatch import Signal
 
 # deployment=<Deployment>, adapter=<Adapter>, version=<AdapterVersion or None when retired>.
 served_version_changed = Signal()
+
+# deployment=<Deployment>, seconds=<float>, ok=<bool>; sent after each reconcile of
+# a deployment, outside any transaction, with send_robust: a receiver that fails
+# is logged and never breaks the reconcile.
+reconcile_finished = Signal()

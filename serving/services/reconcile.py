@@ -11,6 +11,7 @@ and each repair also takes the adapter's lease so it never races a rollout.
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -32,6 +33,7 @@ from serving.services.leases import (
     served_adapter_claim,
     served_adapter_release,
 )
+from serving.signals import reconcile_finished
 from serving.vllm_client import model_cards, server_version
 from serving.volume import StagingError, stage_version
 
@@ -56,11 +58,20 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
     if not deployment_reconcile_claim(deployment.pk, worker):
         report.skipped = True
         return report
+    started, ok = time.monotonic(), False
     try:
         _reconcile(deployment, worker, report)
+        ok = True
         Deployment.objects.filter(pk=deployment.pk).update(last_reconciled_at=timezone.now())
     finally:
         deployment_reconcile_release(deployment.pk, worker)
+        for receiver, error in reconcile_finished.send_robust(
+            sender=Deployment, deployment=deployment, seconds=time.monotonic() - started, ok=ok
+        ):
+            if isinstance(error, Exception):
+                logger.error(
+                    "after reconcile of %s, %r failed: %s", deployment.name, receiver, error
+                )
     return report
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from core.access import visible_department_ids
 from core.actors import Actor
 from serving import selectors
-from serving.gate import resident_lora_bytes
+from serving.capacity import pool_figures
 from serving.models import Deployment, Replica, Rollout, ServedAdapter
 from serving.transitions import ROLLOUT_TERMINAL
 
@@ -29,7 +29,7 @@ class Capacity:
     slots_used: int
     max_cpu_loras: int
     allow_lru_thrash: bool
-    resident_bytes: int  # the max_loras largest adapters, as the gate budgets them
+    resident_bytes: int  # the LoRA pool vLLM preallocates, as the gate budgets it
     gpu_memory_bytes: int | None
     lora_memory_share: float
 
@@ -62,21 +62,20 @@ class Capacity:
 
 
 def capacity_by_deployment(deployments: list[Deployment]) -> dict[int, Capacity]:
-    """One query for every deployment's slots and memory."""
-    sizes: dict[int, list[int]] = defaultdict(list)
+    """One query for every deployment's slots; memory is the planner's pool model."""
+    used: dict[int, int] = defaultdict(int)
     rows = ServedAdapter.objects.filter(
         deployment__in=[d.pk for d in deployments], version__isnull=False
-    ).values_list("deployment_id", "version__estimated_memory_bytes")
-    for deployment_id, size in rows:
-        sizes[deployment_id].append(size or 0)
+    ).values_list("deployment_id", flat=True)
+    for deployment_id in rows:
+        used[deployment_id] += 1
     result = {}
     for d in deployments:
-        served = sizes[d.pk]
         result[d.pk] = Capacity(
-            slots_used=len(served),
+            slots_used=used[d.pk],
             max_cpu_loras=d.max_cpu_loras,
             allow_lru_thrash=d.allow_lru_thrash,
-            resident_bytes=resident_lora_bytes(served, d.max_loras),
+            resident_bytes=pool_figures(d).pool_bytes or 0,
             gpu_memory_bytes=d.gpu_memory_bytes,
             lora_memory_share=d.lora_memory_share,
         )

@@ -78,12 +78,51 @@ def test_capacity_counts_adapters_against_max_cpu_loras(lena, alex, legal, deplo
     assert checks(evaluate_gate(deployment, approved_v1))["capacity"].ok
 
 
-def test_memory_is_reported_against_the_gpu_share(deployment, approved_v1):
-    deployment.gpu_memory_bytes = 1000
-    deployment.lora_memory_share = 0.1
+# The tiny deployment's pool as vLLM allocates it (tests/observability/test_planner.py):
+# 2 slots x 16 x 5632 values x 2 bytes (SERVING_DTYPE float16).
+TINY_SLOT = 16 * 5632 * 2
+TINY_POOL = 2 * TINY_SLOT
+
+
+def test_a_pool_over_the_gpu_share_refuses_the_promotion(deployment, approved_v1):
+    deployment.gpu_memory_bytes = 2 * 1024 * 1024
+    deployment.lora_memory_share = 0.15
+    report = evaluate_gate(deployment, approved_v1)
+    memory = checks(report)["memory"]
+    assert not memory.ok and not memory.advisory and not report.passed
+    assert f"LoRA pool {TINY_POOL} bytes (2 slots x {TINY_SLOT} bytes" in memory.message
+    assert "17.2% of GPU memory 2097152 bytes, budget 15% = 314572 bytes" in memory.message
+
+
+def test_a_pool_within_the_share_passes(deployment, approved_v1):
+    deployment.gpu_memory_bytes = 16 * 1024**3
     memory = checks(evaluate_gate(deployment, approved_v1))["memory"]
-    assert not memory.ok and memory.advisory
-    assert evaluate_gate(deployment, approved_v1).passed  # advisory only
+    assert memory.ok and not memory.advisory
+    assert f"LoRA pool {TINY_POOL} bytes" in memory.message
+
+
+def test_without_gpu_memory_the_pool_is_only_reported(deployment, approved_v1):
+    memory = checks(evaluate_gate(deployment, approved_v1))["memory"]
+    assert memory.ok and memory.advisory
+    assert "GPU memory not configured" in memory.message
+
+
+def test_the_api_refuses_a_promotion_whose_pool_exceeds_the_share(
+    as_lena, deployment, approved_v1, fake_replicas
+):
+    deployment.gpu_memory_bytes = 2 * 1024 * 1024
+    deployment.save()
+    response = as_lena.post(
+        "/api/v1/promotions/",
+        {"deployment": deployment.name, "version": approved_v1.pk},
+        format="json",
+    )
+    assert response.status_code == 422
+    refused = [c for c in response.json()["error"]["details"]["checks"] if not c["ok"]]
+    assert [c["name"] for c in refused] == ["memory"]
+    assert "lower max_loras or max_lora_rank" in refused[0]["message"]
+    assert not ServedAdapter.objects.exists()
+    assert all(not replica.requests for replica in fake_replicas)
 
 
 def test_promotion_refused_by_the_gate_is_422_and_calls_no_replica(

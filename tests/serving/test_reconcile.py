@@ -33,7 +33,8 @@ def test_in_sync_means_one_models_call_per_replica_and_no_repairs(
     report = reconcile_deployment(deployment.pk, "beat")
     assert report.repairs == []
     for replica in fake_replicas:
-        assert [p for _, p, _ in replica.requests] == ["/v1/models"]
+        # Then observability reads vLLM's /metrics (tests/observability/).
+        assert [p for _, p, _ in replica.requests] == ["/v1/models", "/metrics"]
     assert kinds() == []
 
 

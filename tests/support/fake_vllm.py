@@ -24,6 +24,8 @@ class FakeVLLM:
         self.fail_completion_for: set[str] = set()
         # Adapters that answer exactly like the base model (zero lora_B).
         self.no_effect: set[str] = set()
+        # GET /metrics body (Prometheus text); None answers 404 like a server without it.
+        self.metrics_text: str | None = None
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
@@ -75,6 +77,8 @@ class FakeVLLM:
                     return self._send(200, {"version": fake.version})
                 if method == "GET" and self.path == "/health":
                     return self._send(200, "", text=True)
+                if method == "GET" and self.path == "/metrics" and fake.metrics_text is not None:
+                    return self._send(200, fake.metrics_text, text=True)
                 if method == "GET" and self.path == "/v1/models":
                     cards = [{"id": fake.base_model, "root": "/models/base", "parent": None}]
                     cards += [

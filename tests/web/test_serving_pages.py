@@ -613,7 +613,9 @@ def test_deployment_pages_run_a_constant_number_of_queries(
     large = [query_count(c, u) for c in clients for u in urls]
     assert large == small, list(zip(small, large, strict=True))
     print("queries (list, detail, dashboard) for lena, alex, root:", large)
-    assert max(large) <= 30
+    # Constant is what matters; the cap only catches a page that grew a lot
+    # (the usage column, the KServe download and the navigation count are in it).
+    assert max(large) <= 35
     detail = web_lena.get(f"/deployments/{staging.name}/").content.decode()
     assert "Page 1 of 5" in detail  # 201 rows of Legal's, 50 a page
     assert "fin-" not in detail.split('id="adapters-h"')[1].split("</table>")[0]

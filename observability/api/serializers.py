@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from serving.planner import DTYPE_BYTES, VALID_LORA_RANKS
+
+GIB = 1024**3
+# Memory of common data-centre GPUs, so a person can name the card instead of its bytes.
+GPU_MEMORY = {
+    "L40S": 48 * GIB,
+    "L4": 24 * GIB,
+    "A10G": 24 * GIB,
+    "T4": 16 * GIB,
+    "A100-40GB": 40 * GIB,
+    "A100-80GB": 80 * GIB,
+    "H100-80GB": 80 * GIB,
+    "H200": 141 * GIB,
+}
+
+
+class PlannerInputSerializer(serializers.Serializer):
+    """Either `config` (a base model's config.json) or `deployment` (filled from
+    its configuration); any other field given overrides what the deployment says."""
+
+    deployment = serializers.SlugField(required=False, help_text="Plan for this deployment.")
+    config = serializers.JSONField(
+        required=False,
+        help_text="The base model's config.json (hidden_size, num_hidden_layers, …).",
+    )
+    dtype = serializers.ChoiceField(choices=sorted(DTYPE_BYTES), required=False)
+    gpu_type = serializers.CharField(
+        required=False,
+        max_length=64,
+        help_text=f"One of {', '.join(GPU_MEMORY)} sets gpu_memory_bytes.",
+    )
+    gpu_memory_bytes = serializers.IntegerField(required=False, min_value=1)
+    gpu_memory_utilization = serializers.FloatField(required=False, min_value=0.01, max_value=1.0)
+    gpus_per_replica = serializers.IntegerField(required=False, min_value=1, max_value=64)
+    max_loras = serializers.IntegerField(required=False, min_value=1, max_value=1024)
+    max_cpu_loras = serializers.IntegerField(required=False, min_value=1, max_value=100_000)
+    max_lora_rank = serializers.ChoiceField(choices=list(VALID_LORA_RANKS), required=False)
+    target_modules = serializers.ListField(
+        child=serializers.CharField(max_length=64), required=False, max_length=64
+    )
+    context_length = serializers.IntegerField(required=False, min_value=1, max_value=10_000_000)
+    use_cases = serializers.IntegerField(required=False, min_value=1, max_value=100_000)
+    price_per_gpu_hour = serializers.FloatField(required=False, min_value=0)
+    lora_memory_share = serializers.FloatField(required=False, min_value=0.001, max_value=0.999)
+    observed_peak_adapters = serializers.IntegerField(required=False, min_value=0)
+
+    def validate(self, attrs):
+        if "deployment" not in attrs and "config" not in attrs:
+            raise serializers.ValidationError(
+                {"config": "Give a config.json, or name a deployment."}
+            )
+        if "config" in attrs and not isinstance(attrs["config"], dict):
+            raise serializers.ValidationError({"config": "Must be a JSON object (a config.json)."})
+        gpu = attrs.get("gpu_type")
+        if gpu and "gpu_memory_bytes" not in attrs:
+            if gpu not in GPU_MEMORY:
+                raise serializers.ValidationError(
+                    {
+                        "gpu_type": f"Unknown GPU {gpu!r}: give gpu_memory_bytes, "
+                        f"or one of {', '.join(GPU_MEMORY)}."
+                    }
+                )
+            attrs["gpu_memory_bytes"] = GPU_MEMORY[gpu]
+        if "deployment" not in attrs and "gpu_memory_bytes" not in attrs:
+            raise serializers.ValidationError(
+                {"gpu_memory_bytes": "Give gpu_memory_bytes or a known gpu_type."}
+            )
+        return attrs
+
+
+class EconomicsSerializer(serializers.Serializer):
+    use_cases = serializers.IntegerField()
+    dedicated_gpus = serializers.IntegerField()
+    dedicated_vram_bytes = serializers.IntegerField()
+    dedicated_cost_per_month = serializers.FloatField()
+    shared_gpus = serializers.IntegerField()
+    shared_vram_bytes = serializers.IntegerField()
+    shared_cost_per_month = serializers.FloatField()
+    saving_per_month = serializers.FloatField()
+    fits_cpu_cache = serializers.BooleanField()
+
+
+class PlanSerializer(serializers.Serializer):
+    gpu_type = serializers.CharField()
+    vram_bytes = serializers.IntegerField(help_text="GPU memory of one replica.")
+    usable_bytes = serializers.IntegerField(help_text="vram_bytes x gpu_memory_utilization.")
+    base_weights_bytes = serializers.IntegerField()
+    parameters = serializers.IntegerField()
+    lora_slot_bytes = serializers.IntegerField(help_text="One max_loras slot at max_lora_rank.")
+    lora_pool_bytes = serializers.IntegerField(help_text="What vLLM preallocates: max_loras slots.")
+    cpu_cache_bytes = serializers.IntegerField(
+        help_text="max_cpu_loras adapters at max_lora_rank in host memory."
+    )
+    reserve_bytes = serializers.IntegerField(help_text="Activations and runtime (estimated).")
+    kv_cache_bytes = serializers.IntegerField()
+    kv_bytes_per_token = serializers.IntegerField()
+    kv_cache_tokens = serializers.IntegerField()
+    concurrent_sequences = serializers.IntegerField(
+        help_text="Sequences of context_length the KV cache holds."
+    )
+    lora_share = serializers.FloatField(help_text="LoRA pool / VRAM.")
+    lora_share_verdict = serializers.ChoiceField(
+        choices=["below", "within", "above"], help_text="Against the 10-15% advice."
+    )
+    kv_share = serializers.FloatField()
+    max_loras_within_share = serializers.IntegerField()
+    max_loras_recommended = serializers.IntegerField()
+    recommendation = serializers.CharField()
+    economics = EconomicsSerializer()
+    fits = serializers.BooleanField()
+    warnings = serializers.ListField(child=serializers.CharField())
+
+
+class _ErrorBody(serializers.Serializer):
+    status = serializers.IntegerField()
+    code = serializers.CharField()
+    message = serializers.CharField()
+    details = serializers.DictField(
+        help_text='For 400: {"fields": {field: [why]}} naming each bad field.'
+    )
+    request_id = serializers.CharField()
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The one error shape every endpoint answers with (core.api.errors)."""
+
+    error = _ErrorBody()

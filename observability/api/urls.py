@@ -1,0 +1,5 @@
+from django.urls import path
+
+from observability.api.views import PlannerView
+
+urlpatterns = [path("planner/", PlannerView.as_view(), name="planner")]

@@ -1,0 +1,15 @@
+from django.apps import AppConfig
+
+
+class ObservabilityConfig(AppConfig):
+    name = "observability"
+    verbose_name = "Observability and capacity planning"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from observability import services
+        from serving.signals import reconcile_finished
+
+        reconcile_finished.connect(
+            services.reconcile_finished, dispatch_uid="observability.reconcile"
+        )

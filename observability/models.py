@@ -1,0 +1,118 @@
+"""What the control plane observes about itself and its vLLM replicas.
+
+Prometheus reads everything from the database at scrape time (observability.
+collector), so these rows are the only state: whichever gunicorn worker or
+Celery process answers /metrics, it tells the same story, and a counter never
+restarts with a process.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+# Upper bounds (seconds) of the reconcile duration histogram; counts are per bucket, not cumulative.
+RECONCILE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class ReconcileStats(models.Model):
+    """Running totals of one deployment's reconciles. The reconcile lease
+    serialises the writers, so a plain read-modify-write under a row lock is enough."""
+
+    deployment = models.OneToOneField(
+        "serving.Deployment", on_delete=models.CASCADE, related_name="reconcile_stats"
+    )
+    runs = models.PositiveBigIntegerField(default=0)
+    failures = models.PositiveBigIntegerField(default=0)
+    duration_seconds_sum = models.FloatField(default=0.0)
+    # One count per RECONCILE_BUCKETS bound, plus one for +Inf.
+    duration_buckets = models.JSONField(default=list)
+    last_duration_seconds = models.FloatField(null=True, blank=True)
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    # HttpAttempt rows outside rollouts up to this id are in AttemptTally. Housekeeping
+    # prunes those rows after a while; counting them here keeps the counter monotonic.
+    tallied_attempt_id = models.PositiveBigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"reconcile stats of {self.deployment_id}"
+
+
+class AttemptTally(models.Model):
+    """vLLM HTTP attempts made outside rollouts (reconcile polls, repairs, metrics
+    scrapes), counted per purpose and status before housekeeping prunes the rows."""
+
+    deployment = models.ForeignKey(
+        "serving.Deployment", on_delete=models.CASCADE, related_name="attempt_tallies"
+    )
+    purpose = models.CharField(max_length=32)
+    status = models.CharField(max_length=8)  # HTTP status code, or "error" without a response
+    count = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["deployment", "purpose", "status"], name="one_tally_per_label"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.purpose} {self.status}: {self.count}"
+
+
+class ReplicaLoraState(models.Model):
+    """The last `vllm:lora_*` reading of one replica, and how busy it has been."""
+
+    replica = models.OneToOneField(
+        "serving.Replica", on_delete=models.CASCADE, related_name="lora_state"
+    )
+    observed_at = models.DateTimeField()
+    ok = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+    max_lora = models.PositiveIntegerField(null=True, blank=True)
+    running = models.JSONField(default=list, blank=True)
+    waiting = models.JSONField(default=list, blank=True)
+    # The value of vLLM's newest lora_requests_info series: when vLLM recorded that state.
+    series_timestamp = models.FloatField(null=True, blank=True)
+    # Newer vLLM only (vllm:lora_adapter_loaded); null when the replica does not export it.
+    gpu_loaded = models.JSONField(null=True, blank=True)
+    cpu_loaded = models.JSONField(null=True, blank=True)
+    samples = models.PositiveBigIntegerField(default=0)
+    peak_running = models.PositiveIntegerField(default=0)
+    waiting_samples = models.PositiveBigIntegerField(default=0)
+    # {"<adapters running at once>": samples}, for the max_loras recommendation.
+    concurrency = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"LoRA state of replica {self.replica_id}"
+
+
+class AdapterActivity(models.Model):
+    """When vLLM last reported requests for an adapter on a deployment."""
+
+    deployment = models.ForeignKey(
+        "serving.Deployment", on_delete=models.CASCADE, related_name="adapter_activity"
+    )
+    served_name = models.CharField(max_length=128)
+    adapter = models.ForeignKey(
+        "registry.Adapter",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="activity",
+    )
+    first_active_at = models.DateTimeField()
+    last_active_at = models.DateTimeField()
+    # Readings that showed the adapter with requests running (or waiting).
+    active_samples = models.PositiveBigIntegerField(default=0)
+    waiting_samples = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["deployment", "served_name"], name="one_activity_per_adapter"
+            )
+        ]
+        indexes = [models.Index(fields=["adapter", "last_active_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.served_name} on {self.deployment_id}: {self.last_active_at}"

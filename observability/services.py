@@ -1,0 +1,219 @@
+"""Writes of the observability app: what each reconcile took, and what the
+replicas' /metrics said about their adapters.
+
+`reconcile_observed` is the one hook serving's reconcile calls. Nothing in it
+may break a reconcile: its own failures are logged and swallowed, and the
+reconcile's exception (if any) passes through untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, F, Max
+from django.utils import timezone
+
+from observability.models import (
+    RECONCILE_BUCKETS,
+    AdapterActivity,
+    AttemptTally,
+    ReconcileStats,
+    ReplicaLoraState,
+)
+from observability.vllm_metrics import (
+    LoraSnapshot,
+    MetricsParseError,
+    fetch_metrics,
+    parse_lora_metrics,
+)
+from registry.models import Adapter
+from serving.models import Deployment, HttpAttempt, Replica, ReplicaHealth
+from serving.replica_ops import ReplicaOutcome
+from serving.services.attempts import attempts_record_all
+
+logger = logging.getLogger(__name__)
+
+PURPOSE = "metrics"
+
+
+def reconcile_finished(sender, *, deployment: Deployment, seconds: float, ok: bool, **kwargs):
+    """After each reconcile (serving.signals.reconcile_finished): read every up
+    replica's /metrics, and record the reconcile's duration and outcome."""
+    if ok and settings.OBSERVABILITY_VLLM_METRICS:
+        _guarded(vllm_metrics_observe, deployment)
+    _guarded(reconcile_stats_record, deployment, seconds, ok=ok)
+
+
+def _guarded(function, deployment: Deployment, *args, **kwargs) -> None:
+    try:
+        function(deployment, *args, **kwargs)
+    except Exception:  # noqa: BLE001 - observing must never break the reconcile
+        logger.exception("%s for %s failed", function.__name__, deployment.name)
+
+
+def _bucket(seconds: float) -> int:
+    return next(
+        (i for i, bound in enumerate(RECONCILE_BUCKETS) if seconds <= bound), len(RECONCILE_BUCKETS)
+    )
+
+
+def reconcile_stats_record(deployment: Deployment, seconds: float, *, ok: bool) -> ReconcileStats:
+    """Adds one reconcile to the deployment's totals, and tallies the HTTP
+    attempts made outside rollouts since the last one (exactly once: by id)."""
+    now = timezone.now()
+    with transaction.atomic():
+        stats, _ = ReconcileStats.objects.select_for_update().get_or_create(deployment=deployment)
+        buckets = list(stats.duration_buckets or [])
+        buckets += [0] * (len(RECONCILE_BUCKETS) + 1 - len(buckets))
+        buckets[_bucket(seconds)] += 1
+        stats.duration_buckets = buckets
+        stats.runs += 1
+        stats.failures += 0 if ok else 1
+        stats.duration_seconds_sum += seconds
+        stats.last_duration_seconds = seconds
+        stats.last_run_at = now
+        if ok:
+            stats.last_success_at = now
+        stats.tallied_attempt_id = _tally_attempts(deployment, stats.tallied_attempt_id)
+        stats.save()
+    return stats
+
+
+def _tally_attempts(deployment: Deployment, after_id: int) -> int:
+    rows = (
+        HttpAttempt.objects.filter(
+            replica__deployment=deployment, replica_rollout__isnull=True, pk__gt=after_id
+        )
+        .values("purpose", "status_code")
+        .annotate(n=Count("pk"), top=Max("pk"))
+    )
+    highest = after_id
+    for row in rows:
+        status = str(row["status_code"]) if row["status_code"] is not None else "error"
+        tally, _ = AttemptTally.objects.get_or_create(
+            deployment=deployment, purpose=row["purpose"], status=status
+        )
+        AttemptTally.objects.filter(pk=tally.pk).update(count=F("count") + row["n"])
+        highest = max(highest, row["top"])
+    return highest
+
+
+def _read(replica: Replica, api_key: str) -> tuple[ReplicaOutcome, LoraSnapshot | None]:
+    """One replica's /metrics, over HTTP only (runs in a thread: no database)."""
+    outcome = ReplicaOutcome()
+    attempt, text = fetch_metrics(
+        replica.base_url,
+        api_key=api_key or None,
+        timeout=settings.OBSERVABILITY_VLLM_METRICS_TIMEOUT_SECONDS,
+        max_bytes=settings.OBSERVABILITY_VLLM_METRICS_MAX_BYTES,
+    )
+    outcome.attempts.append((PURPOSE, attempt))
+    if text is None:
+        outcome.fail(attempt.error)
+        return outcome, None
+    try:
+        snapshot = parse_lora_metrics(text)
+    except MetricsParseError as error:
+        outcome.fail(str(error))
+        return outcome, None
+    outcome.succeed()
+    return outcome, snapshot
+
+
+def vllm_metrics_observe(deployment: Deployment) -> dict[int, LoraSnapshot | None]:
+    """Reads `vllm:lora_*` from every replica that is up, records the attempts,
+    each replica's LoRA state and when each adapter was last seen active."""
+    replicas = list(deployment.replicas.filter(active=True, health=ReplicaHealth.UP))
+    if not replicas:
+        return {}
+    api_key = deployment.vllm_api_key
+    with ThreadPoolExecutor(max_workers=min(16, len(replicas))) as pool:
+        readings = list(pool.map(lambda r: _read(r, api_key), replicas))
+    attempts_record_all(
+        [(r, outcome, None) for r, (outcome, _) in zip(replicas, readings, strict=True)]
+    )
+    result = {}
+    for replica, (outcome, snapshot) in zip(replicas, readings, strict=True):
+        replica_lora_state_record(deployment, replica, snapshot, error=outcome.error)
+        result[replica.pk] = snapshot
+    return result
+
+
+def _when(timestamp: float, now: datetime) -> datetime:
+    # vLLM's clock; never later than ours, whatever the skew.
+    return min(datetime.fromtimestamp(timestamp, UTC), now)
+
+
+def replica_lora_state_record(
+    deployment: Deployment, replica: Replica, snapshot: LoraSnapshot | None, *, error: str = ""
+) -> ReplicaLoraState:
+    now = timezone.now()
+    with transaction.atomic():
+        state, _ = ReplicaLoraState.objects.select_for_update().get_or_create(
+            replica=replica, defaults={"observed_at": now}
+        )
+        state.observed_at = now
+        state.ok = snapshot is not None
+        state.error = (error or "")[:2000]
+        if snapshot is None:
+            state.save()
+            return state
+        state.max_lora = snapshot.max_lora
+        state.running = list(snapshot.running)
+        state.waiting = list(snapshot.waiting)
+        state.gpu_loaded = None if snapshot.gpu_loaded is None else list(snapshot.gpu_loaded)
+        state.cpu_loaded = None if snapshot.cpu_loaded is None else list(snapshot.cpu_loaded)
+        # Old label sets stay exported with the last time they were current: only
+        # those current since the previous read are news (a request that came and
+        # went between two reads included).
+        fresh = snapshot.since(state.series_timestamp)
+        if fresh:
+            state.series_timestamp = max(s.timestamp for s in fresh)
+            state.samples += 1
+            counts = dict(state.concurrency or {})
+            for series in fresh:
+                key = str(len(series.running))
+                counts[key] = counts.get(key, 0) + 1
+            state.concurrency = counts
+            state.peak_running = max(state.peak_running, *(len(s.running) for s in fresh))
+            if any(s.waiting for s in fresh):
+                state.waiting_samples += 1
+            _activity_record(deployment, fresh, now)
+        state.save()
+    return state
+
+
+def _activity_record(deployment: Deployment, fresh, now: datetime) -> None:
+    """Per adapter: the latest time a fresh label set showed it, counted once per read."""
+    last: dict[str, float] = {}
+    running: set[str] = set()
+    waiting: set[str] = set()
+    for series in fresh:
+        for name in (*series.running, *series.waiting):
+            last[name] = max(last.get(name, 0.0), series.timestamp)
+        running.update(series.running)
+        waiting.update(series.waiting)
+    if not last:
+        return
+    adapters = dict(Adapter.objects.filter(served_name__in=last).values_list("served_name", "pk"))
+    for name, timestamp in last.items():
+        when = _when(timestamp, now)
+        activity, _ = AdapterActivity.objects.get_or_create(
+            deployment=deployment,
+            served_name=name,
+            defaults={
+                "adapter_id": adapters.get(name),
+                "first_active_at": when,
+                "last_active_at": when,
+            },
+        )
+        AdapterActivity.objects.filter(pk=activity.pk).update(
+            adapter_id=adapters.get(name, activity.adapter_id),
+            last_active_at=max(when, activity.last_active_at),
+            active_samples=F("active_samples") + (1 if name in running else 0),
+            waiting_samples=F("waiting_samples") + (1 if name in waiting else 0),
+        )

@@ -1,0 +1,91 @@
+"""The planner pages: a blank one (paste a config.json) and one per deployment,
+filled from its configuration and from what its replicas reported. Plans are
+reads: the form is a GET, so a plan has a URL people can share."""
+
+from __future__ import annotations
+
+import json
+
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from core.actors import Actor
+from core.web import page
+from observability.api.serializers import GPU_MEMORY, PlannerInputSerializer
+from observability.planning import OVERRIDES, plan_for
+from observability.selectors import observed_concurrency
+from serving import selectors as serving_selectors
+from serving.planner import DTYPE_BYTES, VALID_LORA_RANKS, PlannerInputError
+
+EXAMPLE_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "torch_dtype": "bfloat16",
+}
+
+
+def _query(request) -> tuple[dict, dict]:
+    """The form's fields as the serializer takes them, and field errors of the parsing."""
+    data, errors = {}, {}
+    for name in (*OVERRIDES, "dtype"):
+        value = request.GET.get(name, "").strip()
+        if value:
+            data[name] = value
+    raw = request.GET.get("config", "").strip()
+    if raw:
+        try:
+            data["config"] = json.loads(raw)
+        except ValueError as error:
+            errors["config"] = [f"Not JSON: {error}"]
+    modules = request.GET.get("target_modules", "").strip()
+    if modules:
+        data["target_modules"] = [m.strip() for m in modules.split(",") if m.strip()]
+    return data, errors
+
+
+def _plan_context(request, deployment=None) -> dict:
+    data, errors = _query(request)
+    if deployment is not None:
+        data["deployment"] = deployment.name
+    context = {
+        "form": {**request.GET.dict()},
+        "gpus": GPU_MEMORY,
+        "dtypes": sorted(DTYPE_BYTES),
+        "ranks": VALID_LORA_RANKS,
+        "example_config": json.dumps(EXAMPLE_CONFIG, indent=2),
+        "deployment": deployment,
+        "errors": errors,
+        "plan": None,
+    }
+    asked = deployment is not None or bool(request.GET)
+    if not asked or errors:
+        return context
+    serializer = PlannerInputSerializer(data=data)
+    if not serializer.is_valid():
+        context["errors"] = serializer.errors
+        return context
+    try:
+        context["plan"] = plan_for(serializer.validated_data, deployment)
+    except PlannerInputError as error:
+        context["errors"] = {name: [message] for name, message in error.fields.items()}
+    return context
+
+
+@require_GET
+@page
+def planner_page(request, actor: Actor):
+    return render(request, "observability/planner.html", _plan_context(request))
+
+
+@require_GET
+@page
+def deployment_plan_page(request, actor: Actor, name: str):
+    deployment = serving_selectors.deployment_get(actor, name)
+    context = _plan_context(request, deployment)
+    context["observed"] = observed_concurrency(deployment)
+    return render(request, "observability/planner.html", context)

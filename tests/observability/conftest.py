@@ -1,0 +1,40 @@
+"""Observability tests run on the serving fixtures (fake replicas, the tiny
+deployment, approved versions) and the web tier's signed-in clients."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.serving.conftest import (  # noqa: F401 - fixtures
+    approved_v1,
+    approved_v2,
+    contracts,
+    deployment,
+    fake_replicas,
+    fast_retries,
+)
+from tests.web.conftest import signed_in
+
+
+@pytest.fixture
+def web_lena(lena):
+    return signed_in(lena)
+
+
+@pytest.fixture
+def web_fred(fred):
+    return signed_in(fred)
+
+
+def lora_info(*series: tuple[str, str, float], max_lora: int = 2) -> str:
+    """A /metrics body as vLLM 0.32 writes it: one series per (running, waiting, time)."""
+    lines = [
+        "# HELP vllm:lora_requests_info Running stats on lora requests.",
+        "# TYPE vllm:lora_requests_info gauge",
+    ]
+    for running, waiting, at in series:
+        lines.append(
+            f'vllm:lora_requests_info{{max_lora="{max_lora}",running_lora_adapters="{running}",'
+            f'waiting_lora_adapters="{waiting}"}} {at}'
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,136 @@
+"""What each reconcile records: its duration and outcome, and what every up
+replica's /metrics said about adapters (fake replicas serve vLLM 0.32's text)."""
+
+import time
+
+import pytest
+
+from observability.models import AdapterActivity, AttemptTally, ReconcileStats, ReplicaLoraState
+from serving.models import Deployment, HttpAttempt
+from serving.services.promotions import promotion_create
+from serving.services.reconcile import reconcile_deployment
+from serving.services.rollouts import rollout_execute
+from tests.conftest import actor
+from tests.observability.conftest import lora_info
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def served(lena, deployment, approved_v1):
+    rollout = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
+    assert rollout_execute(rollout.rollouts.get().pk, "w") == "succeeded"
+
+
+def test_a_reconcile_reads_each_replicas_lora_metrics(deployment, served, fake_replicas, contracts):
+    now = time.time()
+    fake_replicas[0].metrics_text = lora_info(("", "", now - 50), ("legal-contracts", "", now - 5))
+    fake_replicas[1].metrics_text = lora_info(("", "", now - 3))
+
+    reconcile_deployment(deployment.pk, "beat")
+
+    first = ReplicaLoraState.objects.get(replica__base_url=fake_replicas[0].base_url)
+    assert first.ok and first.running == ["legal-contracts"] and first.max_lora == 2
+    assert first.samples == 1 and first.peak_running == 1
+    assert first.concurrency == {"0": 1, "1": 1}  # both label sets are news on a first read
+    second = ReplicaLoraState.objects.get(replica__base_url=fake_replicas[1].base_url)
+    assert second.running == [] and second.concurrency == {"0": 1}
+    activity = AdapterActivity.objects.get()
+    assert activity.adapter == contracts and activity.active_samples == 1
+    assert abs(activity.last_active_at.timestamp() - (now - 5)) < 0.01
+    # Each read is an HTTP attempt like every other call to vLLM.
+    assert HttpAttempt.objects.filter(purpose="metrics", status_code=200).count() == 2
+
+
+def test_an_unchanged_series_is_not_counted_twice(deployment, served, fake_replicas):
+    now = time.time()
+    for replica in fake_replicas:
+        replica.metrics_text = lora_info(("legal-contracts", "", now - 5))
+    reconcile_deployment(deployment.pk, "beat")
+    reconcile_deployment(deployment.pk, "beat")
+    assert AdapterActivity.objects.get().active_samples == 2  # one per replica, not per read
+
+    newer = ("legal-contracts", "", now)
+    fake_replicas[0].metrics_text = lora_info(("legal-contracts", "", now - 5), newer)
+    reconcile_deployment(deployment.pk, "beat")
+    assert AdapterActivity.objects.get().active_samples == 3
+
+
+def test_a_request_that_finished_between_two_reads_still_counts(deployment, served, fake_replicas):
+    # What vLLM 0.32 exports after a request: its label set, then the idle one.
+    now = time.time()
+    fake_replicas[0].metrics_text = lora_info(("", "", now - 30))
+    reconcile_deployment(deployment.pk, "beat")
+    fake_replicas[0].metrics_text = lora_info(
+        ("", "", now), ("legal-contracts", "legal-contracts", now - 0.01)
+    )
+    reconcile_deployment(deployment.pk, "beat")
+    activity = AdapterActivity.objects.get()
+    assert abs(activity.last_active_at.timestamp() - (now - 0.01)) < 0.01
+    assert (activity.active_samples, activity.waiting_samples) == (1, 1)
+    state = ReplicaLoraState.objects.get(replica__base_url=fake_replicas[0].base_url)
+    assert state.running == [] and state.series_timestamp == now
+    # Read again, nothing new: no second count.
+    reconcile_deployment(deployment.pk, "beat")
+    assert AdapterActivity.objects.get().active_samples == 1
+
+
+def test_waiting_requests_are_recorded(deployment, served, fake_replicas):
+    fake_replicas[0].metrics_text = lora_info(("a,b", "legal-contracts", time.time()))
+    reconcile_deployment(deployment.pk, "beat")
+    state = ReplicaLoraState.objects.get(replica__base_url=fake_replicas[0].base_url)
+    assert state.waiting_samples == 1 and state.peak_running == 2
+    activity = AdapterActivity.objects.get(served_name="legal-contracts")
+    assert (activity.active_samples, activity.waiting_samples) == (0, 1)
+
+
+def test_a_replica_without_metrics_is_recorded_as_a_failed_read(deployment, served, fake_replicas):
+    reconcile_deployment(deployment.pk, "beat")  # the fakes answer /metrics with 404
+    assert HttpAttempt.objects.filter(purpose="metrics", status_code=404).count() == 2
+    assert not ReplicaLoraState.objects.filter(ok=True).exists()
+    assert AttemptTally.objects.get(purpose="metrics", status="404").count == 2
+
+
+def test_duration_and_outcome_are_kept_per_deployment(deployment, served, fake_replicas):
+    reconcile_deployment(deployment.pk, "beat")
+    reconcile_deployment(deployment.pk, "beat")
+    stats = ReconcileStats.objects.get(deployment=deployment)
+    assert (stats.runs, stats.failures) == (2, 0)
+    assert sum(stats.duration_buckets) == 2 and stats.duration_seconds_sum > 0
+    assert stats.last_success_at is not None
+
+
+def test_tallies_count_each_attempt_once_and_outlive_housekeeping(
+    deployment, served, fake_replicas
+):
+    reconcile_deployment(deployment.pk, "beat")
+    reconcile_deployment(deployment.pk, "beat")
+    assert AttemptTally.objects.get(purpose="reconcile_models", status="200").count == 4
+    HttpAttempt.objects.filter(replica_rollout__isnull=True).delete()  # what housekeeping prunes
+    reconcile_deployment(deployment.pk, "beat")
+    assert AttemptTally.objects.get(purpose="reconcile_models", status="200").count == 6
+
+
+def test_a_failure_to_observe_never_breaks_the_reconcile(
+    deployment, served, fake_replicas, monkeypatch
+):
+    def broken(*args, **kwargs):
+        raise RuntimeError("observability is down")
+
+    monkeypatch.setattr("observability.services.vllm_metrics_observe", broken)
+    fake_replicas[0].restart()  # so the reconcile has a repair to make
+    report = reconcile_deployment(deployment.pk, "beat")
+    assert len(report.repairs) == 1
+    assert Deployment.objects.get(pk=deployment.pk).last_reconciled_at is not None
+    assert ReconcileStats.objects.get().runs == 1
+
+
+def test_a_reconcile_that_raises_is_counted_as_failed_and_still_raises(deployment, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("discovery failed")
+
+    monkeypatch.setattr("serving.services.reconcile.replicas_sync", broken)
+    with pytest.raises(RuntimeError, match="discovery failed"):
+        reconcile_deployment(deployment.pk, "beat")
+    stats = ReconcileStats.objects.get()
+    assert (stats.runs, stats.failures) == (1, 1) and stats.last_success_at is None
