@@ -1,4 +1,4 @@
-"""Apps depend one way: core <- registry <- serving <- mlflow_bridge. The
+"""Apps depend one way: core <- registry <- serving <- mlflow_bridge, observability. The
 registry knows nothing of serving or the MLflow app; core knows no app.
 Cross-app events travel as signals instead."""
 
@@ -12,9 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 FORBIDDEN = {
-    "core": {"registry", "serving", "mlflow_bridge"},
-    "registry": {"serving", "mlflow_bridge"},
-    "serving": {"mlflow_bridge"},
+    "core": {"registry", "serving", "mlflow_bridge", "observability", "sso"},
+    "registry": {"serving", "mlflow_bridge", "observability", "sso"},
+    "serving": {"mlflow_bridge", "observability", "sso"},
 }
 
 
