@@ -1,6 +1,6 @@
 """Promote-to-served on real vLLM replicas, beside the bare sequence.
 
-    .venv/bin/python -m bench.promote_to_served                      # 15 rounds, embedded (SQLite) broker
+    .venv/bin/python -m bench.promote_to_served                      # 15 rounds, SQLite broker
     CELERY_BROKER_URL=redis://127.0.0.1:6379/11 .venv/bin/python -m bench.promote_to_served
 
 What is timed, each round with a NEW adapter (fresh served name, so no swap):
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     parser.add_argument(
-        "--broker", default=None, help="Celery broker (default: $CELERY_BROKER_URL or the embedded SQLite one)"
+        "--broker", default=None, help="Celery broker (default: $CELERY_BROKER_URL or SQLite)"
     )
     parser.add_argument(
         "--poll-ms",
