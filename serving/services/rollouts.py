@@ -378,8 +378,11 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
         return
 
     target = rollout.target_version
-    if rollout.status in (RolloutStatus.PENDING, RolloutStatus.STAGING):
-        _set_status(ctx, RolloutStatus.STAGING)
+    # A resumed rollout stages again if it never recorded its folder (staging is
+    # idempotent: a verified folder is reused as it is).
+    if rollout.status in (RolloutStatus.PENDING, RolloutStatus.STAGING) or not rollout.served_path:
+        if rollout.status in (RolloutStatus.PENDING, RolloutStatus.STAGING):
+            _set_status(ctx, RolloutStatus.STAGING)
         try:
             folder = stage_version(deployment, target, progress=watch.check)
         except (StagingError, OSError) as error:
