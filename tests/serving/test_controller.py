@@ -270,6 +270,10 @@ def test_cancel_stops_a_rollout_in_back_off_and_frees_the_adapter(
     )
     served = ServedAdapter.objects.get(deployment=deployment)
     assert served.lease_owner == "" and served.version is None
+    # Nothing was served before: the reconcile unloads what the rollout had loaded.
+    assert "legal-contracts" in fake_replicas[0].adapters
+    reconcile_deployment(deployment.pk, "beat")
+    assert "legal-contracts" not in fake_replicas[0].adapters
     # A new promotion of the same version is accepted at once.
     fake_replicas[1].unavailable = 0
     again = promote(lena, deployment, approved_v1)
