@@ -20,4 +20,13 @@ if [[ ! -x /usr/bin/chromium ]]; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
     || echo "could not install chromium: the browser tests will be skipped" >&2
 fi
+# The SSO tier runs npm's oidc-provider (tests/support/oidc/) with Node.js >= 20;
+# its npm packages are installed by the test fixture (npm ci, once per lockfile).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; } \
+    || echo "could not install nodejs: the SSO tests will be skipped" >&2
+fi
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  export REQUIRE_OIDC=1  # installed: the SSO tests must run, not skip
+fi
 exec $BIN/pytest -q "$@"

@@ -365,7 +365,9 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
         Rollout.objects.filter(pk=rollout.pk).update(
             previous_version=rollout.previous_version, started_at=rollout.started_at
         )
-    replicas = replicas_sync(deployment)
+    # By URL, as the page lists them: the canary is the first, whatever order
+    # discovery returned.
+    replicas = sorted(replicas_sync(deployment), key=lambda r: r.base_url)
     steps = _steps_for(rollout, replicas)
     pushed = [r for r in replicas if steps[r.pk].status != ReplicaStepStatus.DEFERRED]
     policy = replace(RetryPolicy.from_settings(), sleep=watch.sleep)
@@ -416,7 +418,12 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
             ctx,
             group,
             lambda client, replica: verify_serving(
-                client, name, path, ctx.policy, with_completion=deployment.verify_with_completion
+                client,
+                name,
+                path,
+                ctx.policy,
+                with_completion=deployment.verify_with_completion,
+                base_name=deployment.base_model_name,
             ),
         )
         if _failed(ctx, group_steps, verified, "verification"):

@@ -18,8 +18,9 @@ from config.celery import app
         ("serving.housekeeping", "housekeeping"),
         ("registry.mlflow.sync_version", "housekeeping"),
         ("registry.mlflow.catch_up", "housekeeping"),
-        # The MLflow app's own name, once it moves out of registry/.
-        ("mlflow.sync_version", "housekeeping"),
+        # The MLflow app's own name since it moved out of registry/.
+        ("mlflow_bridge.sync_version", "housekeeping"),
+        ("mlflow_bridge.catch_up", "housekeeping"),
         ("registry.something_else", "celery"),
     ],
 )

@@ -1,41 +1,39 @@
-"""Connects the MLflow integration to the registry's and serving's signals;
-called once from RegistryConfig.ready(). Importing the tasks here registers
-them with Celery (autodiscovery only looks at `<app>.tasks`)."""
+"""The MLflow app's answers to the registry's and serving's signals,
+connected once from MlflowBridgeConfig.ready()."""
 
 from __future__ import annotations
 
 
 def _after_registered(sender, *, version, **kwargs) -> None:
-    from registry.mlflow import services
+    from mlflow_bridge import services
 
     services.record_run_lineage(version)
     services.mirror_version_request(version)
 
 
 def _after_transition(sender, *, version, previous, **kwargs) -> None:
-    from registry.mlflow import services
+    from mlflow_bridge import services
 
     services.mirror_version_request(version)
 
 
 def _health(sender, **kwargs):
-    from registry.mlflow import services
+    from mlflow_bridge import services
 
     return "mlflow", services.mlflow_health()
 
 
 def _served_version_changed(sender, *, deployment, adapter, version, **kwargs) -> None:
-    from registry.mlflow.services import mirror_alias_clear, mirror_alias_set
+    from mlflow_bridge.services import mirror_alias_clear, mirror_alias_set
 
     # MLflow answers "what is in production?" with what the deployment serves.
     if version is None:
-        mirror_alias_clear(deployment_name=deployment.name, adapter=adapter)
+        mirror_alias_clear(deployment=deployment, adapter=adapter)
     else:
-        mirror_alias_set(deployment_name=deployment.name, adapter=adapter, version=version)
+        mirror_alias_set(deployment=deployment, adapter=adapter, version=version)
 
 
 def connect() -> None:
-    import registry.mlflow.tasks  # noqa: F401
     from core.signals import health_check
     from registry import signals
     from serving.signals import served_version_changed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from registry.mlflow.client import (
+from mlflow_bridge.client import (
     MlflowNotFound,
     MlflowRejected,
     MlflowUnavailable,

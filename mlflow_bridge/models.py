@@ -27,8 +27,10 @@ class MirrorRow(models.Model):
     last_error = models.TextField(blank=True)
     last_attempt_at = models.DateTimeField(null=True, blank=True)
     synced_at = models.DateTimeField(null=True, blank=True)
-    # A worker claims a row for a bounded time, so two workers never create the
-    # same MLflow model version twice; a crashed worker's claim simply expires.
+    # A worker claims a row for a bounded time (core.claims), so two workers
+    # never create the same MLflow model version twice; a crashed worker's
+    # claim simply expires, and only the holder may let go of it.
+    claimed_by = models.CharField(max_length=100, blank=True)
     claimed_until = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -47,6 +49,7 @@ class MlflowVersionMirror(MirrorRow):
     synced_status = models.CharField(max_length=20, blank=True)
 
     class Meta:
+        db_table = "registry_mlflowversionmirror"
         indexes = [models.Index(fields=["state"])]
 
     def __str__(self) -> str:
@@ -63,7 +66,9 @@ class MlflowAliasMirror(MirrorRow):
     adapter = models.ForeignKey(
         "registry.Adapter", on_delete=models.CASCADE, related_name="mlflow_aliases"
     )
-    deployment_name = models.CharField(max_length=200)
+    deployment = models.ForeignKey(
+        "serving.Deployment", on_delete=models.CASCADE, related_name="mlflow_aliases"
+    )
     alias = models.CharField(max_length=200)
     version = models.ForeignKey(
         "registry.AdapterVersion",
@@ -74,6 +79,7 @@ class MlflowAliasMirror(MirrorRow):
     )
 
     class Meta:
+        db_table = "registry_mlflowaliasmirror"
         constraints = [
             models.UniqueConstraint(fields=["adapter", "alias"], name="mlflow_alias_per_adapter")
         ]

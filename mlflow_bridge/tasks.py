@@ -10,9 +10,9 @@ from celery import shared_task
 from django.conf import settings
 
 from core.backoff import backoff_delay
-from registry.mlflow import services
-from registry.mlflow.client import MlflowCallError
-from registry.mlflow.models import MlflowAliasMirror, MlflowVersionMirror
+from mlflow_bridge import services
+from mlflow_bridge.client import MlflowCallError
+from mlflow_bridge.models import MlflowAliasMirror, MlflowVersionMirror
 
 logger = logging.getLogger(__name__)
 
@@ -46,16 +46,16 @@ def _run(task, model, pk: int, sync, argument: str) -> str:
         return "failed"
 
 
-@shared_task(name="registry.mlflow.sync_version", bind=True, acks_late=True, max_retries=None)
+@shared_task(name="mlflow_bridge.sync_version", bind=True, acks_late=True, max_retries=None)
 def sync_version_mirror(self, mirror_id: int) -> str:
     return _run(self, MlflowVersionMirror, mirror_id, services.mirror_version_sync, "mirror_id")
 
 
-@shared_task(name="registry.mlflow.sync_alias", bind=True, acks_late=True, max_retries=None)
+@shared_task(name="mlflow_bridge.sync_alias", bind=True, acks_late=True, max_retries=None)
 def sync_alias_mirror(self, alias_id: int) -> str:
     return _run(self, MlflowAliasMirror, alias_id, services.mirror_alias_sync, "alias_id")
 
 
-@shared_task(name="registry.mlflow.catch_up", acks_late=True, ignore_result=True)
+@shared_task(name="mlflow_bridge.catch_up", acks_late=True, ignore_result=True)
 def catch_up() -> dict:
     return services.mirror_catch_up()

@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 
 from registry.models import AdapterVersion
-from tests.registry.mlflow.conftest import GIT_COMMIT, TrainingRun, log_run
+from tests.mlflow_bridge.conftest import GIT_COMMIT, TrainingRun, log_run
 from tests.support.adapters import AdapterSpec
 
 pytestmark = pytest.mark.mlflow

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from django.core.management import call_command
 
-from registry.mlflow.models import MirrorState, MlflowAliasMirror, MlflowVersionMirror
-from registry.mlflow.services import (
+from mlflow_bridge.models import MirrorState, MlflowAliasMirror, MlflowVersionMirror
+from mlflow_bridge.services import (
     alias_name,
     mirror_alias_clear,
     mirror_alias_set,
@@ -17,10 +17,16 @@ from registry.mlflow.services import (
 from registry.services.versions import version_transition
 from tests.conftest import actor
 from tests.factories import make_version
-from tests.registry.mlflow.conftest import TrainingRun, log_run
+from tests.mlflow_bridge.conftest import TrainingRun, log_run
+from tests.serving.conftest import make_deployment
 from tests.support.adapters import AdapterSpec
 
 pytestmark = pytest.mark.mlflow
+
+
+@pytest.fixture
+def prod_legal_gpu(root, tmp_path):
+    return make_deployment(root, ["http://127.0.0.1:9"], tmp_path / "volume", name="prod-legal-gpu")
 
 
 @pytest.fixture
@@ -39,7 +45,10 @@ def register_from_run(client, adapter, tracking, tmp_path, on_commit, **run) -> 
         )
     assert response.status_code == 201, response.json()
     # The response was written before the commit; the mirror ran after it.
-    return client.get(f"/api/v1/versions/{response.json()['id']}/").json()
+    version_id = response.json()["id"]
+    body = client.get(f"/api/v1/versions/{version_id}/").json()
+    body["mlflow_mirror"] = client.get(f"/api/v1/versions/{version_id}/mlflow-mirror/").json()
+    return body
 
 
 def transition(user, version_id, action, on_commit, comment=""):
@@ -121,7 +130,7 @@ def test_status_changes_update_the_tags(
 
 
 def test_deployment_aliases_follow_promotion_rollback_and_retirement(
-    mlflow_on, tracking, adapter, as_token, as_lena, tmp_path, on_commit
+    mlflow_on, tracking, adapter, as_token, as_lena, tmp_path, on_commit, prod_legal_gpu
 ):
     v1 = register_from_run(as_token, adapter, tracking, tmp_path, on_commit)
     v2 = register_from_run(
@@ -140,15 +149,15 @@ def test_deployment_aliases_follow_promotion_rollback_and_retirement(
         return aliases.get("prod-legal-gpu")
 
     with on_commit():
-        mirror_alias_set(deployment_name="Prod Legal GPU", adapter=adapter, version=version1)
+        mirror_alias_set(deployment=prod_legal_gpu, adapter=adapter, version=version1)
     assert alias_target() == v1["mlflow_mirror"]["model_version"]
 
     with on_commit():  # promotion of v2
-        mirror_alias_set(deployment_name="Prod Legal GPU", adapter=adapter, version=version2)
+        mirror_alias_set(deployment=prod_legal_gpu, adapter=adapter, version=version2)
     assert alias_target() == v2["mlflow_mirror"]["model_version"]
 
     with on_commit():  # rollback
-        mirror_alias_set(deployment_name="Prod Legal GPU", adapter=adapter, version=version1)
+        mirror_alias_set(deployment=prod_legal_gpu, adapter=adapter, version=version1)
     assert alias_target() == v1["mlflow_mirror"]["model_version"]
     rows = as_lena.get(f"/api/v1/adapters/{adapter.pk}/mlflow-aliases/").json()
     assert [(r["alias"], r["version"], r["state"]) for r in rows] == [
@@ -156,7 +165,7 @@ def test_deployment_aliases_follow_promotion_rollback_and_retirement(
     ]
 
     with on_commit():
-        mirror_alias_clear(deployment_name="Prod Legal GPU", adapter=adapter)
+        mirror_alias_clear(deployment=prod_legal_gpu, adapter=adapter)
     assert alias_target() is None
     assert MlflowAliasMirror.objects.get(alias="prod-legal-gpu").state == MirrorState.SYNCED
 
@@ -169,7 +178,7 @@ def test_alias_names_are_slugs_that_mlflow_accepts():
 
 
 def test_mlflow_down_never_blocks_an_approval_and_the_mirror_catches_up(
-    mlflow_on, tracking, adapter, as_token, as_lena, as_alex, tmp_path, on_commit
+    mlflow_on, tracking, adapter, as_token, as_lena, as_alex, tmp_path, on_commit, prod_legal_gpu
 ):
     body = register_from_run(as_token, adapter, tracking, tmp_path, on_commit)
     version_id = body["id"]
@@ -183,14 +192,14 @@ def test_mlflow_down_never_blocks_an_approval_and_the_mirror_catches_up(
             approved = as_alex.post(f"/api/v1/versions/{version_id}/approve/")
             with on_commit():
                 mirror_alias_set(
-                    deployment_name="prod-legal-gpu",
+                    deployment=prod_legal_gpu,
                     adapter=adapter,
                     version=AdapterVersion.objects.get(pk=version_id),
                 )
         assert approved.status_code == 200
         assert approved.json()["status"] == "approved"
 
-        mirror = as_alex.get(f"/api/v1/versions/{version_id}/").json()["mlflow_mirror"]
+        mirror = as_alex.get(f"/api/v1/versions/{version_id}/mlflow-mirror/").json()
         assert mirror["state"] == "pending"
         assert "MLflow" in mirror["last_error"] and "unreachable" in mirror["last_error"]
         assert mirror["attempts"] >= 1
@@ -205,7 +214,7 @@ def test_mlflow_down_never_blocks_an_approval_and_the_mirror_catches_up(
 
     call_command("mlflow_resync", "--pending-only")
 
-    mirror = as_alex.get(f"/api/v1/versions/{version_id}/").json()["mlflow_mirror"]
+    mirror = as_alex.get(f"/api/v1/versions/{version_id}/mlflow-mirror/").json()
     assert (mirror["state"], mirror["status_in_mlflow"], mirror["last_error"]) == (
         "synced",
         "approved",
@@ -221,7 +230,7 @@ def test_mlflow_down_never_blocks_an_approval_and_the_mirror_catches_up(
 def test_the_catch_up_task_retries_pending_rows(
     mlflow_on, tracking, adapter, lena, settings, on_commit
 ):
-    from registry.mlflow.tasks import catch_up
+    from mlflow_bridge.tasks import catch_up
 
     settings.MLFLOW_MIRROR_ENABLED = False
     version = make_version(lena, adapter, AdapterSpec(seed=11))
@@ -279,8 +288,8 @@ def test_a_worker_retries_transient_failures_with_backoff_then_marks_them_failed
 ):
     from celery.exceptions import Retry
 
-    from registry.mlflow.client import MlflowUnavailable
-    from registry.mlflow.tasks import _run
+    from mlflow_bridge.client import MlflowUnavailable
+    from mlflow_bridge.tasks import _run
 
     settings.MLFLOW_MIRROR_MAX_RETRIES = 3
     settings.MLFLOW_MIRROR_BACKOFF_SECONDS = 10

@@ -15,18 +15,20 @@ import posixpath
 import re
 import shutil
 import tempfile
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import timezone
 from django.utils.text import slugify
 
 from core.access import require_contributor
 from core.actors import Actor
 from core.backoff import backoff_delay
+from core.claims import Lease
 from core.errors import (
     Conflict,
     DependencyUnavailable,
@@ -34,15 +36,15 @@ from core.errors import (
     ValidationFailed,
 )
 from core.models import Ability
-from registry.mlflow import client as mlc
-from registry.mlflow.client import (
+from mlflow_bridge import client as mlc
+from mlflow_bridge.client import (
     MlflowCallError,
     MlflowNotFound,
     MlflowRejected,
     MlflowUnavailable,
 )
-from registry.mlflow.models import MirrorState, MlflowAliasMirror, MlflowVersionMirror
-from registry.mlflow.runs import (
+from mlflow_bridge.models import MirrorState, MlflowAliasMirror, MlflowVersionMirror
+from mlflow_bridge.runs import (
     RunLineage,
     download_artifact,
     find_artifact,
@@ -51,12 +53,14 @@ from registry.mlflow.runs import (
 )
 from registry.models import Adapter, AdapterVersion
 from registry.services.versions import Lineage, RegistrationResult, version_register
+from serving.models import Deployment
 
 logger = logging.getLogger(__name__)
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-# Longer than one sync can take (a few HTTP calls, each bounded by MLFLOW_HTTP_TIMEOUT).
-CLAIM_SECONDS = 300
+# Longer than one push round (a few HTTP calls, each bounded by MLFLOW_HTTP_TIMEOUT);
+# renewed every round.
+CLAIM_SECONDS = 60
 REGISTRY_TAG = "managed_by"
 REGISTRY_TAG_VALUE = "lora-adapter-registry"
 
@@ -283,7 +287,7 @@ def _now():
 
 def _enqueue_on_commit(kind: str, pk: int) -> None:
     def send():
-        from registry.mlflow import tasks
+        from mlflow_bridge import tasks
 
         task = tasks.sync_version_mirror if kind == "version" else tasks.sync_alias_mirror
         try:
@@ -313,32 +317,32 @@ def mirror_version_request(version: AdapterVersion) -> MlflowVersionMirror | Non
 
 
 def mirror_alias_set(
-    *, deployment_name: str, adapter: Adapter, version: AdapterVersion
+    *, deployment: Deployment, adapter: Adapter, version: AdapterVersion
 ) -> MlflowAliasMirror | None:
-    """The alias of `deployment_name` must point at `version` (call on promote/rollback)."""
+    """The deployment's alias must point at `version` (call on promote/rollback)."""
     if version.adapter_id != adapter.pk:
         raise ValidationFailed("The version belongs to another adapter.", code="wrong_adapter")
-    return _alias_request(deployment_name, adapter, version)
+    return _alias_request(deployment, adapter, version)
 
 
-def mirror_alias_clear(*, deployment_name: str, adapter: Adapter) -> MlflowAliasMirror | None:
+def mirror_alias_clear(*, deployment: Deployment, adapter: Adapter) -> MlflowAliasMirror | None:
     """The deployment no longer serves this adapter: its alias must go."""
-    return _alias_request(deployment_name, adapter, None)
+    return _alias_request(deployment, adapter, None)
 
 
-def _alias_request(deployment_name, adapter, version) -> MlflowAliasMirror | None:
+def _alias_request(deployment, adapter, version) -> MlflowAliasMirror | None:
     if not mlc.mirror_enabled():
         return None
-    alias = alias_name(deployment_name)
+    alias = alias_name(deployment.name)
     with transaction.atomic():
         row, created = MlflowAliasMirror.objects.select_for_update().get_or_create(
             adapter=adapter,
             alias=alias,
-            defaults={"deployment_name": deployment_name, "version": version},
+            defaults={"deployment": deployment, "version": version},
         )
         if not created:
             MlflowAliasMirror.objects.filter(pk=row.pk).update(
-                deployment_name=deployment_name,
+                deployment=deployment,
                 version=version,
                 generation=F("generation") + 1,
                 state=MirrorState.PENDING,
@@ -371,18 +375,18 @@ def mirror_mark_failed(model, pk: int, error: str) -> None:
 
 
 def _sync_claimed(model, pk: int, push, force: bool) -> str:
-    now = _now()
-    claimed = (
-        model.objects.filter(pk=pk)
-        .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
-        .update(claimed_until=now + timedelta(seconds=CLAIM_SECONDS))
-    )
-    if not claimed:
+    lease = Lease(model, "claimed_by", "claimed_until")
+    owner = f"mirror-{uuid.uuid4().hex}"
+    if not lease.claim(pk, owner, CLAIM_SECONDS):
         # Another worker is pushing this row; it re-reads the generation before
         # it lets go, so a change made meanwhile is not lost.
         return "busy" if model.objects.filter(pk=pk).exists() else "gone"
     try:
         while True:
+            # Each push round is a few bounded MLflow calls; renewing per round
+            # keeps a short claim held for as long as the work goes on.
+            if not lease.renew(pk, owner, CLAIM_SECONDS):
+                return "busy"
             row = model.objects.get(pk=pk)
             if (
                 not force
@@ -419,7 +423,7 @@ def _sync_claimed(model, pk: int, push, force: bool) -> str:
             # The desired state changed while we pushed: keep what we learned, push again.
             model.objects.filter(pk=pk).update(**learned)
     finally:
-        model.objects.filter(pk=pk).update(claimed_until=None)
+        lease.release(pk, owner)
 
 
 def _version_tags(version: AdapterVersion) -> dict[str, str]:
@@ -559,9 +563,8 @@ def _push_alias(row: MlflowAliasMirror) -> dict:
 
 def _due(model, now):
     """Pending or failed rows nobody holds, whose backoff (by attempts) has passed."""
-    rows = model.objects.filter(state__in=[MirrorState.PENDING, MirrorState.FAILED]).filter(
-        Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)
-    )
+    free = Lease(model, "claimed_by", "claimed_until").free(now)
+    rows = model.objects.filter(state__in=[MirrorState.PENDING, MirrorState.FAILED]).filter(free)
     base = settings.MLFLOW_MIRROR_BACKOFF_SECONDS
     cap = settings.MLFLOW_MIRROR_BACKOFF_MAX_SECONDS
     due = []
@@ -579,7 +582,7 @@ def mirror_catch_up() -> dict[str, int]:
     now = _now()
     versions = _due(MlflowVersionMirror, now)
     aliases = _due(MlflowAliasMirror, now)
-    from registry.mlflow import tasks
+    from mlflow_bridge import tasks
 
     for pk in versions:
         tasks.sync_version_mirror.delay(pk)
@@ -654,7 +657,7 @@ def version_mirror_summary(version: AdapterVersion) -> dict:
 
 def alias_mirror_summary(row: MlflowAliasMirror) -> dict:
     return {
-        "deployment_name": row.deployment_name,
+        "deployment_name": row.deployment.name,
         "alias": row.alias,
         "version": row.version_id,
         "state": row.state,

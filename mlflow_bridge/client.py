@@ -132,14 +132,6 @@ def mapped(function):
     return wrapper
 
 
-def run_ui_url(experiment_id: str, run_id: str) -> str:
-    """The run's page in the MLflow UI, or "" when MLflow is not configured."""
-    base = getattr(settings, "MLFLOW_UI_URL", "") or settings.MLFLOW_TRACKING_URI
-    if not (base and experiment_id and run_id):
-        return ""
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
-
-
 def model_version_ui_url(name: str, version: str) -> str:
     base = getattr(settings, "MLFLOW_UI_URL", "") or settings.MLFLOW_TRACKING_URI
     if not (base and name and version):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from core.admin_mixins import ReadOnlyAdminMixin
-from registry.mlflow.models import MlflowAliasMirror, MlflowVersionMirror
+from mlflow_bridge.models import MlflowAliasMirror, MlflowVersionMirror
 
 
 class _ReadOnly(ReadOnlyAdminMixin, admin.ModelAdmin):
@@ -34,4 +34,4 @@ class MlflowAliasMirrorAdmin(_ReadOnly):
     list_display = ["alias", "adapter", "version", "state", "attempts", "updated_at"]
     list_filter = ["state"]
     list_select_related = ["adapter__department", "version__adapter__department"]
-    search_fields = ["alias", "deployment_name", "last_error"]
+    search_fields = ["alias", "deployment__name", "last_error"]

@@ -1,7 +1,8 @@
-"""REST endpoints of the MLflow integration, wired in registry/api/urls.py:
+"""REST endpoints of the MLflow integration, under /api/v1/ (config/urls.py):
 
 POST /api/v1/adapters/{id}/versions/from-mlflow-run/   register from a run
 GET  /api/v1/adapters/{id}/mlflow-aliases/             alias mirror state
+GET  /api/v1/versions/{id}/mlflow-mirror/              version mirror state
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.api.views import ActorMixin
+from mlflow_bridge import services
 from registry import selectors
 from registry.api.serializers import VersionSerializer
-from registry.api.views import ActorMixin
-from registry.mlflow import services
 
 
 class FromRunSerializer(serializers.Serializer):
@@ -78,11 +79,43 @@ class AdapterAliasesView(ActorMixin, APIView):
     @extend_schema(responses=_AliasSerializer)
     def get(self, request, pk: int):
         adapter = selectors.adapter_get(self.actor, int(pk))
-        rows = adapter.mlflow_aliases.order_by("alias")
+        rows = adapter.mlflow_aliases.select_related("deployment").order_by("alias")
         return Response([services.alias_mirror_summary(row) for row in rows])
 
 
+_VersionMirrorSerializer = inline_serializer(
+    "MlflowVersionMirror",
+    {
+        "enabled": serializers.BooleanField(),
+        "state": serializers.CharField(allow_null=True, required=False),
+        "registered_model": serializers.CharField(required=False),
+        "model_version": serializers.CharField(allow_null=True, required=False),
+        "status_in_mlflow": serializers.CharField(allow_null=True, required=False),
+        "url": serializers.CharField(allow_null=True, required=False),
+        "attempts": serializers.IntegerField(required=False),
+        "last_error": serializers.CharField(required=False),
+        "updated_at": serializers.DateTimeField(required=False),
+        "synced_at": serializers.DateTimeField(allow_null=True, required=False),
+    },
+)
+
+
+class VersionMirrorView(ActorMixin, APIView):
+    @extend_schema(
+        responses=_VersionMirrorSerializer,
+        description="Whether the version is mirrored to MLflow's Model Registry yet.",
+    )
+    def get(self, request, pk: int):
+        version = selectors.version_get(self.actor, int(pk))
+        return Response(services.version_mirror_summary(version))
+
+
 urlpatterns = [
+    path(
+        "versions/<int:pk>/mlflow-mirror/",
+        VersionMirrorView.as_view(),
+        name="version-mlflow-mirror",
+    ),
     path(
         "adapters/<int:pk>/versions/from-mlflow-run/",
         VersionFromRunView.as_view(),

@@ -15,7 +15,8 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from registry.mlflow.client import mapped, run_ui_url
+from mlflow_bridge.client import mapped
+from registry.lineage import run_ui_url
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
