@@ -13,7 +13,7 @@ if [[ "${SKIP_MLFLOW:-0}" != "1" ]]; then
 fi
 
 echo "database: ${DATABASE_URL:-sqlite (embedded default)}"
-echo "broker:   ${CELERY_BROKER_URL:-filesystem (embedded default)}"
+echo "broker:   ${CELERY_BROKER_URL:-sqlite (embedded default)}"
 $BIN/ruff check .
 # The browser tier drives Debian's chromium through Playwright (no browser download).
 if [[ ! -x /usr/bin/chromium ]]; then
