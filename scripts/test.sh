@@ -20,4 +20,10 @@ if [[ ! -x /usr/bin/chromium ]]; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
     || echo "could not install chromium: the browser tests will be skipped" >&2
 fi
+# The fault tier starts a redis-server of its own (restarting it must never touch
+# a shared one); Debian's package brings the binary.
+if ! command -v redis-server >/dev/null; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; } \
+    || echo "could not install redis-server: the fault tier will be skipped" >&2
+fi
 exec $BIN/pytest -q "$@"
