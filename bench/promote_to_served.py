@@ -1,6 +1,6 @@
 """Promote-to-served on real vLLM replicas, beside the bare sequence.
 
-    .venv/bin/python -m bench.promote_to_served                      # 15 rounds, filesystem broker
+    .venv/bin/python -m bench.promote_to_served                      # 15 rounds, SQLite broker
     CELERY_BROKER_URL=redis://127.0.0.1:6379/11 .venv/bin/python -m bench.promote_to_served
 
 What is timed, each round with a NEW adapter (fresh served name, so no swap):
@@ -23,7 +23,7 @@ every round. The script also reads the rollout's own records (started_at, every
 HTTP attempt, finished_at) to say where the product's time goes.
 
 Everything lives in a throwaway VAR_DIR (SQLite, artifacts, adapter volume,
-filesystem broker queue) unless DATABASE_URL is set; the Celery queue has a
+the embedded SQLite broker) unless DATABASE_URL is set; the Celery queue has a
 unique name, so a shared Redis is safe.
 """
 
@@ -324,12 +324,14 @@ class _Existing:
     base_url: str
 
 
-# The worker's own default queue must be the bench's too: a task that retries (a
-# retire that finds the lease still held for a moment) is re-sent from the worker.
+# Every task goes to the bench's own queue (a shared Redis may have other
+# consumers of the product's queues), in the worker too: a task that retries (a
+# retire that finds the claim still held for a moment) is re-sent from the worker.
 _WORKER = """
 import sys
 from config.celery import app
 app.conf.task_default_queue = sys.argv[1]
+app.conf.task_routes = {"*": {"queue": sys.argv[1]}}
 app.worker_main(["worker", "-Q", sys.argv[1], "-n", sys.argv[1] + "@%h",
                  "--concurrency=2", "--loglevel=INFO"])
 """
@@ -361,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     parser.add_argument(
-        "--broker", default=None, help="Celery broker (default: $CELERY_BROKER_URL or filesystem)"
+        "--broker", default=None, help="Celery broker (default: $CELERY_BROKER_URL or SQLite)"
     )
     parser.add_argument(
         "--poll-ms",
@@ -395,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
 
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     app.conf.task_default_queue = queue
+    app.conf.task_routes = {"*": {"queue": queue}}
     broker = settings.CELERY_BROKER_URL
     log_dir = var_dir / "log"
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 Everything that differs between a laptop and production comes from the
 environment (see config/env.py and the README's configuration table). The
 defaults are embedded ones: SQLite, artifacts and the Celery broker on the local
-filesystem under var/, so `make run` needs no servers.
+filesystem under var/ (the broker is a SQLite file there), so `make run` needs no servers.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
 from config import env as cfg
 
@@ -160,27 +161,34 @@ API_TOKEN_DEFAULT_DAYS = cfg.integer("API_TOKEN_DEFAULT_DAYS", 90, minimum=1)
 API_TOKEN_MAX_DAYS = cfg.integer("API_TOKEN_MAX_DAYS", 365, minimum=1)
 
 # --- Celery -----------------------------------------------------------------
-_default_broker = "filesystem://"
+# The embedded default is a SQLite file (config/broker.py): no server, and a
+# message is a row written in a transaction. Redis in production.
+_default_broker = f"sqlite:///{VAR_DIR / 'celery-broker.sqlite3'}"
 CELERY_BROKER_URL = cfg.url_with_scheme(
-    "CELERY_BROKER_URL", _default_broker, {"filesystem", "redis", "rediss", "memory"}
+    "CELERY_BROKER_URL", _default_broker, {"sqlite", "redis", "rediss", "memory"}
 )
-if CELERY_BROKER_URL.startswith("filesystem"):
-    _queue_dir = VAR_DIR / "celery" / "queue"
-    _processed_dir = VAR_DIR / "celery" / "processed"
+if CELERY_BROKER_URL.startswith("sqlite"):
     CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_queue_dir),
-        "data_folder_out": str(_queue_dir),
-        "processed_folder": str(_processed_dir),
-        "store_processed": False,
-        # Broadcast/pidbox exchanges; kombu's default is ./control in the working directory.
-        "control_folder": str(VAR_DIR / "celery" / "control"),
-        # kombu polls the folder, by default every 1 s: on average 0.5 s before a
-        # worker even sees a rollout. A listdir every 50 ms costs nothing measurable.
-        "polling_interval": cfg.number("CELERY_BROKER_POLL_SECONDS", 0.05, minimum=0.01),
+        # kombu polls the table when every queue is empty, by default every 1 s: on
+        # average 0.5 s before a worker even sees a rollout.
+        "polling_interval": cfg.number("CELERY_BROKER_POLL_SECONDS", 0.1, minimum=0.01),
     }
-    # kombu's filesystem transport lists these folders; it does not create them.
-    for _folder in (_queue_dir, _processed_dir, VAR_DIR / "celery" / "control"):
-        _folder.mkdir(parents=True, exist_ok=True)
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+# One queue per kind of work, each with its own worker (README, "Workers"), so a
+# long rollout never starves the reconcile and a slow MLflow never starves either.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES = [
+    Queue(name) for name in ("rollouts", "reconcile", "housekeeping", CELERY_TASK_DEFAULT_QUEUE)
+]
+CELERY_TASK_ROUTES = {
+    "serving.run_rollout": {"queue": "rollouts"},
+    "serving.reconcile_*": {"queue": "reconcile"},
+    "serving.sweep": {"queue": "reconcile"},
+    "serving.housekeeping": {"queue": "housekeeping"},
+    # The MLflow mirror, under either name it has had (registry.mlflow.*, mlflow*).
+    "registry.mlflow.*": {"queue": "housekeeping"},
+    "mlflow*": {"queue": "housekeeping"},
+}
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -226,7 +234,14 @@ SERVING_LOAD_TIMEOUT_SECONDS = cfg.number("SERVING_LOAD_TIMEOUT_SECONDS", 60.0, 
 SERVING_RETRY_DEADLINE_SECONDS = cfg.number("SERVING_RETRY_DEADLINE_SECONDS", 90.0)
 SERVING_RETRY_BASE_SECONDS = cfg.number("SERVING_RETRY_BASE_SECONDS", 0.5)
 SERVING_RETRY_MAX_DELAY_SECONDS = cfg.number("SERVING_RETRY_MAX_DELAY_SECONDS", 5.0)
-SERVING_LEASE_SECONDS = cfg.integer("SERVING_LEASE_SECONDS", 600, minimum=10)
+# Claims on serving work (a rollout's adapter, a reconcile's deployment) last this
+# long and are renewed every third of it while the work goes on; a dead worker's
+# claim is free again after at most this long.
+SERVING_CLAIM_SECONDS = cfg.number("SERVING_CLAIM_SECONDS", 15.0, minimum=1)
+# The sweeper (beat) re-enqueues unfinished rollouts that nobody holds and that
+# were not enqueued in the last SERVING_SWEEP_AFTER_SECONDS.
+SERVING_SWEEP_INTERVAL_SECONDS = cfg.number("SERVING_SWEEP_INTERVAL_SECONDS", 5.0, minimum=1)
+SERVING_SWEEP_AFTER_SECONDS = cfg.number("SERVING_SWEEP_AFTER_SECONDS", 30.0, minimum=1)
 SERVING_RECONCILE_INTERVAL_SECONDS = cfg.number(
     "SERVING_RECONCILE_INTERVAL_SECONDS", 10.0, minimum=1
 )
@@ -238,6 +253,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": SERVING_RECONCILE_INTERVAL_SECONDS,
         # A tick that cannot start before the next one is useless.
         "options": {"expires": SERVING_RECONCILE_INTERVAL_SECONDS},
+    },
+    "serving-sweep": {
+        "task": "serving.sweep",
+        "schedule": SERVING_SWEEP_INTERVAL_SECONDS,
+        "options": {"expires": SERVING_SWEEP_INTERVAL_SECONDS},
     },
     "serving-housekeeping": {"task": "serving.housekeeping", "schedule": 600.0},
 }

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import models
+from django.db import DatabaseError, connections, models
 from django.db.models import Q
 from django.utils import timezone
 
@@ -65,19 +65,34 @@ class LeaseLost(Exception):
 class Heartbeat:
     """Renews a claim from inside long work (between phases, during retry
     back-off), at most once per third of the claim's length, so a short claim
-    stays held for as long as the work really goes on."""
+    stays held for as long as the work really goes on.
+
+    A database error while renewing (a dropped connection, a failover) is not
+    yet a lost claim: the next beat tries again on a new connection, and only
+    once two thirds of the claim have passed without a renewal does the holder
+    give up, before anyone else may take the row.
+    """
 
     def __init__(self, lease: Lease, pk, owner: str, seconds: float):
         self.lease, self.pk, self.owner, self.seconds = lease, pk, owner, seconds
-        self._last = time.monotonic()
+        self._last = self._renewed = time.monotonic()
 
     def beat(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last < self.seconds / 3:
             return
-        if not self.lease.renew(self.pk, self.owner, self.seconds):
+        try:
+            renewed = self.lease.renew(self.pk, self.owner, self.seconds)
+        except DatabaseError:
+            connections[self.lease.model.objects.db].close_if_unusable_or_obsolete()
+            if now - self._renewed < self.seconds * 2 / 3:
+                return
+            raise LeaseLost(
+                f"{self.lease.model.__name__} {self.pk}: could not renew the claim in time"
+            ) from None
+        if not renewed:
             raise LeaseLost(f"{self.lease.model.__name__} {self.pk} is no longer held by us")
-        self._last = now
+        self._last = self._renewed = now
 
     def sleep(self, seconds: float) -> None:
         """time.sleep that keeps the claim alive while it waits."""

@@ -66,6 +66,12 @@ class Deployment(models.Model):
     unload_unknown_adapters = models.BooleanField(default=False)
     canary_by_default = models.BooleanField(default=False)
     verify_with_completion = models.BooleanField(default=True)
+    require_all_replicas = models.BooleanField(
+        default=False,
+        help_text="Push to replicas that are down too, retrying until the deadline, and fail "
+        "the rollout if any stays down. Off: a replica already down when a rollout starts is "
+        "deferred, and the reconcile loads and verifies the version when it is back.",
+    )
 
     # Only one reconciler works on a deployment at a time, whatever beat and workers do.
     reconcile_lease_owner = models.CharField(max_length=100, blank=True, editable=False)
@@ -77,6 +83,17 @@ class Deployment(models.Model):
 
     class Meta:
         ordering = ["environment", "name"]
+        constraints = [
+            # vLLM refuses to start with more GPU slots than CPU slots.
+            models.CheckConstraint(
+                condition=Q(max_loras__lte=models.F("max_cpu_loras")),
+                name="max_loras_within_max_cpu_loras",
+            ),
+            models.CheckConstraint(
+                condition=Q(lora_memory_share__gt=0, lora_memory_share__lte=1),
+                name="lora_memory_share_is_a_fraction",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -196,6 +213,7 @@ class RolloutStatus(models.TextChoices):
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
     ROLLED_BACK = "rolled_back", "Rolled back"
+    CANCELLED = "cancelled", "Cancelled"
 
 
 class Rollout(models.Model):
@@ -223,12 +241,20 @@ class Rollout(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # When its task was last sent to the broker (at creation, then by the sweeper).
+    enqueued_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    cancelled_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["deployment", "status"])]
+        indexes = [
+            models.Index(fields=["deployment", "status"]),
+            models.Index(fields=["status", "enqueued_at"]),
+        ]
 
     def __str__(self) -> str:
         return f"rollout #{self.pk} {self.kind} {self.adapter} on {self.deployment}"
@@ -236,11 +262,15 @@ class Rollout(models.Model):
 
 class ReplicaStepStatus(models.TextChoices):
     PENDING = "pending", "Pending"
+    # Down when the rollout started: not pushed to; the reconcile loads and
+    # verifies the version when the replica is back.
+    DEFERRED = "deferred", "Deferred (down)"
     LOADING = "loading", "Loading"
     VERIFYING = "verifying", "Verifying"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
     ROLLED_BACK = "rolled_back", "Rolled back"
+    CANCELLED = "cancelled", "Cancelled"
 
 
 class ReplicaRollout(models.Model):

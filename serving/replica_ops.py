@@ -2,7 +2,9 @@
 
 These functions touch no database: rollouts run them in parallel threads and
 record the returned attempts afterwards, so no row lock or connection is held
-across an HTTP call.
+across an HTTP call. Their back-off sleeps go through the policy's `sleep`,
+which the rollout makes interruptible: a cancelled rollout, or one whose claim
+was lost, stops retrying at once instead of at the deadline.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from serving.vllm_client import (
 )
 
 
+class RetryStopped(Exception):
+    """Raised by a policy's sleep: stop retrying and report the last attempt."""
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Transient failures (refused, timeouts, 502/503) are retried with
@@ -33,6 +39,8 @@ class RetryPolicy:
     deadline_seconds: float
     base_delay: float
     max_delay: float
+    # How a back-off waits; may raise RetryStopped. Must not touch the database.
+    sleep: Callable[[float], None] = field(default=time.sleep, compare=False)
 
     @classmethod
     def from_settings(cls) -> RetryPolicy:
@@ -75,7 +83,10 @@ def call_with_retry(
         delay = backoff_delay(retry, base=policy.base_delay, cap=policy.max_delay)
         if time.monotonic() - started + delay > policy.deadline_seconds:
             return result
-        time.sleep(delay)
+        try:
+            policy.sleep(delay)
+        except RetryStopped:
+            return result
         retry += 1
 
 

@@ -8,7 +8,7 @@ import socket
 from django.conf import settings
 from django.utils import timezone
 
-from serving.models import Deployment, Replica
+from serving.models import Deployment, Replica, ReplicaHealth
 from serving.vllm_client import VLLMClient
 
 
@@ -65,7 +65,7 @@ def mark_health(replica: Replica, *, up: bool, error: str = "", version: str | N
     """Records health; returns True when it changed."""
     now = timezone.now()
     previous = replica.health
-    replica.health = "up" if up else "down"
+    replica.health = ReplicaHealth.UP if up else ReplicaHealth.DOWN
     replica.last_checked_at = now
     fields = ["health", "last_checked_at", "last_error"]
     replica.last_error = "" if up else error[:2000]
@@ -76,4 +76,4 @@ def mark_health(replica: Replica, *, up: bool, error: str = "", version: str | N
         replica.vllm_version = version
         fields.append("vllm_version")
     replica.save(update_fields=fields)
-    return previous != replica.health and previous != "unknown"
+    return previous != replica.health and previous != ReplicaHealth.UNKNOWN

@@ -12,8 +12,11 @@ from serving.models import (
     DriftEvent,
     HttpAttempt,
     Promotion,
+    ReplicaHealth,
     ReplicaRollout,
+    ReplicaStepStatus,
     Rollout,
+    RolloutKind,
     ServedAdapter,
 )
 
@@ -79,6 +82,24 @@ def rollouts_for(actor: Actor) -> QuerySet[Rollout]:
     )
 
 
+def rollout_replica_summary(rollout: Rollout) -> dict:
+    """How many replicas serve the rollout's version, and how many were deferred
+    because they were down: "3 of 4 replicas serve v2, 1 deferred (down)"."""
+    steps = list(rollout.replica_steps.all())
+    done = sum(1 for s in steps if s.status == ReplicaStepStatus.SUCCEEDED)
+    deferred = sum(1 for s in steps if s.status == ReplicaStepStatus.DEFERRED)
+    text = ""
+    if steps:
+        if rollout.kind == RolloutKind.RETIRE:
+            text = f"Unloaded from {done} of {len(steps)} replicas"
+        else:
+            version = rollout.target_version.number if rollout.target_version else "?"
+            text = f"{done} of {len(steps)} replicas serve v{version}"
+        if deferred:
+            text += f", {deferred} deferred (down)"
+    return {"total": len(steps), "done": done, "deferred": deferred, "text": text}
+
+
 def rollout_get(actor: Actor, rollout_id: int) -> Rollout:
     rollout = rollouts_for(actor).filter(pk=rollout_id).first()
     if rollout is None:
@@ -87,8 +108,11 @@ def rollout_get(actor: Actor, rollout_id: int) -> Rollout:
 
 
 def deployment_state(actor: Actor, deployment: Deployment) -> dict:
-    """Desired (the database) against actual (what each replica said at the
-    last reconcile), per adapter the actor may see."""
+    """Desired (the database) against actual (what each replica listed at the
+    last reconcile, or what a rollout verified since), per adapter the actor
+    may see. `in_sync` is true only where the replica's last listing equals the
+    desired state and the replica has not been found down since: a replica that
+    is down lists nothing, whatever it said before."""
     served = list(served_adapters_for(actor, deployment))
     visible_names = {s.adapter.served_name for s in served}
     show_unknown = visible_department_ids(actor) is None
@@ -96,6 +120,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
     for replica in deployment.replicas.all():
         if not replica.active:
             continue
+        answered = replica.health != ReplicaHealth.DOWN
         loaded = {item["id"]: item.get("root") for item in replica.loaded_adapters or []}
         adapters = []
         for s in served:
@@ -106,7 +131,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
                     "served_name": s.adapter.served_name,
                     "desired_root": desired,
                     "actual_root": actual,
-                    "in_sync": desired == actual,
+                    "in_sync": answered and desired == actual,
                 }
             )
         unknown = [

@@ -14,6 +14,7 @@ from django.utils import timezone
 from serving.models import Deployment, HttpAttempt
 from serving.services.reconcile import reconcile_deployment
 from serving.services.rollouts import LeaseBusy, rollout_execute
+from serving.services.sweep import sweep_rollouts
 from serving.volume import collect_garbage
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,12 @@ def worker_id(task_id: str | None) -> str:
 )
 def run_rollout(self, rollout_id: int) -> str:
     return rollout_execute(rollout_id, worker_id(self.request.id))
+
+
+@shared_task(name="serving.sweep", acks_late=True, ignore_result=True)
+def sweep() -> list[int]:
+    """Re-enqueues rollouts whose task was lost (serving.services.sweep)."""
+    return sweep_rollouts()
 
 
 @shared_task(name="serving.reconcile_deployment", bind=True, acks_late=True)

@@ -11,25 +11,31 @@ from serving.models import ReplicaStepStatus as R
 from serving.models import RolloutStatus as S
 
 ROLLOUT_TRANSITIONS: dict[str, frozenset[str]] = {
-    S.PENDING: frozenset({S.STAGING, S.LOADING, S.FAILED}),
-    S.STAGING: frozenset({S.LOADING, S.FAILED}),
+    # Every unfinished state may be cancelled by a person (serving.services.rollouts).
+    S.PENDING: frozenset({S.STAGING, S.LOADING, S.FAILED, S.CANCELLED}),
+    S.STAGING: frozenset({S.LOADING, S.FAILED, S.CANCELLED}),
     # loading <-> verifying: a canary is loaded and verified, then the rest.
-    S.LOADING: frozenset({S.VERIFYING, S.SUCCEEDED, S.FAILED, S.ROLLED_BACK}),
-    S.VERIFYING: frozenset({S.LOADING, S.SUCCEEDED, S.FAILED, S.ROLLED_BACK}),
+    S.LOADING: frozenset({S.VERIFYING, S.SUCCEEDED, S.FAILED, S.ROLLED_BACK, S.CANCELLED}),
+    S.VERIFYING: frozenset({S.LOADING, S.SUCCEEDED, S.FAILED, S.ROLLED_BACK, S.CANCELLED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
     S.ROLLED_BACK: frozenset(),
+    S.CANCELLED: frozenset(),
 }
 ROLLOUT_TERMINAL = frozenset(s for s, nxt in ROLLOUT_TRANSITIONS.items() if not nxt)
 
 REPLICA_STEP_TRANSITIONS: dict[str, frozenset[str]] = {
-    R.PENDING: frozenset({R.LOADING, R.FAILED, R.ROLLED_BACK}),
-    R.LOADING: frozenset({R.VERIFYING, R.SUCCEEDED, R.FAILED, R.ROLLED_BACK}),
-    R.VERIFYING: frozenset({R.SUCCEEDED, R.FAILED, R.ROLLED_BACK}),
+    R.PENDING: frozenset({R.DEFERRED, R.LOADING, R.FAILED, R.ROLLED_BACK, R.CANCELLED}),
+    # The reconcile completes a deferred step once the replica is back and verified.
+    R.DEFERRED: frozenset({R.SUCCEEDED, R.CANCELLED}),
+    R.LOADING: frozenset({R.VERIFYING, R.SUCCEEDED, R.FAILED, R.ROLLED_BACK, R.CANCELLED}),
+    R.VERIFYING: frozenset({R.SUCCEEDED, R.FAILED, R.ROLLED_BACK, R.CANCELLED}),
     R.SUCCEEDED: frozenset({R.ROLLED_BACK}),
     R.FAILED: frozenset({R.ROLLED_BACK}),
     R.ROLLED_BACK: frozenset(),
+    R.CANCELLED: frozenset(),
 }
+REPLICA_STEP_UNFINISHED = frozenset({R.PENDING, R.LOADING, R.VERIFYING, R.DEFERRED})
 
 PROMOTION_TRANSITIONS: dict[str, frozenset[str]] = {
     P.PENDING_APPROVAL: frozenset({P.APPROVED, P.REJECTED, P.CANCELLED}),

@@ -13,6 +13,7 @@ import hashlib
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -48,20 +49,29 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _matches(folder: Path, version: AdapterVersion) -> bool:
+def _matches(folder: Path, version: AdapterVersion, progress=None) -> bool:
     expected = {f["path"]: f["sha256"] for f in version.files}
     present = {p.name for p in folder.iterdir()}
     if present != set(expected):
         return False
-    return all(_sha256(folder / name) == digest for name, digest in expected.items())
+    for name, digest in expected.items():
+        if progress is not None:
+            progress()
+        if _sha256(folder / name) != digest:
+            return False
+    return True
 
 
-def stage_version(deployment: Deployment, version: AdapterVersion) -> StagedFolder:
-    """Idempotent: an existing, verified folder is reused as it is."""
+def stage_version(
+    deployment: Deployment, version: AdapterVersion, progress: Callable[[], None] | None = None
+) -> StagedFolder:
+    """Idempotent: an existing, verified folder is reused as it is. `progress` is
+    called between chunks (a rollout renews its claim there: a large artifact
+    takes longer to copy than a claim lasts)."""
     final = Path(deployment.volume_write_path) / relative_path(version)
     serve = serve_path_for(deployment, version)
     if final.is_dir():
-        if not _matches(final, version):
+        if not _matches(final, version, progress):
             raise StagingError(
                 f"{final} exists but does not match version {version.number}'s checksums; "
                 "refusing to reuse the path for other bytes."
@@ -71,7 +81,7 @@ def stage_version(deployment: Deployment, version: AdapterVersion) -> StagedFold
         temporary = final.parent / f".staging-{final.name}-{uuid.uuid4().hex[:8]}"
         temporary.mkdir()
         try:
-            _download_verified(version, temporary)
+            _download_verified(version, temporary, progress)
             try:
                 os.rename(temporary, final)
             except OSError:
@@ -93,7 +103,7 @@ def stage_version(deployment: Deployment, version: AdapterVersion) -> StagedFold
     return folder
 
 
-def _download_verified(version: AdapterVersion, into: Path) -> None:
+def _download_verified(version: AdapterVersion, into: Path, progress=None) -> None:
     store = get_artifact_store()
     for item in version.files:
         target = into / item["path"]
@@ -101,6 +111,8 @@ def _download_verified(version: AdapterVersion, into: Path) -> None:
         source_key = f"{version.storage_prefix}/{item['path']}"
         with store.open_read(source_key) as source, target.open("wb") as sink:
             while chunk := source.read(CHUNK):
+                if progress is not None:
+                    progress()
                 digest.update(chunk)
                 sink.write(chunk)
             sink.flush()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.models import Department
@@ -12,6 +13,7 @@ from serving.models import (
     ReplicaRollout,
     Rollout,
 )
+from serving.selectors import rollout_replica_summary
 
 
 class ReplicaSerializer(serializers.ModelSerializer):
@@ -83,6 +85,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "unload_unknown_adapters",
             "canary_by_default",
             "verify_with_completion",
+            "require_all_replicas",
             "last_reconciled_at",
             "replicas",
             "created_at",
@@ -161,8 +164,20 @@ class ReplicaRolloutSerializer(serializers.ModelSerializer):
         fields = ["base_url", "status", "error", "updated_at", "attempts"]
 
 
+class ReplicaSummarySerializer(serializers.Serializer):
+    total = serializers.IntegerField()
+    done = serializers.IntegerField(help_text="Replicas that serve the version (or unloaded it).")
+    deferred = serializers.IntegerField(
+        help_text="Down when the rollout started: the reconcile loads and verifies the "
+        "version when they are back."
+    )
+    text = serializers.CharField(help_text='e.g. "3 of 4 replicas serve v2, 1 deferred (down)"')
+
+
 class RolloutSerializer(serializers.ModelSerializer):
     deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    cancelled_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    replicas_summary = serializers.SerializerMethodField()
     served_name = serializers.CharField(source="adapter.served_name", read_only=True)
     target_version_number = serializers.IntegerField(
         source="target_version.number", read_only=True, allow_null=True
@@ -192,13 +207,23 @@ class RolloutSerializer(serializers.ModelSerializer):
             "created_at",
             "started_at",
             "finished_at",
+            "cancelled_by",
+            "replicas_summary",
             "replicas",
         ]
+
+    @extend_schema_field(ReplicaSummarySerializer)
+    def get_replicas_summary(self, rollout) -> dict:
+        return rollout_replica_summary(rollout)
 
 
 class RollbackSerializer(serializers.Serializer):
     adapter = serializers.IntegerField()
     version = serializers.IntegerField(required=False, help_text="Default: the previous version.")
+
+
+class CancelSerializer(serializers.Serializer):
+    comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
 
 
 class RetireSerializer(serializers.Serializer):

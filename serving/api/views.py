@@ -14,6 +14,7 @@ from serving.gate import evaluate_gate
 from serving.models import Rollout
 from serving.services.deployments import deployment_create, deployment_delete, deployment_update
 from serving.services.promotions import promotion_create, promotion_review, retire, rollback_to
+from serving.services.rollouts import rollout_cancel
 
 
 class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
@@ -180,6 +181,19 @@ class RolloutViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
 
     def get_object(self):
         return selectors.rollout_get(self.actor, self.lookup_id())
+
+    @extend_schema(request=s.CancelSerializer, responses=s.RolloutSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Stop an unfinished rollout for good (approvers of the department and
+        platform admins). The adapter is free for a new promotion at once; the
+        reconcile puts back what was served before on replicas already changed."""
+        data = s.CancelSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        rollout = rollout_cancel(
+            actor=self.actor, rollout=self.get_object(), comment=data.validated_data["comment"]
+        )
+        return Response(_rollout_body(self.actor, rollout.pk))
 
     @extend_schema(request=None, responses={202: s.RolloutSerializer})
     @action(detail=True, methods=["post"])

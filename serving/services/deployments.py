@@ -54,10 +54,18 @@ def _apply(deployment: Deployment, values: dict) -> list[str]:
     for url in deployment.replica_urls or []:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValidationFailed(f"Replica URL {url!r} must start with http:// or https://.")
+    # The same invariants are CheckConstraints on the model (for every writer);
+    # checked here first so that the answer names the field.
     if deployment.max_loras > deployment.max_cpu_loras:
-        raise ValidationFailed("max_loras cannot exceed max_cpu_loras (vLLM refuses to start).")
+        raise ValidationFailed(
+            "max_loras cannot exceed max_cpu_loras (vLLM refuses to start).",
+            details={"field": "max_loras"},
+        )
     if not 0 < deployment.lora_memory_share <= 1:
-        raise ValidationFailed("lora_memory_share must be a fraction between 0 and 1.")
+        raise ValidationFailed(
+            "lora_memory_share must be a fraction between 0 and 1.",
+            details={"field": "lora_memory_share"},
+        )
     try:
         deployment.full_clean(exclude=["allowed_departments"])
     except ValidationError as error:

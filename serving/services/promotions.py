@@ -11,7 +11,7 @@ from core.actors import Actor
 from core.audit import audit_record
 from core.errors import ApplicationError, Conflict, NotAuthorized, ValidationFailed
 from core.models import Ability
-from core.state import can_move
+from core.state import can_move, move
 from registry.models import Adapter, AdapterVersion, VersionStatus
 from serving.gate import GateReport, evaluate_gate
 from serving.models import (
@@ -20,6 +20,7 @@ from serving.models import (
     PromotionStatus,
     Rollout,
     RolloutKind,
+    RolloutStatus,
     ServedAdapter,
 )
 from serving.services.rollouts import rollout_create
@@ -134,6 +135,14 @@ def promotion_create(
     return promotion
 
 
+def _no_longer_reviewable(status: str) -> Conflict:
+    return Conflict(
+        f"This promotion is {status}; it can no longer be reviewed.",
+        code="invalid_transition",
+        details={"current_status": status},
+    )
+
+
 def promotion_review(
     *, actor: Actor, promotion: Promotion, approve: bool, comment: str = ""
 ) -> Promotion:
@@ -147,28 +156,31 @@ def promotion_review(
     target = PromotionStatus.APPROVED if approve else PromotionStatus.REJECTED
     with transaction.atomic():
         locked = Promotion.objects.select_for_update().get(pk=promotion.pk)
-        if not can_move(PROMOTION_TRANSITIONS, locked.status, target) or locked.status == target:
-            raise Conflict(
-                f"This promotion is {locked.status}; it can no longer be reviewed.",
-                code="invalid_transition",
-                details={"current_status": locked.status},
-            )
+        if locked.status == target or not can_move(PROMOTION_TRANSITIONS, locked.status, target):
+            raise _no_longer_reviewable(locked.status)
         if locked.requested_by_id == actor.user.pk:
             raise NotAuthorized(
                 "Four-eyes rule: you cannot approve or reject your own promotion request.",
                 code="four_eyes",
             )
+        gate_report = locked.gate_report
         if approve:
             _require_servable(version)
-            locked.gate_report = _require_gate(locked.deployment, version).as_list()
+            gate_report = _require_gate(locked.deployment, version).as_list()
         previous = locked.status
-        locked.status = target
-        locked.reviewed_by = actor.user
-        locked.reviewed_at = timezone.now()
-        locked.comment = comment
-        locked.save(
-            update_fields=["status", "reviewed_by", "reviewed_at", "comment", "gate_report"]
-        )
+        # Compare-and-swap on the status read: a second reviewer who got there
+        # first (on a database without row locks) wins, and this one is told.
+        if not move(
+            locked,
+            PROMOTION_TRANSITIONS,
+            target,
+            reviewed_by=actor.user,
+            reviewed_at=timezone.now(),
+            comment=comment,
+            gate_report=gate_report,
+        ):
+            locked.refresh_from_db(fields=["status"])
+            raise _no_longer_reviewable(locked.status)
         audit_record(
             actor=actor,
             action="promotion.approve" if approve else "promotion.reject",
@@ -192,7 +204,9 @@ def rollback_to(
     served = ServedAdapter.objects.filter(deployment=deployment, adapter=adapter).first()
     if version is None:
         last = (
-            Rollout.objects.filter(deployment=deployment, adapter=adapter, status="succeeded")
+            Rollout.objects.filter(
+                deployment=deployment, adapter=adapter, status=RolloutStatus.SUCCEEDED
+            )
             .exclude(previous_version=None)
             .order_by("-finished_at")
             .first()

@@ -16,18 +16,30 @@ from dataclasses import dataclass, field
 
 from django.utils import timezone
 
-from serving.models import Deployment, DriftEvent, DriftKind, Replica, ServedAdapter
+from core.claims import LeaseLost
+from serving.models import (
+    Deployment,
+    DriftEvent,
+    DriftKind,
+    Replica,
+    ReplicaRollout,
+    ReplicaStepStatus,
+    RolloutStatus,
+    ServedAdapter,
+)
 from serving.replica_ops import (
     ReplicaOutcome,
     RetryPolicy,
     call_with_retry,
     ensure_loaded,
     ensure_unloaded,
+    verify_serving,
 )
 from serving.replicas import client_for, mark_health, replicas_sync
 from serving.services.attempts import attempts_record
 from serving.services.leases import (
     deployment_reconcile_claim,
+    deployment_reconcile_heartbeat,
     deployment_reconcile_release,
     served_adapter_claim,
     served_adapter_release,
@@ -56,9 +68,14 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
     if not deployment_reconcile_claim(deployment.pk, worker):
         report.skipped = True
         return report
+    heartbeat = deployment_reconcile_heartbeat(deployment.pk, worker)
     try:
-        _reconcile(deployment, worker, report)
+        _reconcile(deployment, worker, report, heartbeat)
         Deployment.objects.filter(pk=deployment.pk).update(last_reconciled_at=timezone.now())
+    except LeaseLost:
+        # Took longer than the claim and someone else reconciles now: leave it to them.
+        logger.warning("reconcile of %s: claim lost, stopping", deployment.name)
+        report.skipped = True
     finally:
         deployment_reconcile_release(deployment.pk, worker)
     return report
@@ -80,7 +97,7 @@ def _observe(deployment: Deployment, replica: Replica) -> tuple[ReplicaOutcome, 
     return outcome, [c for c in model_cards(listing) if c.is_adapter], version
 
 
-def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport) -> None:
+def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, heartbeat) -> None:
     replicas = replicas_sync(deployment)
     desired = {
         s.adapter.served_name: s
@@ -93,6 +110,7 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport) -> 
         observations = list(pool.map(lambda replica: _observe(deployment, replica), replicas))
 
     for replica, (outcome, cards, version) in zip(replicas, observations, strict=True):
+        heartbeat.beat()
         attempts_record(replica, outcome)
         changed = mark_health(replica, up=outcome.ok, error=outcome.error, version=version)
         if not outcome.ok:
@@ -113,6 +131,49 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport) -> 
         Replica.objects.filter(pk=replica.pk).update(
             loaded_adapters=[{"id": name, "root": root} for name, root in snapshot.items()]
         )
+        _complete_deferred(deployment, replica, desired, snapshot, report)
+
+
+def _complete_deferred(deployment, replica, desired, snapshot, report) -> None:
+    """Steps this replica was deferred from, in rollouts that succeeded and whose
+    version is still the desired one: done once the replica lists the version
+    and answers through it. A later rollout's version supersedes an older step,
+    which stays deferred as the record of what happened."""
+    by_adapter = {s.adapter_id: s for s in desired.values()}
+    steps = ReplicaRollout.objects.filter(
+        replica=replica,
+        status=ReplicaStepStatus.DEFERRED,
+        rollout__status=RolloutStatus.SUCCEEDED,
+    ).select_related("rollout__adapter")
+    for step in steps:
+        served = by_adapter.get(step.rollout.adapter_id)
+        if served is None or served.version_id != step.rollout.target_version_id:
+            continue
+        name = step.rollout.adapter.served_name
+        if served.version_id is None:
+            done, error = name not in snapshot, f"{name} is still loaded."
+        elif snapshot.get(name) != served.served_path:
+            continue  # not loaded yet (the repair failed or was left to a rollout)
+        else:
+            with client_for(replica, deployment) as client:
+                outcome = verify_serving(
+                    client,
+                    name,
+                    served.served_path,
+                    RECONCILE_POLICY,
+                    with_completion=deployment.verify_with_completion,
+                )
+            attempts_record(replica, outcome, step)
+            done, error = outcome.ok, outcome.error
+        if done:
+            ReplicaRollout.objects.filter(pk=step.pk, status=ReplicaStepStatus.DEFERRED).update(
+                status=ReplicaStepStatus.SUCCEEDED, error="", updated_at=timezone.now()
+            )
+            report.repairs.append(
+                f"{replica.base_url}: deferred step of rollout {step.rollout_id} verified"
+            )
+        else:
+            ReplicaRollout.objects.filter(pk=step.pk).update(error=error[:2000])
 
 
 def _repair_replica(

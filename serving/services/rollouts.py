@@ -2,27 +2,41 @@
 replica in parallel, verify each one, and roll everything back if any fails.
 
 Run by the `serving.run_rollout` Celery task. Every step is idempotent: a
-redelivered task resumes a rollout, finds what is already staged or loaded,
-and carries on.
+redelivered or swept task resumes a rollout, finds what is already staged or
+loaded, and carries on.
+
+The worker holds a short claim on the (deployment, adapter) for as long as it
+works, renewed by a heartbeat between phases, between staging chunks and while
+it waits for the replicas' threads (which sleep through their back-off but
+never touch the database). Every status change is a compare-and-swap on the
+status the worker last saw: if it fails, someone else moved the rollout (a
+person cancelled it, or the claim expired and another worker resumed it), and
+this worker stops without writing anything more.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+import threading
+import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
 
-from django.db import transaction
+from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
+from core.access import require_approver
 from core.actors import Actor
 from core.audit import audit_record
+from core.claims import LeaseLost
 from core.errors import Conflict
-from core.state import can_move
+from core.state import move
 from registry.models import AdapterVersion
 from serving.models import (
     Deployment,
     Replica,
+    ReplicaHealth,
     ReplicaRollout,
     ReplicaStepStatus,
     Rollout,
@@ -33,16 +47,24 @@ from serving.models import (
 from serving.replica_ops import (
     ReplicaOutcome,
     RetryPolicy,
+    RetryStopped,
     ensure_loaded,
     ensure_unloaded,
     verify_serving,
 )
 from serving.replicas import client_for, replicas_sync
 from serving.services.attempts import attempts_record_all
-from serving.services.leases import served_adapter_claim, served_adapter_release
+from serving.services.leases import (
+    claim_seconds,
+    served_adapter_claim,
+    served_adapter_heartbeat,
+    served_adapter_release,
+    served_adapter_release_if_expired,
+)
 from serving.signals import served_version_changed
 from serving.transitions import (
     REPLICA_STEP_TRANSITIONS,
+    REPLICA_STEP_UNFINISHED,
     ROLLOUT_TERMINAL,
     ROLLOUT_TRANSITIONS,
 )
@@ -53,6 +75,10 @@ logger = logging.getLogger(__name__)
 
 class LeaseBusy(Exception):
     """Another worker is pushing this adapter to this deployment; retry later."""
+
+
+class Stopped(Exception):
+    """This worker must stop: the rollout was cancelled, or another worker holds it now."""
 
 
 def rollout_create(
@@ -74,6 +100,7 @@ def rollout_create(
         canary=canary,
         promotion=promotion,
         requested_by=actor.user if actor else None,
+        enqueued_at=timezone.now(),
     )
     audit_record(
         actor=actor,
@@ -87,65 +114,201 @@ def rollout_create(
             "canary": canary,
         },
     )
-    transaction.on_commit(lambda: _enqueue(rollout.pk))
+    transaction.on_commit(lambda: rollout_enqueue(rollout.pk))
     return rollout
 
 
-def _enqueue(rollout_id: int) -> None:
+def rollout_enqueue(rollout_id: int) -> bool:
+    """Sends the rollout's task. A broker that is down loses nothing: the rollout
+    is committed, and the sweeper sends it again once nobody has picked it up."""
     from serving.tasks import run_rollout
 
-    run_rollout.delay(rollout_id)
+    try:
+        run_rollout.delay(rollout_id)
+    except Exception:  # kombu raises many types; any of them means "not sent"
+        logger.warning("rollout %s: enqueue failed; the sweeper will retry", rollout_id, exc_info=1)
+        return False
+    return True
 
 
-def _set_status(rollout: Rollout, status: str, **fields) -> None:
-    if not can_move(ROLLOUT_TRANSITIONS, rollout.status, status):
-        raise Conflict(f"Rollout {rollout.pk} cannot go from {rollout.status} to {status}.")
-    rollout.status = status
-    for name, value in fields.items():
-        setattr(rollout, name, value)
-    Rollout.objects.filter(pk=rollout.pk).update(status=status, **fields)
+def rollout_cancel(*, actor: Actor, rollout: Rollout, comment: str = "") -> Rollout:
+    """Stops an unfinished rollout for good. An approver of the adapter's
+    department or a platform admin may; tokens may not.
+
+    The adapter is free again at once: a new promotion is accepted, and the
+    desired state is what it was before the rollout, which the reconcile puts
+    back on replicas the rollout had already changed. A worker still busy with
+    it sees the cancel at its next status change or heartbeat (seconds), stops
+    and lets go of its claim; a dead worker's expired claim is cleared here.
+    """
+    require_approver(actor, rollout.adapter.department_id, "Rollout")
+    with transaction.atomic():
+        current = Rollout.objects.select_for_update().get(pk=rollout.pk)
+        if current.status in ROLLOUT_TERMINAL:
+            raise Conflict(
+                f"Rollout {rollout.pk} is {current.status}; only an unfinished rollout "
+                "can be cancelled.",
+                code="invalid_transition",
+                details={"status": current.status},
+            )
+        previous = current.status
+        who = actor.user.get_username()
+        if not move(
+            current,
+            ROLLOUT_TRANSITIONS,
+            RolloutStatus.CANCELLED,
+            cancelled_by=actor.user,
+            finished_at=timezone.now(),
+            error=f"Cancelled by {who}." + (f" {comment}" if comment else ""),
+        ):
+            raise Conflict(
+                f"Rollout {rollout.pk} changed while it was being cancelled; look again.",
+                code="concurrent_change",
+            )
+        ReplicaRollout.objects.filter(rollout=current, status__in=REPLICA_STEP_UNFINISHED).update(
+            status=ReplicaStepStatus.CANCELLED
+        )
+        audit_record(
+            actor=actor,
+            action="rollout.cancelled",
+            obj=current,
+            department=current.adapter.department,
+            from_state=previous,
+            to_state=RolloutStatus.CANCELLED,
+            comment=comment,
+        )
+        served = ServedAdapter.objects.filter(
+            deployment_id=current.deployment_id, adapter_id=current.adapter_id
+        ).first()
+        if served is not None:
+            served_adapter_release_if_expired(served.pk)
+    return current
+
+
+# --- the worker's side ---------------------------------------------------------
+
+
+class _Watch:
+    """Keeps the worker's claim and notices a cancel. Only the rollout's own
+    thread talks to the database here; the replicas' threads only `sleep`,
+    which returns early (RetryStopped) once the work must stop."""
+
+    def __init__(self, rollout_id: int, served_id: int, worker: str):
+        self.rollout_id = rollout_id
+        self.heartbeat = served_adapter_heartbeat(served_id, worker)
+        # Cancel is looked for this often while the work goes on.
+        self.interval = min(claim_seconds() / 3, 2.0)
+        self._checked = time.monotonic()
+        self._stop = threading.Event()
+        self.reason = ""
+
+    def check(self) -> None:
+        """Renews the claim when due; raises Stopped if the work must end."""
+        if self._stop.is_set():
+            raise Stopped(self.reason)
+        try:
+            self.heartbeat.beat()
+        except LeaseLost as error:
+            self._halt(str(error))
+        now = time.monotonic()
+        if now - self._checked >= self.interval:
+            self._checked = now
+            status = (
+                Rollout.objects.filter(pk=self.rollout_id).values_list("status", flat=True).first()
+            )
+            if status == RolloutStatus.CANCELLED:
+                self._halt("the rollout was cancelled")
+
+    def _halt(self, reason: str) -> None:
+        self.reason = reason
+        self._stop.set()
+        raise Stopped(reason)
+
+    def sleep(self, seconds: float) -> None:
+        """A back-off wait in a replica's thread. Never touches the database."""
+        if self._stop.wait(seconds):
+            raise RetryStopped(self.reason)
+
+    def wait(self, futures) -> None:
+        """Waits for the replicas' threads, renewing the claim meanwhile. If the
+        work must stop, the threads are told to and are still waited for, so
+        their attempts get recorded."""
+        pending = set(futures)
+        while pending:
+            _, pending = wait(pending, timeout=self.interval, return_when=FIRST_EXCEPTION)
+            if pending and not self._stop.is_set():
+                # On Stopped, _halt has set the event: the threads stop retrying.
+                with contextlib.suppress(Stopped):
+                    self.check()
+
+    def raise_if_stopped(self) -> None:
+        if self._stop.is_set():
+            raise Stopped(self.reason)
+
+
+def _set_status(ctx: _Context, status: str, **fields) -> None:
+    """Compare-and-swap from the status this worker last saw."""
+    ctx.watch.check()
+    if not move(ctx.rollout, ROLLOUT_TRANSITIONS, status, **fields):
+        now = Rollout.objects.filter(pk=ctx.rollout.pk).values_list("status", flat=True).first()
+        raise Stopped(f"the rollout is {now} now, not {ctx.rollout.status}")
 
 
 def _set_steps(steps: list[ReplicaRollout], status: str, errors: dict[int, str] | None = None):
-    # One UPDATE per distinct error message (usually one for every replica): each
-    # statement is a round trip on the rollout's critical path.
-    by_error: dict[str, list[int]] = {}
+    """Compare-and-swap of replica steps, one UPDATE per (old status, error)
+    (usually one for every replica: each statement is a round trip on the
+    rollout's critical path). Steps the table does not let move are left alone."""
+    groups: dict[tuple[str, str], list[ReplicaRollout]] = {}
     for step in steps:
-        if not can_move(REPLICA_STEP_TRANSITIONS, step.status, status):
+        if step.status != status and status not in REPLICA_STEP_TRANSITIONS[step.status]:
             continue
-        step.status = status
         # A failed step keeps its reason when it is then rolled back.
         keep = status in (ReplicaStepStatus.FAILED, ReplicaStepStatus.ROLLED_BACK)
-        step.error = (errors or {}).get(step.replica_id, step.error if keep else "")
-        by_error.setdefault(step.error, []).append(step.pk)
-    for error, pks in by_error.items():
-        ReplicaRollout.objects.filter(pk__in=pks).update(status=status, error=error)
+        error = (errors or {}).get(step.replica_id, step.error if keep else "")
+        groups.setdefault((step.status, error), []).append(step)
+    for (old, error), group in groups.items():
+        moved = ReplicaRollout.objects.filter(pk__in=[s.pk for s in group], status=old).update(
+            status=status, error=error, updated_at=timezone.now()
+        )
+        if moved != len(group):
+            raise Stopped("the rollout's replica steps were changed by someone else")
+        for step in group:
+            step.status, step.error = status, error
 
 
 @dataclass
 class _Context:
     rollout: Rollout
     deployment: Deployment
-    replicas: list[Replica]
+    replicas: list[Replica]  # the ones this rollout pushes to (deferred ones are not)
     steps: dict[int, ReplicaRollout]
     policy: RetryPolicy
+    watch: _Watch
 
 
 def _fan_out(ctx: _Context, replicas: list[Replica], work) -> dict[int, ReplicaOutcome]:
     """Runs `work(client, replica)` on every replica at once; records attempts after."""
 
     def run(replica: Replica) -> ReplicaOutcome:
-        with client_for(replica, ctx.deployment) as client:
-            return work(client, replica)
+        try:
+            with client_for(replica, ctx.deployment) as client:
+                return work(client, replica)
+        finally:
+            # The work touches no database; should that ever change, its
+            # connection must not outlive the thread.
+            connections.close_all()
 
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(replicas)))) as pool:
-        outcomes = dict(zip([r.pk for r in replicas], pool.map(run, replicas), strict=True))
+        futures = [pool.submit(run, replica) for replica in replicas]
+        ctx.watch.wait(futures)
+    outcomes = {r.pk: f.result() for r, f in zip(replicas, futures, strict=True)}
     attempts_record_all([(r, outcomes[r.pk], ctx.steps.get(r.pk)) for r in replicas])
     for replica in replicas:
         outcome = outcomes[replica.pk]
         if outcome.vllm_version and outcome.vllm_version != replica.vllm_version:
             replica.vllm_version = outcome.vllm_version
             Replica.objects.filter(pk=replica.pk).update(vllm_version=outcome.vllm_version)
+    ctx.watch.raise_if_stopped()
     return outcomes
 
 
@@ -164,24 +327,36 @@ def rollout_execute(rollout_id: int, worker: str) -> str:
         )
     try:
         served.refresh_from_db()
-        _run(rollout, served)
+        _run(rollout, served, _Watch(rollout.pk, served.pk, worker))
+    except Stopped as stop:
+        logger.warning("rollout %s: stopped (%s)", rollout.pk, stop)
+    except DatabaseError:
+        # The database went away mid-rollout: nothing can be recorded now. The
+        # claim expires, and the sweeper resumes the rollout from its last state.
+        logger.exception("rollout %s: database error; the sweeper will resume it", rollout.pk)
+        raise
     except Exception as error:  # record, then let the task see it
         logger.exception("rollout %s crashed", rollout.pk)
         rollout.refresh_from_db()
         if rollout.status not in ROLLOUT_TERMINAL:
-            _set_status(
+            move(
                 rollout,
+                ROLLOUT_TRANSITIONS,
                 RolloutStatus.FAILED,
                 error=f"Internal error: {error}",
                 finished_at=timezone.now(),
             )
         raise
     finally:
-        served_adapter_release(served.pk, worker)
+        try:
+            served_adapter_release(served.pk, worker)
+        except DatabaseError:
+            logger.warning("rollout %s: could not release the claim; it expires", rollout.pk)
+    rollout.refresh_from_db()
     return rollout.status
 
 
-def _run(rollout: Rollout, served: ServedAdapter) -> None:
+def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
     deployment = rollout.deployment
     if rollout.started_at is None:
         # The previous version is what was serving when this rollout actually started.
@@ -192,19 +367,21 @@ def _run(rollout: Rollout, served: ServedAdapter) -> None:
         )
     replicas = replicas_sync(deployment)
     steps = _steps_for(rollout, replicas)
-    ctx = _Context(rollout, deployment, replicas, steps, RetryPolicy.from_settings())
+    pushed = [r for r in replicas if steps[r.pk].status != ReplicaStepStatus.DEFERRED]
+    policy = replace(RetryPolicy.from_settings(), sleep=watch.sleep)
+    ctx = _Context(rollout, deployment, pushed, steps, policy, watch)
     if not replicas:
         _finish(ctx, RolloutStatus.FAILED, "The deployment has no replicas.")
         return
     if rollout.kind == RolloutKind.RETIRE:
-        _retire(ctx, served)
+        _retire(ctx)
         return
 
     target = rollout.target_version
     if rollout.status in (RolloutStatus.PENDING, RolloutStatus.STAGING):
-        _set_status(rollout, RolloutStatus.STAGING)
+        _set_status(ctx, RolloutStatus.STAGING)
         try:
-            folder = stage_version(deployment, target)
+            folder = stage_version(deployment, target, progress=watch.check)
         except (StagingError, OSError) as error:
             _finish(ctx, RolloutStatus.FAILED, f"Staging failed: {error}")
             return
@@ -216,10 +393,10 @@ def _run(rollout: Rollout, served: ServedAdapter) -> None:
     path = rollout.served_path or serve_path_for(deployment, target)
     name = rollout.adapter.served_name
 
-    groups = [replicas[:1], replicas[1:]] if rollout.canary and len(replicas) > 1 else [replicas]
+    groups = [pushed[:1], pushed[1:]] if rollout.canary and len(pushed) > 1 else [pushed]
     for group in groups:
         group_steps = [steps[r.pk] for r in group]
-        _set_status(rollout, RolloutStatus.LOADING)
+        _set_status(ctx, RolloutStatus.LOADING)
         _set_steps(group_steps, ReplicaStepStatus.LOADING)
         loaded = _fan_out(
             ctx,
@@ -230,7 +407,7 @@ def _run(rollout: Rollout, served: ServedAdapter) -> None:
         )
         if _failed(ctx, group_steps, loaded, "load"):
             return
-        _set_status(rollout, RolloutStatus.VERIFYING)
+        _set_status(ctx, RolloutStatus.VERIFYING)
         _set_steps(group_steps, ReplicaStepStatus.VERIFYING)
         verified = _fan_out(
             ctx,
@@ -246,11 +423,27 @@ def _run(rollout: Rollout, served: ServedAdapter) -> None:
 
 
 def _steps_for(rollout: Rollout, replicas: list[Replica]) -> dict[int, ReplicaRollout]:
-    """One row per replica; a resumed rollout finds the rows it made before."""
+    """One row per replica; a resumed rollout finds the rows it made before.
+
+    A replica that was already marked down when the rollout starts is deferred
+    (not pushed to: waiting out its retry deadline would hold up every other
+    replica), unless the deployment requires every replica or none is up.
+    """
     existing = ReplicaRollout.objects.filter(rollout=rollout, replica__in=replicas)
     steps = {step.replica_id: step for step in existing}
-    missing = [ReplicaRollout(rollout=rollout, replica=r) for r in replicas if r.pk not in steps]
-    if missing:
+    new = [r for r in replicas if r.pk not in steps]
+    if new:
+        defer = not rollout.deployment.require_all_replicas and any(
+            r.health != ReplicaHealth.DOWN for r in replicas
+        )
+
+        missing = []
+        for replica in new:
+            step = ReplicaRollout(rollout=rollout, replica=replica)
+            if defer and replica.health == ReplicaHealth.DOWN:
+                step.status = ReplicaStepStatus.DEFERRED
+                step.error = f"Down at the start: {replica.last_error}"[:2000]
+            missing.append(step)
         # ignore_conflicts: the (rollout, replica) constraint still holds if another
         # delivery of this task got there first. Rows are read back for their ids.
         ReplicaRollout.objects.bulk_create(missing, ignore_conflicts=True)
@@ -270,14 +463,14 @@ def _failed(ctx: _Context, steps, outcomes: dict[int, ReplicaOutcome], phase: st
 
 
 def _rollback_everywhere(ctx: _Context, reason: str) -> None:
-    """Puts every replica back on the previous version, or unloads the adapter
-    where nothing was served before."""
+    """Puts every replica this rollout pushed to back on the previous version,
+    or unloads the adapter where nothing was served before."""
     rollout = ctx.rollout
     previous = rollout.previous_version
     name = rollout.adapter.served_name
     if previous is not None:
         try:
-            folder = stage_version(ctx.deployment, previous)
+            folder = stage_version(ctx.deployment, previous, progress=ctx.watch.check)
         except (StagingError, OSError) as error:
             _finish(ctx, RolloutStatus.FAILED, f"{reason}. Rollback staging failed: {error}")
             return
@@ -313,7 +506,7 @@ def _rollback_everywhere(ctx: _Context, reason: str) -> None:
 
 def _finish(ctx: _Context, status: str, error: str) -> None:
     with transaction.atomic():
-        _set_status(ctx.rollout, status, error=error[:10000], finished_at=timezone.now())
+        _set_status(ctx, status, error=error[:10000], finished_at=timezone.now())
         audit_record(
             actor=None,
             action=f"rollout.{status}",
@@ -326,20 +519,21 @@ def _finish(ctx: _Context, status: str, error: str) -> None:
 
 def _succeed(ctx: _Context, served: ServedAdapter) -> None:
     rollout = ctx.rollout
+    deferred = _deferred_count(ctx)
     with transaction.atomic():
+        _set_status(ctx, RolloutStatus.SUCCEEDED, error="", finished_at=timezone.now())
         ServedAdapter.objects.filter(pk=served.pk).update(
             version=rollout.target_version,
             served_path=rollout.served_path,
             updated_at=timezone.now(),
         )
-        _set_status(rollout, RolloutStatus.SUCCEEDED, error="", finished_at=timezone.now())
         audit_record(
             actor=None,
             action="rollout.succeeded",
             obj=rollout,
             department=rollout.adapter.department,
             to_state=RolloutStatus.SUCCEEDED,
-            details={"served_path": rollout.served_path},
+            details={"served_path": rollout.served_path, "deferred_replicas": deferred},
         )
         _note_observed(ctx, rollout.adapter.served_name, rollout.served_path)
         mark_unreferenced(ctx.deployment)
@@ -351,11 +545,15 @@ def _succeed(ctx: _Context, served: ServedAdapter) -> None:
         )
 
 
+def _deferred_count(ctx: _Context) -> int:
+    return sum(1 for s in ctx.steps.values() if s.status == ReplicaStepStatus.DEFERRED)
+
+
 def _note_observed(
     ctx: _Context, name: str, root: str | None, only: set[int] | None = None
 ) -> None:
-    """What the rollout saw each replica serve, so the state view is right before
-    the next reconcile looks again."""
+    """What the rollout saw each replica it pushed to serve, so the state view
+    is right before the next reconcile looks again."""
     for replica in ctx.replicas:
         if only is not None and replica.pk not in only:
             continue
@@ -365,28 +563,29 @@ def _note_observed(
         Replica.objects.filter(pk=replica.pk).update(loaded_adapters=loaded)
 
 
-def _retire(ctx: _Context, served: ServedAdapter) -> None:
+def _retire(ctx: _Context) -> None:
     name = ctx.rollout.adapter.served_name
-    _set_status(ctx.rollout, RolloutStatus.LOADING)
-    _set_steps(list(ctx.steps.values()), ReplicaStepStatus.LOADING)
+    pushed = [ctx.steps[r.pk] for r in ctx.replicas]
+    _set_status(ctx, RolloutStatus.LOADING)
+    _set_steps(pushed, ReplicaStepStatus.LOADING)
     outcomes = _fan_out(
         ctx, ctx.replicas, lambda client, r: ensure_unloaded(client, name, ctx.policy)
     )
     errors = {pk: o.error for pk, o in outcomes.items() if not o.ok}
-    _set_steps([s for pk, s in ctx.steps.items() if pk not in errors], ReplicaStepStatus.SUCCEEDED)
-    _set_steps([s for pk, s in ctx.steps.items() if pk in errors], ReplicaStepStatus.FAILED, errors)
+    _set_steps([s for s in pushed if s.replica_id not in errors], ReplicaStepStatus.SUCCEEDED)
+    _set_steps([s for s in pushed if s.replica_id in errors], ReplicaStepStatus.FAILED, errors)
     with transaction.atomic():
         if errors:
             _set_status(
-                ctx.rollout,
+                ctx,
                 RolloutStatus.FAILED,
                 error="Unload failed on some replicas; reconcile will retry: "
                 + "; ".join(errors.values()),
                 finished_at=timezone.now(),
             )
         else:
-            _set_status(ctx.rollout, RolloutStatus.SUCCEEDED, finished_at=timezone.now())
-        _note_observed(ctx, name, None, only={pk for pk in ctx.steps if pk not in errors})
+            _set_status(ctx, RolloutStatus.SUCCEEDED, finished_at=timezone.now())
+        _note_observed(ctx, name, None, only={r.pk for r in ctx.replicas if r.pk not in errors})
         mark_unreferenced(ctx.deployment)
         served_version_changed.send(
             sender=Rollout, deployment=ctx.deployment, adapter=ctx.rollout.adapter, version=None

@@ -11,7 +11,17 @@ from core.access import visible_department_ids
 from core.actors import Actor
 from serving import selectors
 from serving.gate import resident_lora_bytes
-from serving.models import Deployment, Replica, Rollout, ServedAdapter
+from serving.models import (
+    Deployment,
+    PromotionStatus,
+    Replica,
+    ReplicaHealth,
+    ReplicaStepStatus,
+    Rollout,
+    RolloutKind,
+    RolloutStatus,
+    ServedAdapter,
+)
 from serving.transitions import ROLLOUT_TERMINAL
 
 
@@ -102,7 +112,7 @@ def deployments_health(actor: Actor) -> list[DeploymentHealth]:
     rows = []
     for d in deployments:
         active = [r for r in d.replicas.all() if r.active]
-        up = sum(1 for r in active if r.health == "up")
+        up = sum(1 for r in active if r.health == ReplicaHealth.UP)
         rows.append(DeploymentHealth(d, up, len(active), capacity[d.pk]))
     return rows
 
@@ -131,7 +141,7 @@ def recent_rollouts(actor: Actor, deployment: Deployment | None = None, limit: i
 def pending_promotions(actor: Actor, **filters):
     return (
         selectors.promotions_for(actor)
-        .filter(status="pending_approval", **filters)
+        .filter(status=PromotionStatus.PENDING_APPROVAL, **filters)
         .order_by("created_at")
     )
 
@@ -175,7 +185,7 @@ class Cell:
 
 def _cell(replica: dict, row: dict, changed_at) -> Cell:
     desired, actual = row["desired_root"], row["actual_root"]
-    if replica["health"] == "down":
+    if replica["health"] == ReplicaHealth.DOWN:
         return Cell(DOWN, actual)
     checked = replica["last_checked_at"]
     if checked is None:
@@ -258,11 +268,11 @@ DONE, ACTIVE, FAILED, WAITING, SKIPPED = "done", "active", "failed", "waiting", 
 
 
 def _stage_state(rollout: Rollout) -> str:
-    if rollout.status == "pending":
+    if rollout.status == RolloutStatus.PENDING:
         return WAITING
-    if rollout.status == "staging":
+    if rollout.status == RolloutStatus.STAGING:
         return ACTIVE
-    if rollout.kind == "retire":
+    if rollout.kind == RolloutKind.RETIRE:
         return SKIPPED
     if rollout.served_path:
         return DONE
@@ -272,21 +282,23 @@ def _stage_state(rollout: Rollout) -> str:
 def _replica_phases(step, stage: str) -> tuple[str, str]:
     """(load, verify) states of one replica step."""
     status = step.status
-    if stage in (WAITING, ACTIVE) or status == "pending":
+    if status in (ReplicaStepStatus.DEFERRED, ReplicaStepStatus.CANCELLED):
+        return SKIPPED, SKIPPED
+    if stage in (WAITING, ACTIVE) or status == ReplicaStepStatus.PENDING:
         return WAITING, WAITING
-    if status == "loading":
+    if status == ReplicaStepStatus.LOADING:
         return ACTIVE, WAITING
-    if status == "verifying":
+    if status == ReplicaStepStatus.VERIFYING:
         return DONE, ACTIVE
-    if status == "succeeded":
+    if status == ReplicaStepStatus.SUCCEEDED:
         return DONE, DONE
     # Failed or rolled back: how far it got, from its recorded HTTP attempts.
     attempts = step.attempts.all()
     verifies = [a for a in attempts if a.purpose.startswith("verify")]
     if not verifies:
         refused = any(a.purpose == "load" and not a.ok and not a.transient for a in attempts)
-        return (FAILED if status == "failed" or refused else DONE), WAITING
-    return DONE, (FAILED if status == "failed" or not verifies[-1].ok else DONE)
+        return (FAILED if status == ReplicaStepStatus.FAILED or refused else DONE), WAITING
+    return DONE, (FAILED if status == ReplicaStepStatus.FAILED or not verifies[-1].ok else DONE)
 
 
 def rollout_progress(rollout: Rollout) -> dict:
@@ -295,10 +307,10 @@ def rollout_progress(rollout: Rollout) -> dict:
     steps = []
     for step in rollout.replica_steps.all():
         load, verify = _replica_phases(step, stage)
-        if rollout.kind == "retire":
+        if rollout.kind == RolloutKind.RETIRE:
             verify = SKIPPED
         error = step.error
-        if not error and step.status in ("failed", "rolled_back"):
+        if not error and step.status in (ReplicaStepStatus.FAILED, ReplicaStepStatus.ROLLED_BACK):
             # A rolled-back step keeps no error of its own; vLLM's words are in its attempts.
             # The first permanent refusal is what stopped it (a later unload's
             # "not found" while rolling back is not news).
@@ -311,4 +323,5 @@ def rollout_progress(rollout: Rollout) -> dict:
         "steps": steps,
         "terminal": rollout.status in ROLLOUT_TERMINAL,
         "attempt_count": sum(len(s["step"].attempts.all()) for s in steps),
+        "replicas": selectors.rollout_replica_summary(rollout),
     }

@@ -12,4 +12,5 @@ urlpatterns = [
     path("rollouts/<int:pk>/", views.rollout_detail, name="rollout"),
     path("rollouts/<int:pk>/live/", views.rollout_live, name="rollout-live"),
     path("rollouts/<int:pk>/rollback/", views.rollout_rollback, name="rollout-rollback"),
+    path("rollouts/<int:pk>/cancel/", views.rollout_cancel_view, name="rollout-cancel"),
 ]

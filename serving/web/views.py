@@ -27,13 +27,15 @@ from registry.models import AdapterVersion, VersionStatus
 from registry.web.views import version_page_context
 from serving import selectors
 from serving.gate import evaluate_gate
-from serving.models import PromotionStatus, Rollout, ServedAdapter
+from serving.models import PromotionStatus, Rollout, RolloutStatus, ServedAdapter
 from serving.services.promotions import (
     _require_may_deploy,
     promotion_create,
     promotion_review,
     rollback_to,
 )
+from serving.services.rollouts import rollout_cancel
+from serving.transitions import ROLLOUT_TERMINAL
 from serving.web import queries
 from serving.web.forms import PromoteForm, PromotionReviewForm
 
@@ -264,7 +266,7 @@ def _rollback_option(actor: Actor, rollout: Rollout) -> dict | None:
     """A rollback makes sense when this rollout put a version in place that
     replaced another and is still what the deployment serves."""
     if (
-        rollout.status != "succeeded"
+        rollout.status != RolloutStatus.SUCCEEDED
         or rollout.previous_version is None
         or rollout.target_version_id is None
     ):
@@ -280,12 +282,23 @@ def _rollback_option(actor: Actor, rollout: Rollout) -> dict | None:
     return {"version": rollout.previous_version, "disabled_reason": reason}
 
 
+def _cancel_option(actor: Actor, rollout: Rollout) -> dict | None:
+    """Unfinished rollouts can be cancelled by approvers and platform admins;
+    members see the button off, with the reason."""
+    if rollout.status in ROLLOUT_TERMINAL:
+        return None
+    may = can_approve(actor, rollout.adapter.department_id)
+    reason = "" if may else "Only an approver of this department or a platform admin may cancel."
+    return {"disabled_reason": reason}
+
+
 def _rollout_context(actor: Actor, rollout: Rollout) -> dict:
     progress = queries.rollout_progress(rollout)
     return {
         "rollout": rollout,
         "progress": progress,
         "rollback": _rollback_option(actor, rollout) if progress["terminal"] else None,
+        "cancel": _cancel_option(actor, rollout),
     }
 
 
@@ -307,6 +320,25 @@ def rollout_live(request, actor: Actor, pk: int):
     )
     response["Cache-Control"] = "no-store"
     return response
+
+
+@require_POST
+@page
+def rollout_cancel_view(request, actor: Actor, pk: int):
+    rollout = selectors.rollout_get(actor, pk)
+    try:
+        rollout_cancel(actor=actor, rollout=rollout, comment=request.POST.get("comment", "")[:2000])
+    except NotFound:
+        raise
+    except ApplicationError as error:
+        messages.error(request, f"Could not cancel: {error.message}")
+        return redirect("serving:rollout", pk=rollout.pk)
+    messages.success(
+        request,
+        f"Cancelled rollout #{rollout.pk}. {rollout.adapter.name} on {rollout.deployment.name} "
+        "is free for a new promotion; the reconcile puts back what was served before.",
+    )
+    return redirect("serving:rollout", pk=rollout.pk)
 
 
 @require_POST

@@ -16,7 +16,6 @@ import contextlib
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from celery.contrib.testing.worker import start_worker
@@ -32,6 +31,7 @@ from tests.serving.conftest import make_deployment
 from tests.support.adapters import AdapterSpec
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.vllm_servers import VLLMServer, ensure_tiny_model, vllm_available
+from tests.support.workers import purge_queues
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -46,19 +46,10 @@ document.body.addEventListener("htmx:afterSettle", () => {
 """
 
 
-def _purge(app) -> None:
-    with app.connection_for_write() as connection:
-        connection.default_channel.queue_purge(app.conf.task_default_queue)
-
-
 @contextlib.contextmanager
 def celery_worker() -> Iterator[None]:
-    """A real worker (thread pool) consuming the configured broker."""
+    """A real worker (thread pool) consuming every queue of the configured broker."""
     app = celery_app
-    options = app.conf.broker_transport_options or {}
-    for key in ("data_folder_in", "data_folder_out", "processed_folder"):
-        if options.get(key):
-            Path(options[key]).mkdir(parents=True, exist_ok=True)
     with start_worker(
         app,
         pool="threads",
@@ -68,7 +59,7 @@ def celery_worker() -> Iterator[None]:
         loglevel="WARNING",
     ):
         yield
-    _purge(app)
+    purge_queues(app)
     connections.close_all()
 
 
@@ -120,7 +111,7 @@ def promote_and_watch(
         gpu_memory_bytes=16 * 1024**3,
         lora_memory_share=0.15,
     )
-    _purge(celery_app)
+    purge_queues(celery_app)
 
     # 4. The approver opens the approved version and picks a deployment: the
     # compatibility gate's checks appear in place, each with its reason.

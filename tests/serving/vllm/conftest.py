@@ -30,6 +30,7 @@ from tests.support.vllm_servers import (
     ensure_vllm_installed,
     start_servers,
 )
+from tests.support.workers import purge_queues
 
 SERVED_BASE = "tiny-llama"
 MAX_LORA_RANK = 16
@@ -110,23 +111,13 @@ def fast_retries(settings):
 # -- Celery worker on the configured broker --------------------------------------
 
 
-def _purge_broker(app) -> None:
-    with app.connection_for_write() as connection:
-        connection.default_channel.queue_purge(app.conf.task_default_queue)
-
-
 @pytest.fixture
 def celery_worker(transactional_db) -> Iterator[Any]:
-    """A real worker (thread pool) consuming the configured broker:
-    filesystem:// by default, Redis in CI."""
+    """A real worker (thread pool) consuming every queue of the configured
+    broker: the embedded SQLite one by default, Redis in CI."""
     from config.celery import app
 
-    options = app.conf.broker_transport_options or {}
-    for key in ("data_folder_in", "data_folder_out", "processed_folder"):
-        if options.get(key):
-            Path(options[key]).mkdir(parents=True, exist_ok=True)
-    # Messages of an earlier test name rows that no longer exist.
-    _purge_broker(app)
+    purge_queues(app)
     with start_worker(
         app,
         pool="threads",
@@ -136,7 +127,7 @@ def celery_worker(transactional_db) -> Iterator[Any]:
         loglevel="WARNING",
     ) as worker:
         yield worker
-    _purge_broker(app)
+    purge_queues(app)
     connections.close_all()
 
 
