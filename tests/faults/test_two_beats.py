@@ -91,6 +91,8 @@ def test_two_sweep_ticks_at_the_same_instant_run_a_lost_rollout_once(
     fault_redis.start()
     rollout = Rollout.objects.get()
     m.fault_ended()
+    import serving.tasks  # noqa: F401 - registers the product's tasks in this process
+
     assert "serving.sweep" in app.tasks, "no serving.sweep task: nothing resumes a lost rollout"
 
     def done() -> bool:

@@ -207,7 +207,7 @@ import django
 django.setup()
 from config.celery import app
 routes = app.conf.task_routes or {}
-queues = {app.conf.task_default_queue}
+queues = {app.conf.task_default_queue} | {q.name for q in app.conf.task_queues or ()}
 if isinstance(routes, dict):
     queues |= {r["queue"] for r in routes.values() if isinstance(r, dict) and r.get("queue")}
 app.worker_main(["worker", "-Q", ",".join(sorted(queues)), "-n", sys.argv[1] + "@%h",
