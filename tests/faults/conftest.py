@@ -89,10 +89,9 @@ def fault_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("faults")
 
 
-@pytest.fixture(autouse=True)
-def fault_tier_prerequisites(request):
-    if "transactional_db" not in request.fixturenames:
-        return
+@pytest.fixture(scope="package", autouse=True)
+def fault_tier_prerequisites():
+    """Checked before any server of the tier starts (package fixtures come first)."""
     if connection.vendor != "postgresql":
         pytest.skip(
             "the fault tier needs PostgreSQL: worker subprocesses share the test "
