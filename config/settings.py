@@ -47,6 +47,8 @@ INSTALLED_APPS = [
     "core",
     "registry",
     "serving",
+    "mlflow_bridge",
+    "sso",
 ]
 
 MIDDLEWARE = [
@@ -57,6 +59,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "sso.middleware.SessionRefresh",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -103,6 +106,12 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# --- Sign-in: local passwords and/or OpenID Connect single sign-on (sso/) ----
+# Sets SSO_ENABLED, LOCAL_LOGIN, AUTHENTICATION_BACKENDS and the OIDC_* settings
+# of mozilla-django-oidc; see sso/conf.py and the README's configuration table.
+from sso.conf import from_env as _sso_settings  # noqa: E402
+
+globals().update(_sso_settings())
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
@@ -185,7 +194,7 @@ CELERY_TASK_ROUTES = {
     "serving.reconcile_*": {"queue": "reconcile"},
     "serving.sweep": {"queue": "reconcile"},
     "serving.housekeeping": {"queue": "housekeeping"},
-    # The MLflow mirror, under either name it has had (registry.mlflow.*, mlflow*).
+    # The MLflow mirror (mlflow_bridge.*), and its old names (registry.mlflow.*).
     "registry.mlflow.*": {"queue": "housekeeping"},
     "mlflow*": {"queue": "housekeeping"},
 }
@@ -197,7 +206,7 @@ CELERY_TASK_ALWAYS_EAGER = cfg.boolean("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
-# --- MLflow lineage and mirror (registry/mlflow/) ---------------------------
+# --- MLflow lineage and mirror (mlflow_bridge/) ---------------------------
 # Empty MLFLOW_TRACKING_URI turns the integration off: lineage fields can still be
 # set by hand, and the health endpoint says the mirror is off.
 MLFLOW_TRACKING_URI = cfg.env.str("MLFLOW_TRACKING_URI", default="").rstrip("/")
@@ -220,7 +229,7 @@ MLFLOW_MIRROR_CATCH_UP_SECONDS = cfg.integer("MLFLOW_MIRROR_CATCH_UP_SECONDS", 3
 # Merged into CELERY_BEAT_SCHEDULE after the serving block, which defines it.
 _MLFLOW_BEAT = {
     "mlflow-mirror-catch-up": {
-        "task": "registry.mlflow.catch_up",
+        "task": "mlflow_bridge.catch_up",
         "schedule": MLFLOW_MIRROR_CATCH_UP_SECONDS,
     },
 }

@@ -84,7 +84,9 @@ class Heartbeat:
         try:
             renewed = self.lease.renew(self.pk, self.owner, self.seconds)
         except DatabaseError:
-            connections[self.lease.model.objects.db].close_if_unusable_or_obsolete()
+            connection = connections[self.lease.model.objects.db]
+            if not connection.in_atomic_block:  # a broken connection is replaced on next use
+                connection.close_if_unusable_or_obsolete()
             if now - self._renewed < self.seconds * 2 / 3:
                 return
             raise LeaseLost(

@@ -1,34 +1,50 @@
 #!/usr/bin/env bash
 # `make run`: the whole product on embedded defaults, in the foreground.
-# Web server, Celery worker and beat, and a local vLLM registered as the demo
-# deployment local-cpu (scripts/run_vllm.sh; VLLM_URL=... uses an existing one).
+# Web server, one Celery worker per queue, beat, and a local vLLM registered as
+# the demo deployment local-cpu (scripts/run_vllm.sh; VLLM_URL=... uses an
+# existing one), all under scripts/supervise.py: a process that dies is
+# restarted and logged ($VAR_DIR/log/supervisor.log), the others keep running, and
+# Ctrl-C stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/.venv/bin
 export DJANGO_DEBUG="${DJANGO_DEBUG:-true}"
 export DJANGO_SECRET_KEY="${DJANGO_SECRET_KEY:-local-demo-secret-key-change-me}"
 PORT="${PORT:-8000}"
-mkdir -p var/log
+VAR="${VAR_DIR:-$PWD/var}"
+LOG="$VAR/log"
+mkdir -p var/log "$LOG"
 
 $BIN/python manage.py migrate --noinput
 $BIN/python manage.py collectstatic --noinput >/dev/null
 $BIN/python manage.py seed_demo
 
-pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait || true; }
-trap cleanup EXIT INT TERM
-
-if [[ -f scripts/run_vllm.sh ]]; then
+DEMO_VLLM_CMD=""
+if [[ -f scripts/run_vllm.sh && "${RUN_WITHOUT_VLLM:-0}" != "1" ]]; then
   source scripts/run_vllm.sh
 fi
 
-$BIN/celery -A config worker --loglevel=INFO --concurrency=2 >var/log/worker.log 2>&1 &
-pids+=($!)
-$BIN/celery -A config beat --loglevel=INFO --schedule var/celerybeat-schedule >var/log/beat.log 2>&1 &
-pids+=($!)
-$BIN/python manage.py runserver "127.0.0.1:$PORT" >var/log/web.log 2>&1 &
-pids+=($!)
+# The worker commands of the README ("Workers"): rollouts never starve the
+# reconcile, and the MLflow mirror (housekeeping) starves neither.
+programs=(
+  --program web "$BIN/python manage.py runserver --noreload 127.0.0.1:$PORT"
+  --program worker-rollouts "$BIN/celery -A config worker -Q rollouts -n rollouts@%h --concurrency=2 --loglevel=INFO"
+  --program worker-reconcile "$BIN/celery -A config worker -Q reconcile,celery -n reconcile@%h --concurrency=2 --loglevel=INFO"
+  --program worker-housekeeping "$BIN/celery -A config worker -Q housekeeping -n housekeeping@%h --concurrency=1 --loglevel=INFO"
+  --program beat "$BIN/celery -A config beat --loglevel=INFO --schedule $VAR/celerybeat-schedule"
+)
+if [[ -n "$DEMO_VLLM_CMD" ]]; then
+  programs+=(--program vllm "$DEMO_VLLM_CMD")
+fi
 
+$BIN/python scripts/supervise.py --log-dir "$LOG" "${programs[@]}" &
+supervisor=$!
+# Ctrl-C reaches the supervisor too (same process group); SIGTERM is passed on.
+trap 'kill -TERM "$supervisor" 2>/dev/null || true; wait "$supervisor" || true; exit 0' INT TERM
+
+if declare -F demo_vllm_register >/dev/null; then
+  demo_vllm_register || echo "run: the demo deployment is not registered; the rest runs" >&2
+fi
 for _ in $(seq 1 60); do
   curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
   sleep 0.5
@@ -41,7 +57,7 @@ cat <<MSG
   Logins (password 'demo-password'): admin, legal-member, legal-approver,
     finance-member, finance-approver, hr-member, hr-approver, support-member, support-approver
   Demo adapter archives: var/demo-adapters/
-  Logs: var/log/   Stop with Ctrl-C.
+  Logs: $LOG/ (restarts in supervisor.log)   Stop with Ctrl-C.
 
 MSG
 if [[ -n "${DEMO_VLLM_URL:-}" ]]; then
@@ -51,4 +67,4 @@ if [[ -n "${DEMO_VLLM_URL:-}" ]]; then
 
 MSG
 fi
-wait -n "${pids[@]}"
+wait "$supervisor"

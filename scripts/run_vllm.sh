@@ -1,6 +1,10 @@
-# Sourced by scripts/run.sh (`make run`), after seed_demo and before the workers:
-# one local vLLM (CPU build, tiny generated model) registered as the demo
-# deployment "local-cpu". With VLLM_URL set, that server is registered instead.
+# Sourced by scripts/run.sh (`make run`), after seed_demo: one local vLLM (CPU
+# build, tiny generated model) registered as the demo deployment "local-cpu".
+# With VLLM_URL set, that server is registered instead.
+#
+# Sourcing installs what is needed and sets DEMO_VLLM_CMD (empty with VLLM_URL):
+# run.sh hands it to its supervisor with the other programs, then calls
+# demo_vllm_register, which waits until vLLM answers and registers it.
 #
 #   DEMO_VLLM_PORT (8100)     port of the local vLLM
 #   VLLM_URL                  use this running vLLM instead of starting one
@@ -8,7 +12,7 @@
 #                             config.json (else read from /v1/models if local)
 #   VLLM_API_KEY              with VLLM_URL: its --api-key, if any
 #
-# Expects run.sh's BIN and pids (the server joins the processes stopped on exit).
+# Expects run.sh's BIN.
 
 DEMO_VLLM_PORT="${DEMO_VLLM_PORT:-8100}"
 DEMO_MODEL_DIR="$PWD/var/models/tiny-llama"
@@ -50,27 +54,24 @@ else
     >>var/log/vllm-install.log 2>&1
   # Four demo adapters fit at once (max-loras) and in the CPU cache (max-cpu-loras).
   # No inherited VLLM_API_KEY: the demo server runs without one.
-  env -u VLLM_API_KEY bash scripts/vllm/serve.sh --port "$DEMO_VLLM_PORT" --model "$DEMO_MODEL_DIR" \
-    --name tiny-llama --max-loras 4 --max-cpu-loras 8 --max-lora-rank 16 \
-    >var/log/vllm.log 2>&1 &
-  demo_vllm_pid=$!
-  pids+=("$demo_vllm_pid")
-  echo "run: starting vLLM on $DEMO_VLLM_URL (log: var/log/vllm.log, about 30 s)"
-  for _ in $(seq 1 360); do
-    _vllm_ready "$DEMO_VLLM_URL" && break
-    if ! kill -0 "$demo_vllm_pid" 2>/dev/null; then
-      echo "run: vLLM exited before it was ready; last lines of var/log/vllm.log:" >&2
-      tail -n 30 var/log/vllm.log >&2
-      exit 1
-    fi
-    sleep 0.5
-  done
-  if ! _vllm_ready "$DEMO_VLLM_URL"; then
-    echo "run: vLLM not ready after 180 s; see var/log/vllm.log" >&2
-    exit 1
-  fi
+  DEMO_VLLM_CMD="env -u VLLM_API_KEY bash scripts/vllm/serve.sh --port $DEMO_VLLM_PORT \
+    --model $DEMO_MODEL_DIR --name tiny-llama --max-loras 4 --max-cpu-loras 8 --max-lora-rank 16"
   register_args=(--url "$DEMO_VLLM_URL" --base-model-path "$DEMO_MODEL_DIR")
 fi
 
-$BIN/python manage.py register_local_deployment --name local-cpu --environment local \
-  --max-loras 4 --max-cpu-loras 8 --max-lora-rank 16 "${register_args[@]}"
+demo_vllm_register() {
+  if [[ -n "${DEMO_VLLM_CMD:-}" ]]; then
+    echo "run: starting vLLM on $DEMO_VLLM_URL (log: var/log/vllm.log, about 30 s)"
+    for _ in $(seq 1 360); do
+      _vllm_ready "$DEMO_VLLM_URL" && break
+      sleep 0.5
+    done
+    if ! _vllm_ready "$DEMO_VLLM_URL"; then
+      echo "run: vLLM not ready after 180 s; see var/log/vllm.log" >&2
+      tail -n 30 var/log/vllm.log >&2
+      return 1
+    fi
+  fi
+  $BIN/python manage.py register_local_deployment --name local-cpu --environment local \
+    --max-loras 4 --max-cpu-loras 8 --max-lora-rank 16 "${register_args[@]}"
+}

@@ -13,7 +13,7 @@ if [[ "${SKIP_MLFLOW:-0}" != "1" ]]; then
 fi
 
 echo "database: ${DATABASE_URL:-sqlite (embedded default)}"
-echo "broker:   ${CELERY_BROKER_URL:-filesystem (embedded default)}"
+echo "broker:   ${CELERY_BROKER_URL:-sqlite (embedded default)}"
 $BIN/ruff check .
 # The browser tier drives Debian's chromium through Playwright (no browser download).
 if [[ ! -x /usr/bin/chromium ]]; then
@@ -25,5 +25,14 @@ fi
 if ! command -v redis-server >/dev/null; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; } \
     || echo "could not install redis-server: the fault tier will be skipped" >&2
+fi
+# The SSO tier runs npm's oidc-provider (tests/support/oidc/) with Node.js >= 20;
+# its npm packages are installed by the test fixture (npm ci, once per lockfile).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; } \
+    || echo "could not install nodejs: the SSO tests will be skipped" >&2
+fi
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  export REQUIRE_OIDC=1  # installed: the SSO tests must run, not skip
 fi
 exec $BIN/pytest -q "$@"

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self
 
 import requests
+from packaging.version import InvalidVersion, Version
 
 logger = logging.getLogger(__name__)
 
@@ -100,24 +100,23 @@ def server_version(result: AttemptResult) -> str | None:
     return None
 
 
-def parse_version(version: str) -> tuple[int, ...]:
-    """Leading numeric release of a version string: '0.33.0rc1+cpu' -> (0, 33, 0)."""
-    match = re.match(r"^\s*v?(\d+(?:\.\d+)*)", version or "")
-    if not match:
-        return ()
-    return tuple(int(part) for part in match.group(1).split("."))
+def parse_version(version: str | None) -> Version | None:
+    """A server's version string as PEP 440 ('0.33.0rc1+cpu'), None if unreadable."""
+    try:
+        return Version((version or "").strip())
+    except InvalidVersion:
+        return None
 
 
 def supports_load_inplace(version: str | None) -> bool:
     """True when `load_inplace` is safe to use (fixed in vLLM 0.33.0, #33791).
 
     Up to 0.32.x the flag exists but sticks, and the adapter is re-read from
-    disk every engine step; callers should unload then load instead.
+    disk every engine step; callers should unload then load instead. A
+    pre-release of 0.33 already has the fix.
     """
-    if not version:
-        return False
-    release = parse_version(version)
-    return bool(release) and release[:2] >= MIN_LOAD_INPLACE_VERSION
+    parsed = parse_version(version)
+    return parsed is not None and parsed.release[:2] >= MIN_LOAD_INPLACE_VERSION
 
 
 def is_already_loaded_error(result: AttemptResult) -> bool:
@@ -276,6 +275,19 @@ class VLLMClient:
             payload = {"prompt": prompt}
         payload.update({"model": model, "max_tokens": 1, "temperature": 0})
         return self._request("POST", path, json_body=payload)
+
+    def probe(self, model: str, *, prompt: str, max_tokens: int) -> AttemptResult:
+        """A greedy completion with the log-probability of each token: the same
+        prompt through the same weights gives the same numbers (temperature 0),
+        so outputs can be compared across replicas and against the base model."""
+        payload = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "logprobs": 1,
+        }
+        return self._request("POST", "/v1/completions", json_body=payload)
 
     # -- plumbing ----------------------------------------------------------
 

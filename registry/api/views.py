@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.access import require_contributor
-from core.actors import Actor, actor_from_request
+from core.api.views import ActorMixin
 from core.models import Ability
 from core.services.departments import department_create, membership_remove, membership_set
 from core.services.tokens import token_create, token_revoke
@@ -33,23 +33,6 @@ from registry.services.versions import (
 )
 from registry.storage import StorageError
 from registry.streamed_upload import install_streaming_handler
-
-
-class ActorMixin:
-    @property
-    def actor(self) -> Actor:
-        if not hasattr(self, "_actor"):
-            self._actor = actor_from_request(self.request)
-        return self._actor
-
-    def lookup_id(self) -> int:
-        """The numeric id in the URL; anything else names no object (404, not 500)."""
-        raw = self.kwargs["pk"]
-        if not str(raw).isdigit():
-            from core.errors import NotFound
-
-            raise NotFound(f"No object with id {raw!r}.")
-        return int(raw)
 
 
 class DepartmentViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):

@@ -23,9 +23,9 @@ from core.actors import Actor
 from core.errors import ApplicationError, NotFound
 from core.models import Ability
 from core.services.tokens import token_create, token_revoke
-from core.web import page, paginate, safe_next
+from core.web import errors_on, page, paginate, safe_next
 from registry import selectors
-from registry.mlflow.client import run_ui_url
+from registry.lineage import run_ui_url
 from registry.models import AdapterVersion
 from registry.services.adapters import adapter_create
 from registry.services.versions import version_register, version_transition
@@ -83,7 +83,7 @@ def adapter_new(request, actor: Actor):
     if request.method == "POST":
         if form.is_valid():
             data = form.cleaned_data
-            try:
+            with errors_on(form) as outcome:
                 adapter = adapter_create(
                     actor=actor,
                     department=selectors.department_get(actor, data["department"]),
@@ -93,14 +93,10 @@ def adapter_new(request, actor: Actor):
                     served_name=data["served_name"] or None,
                     owners=data["owners"] or None,
                 )
-            except NotFound:
-                raise
-            except ApplicationError as error:
-                form.add_error(None, error.message)
-                status = error.status
-            else:
+            if not outcome.failed:
                 messages.success(request, f"Created adapter {adapter.name}.")
                 return redirect("web:adapter", pk=adapter.pk)
+            status = outcome.status
         else:
             status = 400
     return render(request, "registry/adapter_new.html", {"form": form}, status=status)
@@ -297,7 +293,7 @@ def tokens(request, actor: Actor):
         status = 400
         if form.is_valid():
             data = form.cleaned_data
-            try:
+            with errors_on(form) as outcome:
                 token, secret = token_create(
                     actor=actor,
                     department=selectors.department_get(actor, data["department"]),
@@ -305,12 +301,8 @@ def tokens(request, actor: Actor):
                     abilities=data["abilities"],
                     expires_in_days=data["expires_in_days"],
                 )
-            except NotFound:
-                raise
-            except ApplicationError as error:
-                form.add_error(None, error.message)
-                status = error.status
-            else:
+            status = outcome.status
+            if not outcome.failed:
                 context.update(
                     new_token=token,
                     new_secret=secret,

@@ -6,8 +6,8 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from core.api.views import ActorMixin
 from registry import selectors as registry_selectors
-from registry.api.views import ActorMixin
 from serving import selectors
 from serving.api import serializers as s
 from serving.gate import evaluate_gate

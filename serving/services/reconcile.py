@@ -162,6 +162,7 @@ def _complete_deferred(deployment, replica, desired, snapshot, report) -> None:
                     served.served_path,
                     RECONCILE_POLICY,
                     with_completion=deployment.verify_with_completion,
+                    base_name=deployment.base_model_name,
                 )
             attempts_record(replica, outcome, step)
             done, error = outcome.ok, outcome.error

@@ -365,7 +365,9 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
         Rollout.objects.filter(pk=rollout.pk).update(
             previous_version=rollout.previous_version, started_at=rollout.started_at
         )
-    replicas = replicas_sync(deployment)
+    # By URL, as the page lists them: the canary is the first, whatever order
+    # discovery returned.
+    replicas = sorted(replicas_sync(deployment), key=lambda r: r.base_url)
     steps = _steps_for(rollout, replicas)
     pushed = [r for r in replicas if steps[r.pk].status != ReplicaStepStatus.DEFERRED]
     policy = replace(RetryPolicy.from_settings(), sleep=watch.sleep)
@@ -378,8 +380,11 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
         return
 
     target = rollout.target_version
-    if rollout.status in (RolloutStatus.PENDING, RolloutStatus.STAGING):
-        _set_status(ctx, RolloutStatus.STAGING)
+    # A resumed rollout stages again if it never recorded its folder (staging is
+    # idempotent: a verified folder is reused as it is).
+    if rollout.status in (RolloutStatus.PENDING, RolloutStatus.STAGING) or not rollout.served_path:
+        if rollout.status in (RolloutStatus.PENDING, RolloutStatus.STAGING):
+            _set_status(ctx, RolloutStatus.STAGING)
         try:
             folder = stage_version(deployment, target, progress=watch.check)
         except (StagingError, OSError) as error:
@@ -413,7 +418,12 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
             ctx,
             group,
             lambda client, replica: verify_serving(
-                client, name, path, ctx.policy, with_completion=deployment.verify_with_completion
+                client,
+                name,
+                path,
+                ctx.policy,
+                with_completion=deployment.verify_with_completion,
+                base_name=deployment.base_model_name,
             ),
         )
         if _failed(ctx, group_steps, verified, "verification"):

@@ -60,3 +60,19 @@ def test_a_heartbeat_stops_work_whose_claim_was_lost(deployment):
     LEASE.claim(deployment.pk, "worker-b", 30)
     with pytest.raises(LeaseLost):
         Heartbeat(LEASE, deployment.pk, "worker-a", 0.05).beat(force=True)
+
+
+def test_a_heartbeat_rides_out_a_database_error_but_never_past_its_claim(deployment):
+    from unittest import mock
+
+    from django.db import OperationalError
+
+    LEASE.claim(deployment.pk, "worker-a", 0.6)
+    heartbeat = Heartbeat(LEASE, deployment.pk, "worker-a", 0.6)
+    dropped = OperationalError("server closed the connection unexpectedly")
+    with mock.patch.object(Lease, "renew", side_effect=dropped):
+        heartbeat.beat(force=True)  # a moment after the last renewal: try again later
+        time.sleep(0.45)  # two thirds of the claim gone: someone may take it soon
+        with pytest.raises(LeaseLost):
+            heartbeat.beat(force=True)
+    heartbeat.beat(force=True)  # the database is back and the claim still ours

@@ -13,7 +13,7 @@ from django.conf import settings
 from core.models import AuditEvent
 from registry.models import AdapterVersion
 from tests.faults.conftest import wait_for
-from tests.registry.mlflow.conftest import TrainingRun, log_run
+from tests.mlflow_bridge.conftest import TrainingRun, log_run
 from tests.serving.vllm.conftest import ok
 from tests.support.adapters import AdapterSpec
 

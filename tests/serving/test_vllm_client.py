@@ -293,7 +293,8 @@ def test_supports_load_inplace(version: str | None, expected: bool) -> None:
 
 
 def test_parse_version_and_extract_error() -> None:
-    assert parse_version("v0.33.1+cpu") == (0, 33, 1)
+    assert parse_version("v0.33.1+cpu").release == (0, 33, 1)
+    assert parse_version("not a version") is None
     assert extract_error({"detail": [{"msg": "field required"}]}, "") == "field required"
     assert extract_error({"error": "boom"}, "") == "boom"
     assert (

@@ -481,6 +481,31 @@ def test_the_live_partial_polls_until_the_rollout_is_over(web_lena, lena, stagin
     assert f"Rollout #{rollout.pk}: contracts v1 → staging-cpu" in page
 
 
+def test_approvers_cancel_an_unfinished_rollout_from_its_page(
+    web_lena, web_alex, lena, staging, approved
+):
+    rollout = promote(lena, staging, approved)
+    url = f"/rollouts/{rollout.pk}/"
+
+    member = web_lena.get(url).content.decode()
+    assert 'data-testid="cancel-rollout" disabled' in member
+    assert "Only an approver of this department or a platform admin may cancel." in member
+    assert web_lena.post(f"{url}cancel/").status_code == 302
+    rollout.refresh_from_db()
+    assert rollout.status == "pending"  # refused, with the reason as a message
+
+    approver = web_alex.get(url).content.decode()
+    assert 'data-testid="cancel-rollout"' in approver
+    assert 'data-testid="cancel-rollout" disabled' not in approver
+    answer = web_alex.post(f"{url}cancel/", follow=True)
+    page = answer.content.decode()
+    rollout.refresh_from_db()
+    assert rollout.status == "cancelled"
+    assert "Cancelled rollout" in page and "is free for a new promotion" in page
+    assert 'data-status="cancelled"' in page
+    assert 'data-testid="cancel-rollout"' not in page  # nothing left to cancel
+
+
 def test_a_failed_load_shows_vllms_error_text(web_lena, lena, staging, approved, fakes):
     fakes[1].fail_load = (400, "Loading lora contracts failed: rank mismatch in layer 0")
     rollout = promote(lena, staging, approved)

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.django_db(transaction=True)]
 
 INTERVAL = 4.0
 # After the beat tick: the broker hop to reconcile_all, then to reconcile_deployment
-# (the filesystem transport polls once a second), then the reconcile's own calls.
+# (the embedded transport polls every 0.1 s), then the reconcile's own calls.
 PICKUP = 6.0
 
 

@@ -1,0 +1,83 @@
+"""`make run`'s supervision (scripts/supervise.py, used by scripts/run.sh): a
+program that dies is restarted and logged, the others keep running, and
+SIGINT (Ctrl-C) stops every one of them."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SLEEPER = f"{sys.executable} -c 'import time; time.sleep(600)'"
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _pids(log: Path) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    text = log.read_text() if log.exists() else ""
+    for name, pid in re.findall(r"(?:started|restarted) (\S+) \(pid (\d+)", text):
+        found.setdefault(name, []).append(int(pid))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead too (its parent, the supervisor, has not reaped it yet).
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+@pytest.fixture
+def supervisor(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "supervise.py"), "--log-dir", str(tmp_path),
+         "--grace", "5", "--program", "worker", SLEEPER, "--program", "web", SLEEPER],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    yield process, tmp_path / "supervisor.log"
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def test_a_program_that_dies_is_restarted_and_the_others_keep_running(supervisor):
+    process, log = supervisor
+    first = _wait_for(lambda: len(_pids(log)) == 2 and _pids(log), 10, "both programs")
+    worker, web = first["worker"][0], first["web"][0]
+
+    os.kill(worker, signal.SIGKILL)
+
+    again = _wait_for(lambda: len(_pids(log).get("worker", [])) == 2 and _pids(log), 10, "restart")
+    assert again["worker"][1] != worker and _alive(again["worker"][1])
+    assert _alive(web) and again["web"] == [web]
+    assert "worker exited with signal SIGKILL" in log.read_text()
+    assert process.poll() is None
+
+
+def test_sigint_stops_every_program(supervisor):
+    process, log = supervisor
+    pids = _wait_for(lambda: len(_pids(log)) == 2 and _pids(log), 10, "both programs")
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=15) == 0
+    for name, [pid] in pids.items():
+        assert not _alive(pid), f"{name} still runs"
+    assert "every program stopped" in log.read_text()
