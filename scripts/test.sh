@@ -20,6 +20,12 @@ if [[ ! -x /usr/bin/chromium ]]; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
     || echo "could not install chromium: the browser tests will be skipped" >&2
 fi
+# The fault tier starts a redis-server of its own (restarting it must never touch
+# a shared one); Debian's package brings the binary.
+if ! command -v redis-server >/dev/null; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; } \
+    || echo "could not install redis-server: the fault tier will be skipped" >&2
+fi
 # The SSO tier runs npm's oidc-provider (tests/support/oidc/) with Node.js >= 20;
 # its npm packages are installed by the test fixture (npm ci, once per lockfile).
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then

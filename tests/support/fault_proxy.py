@@ -6,9 +6,19 @@ Everything is forwarded unchanged, except completions for a model named in
 format, as an engine crash on that replica would be. An unreachable upstream
 is a 502, as from a real proxy (the control plane treats it as transient).
 
+A slow and lossy network (the fault suite): `latency_seconds` holds every
+request (or only those whose path starts with a key of `latency_by_path`)
+before forwarding it, and `drop_every = N` closes every Nth connection's
+request without an answer, as a flaky link or a restarting load balancer
+does. `fail_paths = {"/v1/load_lora_adapter": 503}` answers that status
+instead of forwarding. `go_down()` stops listening (clients see "connection refused", the
+replica is gone); `come_up()` listens again on the same port.
+
     with FaultProxy(server.base_url) as proxy:
         proxy.fail_completions_for.add("legal-contracts")
         proxy.requests            # [(method, path), ...] seen so far
+        proxy.latency_seconds = 0.3; proxy.drop_every = 2
+        proxy.go_down(); proxy.come_up()
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -44,19 +55,58 @@ class FaultProxy:
         self.fault_message = "Injected fault: the engine failed to run this adapter."
         self.requests: list[tuple[str, str]] = []
         self.faults_served = 0
+        self.latency_seconds = 0.0
+        self.latency_by_path: dict[str, float] = {}
+        self.drop_every = 0
+        self.dropped = 0
+        # path prefix -> HTTP status answered instead of forwarding (503: a replica
+        # that is up but refusing work for a while, e.g. still warming up).
+        self.fail_paths: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._server: ThreadingHTTPServer | None = None
+        self.port = 0
+        self.come_up()
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def is_up(self) -> bool:
+        return self._server is not None
+
+    def come_up(self) -> None:
+        """Listens (again, on the same port after go_down)."""
+        if self._server is not None:
+            return
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
+        server.daemon_threads = True
+        self.port = server.server_address[1]
+        self._server = server
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def go_down(self) -> None:
+        """Stops listening: new connections are refused until come_up()."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self.go_down()
+
+    def _delay_for(self, path: str) -> float:
+        for prefix, seconds in self.latency_by_path.items():
+            if path.startswith(prefix):
+                return seconds
+        return self.latency_seconds
+
+    def _should_drop(self) -> bool:
+        with self._lock:
+            if self.drop_every and len(self.requests) % self.drop_every == 0:
+                self.dropped += 1
+                return True
+        return False
 
     def __enter__(self) -> FaultProxy:
         return self
@@ -102,6 +152,17 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else b""
                 with proxy._lock:
                     proxy.requests.append((self.command, self.path))
+                delay = proxy._delay_for(self.path)
+                if delay:
+                    time.sleep(delay)
+                if proxy._should_drop():
+                    # No answer at all: the client sees the connection closed under it.
+                    self.close_connection = True
+                    return
+                failing = [c for p, c in proxy.fail_paths.items() if self.path.startswith(p)]
+                if failing:
+                    self._json_error(failing[0], "Injected fault: try again.", "Unavailable")
+                    return
                 if proxy._should_fail(self.command, self.path, body):
                     with proxy._lock:
                         proxy.faults_served += 1
