@@ -33,6 +33,7 @@ from core.claims import LeaseLost
 from core.errors import Conflict
 from core.state import move
 from registry.models import AdapterVersion
+from registry.storage import ObjectNotFound, StorageError
 from serving.models import (
     Deployment,
     Replica,
@@ -71,6 +72,10 @@ from serving.transitions import (
 from serving.volume import StagingError, mark_unreferenced, serve_path_for, stage_version
 
 logger = logging.getLogger(__name__)
+
+
+class StoreUnavailable(Exception):
+    """The artifact store cannot be read right now; the rollout waits for it."""
 
 
 class LeaseBusy(Exception):
@@ -335,17 +340,41 @@ def rollout_execute(rollout_id: int, worker: str) -> str:
         # claim expires, and the sweeper resumes the rollout from its last state.
         logger.exception("rollout %s: database error; the sweeper will resume it", rollout.pk)
         raise
+    except StoreUnavailable as error:
+        logger.warning(
+            "rollout %s: artifact store down (%s); the sweeper resumes it", rollout.pk, error
+        )
     except Exception as error:  # record, then let the task see it
         logger.exception("rollout %s crashed", rollout.pk)
         rollout.refresh_from_db()
         if rollout.status not in ROLLOUT_TERMINAL:
-            move(
-                rollout,
-                ROLLOUT_TRANSITIONS,
-                RolloutStatus.FAILED,
-                error=f"Internal error: {error}",
-                finished_at=timezone.now(),
-            )
+            with transaction.atomic():
+                failed = move(
+                    rollout,
+                    ROLLOUT_TRANSITIONS,
+                    RolloutStatus.FAILED,
+                    error=f"Internal error: {error}"[:10000],
+                    finished_at=timezone.now(),
+                )
+                if failed:
+                    # A crash is a failure like any other: it is audited, and no
+                    # replica step is left looking as if it were still running.
+                    ReplicaRollout.objects.filter(
+                        rollout=rollout,
+                        status__in=[
+                            ReplicaStepStatus.PENDING,
+                            ReplicaStepStatus.LOADING,
+                            ReplicaStepStatus.VERIFYING,
+                        ],
+                    ).update(status=ReplicaStepStatus.FAILED, error="The rollout crashed.")
+                    audit_record(
+                        actor=None,
+                        action=f"rollout.{RolloutStatus.FAILED}",
+                        obj=rollout,
+                        department=rollout.adapter.department,
+                        to_state=RolloutStatus.FAILED,
+                        comment=f"Internal error: {error}"[:2000],
+                    )
         raise
     finally:
         try:
@@ -387,6 +416,16 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
             _set_status(ctx, RolloutStatus.STAGING)
         try:
             folder = stage_version(deployment, target, progress=watch.check)
+        except ObjectNotFound as error:
+            _finish(ctx, RolloutStatus.FAILED, f"Staging failed: {error}")
+            return
+        except StorageError as error:
+            # The store is down, not the artifact bad: wait for it. The rollout
+            # stays in staging with the reason shown; the sweeper resumes it.
+            Rollout.objects.filter(pk=rollout.pk).update(
+                error=f"Waiting for the artifact store: {error}"[:2000]
+            )
+            raise StoreUnavailable(str(error)) from error
         except (StagingError, OSError) as error:
             _finish(ctx, RolloutStatus.FAILED, f"Staging failed: {error}")
             return

@@ -66,14 +66,6 @@ def test_an_upload_while_s3_is_down_is_a_503_naming_the_store_and_a_retry_succee
     assert AdapterVersion.objects.get().manifest_sha256 == created["manifest_sha256"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Controller bug: stage_version lets registry.storage.StorageError through (only "
-    "StagingError and OSError are caught), so an S3 outage during staging takes the crash "
-    "path: the rollout is marked failed 'Internal error: read s3://… failed' with no "
-    "rollout.failed audit event, its replica steps left pending, and nothing retries it "
-    "once S3 is back.",
-)
 def test_a_rollout_that_cannot_stage_while_s3_is_down_converges_once_s3_is_back(
     stack, platform, replicas, s3_behind_proxy, measure
 ):
