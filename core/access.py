@@ -86,7 +86,9 @@ def require_approver(actor: Actor, department_id: int, what: str) -> None:
     require_visible(actor, department_id, what)
     if actor.token is not None:
         raise NotAuthorized(
-            "API tokens can never approve, reject or retire.", code="token_forbidden"
+            "API tokens can never approve, reject, deprecate or archive versions, "
+            "nor review promotions; a person must.",
+            code="token_forbidden",
         )
     if not can_approve(actor, department_id):
         raise NotAuthorized(

@@ -57,6 +57,8 @@ class Ability(models.TextChoices):
     SUBMIT_FOR_REVIEW = "versions:submit", "Submit versions for review"
     CREATE_ADAPTERS = "adapters:create", "Create adapters"
     PROMOTE = "deployments:promote", "Promote approved versions"
+    ROLLBACK = "deployments:rollback", "Roll deployments back to a version they served before"
+    RETIRE = "deployments:retire", "Retire adapters from deployments"
 
 
 class ApiToken(models.Model):
