@@ -36,7 +36,11 @@ def visible_department_ids(actor: Actor) -> set[int] | None:
         return None
     if actor.token is not None:
         return {actor.token.department_id}
-    return set(Membership.objects.filter(user=actor.user).values_list("department_id", flat=True))
+    if "visible" not in actor._memo:
+        actor._memo["visible"] = frozenset(
+            Membership.objects.filter(user=actor.user).values_list("department_id", flat=True)
+        )
+    return set(actor._memo["visible"])
 
 
 def approver_department_ids(actor: Actor) -> set[int] | None:

@@ -17,7 +17,8 @@ from serving.services.promotions import promotion_create, promotion_review, reti
 
 
 class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
-    """Platform admins create and change deployments; everyone signed in reads them."""
+    """Platform admins create, change and see everything about deployments;
+    members and tokens read the deployments their departments may use, in summary."""
 
     serializer_class = s.DeploymentSerializer
     lookup_field = "name"
@@ -29,6 +30,12 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
 
     def get_object(self):
         return selectors.deployment_get(self.actor, self.kwargs["name"])
+
+    def get_serializer_class(self):
+        # The schema documents the admin's shape (a superset of the summary).
+        if getattr(self, "swagger_fake_view", False) or selectors.sees_infrastructure(self.actor):
+            return s.DeploymentSerializer
+        return s.DeploymentSummarySerializer
 
     def create(self, request):
         data = s.DeploymentSerializer(data=request.data)
@@ -103,7 +110,11 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
     def drift_events(self, request, name=None):
         rows = selectors.drift_events_for(self.actor, self.get_object())
         page = self.paginate_queryset(rows)
-        return self.get_paginated_response(s.DriftEventSerializer(page, many=True).data)
+        if selectors.sees_infrastructure(self.actor):
+            serializer = s.DriftEventSerializer
+        else:
+            serializer = s.DriftEventSummarySerializer
+        return self.get_paginated_response(serializer(page, many=True).data)
 
 
 def _rollout_body(actor, rollout_id: int) -> dict:

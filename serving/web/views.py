@@ -110,6 +110,7 @@ def deployment_detail(request, actor: Actor, name: str):
             actor, _approver_pending(actor, deployment=deployment)[:20]
         ),
         "allowed_departments": list(deployment.allowed_departments.all()),
+        "sees_infrastructure": selectors.sees_infrastructure(actor),
     }
     return render(request, "serving/deployment_detail.html", context)
 

@@ -374,3 +374,42 @@ def test_the_token_refusal_message_says_what_tokens_cannot_do():
     with pytest.raises(NotAuthorized) as raised:
         require_approver(actor(User(), Token()), 1, "Version")
     assert "retire" not in raised.value.message and "approve" in raised.value.message
+
+
+INFRASTRUCTURE = {
+    "replica_urls",
+    "replica_dns_name",
+    "replica_port",
+    "replica_scheme",
+    "replicas",
+    "volume_write_path",
+    "volume_serve_path",
+    "has_api_key",
+}
+
+
+def test_members_and_tokens_read_deployments_without_infrastructure(
+    as_lena, as_token, as_root, deployment, fake_replicas, tmp_path
+):
+    for client in (as_lena, as_token):
+        listed = client.get("/api/v1/deployments/").json()["results"]
+        detail = client.get(f"/api/v1/deployments/{deployment.name}/")
+        state = client.get(f"/api/v1/deployments/{deployment.name}/state/")
+        assert [d["name"] for d in listed] == [deployment.name]
+        assert not INFRASTRUCTURE & set(listed[0]) and not INFRASTRUCTURE & set(detail.json())
+        for response in (detail, state):
+            text = response.content.decode()
+            assert str(tmp_path) not in text
+            assert all(r.base_url not in text for r in fake_replicas)
+    admin = as_root.get(f"/api/v1/deployments/{deployment.name}/").json()
+    assert set(admin) >= INFRASTRUCTURE
+
+
+def test_a_deployment_limited_to_other_departments_is_not_found_for_members(
+    as_lena, as_fred, as_root, deployment, finance
+):
+    deployment.allowed_departments.set([finance])
+    assert as_lena.get("/api/v1/deployments/").json()["results"] == []
+    assert as_lena.get(f"/api/v1/deployments/{deployment.name}/").status_code == 404
+    assert as_fred.get(f"/api/v1/deployments/{deployment.name}/").status_code == 200
+    assert as_root.get(f"/api/v1/deployments/{deployment.name}/").status_code == 200
