@@ -52,6 +52,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "core.middleware.RequestIdMiddleware",
+    "core.body_limit.BodySizeLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -145,6 +146,11 @@ ARTIFACT_S3 = {
 
 # --- Ingest of untrusted artifacts -----------------------------------------
 INGEST_MAX_BYTES = cfg.integer("INGEST_MAX_BYTES", 2 * 1024**3, minimum=1024)
+# Multipart framing and form fields on top of the files: a Content-Length above
+# INGEST_MAX_BYTES plus this is refused with 413 before the body is read.
+INGEST_MULTIPART_ALLOWANCE_BYTES = cfg.integer(
+    "INGEST_MULTIPART_ALLOWANCE_BYTES", 1024**2, minimum=0
+)
 INGEST_MAX_ENTRIES = cfg.integer("INGEST_MAX_ENTRIES", 64, minimum=2)
 INGEST_ALLOW_PICKLE = cfg.boolean("INGEST_ALLOW_PICKLE", False)
 INGEST_STAGING_DIR = Path(cfg.env.str("INGEST_STAGING_DIR", default=str(VAR_DIR / "ingest")))
