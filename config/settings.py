@@ -151,6 +151,13 @@ INGEST_MAX_BYTES = cfg.integer("INGEST_MAX_BYTES", 2 * 1024**3, minimum=1024)
 INGEST_MULTIPART_ALLOWANCE_BYTES = cfg.integer(
     "INGEST_MULTIPART_ALLOWANCE_BYTES", 1024**2, minimum=0
 )
+# A request whose Idempotency-Key another request holds waits this long for its
+# result; a claim older than IDEMPOTENCY_CLAIM_STALE_SECONDS without a result
+# belongs to a request that died and is taken over.
+IDEMPOTENCY_WAIT_SECONDS = cfg.number("IDEMPOTENCY_WAIT_SECONDS", 60.0, minimum=0.1)
+IDEMPOTENCY_CLAIM_STALE_SECONDS = cfg.integer(
+    "IDEMPOTENCY_CLAIM_STALE_SECONDS", 3600, minimum=1
+)
 INGEST_MAX_ENTRIES = cfg.integer("INGEST_MAX_ENTRIES", 64, minimum=2)
 INGEST_ALLOW_PICKLE = cfg.boolean("INGEST_ALLOW_PICKLE", False)
 INGEST_STAGING_DIR = Path(cfg.env.str("INGEST_STAGING_DIR", default=str(VAR_DIR / "ingest")))

@@ -177,4 +177,28 @@ class AdapterVersion(models.Model):
         return self.manifest_sha256[:8]
 
 
+class IdempotencyClaim(models.Model):
+    """An Idempotency-Key taken by the first request that sent it, before any
+    ingest starts. The unique row is the claim: a concurrent request with the
+    same key fails to insert it, waits for `version` to be set (in the
+    transaction that creates the version) and answers with that version, but
+    only if its own request digest is the same."""
+
+    adapter = models.ForeignKey(Adapter, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=200)
+    # sha256 over method, path and the content of the body; "" until the
+    # winner has read its body.
+    request_digest = models.CharField(max_length=64, blank=True)
+    version = models.OneToOneField(
+        AdapterVersion, on_delete=models.CASCADE, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["adapter", "key"], name="one_claim_per_key")]
+
+    def __str__(self) -> str:
+        return f"{self.adapter_id}:{self.key}"
+
+
 from registry.mlflow.models import *  # noqa: E402,F401,F403

@@ -23,7 +23,15 @@ from registry import selectors
 from registry.api import serializers as s
 from registry.api.filters import AdapterFilter, AuditEventFilter, VersionFilter
 from registry.artifact_store import get_artifact_store
+from registry.request_digest import install_digest_handler, request_digest
 from registry.services.adapters import adapter_create, adapter_update
+from registry.services.idempotency import (
+    idempotency_bind,
+    idempotency_claim,
+    idempotency_complete,
+    idempotency_release,
+    idempotency_result,
+)
 from registry.services.versions import (
     Lineage,
     ingest_limits,
@@ -136,6 +144,16 @@ class AdapterViewSet(
         adapter = adapter_update(actor=self.actor, adapter=self.get_object(), **data.validated_data)
         return Response(s.AdapterSerializer(adapter).data)
 
+    def _replay(self, request, claim) -> Response:
+        """Another request holds this key: hash this body (keeping none of it),
+        then answer with that request's version once it commits."""
+        digesting = install_digest_handler(request, keep=False)
+        s.VersionRegisterSerializer(data=request.data).is_valid(raise_exception=True)
+        version = idempotency_result(claim=claim, digest=request_digest(request, digesting))
+        body = s.VersionSerializer(version).data
+        body["warnings"] = []
+        return Response(body, status=status.HTTP_200_OK, headers={"Idempotent-Replayed": "true"})
+
     @extend_schema(
         methods=["GET"],
         responses=s.VersionSerializer(many=True),
@@ -152,7 +170,11 @@ class AdapterViewSet(
                 "Idempotency-Key",
                 str,
                 OpenApiParameter.HEADER,
-                description="Retries with the same key return the first result.",
+                description=(
+                    "Retries with the same key and the same request return the first "
+                    "result (200, Idempotent-Replayed: true); the same key with another "
+                    "body is 409 idempotency_key_reused."
+                ),
             )
         ],
         responses={201: s.VersionSerializer, 200: s.VersionSerializer},
@@ -169,6 +191,11 @@ class AdapterViewSet(
         # Checked before the body is read: loose files are streamed into the
         # store while they arrive, so an outsider's upload must never start.
         require_contributor(self.actor, adapter.department_id, Ability.REGISTER_VERSIONS, "Adapter")
+        key = request.headers.get("Idempotency-Key")
+        claim = idempotency_claim(adapter=adapter, key=key) if key is not None else None
+        if claim is not None and not claim.won:
+            return self._replay(request, claim.claim)
+        claim = claim.claim if claim else None
         streaming = install_streaming_handler(
             request,
             prefix=version_prefix(adapter),
@@ -176,10 +203,13 @@ class AdapterViewSet(
             limits=ingest_limits(),
             staging_root=settings.INGEST_STAGING_DIR,
         )
+        digesting = install_digest_handler(request, keep=True) if claim else None
         try:
             data = s.VersionRegisterSerializer(data=request.data)
             data.is_valid(raise_exception=True)
             values = data.validated_data
+            if claim is not None:
+                idempotency_bind(claim=claim, digest=request_digest(request, digesting))
             uploads = request.FILES.getlist("files") or None
             streamed = streaming.artifact(uploads) if streaming and uploads else None
             result = version_register(
@@ -188,7 +218,8 @@ class AdapterViewSet(
                 uploads=uploads if streamed is None else None,
                 streamed=streamed,
                 s3_uri=values.get("s3_uri") if not uploads else None,
-                idempotency_key=request.headers.get("Idempotency-Key"),
+                idempotency_key=key,
+                idempotency_claim=claim,
                 lineage=Lineage(
                     mlflow_run_id=values.get("mlflow_run_id", ""),
                     mlflow_run_uri=values.get("mlflow_run_uri", ""),
@@ -196,9 +227,15 @@ class AdapterViewSet(
                     dataset=values.get("dataset", ""),
                 ),
             )
+            if claim is not None and not result.created:
+                # Resolved to an earlier version (same MLflow run, or a key used
+                # before claims existed): later retries get that one too.
+                idempotency_complete(claim=claim, version=result.version)
         except BaseException:
             if streaming is not None:
                 streaming.discard()
+            if claim is not None:
+                idempotency_release(claim=claim)
             raise
         finally:
             if streaming is not None:

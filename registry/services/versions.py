@@ -40,7 +40,8 @@ from registry.ingest.staging import (
     stage_directory,
     stage_upload,
 )
-from registry.models import Adapter, AdapterVersion
+from registry.models import Adapter, AdapterVersion, IdempotencyClaim
+from registry.services.idempotency import idempotency_complete, require_valid_key
 from registry.storage import SourceRejected, StorageError, download_s3_prefix
 from registry.transitions import TRANSITIONS, allowed_actions_from
 
@@ -99,6 +100,7 @@ def version_register(
     s3_uri: str | None = None,
     streamed: StreamedArtifact | None = None,
     idempotency_key: str | None = None,
+    idempotency_claim: IdempotencyClaim | None = None,
     lineage: Lineage = Lineage(),
 ) -> RegistrationResult:
     """Validates an untrusted artifact, stores it, and records version N+1.
@@ -109,14 +111,11 @@ def version_register(
     they are validated from their local sparse copies and deleted unless a new
     version records them.
     """
+    key = (idempotency_key, idempotency_claim)
     if streamed is None:
-        return _register(
-            actor, adapter, uploads, source_dir, s3_uri, None, idempotency_key, lineage
-        )
+        return _register(actor, adapter, uploads, source_dir, s3_uri, None, key, lineage)
     try:
-        result = _register(
-            actor, adapter, uploads, source_dir, s3_uri, streamed, idempotency_key, lineage
-        )
+        result = _register(actor, adapter, uploads, source_dir, s3_uri, streamed, key, lineage)
     except BaseException:
         streamed.discard()
         raise
@@ -127,14 +126,11 @@ def version_register(
     return result
 
 
-def _register(
-    actor, adapter, uploads, source_dir, s3_uri, streamed, idempotency_key, lineage
-) -> RegistrationResult:
+def _register(actor, adapter, uploads, source_dir, s3_uri, streamed, key, lineage):
+    idempotency_key, claim = key
     require_contributor(actor, adapter.department_id, Ability.REGISTER_VERSIONS, "Adapter")
-    if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
-        raise ValidationFailed(
-            "Idempotency-Key must be 1 to 200 characters.", code="bad_idempotency_key"
-        )
+    if idempotency_key is not None:
+        require_valid_key(idempotency_key)
     existing = _existing_for_retry(adapter, idempotency_key, lineage)
     if existing:
         return RegistrationResult(version=existing, created=False)
@@ -171,7 +167,7 @@ def _register(
                 staged,
                 metadata,
                 prefix,
-                idempotency_key,
+                key,
                 lineage,
                 s3_uri,
             )
@@ -284,9 +280,8 @@ def _store(staged: StagedArtifact, prefix: str) -> None:
         raise
 
 
-def _record_version(
-    actor, adapter, staged, metadata, prefix, idempotency_key, lineage, s3_uri
-) -> AdapterVersion:
+def _record_version(actor, adapter, staged, metadata, prefix, key, lineage, s3_uri):
+    idempotency_key, claim = key
     try:
         with transaction.atomic():
             # The adapter row lock serialises numbering: concurrent registrations
@@ -337,6 +332,9 @@ def _record_version(
                 source_commit=lineage.source_commit,
                 dataset=lineage.dataset,
             )
+            if claim is not None:
+                # Committed with the version: waiting retries see both or neither.
+                idempotency_complete(claim=claim, version=version)
             audit_record(
                 actor=actor,
                 action="version.registered",
