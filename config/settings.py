@@ -155,9 +155,7 @@ INGEST_MULTIPART_ALLOWANCE_BYTES = cfg.integer(
 # result; a claim older than IDEMPOTENCY_CLAIM_STALE_SECONDS without a result
 # belongs to a request that died and is taken over.
 IDEMPOTENCY_WAIT_SECONDS = cfg.number("IDEMPOTENCY_WAIT_SECONDS", 60.0, minimum=0.1)
-IDEMPOTENCY_CLAIM_STALE_SECONDS = cfg.integer(
-    "IDEMPOTENCY_CLAIM_STALE_SECONDS", 3600, minimum=1
-)
+IDEMPOTENCY_CLAIM_STALE_SECONDS = cfg.integer("IDEMPOTENCY_CLAIM_STALE_SECONDS", 3600, minimum=1)
 INGEST_MAX_ENTRIES = cfg.integer("INGEST_MAX_ENTRIES", 64, minimum=2)
 INGEST_ALLOW_PICKLE = cfg.boolean("INGEST_ALLOW_PICKLE", False)
 INGEST_STAGING_DIR = Path(cfg.env.str("INGEST_STAGING_DIR", default=str(VAR_DIR / "ingest")))
