@@ -8,6 +8,7 @@ filesystem under var/, so `make run` needs no servers.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -43,6 +44,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_htmx",
+    "axes",
     "core",
     "registry",
     "serving",
@@ -60,6 +62,15 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it turns a lockout into the 429 response.
+    "axes.middleware.AxesMiddleware",
+]
+
+AUTHENTICATION_BACKENDS = [
+    # First: django-axes refuses a locked-out username or address before any
+    # backend looks at the password.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -120,12 +131,44 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
+# --- HTTPS and cookies --------------------------------------------------------
+# Production defaults (DJANGO_DEBUG=false) pass `manage.py check --deploy`; each
+# can be turned off for a deployment that terminates TLS differently.
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # htmx reads it to send X-CSRFToken
-SESSION_COOKIE_SECURE = cfg.boolean("DJANGO_SECURE_COOKIES", False)
+SESSION_COOKIE_SECURE = cfg.boolean("DJANGO_SECURE_COOKIES", not DEBUG)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_SSL_REDIRECT = cfg.boolean("DJANGO_SECURE_SSL_REDIRECT", not DEBUG)
+# Probes speak plain HTTP to the pod.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_HSTS_SECONDS = cfg.integer("DJANGO_SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = cfg.boolean("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
+SECURE_HSTS_PRELOAD = cfg.boolean("DJANGO_SECURE_HSTS_PRELOAD", not DEBUG)
+# "HTTP_X_FORWARDED_PROTO=https" behind a proxy that terminates TLS and sets that
+# header (and strips it from clients); without it such a proxy causes a redirect loop.
+_proxy_header = cfg.env.str("DJANGO_SECURE_PROXY_SSL_HEADER", default="")
+if _proxy_header:
+    _name, _, _value = _proxy_header.partition("=")
+    if not _name.startswith("HTTP_") or not _value:
+        raise ImproperlyConfigured(
+            "DJANGO_SECURE_PROXY_SSL_HEADER must look like HTTP_X_FORWARDED_PROTO=https, "
+            f"got {_proxy_header!r}"
+        )
+    SECURE_PROXY_SSL_HEADER = (_name, _value)
+
+# --- Sign-in throttling (django-axes) --------------------------------------------
+# Failed local sign-ins are counted per username and, separately, per client
+# address (REMOTE_ADDR, as the audit log records it); either one reaching the
+# limit locks that username or address out for the cool-off.
+AXES_ENABLED = cfg.boolean("AXES_ENABLED", True)
+AXES_FAILURE_LIMIT = cfg.integer("AXES_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=cfg.integer("AXES_COOLOFF_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "core.actors.client_address_of"
+AXES_HTTP_RESPONSE_CODE = 429
 
 # --- Artifact storage -------------------------------------------------------
 # file:///abs/path (embedded default) or s3://bucket/prefix for AWS, MinIO, Ceph RGW.
@@ -210,6 +253,11 @@ if MLFLOW_TRACKING_URI and not MLFLOW_TRACKING_URI.startswith(("http://", "https
         f"got {MLFLOW_TRACKING_URI!r}"
     )
 # Where people open the MLflow UI, if not the tracking URI (e.g. behind a proxy).
+# Runs whose artifacts are file: paths are read from this host's disk: only
+# under these folders (comma-separated). Empty: file: artifact locations are refused.
+MLFLOW_FILE_ARTIFACT_ROOTS = [
+    str(Path(p).resolve()) for p in cfg.env.list("MLFLOW_FILE_ARTIFACT_ROOTS", default=[]) if p
+]
 MLFLOW_UI_URL = cfg.env.str("MLFLOW_UI_URL", default="").rstrip("/") or MLFLOW_TRACKING_URI
 MLFLOW_TRACKING_TOKEN = cfg.secret("MLFLOW_TRACKING_TOKEN")
 MLFLOW_HTTP_TIMEOUT = cfg.integer("MLFLOW_HTTP_TIMEOUT", 15, minimum=1)

@@ -13,9 +13,10 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.access import require_contributor
+from core.access import require_contributor, require_platform_admin
 from core.actors import Actor, actor_from_request
-from core.models import Ability
+from core.errors import NotFound
+from core.models import Ability, ApiToken, AuditEvent, Department
 from core.services.departments import department_create, membership_remove, membership_set
 from core.services.tokens import token_create, token_revoke
 from core.signals import health_check
@@ -23,6 +24,7 @@ from registry import selectors
 from registry.api import serializers as s
 from registry.api.filters import AdapterFilter, AuditEventFilter, VersionFilter
 from registry.artifact_store import get_artifact_store
+from registry.models import Adapter, AdapterVersion, ArtifactSource
 from registry.request_digest import install_digest_handler, request_digest
 from registry.services.adapters import adapter_create, adapter_update
 from registry.services.idempotency import (
@@ -31,6 +33,11 @@ from registry.services.idempotency import (
     idempotency_complete,
     idempotency_release,
     idempotency_result,
+)
+from registry.services.sources import (
+    artifact_source_create,
+    artifact_source_delete,
+    artifact_source_update,
 )
 from registry.services.versions import (
     Lineage,
@@ -62,6 +69,8 @@ class ActorMixin:
 
 class DepartmentViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.DepartmentSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = Department.objects.none()
     lookup_field = "slug"
     ordering_fields = ["slug", "name"]
 
@@ -118,6 +127,8 @@ class AdapterViewSet(
     viewsets.GenericViewSet,
 ):
     serializer_class = s.AdapterSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = Adapter.objects.none()
     filterset_class = AdapterFilter
     ordering_fields = ["name", "created_at", "updated_at"]
     parser_classes = [JSONParser, MultiPartParser, FormParser]
@@ -271,6 +282,8 @@ def _transition_action(name: str, doc: str):
 
 class VersionViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.VersionSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = AdapterVersion.objects.none()
     filterset_class = VersionFilter
     ordering_fields = ["number", "created_at", "status"]
 
@@ -291,6 +304,8 @@ class VersionViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
 
 class AuditEventViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.AuditEventSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = AuditEvent.objects.none()
     filterset_class = AuditEventFilter
     ordering_fields = ["created_at", "action"]
 
@@ -308,6 +323,8 @@ class TokenViewSet(
     ActorMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
 ):
     serializer_class = s.TokenSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = ApiToken.objects.none()
     ordering_fields = ["created_at", "expires_at"]
 
     def get_queryset(self):
@@ -330,6 +347,48 @@ class TokenViewSet(
     def revoke(self, request, pk=None):
         token = token_revoke(actor=self.actor, token=self.get_object())
         return Response(s.TokenSerializer(token).data)
+
+
+class ArtifactSourceViewSet(ActorMixin, viewsets.ModelViewSet):
+    """Where each department may register from S3 (and MLflow runs stored in
+    S3): platform admins only. Secrets are write-only."""
+
+    serializer_class = s.ArtifactSourceSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = ArtifactSource.objects.none()
+    filterset_fields = ["department"]
+    ordering_fields = ["uri_prefix", "created_at"]
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        require_platform_admin(self.actor)
+        return ArtifactSource.objects.select_related("department")
+
+    def get_object(self):
+        source = self.get_queryset().filter(pk=self.lookup_id()).first()
+        if source is None:
+            raise NotFound("Artifact source not found.")
+        return source
+
+    def create(self, request):
+        require_platform_admin(self.actor)
+        data = s.ArtifactSourceSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        source = artifact_source_create(actor=self.actor, **data.validated_data)
+        return Response(s.ArtifactSourceSerializer(source).data, status=status.HTTP_201_CREATED)
+
+    def partial_update(self, request, pk=None):
+        source = self.get_object()
+        data = s.ArtifactSourceSerializer(source, data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        values.pop("department", None)  # a source does not move between departments
+        source = artifact_source_update(actor=self.actor, source=source, **values)
+        return Response(s.ArtifactSourceSerializer(source).data)
+
+    def destroy(self, request, pk=None):
+        artifact_source_delete(actor=self.actor, source=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class HealthView(APIView):

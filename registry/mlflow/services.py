@@ -50,6 +50,7 @@ from registry.mlflow.runs import (
 )
 from registry.models import Adapter, AdapterVersion
 from registry.services.versions import Lineage, RegistrationResult, version_register
+from registry.sources import require_mlflow_artifact_location
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ def register_from_run(
             client = mlc.get_client()
             run = read_run(client, run_id)
             _check_run(run)
+            require_mlflow_artifact_location(adapter.department, run.artifact_uri, artifact_path)
             source_dir = _download(client, run, artifact_path, workdir)
         token = _run_being_registered.set(run)
         try:

@@ -29,7 +29,6 @@ from registry import signals
 from registry.artifact_store import (
     discard_stored,
     get_artifact_store,
-    s3_source_options,
     store_unavailable,
 )
 from registry.ingest.adapter_validation import AdapterMetadata, inspect_adapter
@@ -40,8 +39,9 @@ from registry.ingest.staging import (
     stage_directory,
     stage_upload,
 )
-from registry.models import Adapter, AdapterVersion, IdempotencyClaim
+from registry.models import Adapter, AdapterVersion, ArtifactSource, IdempotencyClaim
 from registry.services.idempotency import idempotency_complete, require_valid_key
+from registry.sources import s3_options_for, source_for_s3_uri
 from registry.storage import SourceRejected, StorageError, download_s3_prefix
 from registry.transitions import TRANSITIONS, allowed_actions_from
 
@@ -131,6 +131,8 @@ def _register(actor, adapter, uploads, source_dir, s3_uri, streamed, key, lineag
     require_contributor(actor, adapter.department_id, Ability.REGISTER_VERSIONS, "Adapter")
     if idempotency_key is not None:
         require_valid_key(idempotency_key)
+    # Before anything is read: the server fetches with its own network position.
+    source = source_for_s3_uri(adapter.department, s3_uri) if s3_uri is not None else None
     existing = _existing_for_retry(adapter, idempotency_key, lineage)
     if existing:
         return RegistrationResult(version=existing, created=False)
@@ -147,7 +149,7 @@ def _register(actor, adapter, uploads, source_dir, s3_uri, streamed, key, lineag
         if streamed is not None:
             staged, metadata = streamed.staged, _inspect(streamed.staged)
         else:
-            staged, metadata = _stage_and_inspect(workdir, uploads, source_dir, s3_uri)
+            staged, metadata = _stage_and_inspect(workdir, uploads, source_dir, s3_uri, source)
         duplicate = adapter.versions.filter(manifest_sha256=staged.manifest_sha256).first()
         if duplicate:
             raise Conflict(
@@ -183,7 +185,7 @@ def _register(actor, adapter, uploads, source_dir, s3_uri, streamed, key, lineag
 
 
 def _stage_and_inspect(
-    workdir, uploads, source_dir, s3_uri
+    workdir, uploads, source_dir, s3_uri, source=None
 ) -> tuple[StagedArtifact, AdapterMetadata]:
     dest = workdir / "artifact"
     dest.mkdir()
@@ -197,7 +199,7 @@ def _stage_and_inspect(
             if s3_uri is not None:
                 source_dir = workdir / "download"
                 source_dir.mkdir()
-                _download_s3(s3_uri, source_dir, limits)
+                _download_s3(s3_uri, source_dir, limits, source)
             staged = _stage_local(source_dir, dest, limits)
     except ArtifactRejected as rejection:
         raise _rejected(rejection) from rejection
@@ -245,8 +247,8 @@ class _LocalFile:
         return str(self.path)
 
 
-def _download_s3(uri: str, dest: Path, limits: IngestLimits) -> None:
-    options = s3_source_options()
+def _download_s3(uri: str, dest: Path, limits: IngestLimits, source: ArtifactSource) -> None:
+    options = s3_options_for(source)
     options.pop("multipart_chunk_mb", None)
     options.pop("max_concurrency", None)
     try:

@@ -11,7 +11,7 @@ from registry.api.views import ActorMixin
 from serving import selectors
 from serving.api import serializers as s
 from serving.gate import evaluate_gate
-from serving.models import Rollout
+from serving.models import Deployment, Promotion, Rollout
 from serving.services.deployments import deployment_create, deployment_delete, deployment_update
 from serving.services.promotions import promotion_create, promotion_review, retire, rollback_to
 
@@ -21,6 +21,8 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
     members and tokens read the deployments their departments may use, in summary."""
 
     serializer_class = s.DeploymentSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = Deployment.objects.none()
     lookup_field = "name"
     ordering_fields = ["name", "environment"]
     filterset_fields = ["environment"]
@@ -125,6 +127,8 @@ class PromotionViewSet(
     ActorMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
 ):
     serializer_class = s.PromotionSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = Promotion.objects.none()
     filterset_fields = ["status"]
     ordering_fields = ["created_at"]
 
@@ -183,6 +187,8 @@ class RolloutFilter(filters.FilterSet):
 
 class RolloutViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.RolloutSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = Rollout.objects.none()
     filterset_class = RolloutFilter
     ordering_fields = ["created_at", "finished_at"]
 

@@ -248,12 +248,19 @@ def test_versions_filter_by_status(as_lena, lena, contracts):
     assert [v["id"] for v in body["results"]] == [submitted.pk]
 
 
-def test_register_from_s3_uri_copies_into_own_store(as_lena, contracts, s3_store, s3_endpoint):
+def test_register_from_s3_uri_copies_into_own_store(
+    as_lena, root, contracts, s3_store, s3_endpoint
+):
     import boto3
 
+    from registry.services.sources import artifact_source_create
+    from tests.conftest import actor
     from tests.support.s3_server import make_bucket
 
     make_bucket(s3_endpoint, "training-out")
+    artifact_source_create(
+        actor=actor(root), department=contracts.department, uri_prefix="s3://training-out/runs/"
+    )
     client = boto3.client(
         "s3",
         endpoint_url=s3_endpoint,
@@ -283,7 +290,13 @@ def test_register_from_s3_uri_copies_into_own_store(as_lena, contracts, s3_store
     assert stored == {"adapter_config.json", "adapter_model.safetensors"}
 
 
-def test_s3_uri_that_does_not_exist_is_400(as_lena, contracts, s3_store):
+def test_s3_uri_that_does_not_exist_is_400(as_lena, root, contracts, s3_store):
+    from registry.services.sources import artifact_source_create
+    from tests.conftest import actor
+
+    artifact_source_create(
+        actor=actor(root), department=contracts.department, uri_prefix="s3://no-such-bucket-here/"
+    )
     response = as_lena.post(
         f"/api/v1/adapters/{contracts.pk}/versions/",
         {"s3_uri": "s3://no-such-bucket-here/x/"},
