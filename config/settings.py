@@ -8,6 +8,7 @@ filesystem under var/ (the broker is a SQLite file there), so `make run` needs n
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -44,6 +45,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_htmx",
+    "axes",
     "core",
     "registry",
     "serving",
@@ -56,6 +58,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "core.middleware.RequestIdMiddleware",
+    "core.body_limit.BodySizeLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -64,7 +67,10 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it turns a lockout into the 429 response.
+    "axes.middleware.AxesMiddleware",
 ]
+
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
@@ -113,6 +119,9 @@ AUTH_PASSWORD_VALIDATORS = [
 from sso.conf import from_env as _sso_settings  # noqa: E402
 
 globals().update(_sso_settings())
+# First: django-axes refuses a locked-out username or address before any
+# backend looks at the password.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", *AUTHENTICATION_BACKENDS]  # noqa: F821
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
@@ -131,12 +140,44 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
+# --- HTTPS and cookies --------------------------------------------------------
+# Production defaults (DJANGO_DEBUG=false) pass `manage.py check --deploy`; each
+# can be turned off for a deployment that terminates TLS differently.
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # htmx reads it to send X-CSRFToken
-SESSION_COOKIE_SECURE = cfg.boolean("DJANGO_SECURE_COOKIES", False)
+SESSION_COOKIE_SECURE = cfg.boolean("DJANGO_SECURE_COOKIES", not DEBUG)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_SSL_REDIRECT = cfg.boolean("DJANGO_SECURE_SSL_REDIRECT", not DEBUG)
+# Probes speak plain HTTP to the pod.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_HSTS_SECONDS = cfg.integer("DJANGO_SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = cfg.boolean("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
+SECURE_HSTS_PRELOAD = cfg.boolean("DJANGO_SECURE_HSTS_PRELOAD", not DEBUG)
+# "HTTP_X_FORWARDED_PROTO=https" behind a proxy that terminates TLS and sets that
+# header (and strips it from clients); without it such a proxy causes a redirect loop.
+_proxy_header = cfg.env.str("DJANGO_SECURE_PROXY_SSL_HEADER", default="")
+if _proxy_header:
+    _name, _, _value = _proxy_header.partition("=")
+    if not _name.startswith("HTTP_") or not _value:
+        raise ImproperlyConfigured(
+            "DJANGO_SECURE_PROXY_SSL_HEADER must look like HTTP_X_FORWARDED_PROTO=https, "
+            f"got {_proxy_header!r}"
+        )
+    SECURE_PROXY_SSL_HEADER = (_name, _value)
+
+# --- Sign-in throttling (django-axes) --------------------------------------------
+# Failed local sign-ins are counted per username and, separately, per client
+# address (REMOTE_ADDR, as the audit log records it); either one reaching the
+# limit locks that username or address out for the cool-off.
+AXES_ENABLED = cfg.boolean("AXES_ENABLED", True)
+AXES_FAILURE_LIMIT = cfg.integer("AXES_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=cfg.integer("AXES_COOLOFF_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "core.actors.client_address_of"
+AXES_HTTP_RESPONSE_CODE = 429
 
 # --- Artifact storage -------------------------------------------------------
 # file:///abs/path (embedded default) or s3://bucket/prefix for AWS, MinIO, Ceph RGW.
@@ -157,6 +198,16 @@ ARTIFACT_S3 = {
 
 # --- Ingest of untrusted artifacts -----------------------------------------
 INGEST_MAX_BYTES = cfg.integer("INGEST_MAX_BYTES", 2 * 1024**3, minimum=1024)
+# Multipart framing and form fields on top of the files: a Content-Length above
+# INGEST_MAX_BYTES plus this is refused with 413 before the body is read.
+INGEST_MULTIPART_ALLOWANCE_BYTES = cfg.integer(
+    "INGEST_MULTIPART_ALLOWANCE_BYTES", 1024**2, minimum=0
+)
+# A request whose Idempotency-Key another request holds waits this long for its
+# result; a claim older than IDEMPOTENCY_CLAIM_STALE_SECONDS without a result
+# belongs to a request that died and is taken over.
+IDEMPOTENCY_WAIT_SECONDS = cfg.number("IDEMPOTENCY_WAIT_SECONDS", 60.0, minimum=0.1)
+IDEMPOTENCY_CLAIM_STALE_SECONDS = cfg.integer("IDEMPOTENCY_CLAIM_STALE_SECONDS", 3600, minimum=1)
 INGEST_MAX_ENTRIES = cfg.integer("INGEST_MAX_ENTRIES", 64, minimum=2)
 INGEST_ALLOW_PICKLE = cfg.boolean("INGEST_ALLOW_PICKLE", False)
 INGEST_STAGING_DIR = Path(cfg.env.str("INGEST_STAGING_DIR", default=str(VAR_DIR / "ingest")))
@@ -218,6 +269,11 @@ if MLFLOW_TRACKING_URI and not MLFLOW_TRACKING_URI.startswith(("http://", "https
         f"got {MLFLOW_TRACKING_URI!r}"
     )
 # Where people open the MLflow UI, if not the tracking URI (e.g. behind a proxy).
+# Runs whose artifacts are file: paths are read from this host's disk: only
+# under these folders (comma-separated). Empty: file: artifact locations are refused.
+MLFLOW_FILE_ARTIFACT_ROOTS = [
+    str(Path(p).resolve()) for p in cfg.env.list("MLFLOW_FILE_ARTIFACT_ROOTS", default=[]) if p
+]
 MLFLOW_UI_URL = cfg.env.str("MLFLOW_UI_URL", default="").rstrip("/") or MLFLOW_TRACKING_URI
 MLFLOW_TRACKING_TOKEN = cfg.secret("MLFLOW_TRACKING_TOKEN")
 MLFLOW_HTTP_TIMEOUT = cfg.integer("MLFLOW_HTTP_TIMEOUT", 15, minimum=1)

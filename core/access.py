@@ -36,7 +36,11 @@ def visible_department_ids(actor: Actor) -> set[int] | None:
         return None
     if actor.token is not None:
         return {actor.token.department_id}
-    return set(Membership.objects.filter(user=actor.user).values_list("department_id", flat=True))
+    if "visible" not in actor._memo:
+        actor._memo["visible"] = frozenset(
+            Membership.objects.filter(user=actor.user).values_list("department_id", flat=True)
+        )
+    return set(actor._memo["visible"])
 
 
 def approver_department_ids(actor: Actor) -> set[int] | None:
@@ -86,7 +90,9 @@ def require_approver(actor: Actor, department_id: int, what: str) -> None:
     require_visible(actor, department_id, what)
     if actor.token is not None:
         raise NotAuthorized(
-            "API tokens can never approve, reject or retire.", code="token_forbidden"
+            "API tokens can never approve, reject, deprecate or archive versions, "
+            "nor review promotions; a person must.",
+            code="token_forbidden",
         )
     if not can_approve(actor, department_id):
         raise NotAuthorized(

@@ -23,6 +23,8 @@ class Actor:
     client_address: str | None = None
     # Memoised department roles: {department_id: role}; filled on first use.
     _roles: dict = field(default_factory=dict, compare=False, repr=False)
+    # Other per-request answers of core.access (visible departments).
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_platform_admin(self) -> bool:

@@ -3,9 +3,14 @@ so that a change and its record commit or roll back together."""
 
 from __future__ import annotations
 
-from django.db import models
+import json
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models, transaction
+from django.utils import timezone
 
 from core.actors import Actor
+from core.audit_chain import chain_head, event_hash, lock_chain
 from core.models import AuditEvent, Department
 
 
@@ -20,7 +25,8 @@ def audit_record(
     comment: str = "",
     details: dict | None = None,
 ) -> AuditEvent:
-    return AuditEvent.objects.create(
+    event = AuditEvent(
+        created_at=timezone.now(),
         actor=actor.user if actor else None,
         actor_token=actor.token if actor else None,
         actor_label=actor.label if actor else "system",
@@ -36,3 +42,13 @@ def audit_record(
         client_address=actor.client_address if actor else None,
         details=details or {},
     )
+    # What the database will hand back, so that the hash verifies after a round trip.
+    address = AuditEvent._meta.get_field("client_address")
+    event.client_address = address.get_prep_value(event.client_address)
+    event.details = json.loads(json.dumps(event.details, cls=DjangoJSONEncoder))
+    with transaction.atomic():
+        lock_chain()
+        event.prev_hash = chain_head()
+        event.hash = event_hash(event)
+        event.save(force_insert=True)
+    return event

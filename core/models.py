@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 
 class Department(models.Model):
@@ -57,6 +58,8 @@ class Ability(models.TextChoices):
     SUBMIT_FOR_REVIEW = "versions:submit", "Submit versions for review"
     CREATE_ADAPTERS = "adapters:create", "Create adapters"
     PROMOTE = "deployments:promote", "Promote approved versions"
+    ROLLBACK = "deployments:rollback", "Roll deployments back to a version they served before"
+    RETIRE = "deployments:retire", "Retire adapters from deployments"
 
 
 class ApiToken(models.Model):
@@ -100,7 +103,8 @@ class AuditEventQuerySet(models.QuerySet):
 class AuditEvent(models.Model):
     """One security-relevant fact. Written in the same transaction as the change."""
 
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # Set by core.audit before the hash is computed (auto_now_add would change it after).
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         on_delete=models.PROTECT,
@@ -125,6 +129,10 @@ class AuditEvent(models.Model):
     request_id = models.CharField(max_length=64, blank=True)
     client_address = models.GenericIPAddressField(null=True, blank=True)
     details = models.JSONField(default=dict, blank=True)
+    # The tamper-evident chain (core.audit_chain): sha256 of this event's
+    # fields and the previous event's hash.
+    prev_hash = models.CharField(max_length=64, blank=True, editable=False)
+    hash = models.CharField(max_length=64, blank=True, editable=False)
 
     objects = AuditEventQuerySet.as_manager()
 

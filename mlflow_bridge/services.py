@@ -54,6 +54,7 @@ from mlflow_bridge.runs import (
 from registry.ingest.sources import MlflowRunArtifact
 from registry.models import Adapter, AdapterVersion
 from registry.services.versions import Lineage, RegistrationResult, version_register
+from registry.sources import require_mlflow_artifact_location
 from serving.models import Deployment
 
 logger = logging.getLogger(__name__)
@@ -116,6 +117,7 @@ def register_from_run(
             client = mlc.get_client()
             run = read_run(client, run_id)
             _check_run(run)
+            require_mlflow_artifact_location(adapter.department, run.artifact_uri, artifact_path)
             source_dir = _download(client, run, artifact_path, workdir)
         token = _run_being_registered.set(run)
         try:

@@ -1,4 +1,4 @@
-"""Admin screens. Approve/reject here go through the same services as the API
+"""Admin screens. Every change goes through the same services as the API
 (four-eyes, comment on reject, audit); audit events cannot be changed."""
 
 from __future__ import annotations
@@ -10,19 +10,29 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
 from core.actors import actor_from_request
-from core.admin_mixins import ReadOnlyAdminMixin
+from core.admin_mixins import ReadOnlyAdminMixin, ServiceAdminMixin
 from core.errors import ApplicationError
 from registry.lineage import run_ui_url
-from registry.models import Adapter, AdapterVersion, VersionStatus
+from registry.models import Adapter, AdapterVersion, ArtifactSource, VersionStatus
+from registry.services.adapters import adapter_update
+from registry.services.sources import (
+    artifact_source_create,
+    artifact_source_delete,
+    artifact_source_update,
+)
 from registry.services.versions import version_transition
 
 
 @admin.register(Adapter)
-class AdapterAdmin(admin.ModelAdmin):
+class AdapterAdmin(ServiceAdminMixin, admin.ModelAdmin):
+    """Description and owners change through adapter_update (audited); adapters
+    are created from the web UI or the API."""
+
     list_display = ["name", "department", "served_name", "base_model", "last_version_number"]
     list_filter = ["department"]
     search_fields = ["name", "served_name"]
     readonly_fields = ["department", "name", "served_name", "base_model", "last_version_number"]
+    fields = [*readonly_fields, "description", "owners"]
     list_select_related = ["department"]
 
     def has_add_permission(self, request):
@@ -30,6 +40,62 @@ class AdapterAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    def service_save(self, actor, obj, form, change):
+        return adapter_update(
+            actor=actor,
+            adapter=Adapter.objects.get(pk=obj.pk),
+            description=form.cleaned_data["description"],
+            owners=[user.get_username() for user in form.cleaned_data["owners"]],
+        )
+
+
+class ArtifactSourceForm(forms.ModelForm):
+    secret_access_key = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Encrypted at rest and never shown. Leave empty to keep the current one.",
+    )
+
+    class Meta:
+        model = ArtifactSource
+        fields = [
+            "department",
+            "uri_prefix",
+            "endpoint_url",
+            "region",
+            "access_key_id",
+            "secret_access_key",
+        ]
+
+
+@admin.register(ArtifactSource)
+class ArtifactSourceAdmin(ServiceAdminMixin, admin.ModelAdmin):
+    """Where each department may register from S3; see registry.sources."""
+
+    form = ArtifactSourceForm
+    list_display = ["uri_prefix", "department", "endpoint_url", "access_key_id", "updated_at"]
+    list_filter = ["department"]
+    list_select_related = ["department"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["department"] if obj is not None else []
+
+    def service_save(self, actor, obj, form, change):
+        values = {
+            name: form.cleaned_data[name]
+            for name in ("uri_prefix", "endpoint_url", "region", "access_key_id")
+        }
+        if form.cleaned_data["secret_access_key"]:
+            values["secret_access_key"] = form.cleaned_data["secret_access_key"]
+        if change:
+            return artifact_source_update(
+                actor=actor, source=ArtifactSource.objects.get(pk=obj.pk), **values
+            )
+        return artifact_source_create(actor=actor, department=obj.department, **values)
+
+    def service_delete(self, actor, obj):
+        artifact_source_delete(actor=actor, source=obj)
 
 
 class ReviewCommentForm(forms.Form):

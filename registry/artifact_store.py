@@ -18,11 +18,6 @@ def get_artifact_store() -> ArtifactStore:
     return build_artifact_store(settings.ARTIFACT_STORE_URL, **settings.ARTIFACT_S3)
 
 
-def s3_source_options() -> dict:
-    """Credentials and endpoint used to read user-given s3:// URIs."""
-    return dict(settings.ARTIFACT_S3)
-
-
 def discard_stored(store: ArtifactStore, prefix: str) -> None:
     """Deletes what a failed registration wrote. A store that is down cannot
     delete either; that must not replace the caller's own error."""

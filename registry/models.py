@@ -12,6 +12,7 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 
+from core.fields import EncryptedTextField
 from core.models import Department
 
 SERVED_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -175,3 +176,60 @@ class AdapterVersion(models.Model):
     @property
     def sha8(self) -> str:
         return self.manifest_sha256[:8]
+
+
+class ArtifactSource(models.Model):
+    """Where a department's artifacts may be read from by the server itself
+    (s3_uri registrations, MLflow runs stored in S3): one allowed S3 prefix,
+    and the credentials to read it with. Set by platform admins only; without
+    one, a department cannot register from S3 at all. Blank connection fields
+    fall back to the registry's own S3 settings (AWS_*)."""
+
+    department = models.ForeignKey(
+        Department, on_delete=models.CASCADE, related_name="artifact_sources"
+    )
+    uri_prefix = models.CharField(
+        max_length=1000, help_text="s3://bucket/some/prefix/ (normalized to end with '/')."
+    )
+    endpoint_url = models.CharField(max_length=500, blank=True)
+    region = models.CharField(max_length=64, blank=True)
+    access_key_id = models.CharField(max_length=200, blank=True)
+    # Encrypted at rest; never returned by the API or shown in the admin.
+    secret_access_key = EncryptedTextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["department", "uri_prefix"], name="one_source_per_prefix"
+            )
+        ]
+        ordering = ["department__slug", "uri_prefix"]
+
+    def __str__(self) -> str:
+        return f"{self.department.slug}: {self.uri_prefix}"
+
+
+class IdempotencyClaim(models.Model):
+    """An Idempotency-Key taken by the first request that sent it, before any
+    ingest starts. The unique row is the claim: a concurrent request with the
+    same key fails to insert it, waits for `version` to be set (in the
+    transaction that creates the version) and answers with that version, but
+    only if its own request digest is the same."""
+
+    adapter = models.ForeignKey(Adapter, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=200)
+    # sha256 over method, path and the content of the body; "" until the
+    # winner has read its body.
+    request_digest = models.CharField(max_length=64, blank=True)
+    version = models.OneToOneField(
+        AdapterVersion, on_delete=models.CASCADE, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["adapter", "key"], name="one_claim_per_key")]
+
+    def __str__(self) -> str:
+        return f"{self.adapter_id}:{self.key}"

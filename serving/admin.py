@@ -1,9 +1,11 @@
 """Admin screens for the control plane. Rollout history, attempts and drift are
 read-only records; the vLLM API key is never shown."""
 
-from django.contrib import admin
+from django.contrib import admin, messages
 
+from core.actors import actor_from_request
 from core.admin_mixins import ReadOnlyAdminMixin
+from core.errors import ApplicationError
 from serving.models import (
     Deployment,
     DriftEvent,
@@ -15,6 +17,7 @@ from serving.models import (
     ServedAdapter,
     StagedFolder,
 )
+from serving.services.deployments import deployment_delete
 
 
 class ReplicaInline(admin.TabularInline):
@@ -29,15 +32,28 @@ class ReplicaInline(admin.TabularInline):
 
 @admin.register(Deployment)
 class DeploymentAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    """Changes go through the API so they are validated and audited."""
+    """Read-only: creating and changing a deployment goes through the API, which
+    validates and audits it. Deleting is an action that calls the same service."""
 
     list_display = ["name", "environment", "base_model_name", "max_cpu_loras", "last_reconciled_at"]
     list_filter = ["environment"]
     exclude = ["vllm_api_key", "reconcile_lease_owner", "reconcile_lease_until"]
     inlines = [ReplicaInline]
+    actions = ["delete_through_service"]
 
     def has_view_permission(self, request, obj=None):
         return request.user.is_active and request.user.is_staff
+
+    @admin.action(description="Delete selected deployments (refused while they serve adapters)")
+    def delete_through_service(self, request, queryset):
+        actor = actor_from_request(request)
+        for deployment in queryset:
+            try:
+                deployment_delete(actor=actor, deployment=deployment)
+            except ApplicationError as error:
+                self.message_user(request, f"{deployment}: {error.message}", messages.ERROR)
+            else:
+                self.message_user(request, f"Deleted {deployment}.", messages.SUCCESS)
 
 
 @admin.register(ServedAdapter)

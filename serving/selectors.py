@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from django.db.models import Prefetch, QuerySet
+from pathlib import PurePosixPath
+
+from django.db.models import Prefetch, Q, QuerySet
 
 from core.access import visible_department_ids
 from core.actors import Actor
@@ -22,8 +24,28 @@ from serving.models import (
 
 
 def deployments_for(actor: Actor) -> QuerySet[Deployment]:
-    """Everyone signed in may read deployments (not their secrets)."""
-    return Deployment.objects.prefetch_related("replicas", "allowed_departments")
+    """Platform admins see every deployment; others only those their departments
+    may use (no allowed departments means every department). Members and tokens
+    get them through DeploymentSummarySerializer / `sees_infrastructure`:
+    without replica URLs, volume paths or whether a key is set."""
+    queryset = Deployment.objects.prefetch_related("replicas", "allowed_departments")
+    ids = visible_department_ids(actor)
+    if ids is None:
+        return queryset
+    allowed = Deployment.allowed_departments.through.objects.filter(department_id__in=ids)
+    return queryset.filter(
+        Q(allowed_departments__isnull=True) | Q(pk__in=allowed.values("deployment_id"))
+    ).distinct()
+
+
+def sees_infrastructure(actor: Actor) -> bool:
+    """Replica addresses, volume paths and keys are the platform's, not a department's."""
+    return actor.is_platform_admin
+
+
+def _folder_only(path: str | None) -> str | None:
+    # The staged folder's own name (v3-1a2b3c4d) says which version; the volume path is hidden.
+    return PurePosixPath(path).name if path else path
 
 
 def deployment_get(actor: Actor, name: str) -> Deployment:
@@ -115,7 +137,8 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
     is down lists nothing, whatever it said before."""
     served = list(served_adapters_for(actor, deployment))
     visible_names = {s.adapter.served_name for s in served}
-    show_unknown = visible_department_ids(actor) is None
+    # Unknown adapters could be any department's; replica URLs are the platform's.
+    show_unknown = sees_infrastructure(actor)
     replicas = []
     for replica in deployment.replicas.all():
         if not replica.active:
@@ -141,7 +164,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
         ]
         replicas.append(
             {
-                "base_url": replica.base_url,
+                "base_url": replica.base_url if show_unknown else f"replica-{len(replicas) + 1}",
                 "health": replica.health,
                 "vllm_version": replica.vllm_version,
                 "last_checked_at": replica.last_checked_at,
@@ -161,6 +184,13 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
         }
         for s in served
     ]
+    if not sees_infrastructure(actor):
+        for replica in replicas:
+            for item in replica["adapters"]:
+                item["desired_root"] = _folder_only(item["desired_root"])
+                item["actual_root"] = _folder_only(item["actual_root"])
+        for row in desired:
+            row["served_path"] = _folder_only(row["served_path"])
     slots_used = ServedAdapter.objects.filter(deployment=deployment, version__isnull=False).count()
     return {
         "deployment": deployment.name,

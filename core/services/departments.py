@@ -25,6 +25,26 @@ def department_create(*, actor: Actor, slug: str, name: str) -> Department:
     return department
 
 
+def department_update(*, actor: Actor, department: Department, name: str) -> Department:
+    """The slug is identity (storage prefixes, URLs); only the display name changes."""
+    require_platform_admin(actor)
+    with transaction.atomic():
+        locked = Department.objects.select_for_update().get(pk=department.pk)
+        if locked.name == name:
+            return locked
+        previous, locked.name = locked.name, name
+        locked.full_clean()
+        locked.save(update_fields=["name"])
+        audit_record(
+            actor=actor,
+            action="department.updated",
+            obj=locked,
+            department=locked,
+            details={"name": [previous, name]},
+        )
+    return locked
+
+
 def membership_set(*, actor: Actor, department: Department, username: str, role: str) -> Membership:
     """Adds a person to a department or changes their role."""
     require_platform_admin(actor)

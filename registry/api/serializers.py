@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from core.models import Ability, ApiToken, AuditEvent, Department, Membership, Role
 from registry.lineage import run_ui_url
-from registry.models import Adapter, AdapterVersion
+from registry.models import Adapter, AdapterVersion, ArtifactSource
 from registry.transitions import allowed_actions_from
 
 
@@ -214,3 +214,30 @@ class TokenCreatedSerializer(TokenSerializer):
 
     class Meta(TokenSerializer.Meta):
         fields = TokenSerializer.Meta.fields + ["secret"]
+
+
+class ArtifactSourceSerializer(serializers.ModelSerializer):
+    department = serializers.SlugRelatedField(slug_field="slug", queryset=Department.objects.all())
+    secret_access_key = serializers.CharField(
+        write_only=True, required=False, allow_blank=True, style={"input_type": "password"}
+    )
+    has_secret = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ArtifactSource
+        fields = [
+            "id",
+            "department",
+            "uri_prefix",
+            "endpoint_url",
+            "region",
+            "access_key_id",
+            "secret_access_key",
+            "has_secret",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["created_at", "updated_at"]
+
+    def get_has_secret(self, source) -> bool:
+        return bool(source.secret_access_key)

@@ -13,9 +13,10 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.access import require_contributor
+from core.access import require_contributor, require_platform_admin
 from core.api.views import ActorMixin
-from core.models import Ability
+from core.errors import NotFound
+from core.models import Ability, ApiToken, AuditEvent, Department
 from core.services.departments import department_create, membership_remove, membership_set
 from core.services.tokens import token_create, token_revoke
 from core.signals import health_check
@@ -25,7 +26,21 @@ from registry.api.filters import AdapterFilter, AuditEventFilter, VersionFilter
 from registry.artifact_store import get_artifact_store
 from registry.ingest.sources import S3Prefix, UploadedFiles
 from registry.ingest.streamed import install_streaming_handler
+from registry.models import Adapter, AdapterVersion, ArtifactSource
+from registry.request_digest import install_digest_handler, request_digest
 from registry.services.adapters import adapter_create, adapter_update
+from registry.services.idempotency import (
+    idempotency_bind,
+    idempotency_claim,
+    idempotency_complete,
+    idempotency_release,
+    idempotency_result,
+)
+from registry.services.sources import (
+    artifact_source_create,
+    artifact_source_delete,
+    artifact_source_update,
+)
 from registry.services.versions import (
     Lineage,
     ingest_limits,
@@ -38,6 +53,8 @@ from registry.storage import StorageError
 
 class DepartmentViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.DepartmentSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = Department.objects.none()
     lookup_field = "slug"
     ordering_fields = ["slug", "name"]
 
@@ -94,6 +111,8 @@ class AdapterViewSet(
     viewsets.GenericViewSet,
 ):
     serializer_class = s.AdapterSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = Adapter.objects.none()
     filterset_class = AdapterFilter
     ordering_fields = ["name", "created_at", "updated_at"]
     parser_classes = [JSONParser, MultiPartParser, FormParser]
@@ -120,6 +139,16 @@ class AdapterViewSet(
         adapter = adapter_update(actor=self.actor, adapter=self.get_object(), **data.validated_data)
         return Response(s.AdapterSerializer(adapter).data)
 
+    def _replay(self, request, claim) -> Response:
+        """Another request holds this key: hash this body (keeping none of it),
+        then answer with that request's version once it commits."""
+        digesting = install_digest_handler(request, keep=False)
+        s.VersionRegisterSerializer(data=request.data).is_valid(raise_exception=True)
+        version = idempotency_result(claim=claim, digest=request_digest(request, digesting))
+        body = s.VersionSerializer(version).data
+        body["warnings"] = []
+        return Response(body, status=status.HTTP_200_OK, headers={"Idempotent-Replayed": "true"})
+
     @extend_schema(
         methods=["GET"],
         responses=s.VersionSerializer(many=True),
@@ -136,7 +165,11 @@ class AdapterViewSet(
                 "Idempotency-Key",
                 str,
                 OpenApiParameter.HEADER,
-                description="Retries with the same key return the first result.",
+                description=(
+                    "Retries with the same key and the same request return the first "
+                    "result (200, Idempotent-Replayed: true); the same key with another "
+                    "body is 409 idempotency_key_reused."
+                ),
             )
         ],
         responses={201: s.VersionSerializer, 200: s.VersionSerializer},
@@ -153,6 +186,11 @@ class AdapterViewSet(
         # Checked before the body is read: loose files are streamed into the
         # store while they arrive, so an outsider's upload must never start.
         require_contributor(self.actor, adapter.department_id, Ability.REGISTER_VERSIONS, "Adapter")
+        key = request.headers.get("Idempotency-Key")
+        claim = idempotency_claim(adapter=adapter, key=key) if key is not None else None
+        if claim is not None and not claim.won:
+            return self._replay(request, claim.claim)
+        claim = claim.claim if claim else None
         streaming = install_streaming_handler(
             request,
             prefix=version_prefix(adapter),
@@ -160,15 +198,19 @@ class AdapterViewSet(
             limits=ingest_limits(),
             staging_root=settings.INGEST_STAGING_DIR,
         )
+        digesting = install_digest_handler(request, keep=True) if claim else None
         try:
             data = s.VersionRegisterSerializer(data=request.data)
             data.is_valid(raise_exception=True)
             values = data.validated_data
+            if claim is not None:
+                idempotency_bind(claim=claim, digest=request_digest(request, digesting))
             result = version_register(
                 actor=self.actor,
                 adapter=adapter,
                 source=_artifact_source(request.FILES.getlist("files"), values, streaming),
-                idempotency_key=request.headers.get("Idempotency-Key"),
+                idempotency_key=key,
+                idempotency_claim=claim,
                 lineage=Lineage(
                     mlflow_run_id=values.get("mlflow_run_id", ""),
                     mlflow_run_uri=values.get("mlflow_run_uri", ""),
@@ -176,9 +218,15 @@ class AdapterViewSet(
                     dataset=values.get("dataset", ""),
                 ),
             )
+            if claim is not None and not result.created:
+                # Resolved to an earlier version (same MLflow run, or a key used
+                # before claims existed): later retries get that one too.
+                idempotency_complete(claim=claim, version=result.version)
         except BaseException:
             if streaming is not None:
                 streaming.discard()
+            if claim is not None:
+                idempotency_release(claim=claim)
             raise
         finally:
             if streaming is not None:
@@ -225,6 +273,8 @@ def _transition_action(name: str, doc: str):
 
 class VersionViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.VersionSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = AdapterVersion.objects.none()
     filterset_class = VersionFilter
     ordering_fields = ["number", "created_at", "status"]
 
@@ -245,6 +295,8 @@ class VersionViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
 
 class AuditEventViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.AuditEventSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = AuditEvent.objects.none()
     filterset_class = AuditEventFilter
     ordering_fields = ["created_at", "action"]
 
@@ -262,6 +314,8 @@ class TokenViewSet(
     ActorMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
 ):
     serializer_class = s.TokenSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = ApiToken.objects.none()
     ordering_fields = ["created_at", "expires_at"]
 
     def get_queryset(self):
@@ -284,6 +338,48 @@ class TokenViewSet(
     def revoke(self, request, pk=None):
         token = token_revoke(actor=self.actor, token=self.get_object())
         return Response(s.TokenSerializer(token).data)
+
+
+class ArtifactSourceViewSet(ActorMixin, viewsets.ModelViewSet):
+    """Where each department may register from S3 (and MLflow runs stored in
+    S3): platform admins only. Secrets are write-only."""
+
+    serializer_class = s.ArtifactSourceSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = ArtifactSource.objects.none()
+    filterset_fields = ["department"]
+    ordering_fields = ["uri_prefix", "created_at"]
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        require_platform_admin(self.actor)
+        return ArtifactSource.objects.select_related("department")
+
+    def get_object(self):
+        source = self.get_queryset().filter(pk=self.lookup_id()).first()
+        if source is None:
+            raise NotFound("Artifact source not found.")
+        return source
+
+    def create(self, request):
+        require_platform_admin(self.actor)
+        data = s.ArtifactSourceSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        source = artifact_source_create(actor=self.actor, **data.validated_data)
+        return Response(s.ArtifactSourceSerializer(source).data, status=status.HTTP_201_CREATED)
+
+    def partial_update(self, request, pk=None):
+        source = self.get_object()
+        data = s.ArtifactSourceSerializer(source, data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        values.pop("department", None)  # a source does not move between departments
+        source = artifact_source_update(actor=self.actor, source=source, **values)
+        return Response(s.ArtifactSourceSerializer(source).data)
+
+    def destroy(self, request, pk=None):
+        artifact_source_delete(actor=self.actor, source=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class HealthView(APIView):

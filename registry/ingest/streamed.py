@@ -41,6 +41,7 @@ from typing import Protocol
 from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler, StopFutureHandlers
 
+from core.body_limit import BodyLimitHandler
 from core.errors import ValidationFailed
 from registry.artifact_store import discard_stored, store_unavailable
 from registry.ingest.errors import ArtifactRejected
@@ -592,8 +593,11 @@ def install_streaming_handler(request, *, prefix: str, store, limits, staging_ro
         staging_root=staging_root,
         file_checks=file_checks,
     )
+    handlers = list(django_request.upload_handlers)
+    # core.body_limit's guard stays first: it must count the bytes this handler takes.
+    first = 1 if handlers and isinstance(handlers[0], BodyLimitHandler) else 0
     try:
-        django_request.upload_handlers = [handler, *django_request.upload_handlers]
+        django_request.upload_handlers = [*handlers[:first], handler, *handlers[first:]]
     except AttributeError:
         return None
     return handler

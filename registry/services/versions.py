@@ -26,9 +26,11 @@ from registry import signals
 from registry.artifact_store import discard_stored, get_artifact_store, store_unavailable
 from registry.ingest.adapter_validation import AdapterMetadata, inspect_adapter
 from registry.ingest.errors import ArtifactRejected
-from registry.ingest.sources import ArtifactSource
+from registry.ingest.sources import ArtifactSource, S3Prefix
 from registry.ingest.staging import IngestLimits, StagedArtifact
-from registry.models import Adapter, AdapterVersion
+from registry.models import Adapter, AdapterVersion, IdempotencyClaim
+from registry.services.idempotency import idempotency_complete, require_valid_key
+from registry.sources import s3_options_for, source_for_s3_uri
 from registry.storage import StorageError
 from registry.transitions import TRANSITIONS, allowed_actions_from
 
@@ -81,6 +83,7 @@ def version_register(
     adapter: Adapter,
     source: ArtifactSource | None,
     idempotency_key: str | None = None,
+    idempotency_claim: IdempotencyClaim | None = None,
     lineage: Lineage = Lineage(),
 ) -> RegistrationResult:
     """Validates an untrusted artifact, stores it, and records version N+1.
@@ -92,10 +95,11 @@ def version_register(
     source whose files are already in the store (a streamed upload) has them
     deleted unless a new version records them.
     """
+    key = (idempotency_key, idempotency_claim)
     if source is None:
-        return _register(actor, adapter, None, idempotency_key, lineage)
+        return _register(actor, adapter, None, key, lineage)
     try:
-        result = _register(actor, adapter, source, idempotency_key, lineage)
+        result = _register(actor, adapter, source, key, lineage)
     except BaseException:
         source.discard()
         raise
@@ -106,12 +110,16 @@ def version_register(
     return result
 
 
-def _register(actor, adapter, source, idempotency_key, lineage) -> RegistrationResult:
+def _register(actor, adapter, source, key, lineage) -> RegistrationResult:
+    idempotency_key, claim = key
     require_contributor(actor, adapter.department_id, Ability.REGISTER_VERSIONS, "Adapter")
-    if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
-        raise ValidationFailed(
-            "Idempotency-Key must be 1 to 200 characters.", code="bad_idempotency_key"
-        )
+    if idempotency_key is not None:
+        require_valid_key(idempotency_key)
+    if isinstance(source, S3Prefix):
+        # Before anything is read: the server fetches with its own network
+        # position, so only a prefix a platform admin allowed this department
+        # may be read, with that source's credentials.
+        source.client_options = s3_options_for(source_for_s3_uri(adapter.department, source.uri))
     existing = _existing_for_retry(adapter, idempotency_key, lineage)
     if existing:
         return RegistrationResult(version=existing, created=False)
@@ -148,7 +156,7 @@ def _register(actor, adapter, source, idempotency_key, lineage) -> RegistrationR
                 staged,
                 metadata,
                 prefix,
-                idempotency_key,
+                key,
                 lineage,
                 source.source_uri,
             )
@@ -195,8 +203,9 @@ def _store(staged: StagedArtifact, prefix: str) -> None:
 
 
 def _record_version(
-    actor, adapter, staged, metadata, prefix, idempotency_key, lineage, source_uri
+    actor, adapter, staged, metadata, prefix, key, lineage, source_uri
 ) -> AdapterVersion:
+    idempotency_key, claim = key
     try:
         with transaction.atomic():
             # The adapter row lock serialises numbering: concurrent registrations
@@ -247,6 +256,9 @@ def _record_version(
                 source_commit=lineage.source_commit,
                 dataset=lineage.dataset,
             )
+            if claim is not None:
+                # Committed with the version: waiting retries see both or neither.
+                idempotency_complete(claim=claim, version=version)
             audit_record(
                 actor=actor,
                 action="version.registered",

@@ -106,6 +106,56 @@ class DeploymentSerializer(serializers.ModelSerializer):
         return bool(deployment.vllm_api_key)
 
 
+class DeploymentSummarySerializer(serializers.ModelSerializer):
+    """What members and tokens see of a deployment they may use: what it serves
+    and under which limits and policy, not where its replicas and volume are."""
+
+    allowed_departments = serializers.SlugRelatedField(slug_field="slug", many=True, read_only=True)
+    replicas_total = serializers.SerializerMethodField()
+    replicas_up = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "id",
+            "name",
+            "environment",
+            "description",
+            "base_model_name",
+            "base_model_aliases",
+            "architecture",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "vocab_size",
+            "revision",
+            "module_dims",
+            "max_loras",
+            "max_cpu_loras",
+            "max_lora_rank",
+            "allow_lru_thrash",
+            "gpu_memory_bytes",
+            "lora_memory_share",
+            "requires_promotion_approval",
+            "allowed_departments",
+            "canary_by_default",
+            "last_reconciled_at",
+            "replicas_total",
+            "replicas_up",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+    def get_replicas_total(self, deployment) -> int:
+        return sum(1 for r in deployment.replicas.all() if r.active)
+
+    def get_replicas_up(self, deployment) -> int:
+        return sum(1 for r in deployment.replicas.all() if r.active and r.health == "up")
+
+
 class PromotionSerializer(serializers.ModelSerializer):
     deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
     requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
@@ -254,3 +304,11 @@ class DriftEventSerializer(serializers.ModelSerializer):
             "detail",
             "created_at",
         ]
+
+
+class DriftEventSummarySerializer(serializers.ModelSerializer):
+    """Drift as members see it: which of their adapters, not which host or path."""
+
+    class Meta:
+        model = DriftEvent
+        fields = ["id", "kind", "adapter_name", "created_at"]

@@ -11,16 +11,19 @@ from registry import selectors as registry_selectors
 from serving import kserve, selectors
 from serving.api import serializers as s
 from serving.gate import evaluate_gate
-from serving.models import Rollout
+from serving.models import Deployment, Promotion, Rollout
 from serving.services.deployments import deployment_create, deployment_delete, deployment_update
 from serving.services.promotions import promotion_create, promotion_review, retire, rollback_to
 from serving.services.rollouts import rollout_cancel
 
 
 class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
-    """Platform admins create and change deployments; everyone signed in reads them."""
+    """Platform admins create, change and see everything about deployments;
+    members and tokens read the deployments their departments may use, in summary."""
 
     serializer_class = s.DeploymentSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = Deployment.objects.none()
     lookup_field = "name"
     ordering_fields = ["name", "environment"]
     filterset_fields = ["environment"]
@@ -30,6 +33,12 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
 
     def get_object(self):
         return selectors.deployment_get(self.actor, self.kwargs["name"])
+
+    def get_serializer_class(self):
+        # The schema documents the admin's shape (a superset of the summary).
+        if getattr(self, "swagger_fake_view", False) or selectors.sees_infrastructure(self.actor):
+            return s.DeploymentSerializer
+        return s.DeploymentSummarySerializer
 
     def create(self, request):
         data = s.DeploymentSerializer(data=request.data)
@@ -112,7 +121,11 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
     def drift_events(self, request, name=None):
         rows = selectors.drift_events_for(self.actor, self.get_object())
         page = self.paginate_queryset(rows)
-        return self.get_paginated_response(s.DriftEventSerializer(page, many=True).data)
+        if selectors.sees_infrastructure(self.actor):
+            serializer = s.DriftEventSerializer
+        else:
+            serializer = s.DriftEventSummarySerializer
+        return self.get_paginated_response(serializer(page, many=True).data)
 
 
 def _rollout_body(actor, rollout_id: int) -> dict:
@@ -123,6 +136,8 @@ class PromotionViewSet(
     ActorMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
 ):
     serializer_class = s.PromotionSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = Promotion.objects.none()
     filterset_fields = ["status"]
     ordering_fields = ["created_at"]
 
@@ -181,6 +196,8 @@ class RolloutFilter(filters.FilterSet):
 
 class RolloutViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.RolloutSerializer
+    # For the schema generator only; rows always come from the selectors.
+    queryset = Rollout.objects.none()
     filterset_class = RolloutFilter
     ordering_fields = ["created_at", "finished_at"]
 

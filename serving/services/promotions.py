@@ -4,6 +4,7 @@ a deployment serves: approve/reject a promotion request, manual rollback, retire
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from core.access import require_approver, require_contributor
@@ -32,8 +33,12 @@ class GateRefused(ApplicationError):
     code = "compatibility_gate_failed"
 
 
-def _require_may_deploy(actor: Actor, deployment: Deployment, adapter: Adapter) -> None:
-    require_contributor(actor, adapter.department_id, Ability.PROMOTE, "Version")
+def _require_may_deploy(
+    actor: Actor, deployment: Deployment, adapter: Adapter, ability: str = Ability.PROMOTE
+) -> None:
+    """`ability` is what a token needs: promote, roll back and retire are separate
+    abilities, so a pipeline allowed to ship cannot also take adapters down."""
+    require_contributor(actor, adapter.department_id, ability, "Version")
     allowed = [d.pk for d in deployment.allowed_departments.all()]
     if allowed and adapter.department_id not in allowed:
         raise NotAuthorized(
@@ -195,12 +200,26 @@ def promotion_review(
     return locked
 
 
+def served_before(deployment: Deployment, adapter: Adapter) -> QuerySet[AdapterVersion]:
+    """Versions this deployment has served: the targets of its succeeded rollouts.
+    Only these are rollback targets; anything else must go through a promotion
+    (and its approval, where the deployment's policy asks for one)."""
+    return AdapterVersion.objects.filter(
+        pk__in=Rollout.objects.filter(
+            deployment=deployment,
+            adapter=adapter,
+            status=RolloutStatus.SUCCEEDED,
+            target_version__isnull=False,
+        ).values("target_version")
+    )
+
+
 def rollback_to(
     *, actor: Actor, deployment: Deployment, adapter: Adapter, version: AdapterVersion | None = None
 ) -> Rollout:
-    """Manual rollback to an earlier approved version (default: the one served
-    before the current one)."""
-    _require_may_deploy(actor, deployment, adapter)
+    """Manual rollback to a version this deployment served before (default: the
+    one served before the current one). The API and the web pages both call this."""
+    _require_may_deploy(actor, deployment, adapter, Ability.ROLLBACK)
     served = ServedAdapter.objects.filter(deployment=deployment, adapter=adapter).first()
     if version is None:
         last = (
@@ -221,6 +240,13 @@ def rollback_to(
         raise ValidationFailed("That version belongs to another adapter.", code="wrong_adapter")
     if served and served.version_id == version.pk:
         raise Conflict(f"Version {version.number} is already served.", code="already_served")
+    if not served_before(deployment, adapter).filter(pk=version.pk).exists():
+        # Otherwise a rollback would skip the four-eyes approval of a promotion.
+        raise Conflict(
+            f"Version {version.number} was never served on {deployment.name}: a rollback "
+            "may only go back to a version this deployment served before; use a promotion.",
+            code="not_served_before",
+        )
     _require_servable(version)
     _require_gate(deployment, version)
     with transaction.atomic():
@@ -231,7 +257,7 @@ def retire(*, actor: Actor | None, deployment: Deployment, adapter: Adapter) -> 
     """Stops serving the adapter on the deployment: unload from every replica.
     Its staged folders stay for the grace period."""
     if actor is not None:
-        _require_may_deploy(actor, deployment, adapter)
+        _require_may_deploy(actor, deployment, adapter, Ability.RETIRE)
     with transaction.atomic():
         served = (
             ServedAdapter.objects.select_for_update()

@@ -14,7 +14,6 @@ from serving.capacity import pool_figures
 from serving.models import (
     Deployment,
     PromotionStatus,
-    Replica,
     ReplicaHealth,
     ReplicaStepStatus,
     Rollout,
@@ -183,13 +182,14 @@ class Cell:
 
 
 def _cell(replica: dict, row: dict, changed_at) -> Cell:
+    # in_sync, not the roots: members see only the folder names of the roots.
     desired, actual = row["desired_root"], row["actual_root"]
     if replica["health"] == ReplicaHealth.DOWN:
         return Cell(DOWN, actual)
     checked = replica["last_checked_at"]
     if checked is None:
         return Cell(UNCHECKED, actual)
-    if desired == actual:
+    if row["in_sync"]:
         return Cell(IN_SYNC, actual)
     if changed_at is not None and changed_at > checked:
         return Cell(CHANGED, actual)
@@ -211,7 +211,6 @@ def deployment_matrix(actor: Actor, deployment: Deployment) -> dict:
             "adapter__served_name", "updated_at"
         )
     )
-    by_url: dict[str, Replica] = {r.base_url: r for r in deployment.replicas.all()}
     replicas = state["replicas"]
     rows: dict[str, dict] = {}
     for index, replica in enumerate(replicas):
@@ -247,10 +246,12 @@ def deployment_matrix(actor: Actor, deployment: Deployment) -> dict:
             if d["version_id"]
         ]
     shown.sort(key=lambda r: (not r["drift"], r["served_name"]))
-    for replica in replicas:
-        record = by_url.get(replica["base_url"])
-        replica["last_error"] = record.last_error if record else ""
-        replica["loaded_count"] = len(record.loaded_adapters or []) if record else 0
+    # deployment_state lists the active replicas in this order.
+    records = [r for r in deployment.replicas.all() if r.active]
+    for replica, record in zip(replicas, records, strict=True):
+        # vLLM's errors name hosts and paths: the platform's, not a department's.
+        replica["last_error"] = record.last_error if selectors.sees_infrastructure(actor) else ""
+        replica["loaded_count"] = len(record.loaded_adapters or [])
     return {
         "replicas": replicas,
         "rows": shown,

@@ -114,6 +114,7 @@ def deployment_detail(request, actor: Actor, name: str):
         "allowed_departments": list(deployment.allowed_departments.all()),
         "kserve_refusal": selectors.kserve_refusal(actor, deployment),
         "kserve_missing": kserve.missing_settings(deployment),
+        "sees_infrastructure": selectors.sees_infrastructure(actor),
     }
     return render(request, "serving/deployment_detail.html", context)
 

@@ -188,3 +188,135 @@ def test_department_admin_shows_memberships_read_only(legal, lena, as_root):
     assert page.status_code == 200
     assert b"lena" in page.content
     assert Department.objects.count() == 1
+
+
+# --- every change made in the admin goes through the services and is audited --------
+
+
+def audited(action: str) -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(action=action))
+
+
+def test_adding_and_renaming_a_department_in_the_admin_is_audited(as_root):
+    inline = {"memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0"}
+    added = as_root.post(
+        "/admin/core/department/add/", {"slug": "hr", "name": "HR", **inline}, follow=True
+    )
+    assert added.status_code == 200
+    department = Department.objects.get(slug="hr")
+    [created] = audited("department.created")
+    assert created.object_id == str(department.pk) and created.actor_label == "root"
+
+    as_root.post(
+        f"/admin/core/department/{department.pk}/change/",
+        {
+            "name": "Human resources",
+            "memberships-TOTAL_FORMS": "0",
+            "memberships-INITIAL_FORMS": "0",
+        },
+        follow=True,
+    )
+    department.refresh_from_db()
+    assert department.name == "Human resources"
+    [renamed] = audited("department.updated")
+    assert renamed.details == {"name": ["HR", "Human resources"]}
+
+
+def test_memberships_added_changed_and_removed_in_the_admin_are_audited(legal, lena, as_root):
+    from django.contrib.auth import get_user_model
+
+    newcomer = get_user_model().objects.create_user("nina", password="x")
+    as_root.post(
+        "/admin/core/membership/add/",
+        {"user": newcomer.pk, "department": legal.pk, "role": "member"},
+        follow=True,
+    )
+    membership = Membership.objects.get(user=newcomer)
+    assert [e.details["user"] for e in audited("membership.added")] == ["nina"]
+
+    as_root.post(
+        f"/admin/core/membership/{membership.pk}/change/", {"role": "approver"}, follow=True
+    )
+    assert Membership.objects.get(pk=membership.pk).role == "approver"
+    assert len(audited("membership.changed")) == 1
+
+    as_root.post(
+        "/admin/core/membership/",
+        {"action": "delete_selected", "_selected_action": [membership.pk], "post": "yes"},
+        follow=True,
+    )
+    assert not Membership.objects.filter(pk=membership.pk).exists()
+    assert [e.details["user"] for e in audited("membership.removed")] == ["nina"]
+
+
+def test_an_adapter_edited_in_the_admin_is_audited(contracts, as_root, lena):
+    response = as_root.post(
+        f"/admin/registry/adapter/{contracts.pk}/change/",
+        {"description": "Contract review", "owners": [lena.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    contracts.refresh_from_db()
+    assert contracts.description == "Contract review"
+    assert list(contracts.owners.all()) == [lena]
+    [event] = audited("adapter.updated")
+    assert event.actor_label == "root"
+
+
+def test_a_refusal_by_the_service_is_shown_and_nothing_is_written(legal, as_root):
+    response = as_root.post(
+        "/admin/registry/artifactsource/add/",
+        {"department": legal.pk, "uri_prefix": "s3://bucket/../x/"},
+        follow=True,
+    )
+    assert "path segment" in " ".join(messages_of(response))
+    from registry.models import ArtifactSource
+
+    assert not ArtifactSource.objects.exists()
+    assert not AuditEvent.objects.filter(action__startswith="artifact_source").exists()
+
+
+def test_artifact_sources_are_managed_in_the_admin_through_the_service(legal, as_root):
+    from registry.models import ArtifactSource
+
+    as_root.post(
+        "/admin/registry/artifactsource/add/",
+        {
+            "department": legal.pk,
+            "uri_prefix": "s3://training-out/legal",
+            "access_key_id": "AKIA1",
+            "secret_access_key": "admin-secret",
+        },
+        follow=True,
+    )
+    source = ArtifactSource.objects.get()
+    assert source.uri_prefix == "s3://training-out/legal/"
+    assert source.secret_access_key == "admin-secret"
+    page = as_root.get(f"/admin/registry/artifactsource/{source.pk}/change/")
+    assert b"admin-secret" not in page.content
+    assert len(audited("artifact_source.created")) == 1
+
+
+def test_deployments_stay_read_only_in_the_admin(root):
+    from serving.models import Deployment
+
+    request = RequestFactory().get("/admin/")
+    request.user = root
+    model_admin = site._registry[Deployment]
+    assert not model_admin.has_add_permission(request)
+    assert not model_admin.has_change_permission(request)
+    assert not model_admin.has_delete_permission(request)
+
+
+def test_deleting_a_deployment_in_the_admin_goes_through_the_service(as_root, root, tmp_path):
+    from serving.models import Deployment
+    from tests.serving.conftest import make_deployment
+
+    deployment = make_deployment(root, ["http://127.0.0.1:9"], tmp_path / "volume")
+    as_root.post(
+        "/admin/serving/deployment/",
+        {"action": "delete_through_service", "_selected_action": [deployment.pk]},
+        follow=True,
+    )
+    assert not Deployment.objects.exists()
+    assert len(audited("deployment.deleted")) == 1

@@ -127,3 +127,37 @@ def test_debug_without_a_secret_key_starts_with_a_development_key(tmp_path):
     result = start(tmp_path, "settings.DEBUG", DJANGO_SECRET_KEY=None, DJANGO_DEBUG="true")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "True"
+
+
+def test_production_settings_pass_check_deploy(tmp_path):
+    """DJANGO_DEBUG=false with a real secret: Django's deployment checklist has
+    nothing to say (secure cookies, HSTS, SSL redirect, ...)."""
+    import secrets
+
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED and not k.startswith("DJANGO_")}
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings",
+        DJANGO_DEBUG="false",
+        DJANGO_SECRET_KEY=secrets.token_urlsafe(64),
+        DJANGO_ALLOWED_HOSTS="registry.example.com",
+        DJANGO_SECURE_PROXY_SSL_HEADER="HTTP_X_FORWARDED_PROTO=https",
+        VAR_DIR=str(tmp_path / "var"),
+    )
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues" in result.stdout, result.stdout + result.stderr
+
+
+def test_a_malformed_proxy_header_stops_start_up(tmp_path):
+    result = start(
+        tmp_path, "settings.SECURE_PROXY_SSL_HEADER", DJANGO_SECURE_PROXY_SSL_HEADER="https"
+    )
+    assert result.returncode != 0
+    assert "DJANGO_SECURE_PROXY_SSL_HEADER" in result.stderr

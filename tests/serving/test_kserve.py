@@ -200,7 +200,8 @@ def test_an_outsider_is_refused_because_it_names_other_departments_adapters(
 
 def test_a_department_not_allowed_on_the_deployment_is_refused(root, as_fred, cluster_ready, legal):
     deployment_update(actor=actor(root), deployment=cluster_ready, allowed_departments=[legal])
-    assert as_fred.get(url(cluster_ready)).status_code == 403
+    # Outsiders are not told the deployment exists.
+    assert as_fred.get(url(cluster_ready)).status_code == 404
 
 
 def test_anonymous_and_unknown(anonymous, as_root, cluster_ready):

@@ -283,3 +283,133 @@ def _replica(deployment):
     from serving.replicas import replicas_sync
 
     return replicas_sync(deployment)[0]
+
+
+@pytest.fixture
+def production(deployment):
+    deployment.requires_promotion_approval = True
+    deployment.save()
+    return deployment
+
+
+def test_rollback_to_a_version_never_served_is_refused(
+    as_lena, lena, production, approved_v1, approved_v2, alex
+):
+    """The four-eyes bypass: v2 was approved but never promoted here; rolling
+    'back' to it would serve it on production without the promotion's approval."""
+    promotion = promotion_create(actor=actor(lena), deployment=production, version=approved_v1)
+    from serving.services.promotions import promotion_review
+
+    promotion_review(actor=actor(alex), promotion=promotion, approve=True)
+    rollout_execute(promotion.rollouts.get().pk, "w")
+    before = Rollout.objects.count()
+
+    response = as_lena.post(
+        f"/api/v1/deployments/{production.name}/rollback/",
+        {"adapter": approved_v2.adapter_id, "version": approved_v2.pk},
+        format="json",
+    )
+
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert error["code"] == "not_served_before"
+    assert "use a promotion" in error["message"]
+    assert Rollout.objects.count() == before
+
+
+def test_rollback_to_a_version_served_before_is_allowed(
+    as_lena, lena, deployment, approved_v1, approved_v2
+):
+    for version in (approved_v1, approved_v2):
+        promotion = promotion_create(actor=actor(lena), deployment=deployment, version=version)
+        rollout_execute(promotion.rollouts.get().pk, "w")
+    response = as_lena.post(
+        f"/api/v1/deployments/{deployment.name}/rollback/",
+        {"adapter": approved_v1.adapter_id, "version": approved_v1.pk},
+        format="json",
+    )
+    assert response.status_code == 202 and response.json()["target_version_number"] == 1
+
+
+def test_a_promote_token_can_neither_retire_nor_roll_back(lena, legal, deployment, approved_v1):
+    from core.services.tokens import token_create
+
+    token, secret = token_create(
+        actor=actor(lena), department=legal, name="ship-only", abilities=["deployments:promote"]
+    )
+    client = client_for("token", type("T", (), {"secret": secret}))
+    promoted = client.post(
+        "/api/v1/promotions/",
+        {"deployment": deployment.name, "version": approved_v1.pk},
+        format="json",
+    )
+    assert promoted.status_code == 201
+    rollout_execute(promoted.json()["rollout"], "w")
+
+    for path, ability in (("retire", "deployments:retire"), ("rollback", "deployments:rollback")):
+        response = client.post(
+            f"/api/v1/deployments/{deployment.name}/{path}/",
+            {"adapter": approved_v1.adapter_id},
+            format="json",
+        )
+        assert response.status_code == 403, path
+        error = response.json()["error"]
+        assert error["code"] == "missing_ability" and ability in error["message"]
+    assert not Rollout.objects.filter(kind__in=["retire", "rollback"]).exists()
+
+
+def test_the_token_refusal_message_says_what_tokens_cannot_do():
+    from core.access import require_approver
+    from core.errors import NotAuthorized
+
+    class Token:
+        department_id = 1
+
+    class User:
+        is_active, is_staff = True, False
+
+        def get_username(self):
+            return "x"
+
+    with pytest.raises(NotAuthorized) as raised:
+        require_approver(actor(User(), Token()), 1, "Version")
+    assert "retire" not in raised.value.message and "approve" in raised.value.message
+
+
+INFRASTRUCTURE = {
+    "replica_urls",
+    "replica_dns_name",
+    "replica_port",
+    "replica_scheme",
+    "replicas",
+    "volume_write_path",
+    "volume_serve_path",
+    "has_api_key",
+}
+
+
+def test_members_and_tokens_read_deployments_without_infrastructure(
+    as_lena, as_token, as_root, deployment, fake_replicas, tmp_path
+):
+    for client in (as_lena, as_token):
+        listed = client.get("/api/v1/deployments/").json()["results"]
+        detail = client.get(f"/api/v1/deployments/{deployment.name}/")
+        state = client.get(f"/api/v1/deployments/{deployment.name}/state/")
+        assert [d["name"] for d in listed] == [deployment.name]
+        assert not INFRASTRUCTURE & set(listed[0]) and not INFRASTRUCTURE & set(detail.json())
+        for response in (detail, state):
+            text = response.content.decode()
+            assert str(tmp_path) not in text
+            assert all(r.base_url not in text for r in fake_replicas)
+    admin = as_root.get(f"/api/v1/deployments/{deployment.name}/").json()
+    assert set(admin) >= INFRASTRUCTURE
+
+
+def test_a_deployment_limited_to_other_departments_is_not_found_for_members(
+    as_lena, as_fred, as_root, deployment, finance
+):
+    deployment.allowed_departments.set([finance])
+    assert as_lena.get("/api/v1/deployments/").json()["results"] == []
+    assert as_lena.get(f"/api/v1/deployments/{deployment.name}/").status_code == 404
+    assert as_fred.get(f"/api/v1/deployments/{deployment.name}/").status_code == 200
+    assert as_root.get(f"/api/v1/deployments/{deployment.name}/").status_code == 200

@@ -19,7 +19,10 @@ SSO_ON = {
 def test_sso_is_off_without_configuration(tmp_path):
     result = start(tmp_path, "(settings.SSO_ENABLED, settings.AUTHENTICATION_BACKENDS)")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "(False, ['django.contrib.auth.backends.ModelBackend'])"
+    assert result.stdout.strip() == (
+        "(False, ['axes.backends.AxesStandaloneBackend', "
+        "'django.contrib.auth.backends.ModelBackend'])"
+    )
 
 
 def test_an_issuer_and_a_client_turn_it_on_without_contacting_the_provider(tmp_path):

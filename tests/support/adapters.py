@@ -9,6 +9,7 @@ The default shapes fit the tiny Llama the vLLM tier generates
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import tarfile
@@ -107,8 +108,13 @@ def write_adapter_dir(path: Path, spec: AdapterSpec | None = None) -> Path:
 
 
 def tar_gz_bytes(files: dict[str, bytes]) -> bytes:
+    """The same files give the same bytes (gzip's header time is fixed), as a
+    pipeline's retry of one archive does: idempotency keys compare bodies."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+    with (
+        gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as compressed,
+        tarfile.open(fileobj=compressed, mode="w") as archive,
+    ):
         for name, data in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)

@@ -171,7 +171,8 @@ def test_the_detail_page_highlights_drift_per_replica(
     assert '<tr class="drift" data-testid="adapter-contracts">' in page
     assert '<span class="cell-state cell-in_sync">loaded</span>' in page
     assert '<span class="cell-state cell-wrong_root">wrong root</span>' in page
-    assert "/elsewhere" in page
+    assert "elsewhere" in page  # the root's folder name: members never see volume paths
+    assert "/volume/" not in page
     assert "1 drifted" in page
     assert "0.32.0" in page
     # Unknown adapters could be any department's: only platform admins see them.
@@ -211,6 +212,41 @@ def test_outsiders_see_the_deployment_but_not_other_departments_adapters(
     assert "contracts" not in page
     assert "Missing adapter reloaded" not in page
     assert "You see the adapters of your departments only." in page
+
+
+def test_members_see_only_the_deployments_their_departments_may_use(
+    web_lena, web_fred, web_root, staging, finance
+):
+    staging.allowed_departments.set([finance])
+    assert "staging-cpu" not in web_lena.get("/deployments/").content.decode()
+    assert web_lena.get(f"/deployments/{staging.name}/").status_code == 404
+    assert web_fred.get(f"/deployments/{staging.name}/").status_code == 200
+    assert 'href="/deployments/staging-cpu/"' in web_root.get("/deployments/").content.decode()
+
+
+def test_members_see_no_replica_urls_volume_paths_or_errors(
+    web_lena, web_root, staging, approved, fakes, tmp_path
+):
+    path = f"{tmp_path}/volume/legal/contracts/v1-abc"
+    served(staging, approved, path)
+    reconciled(staging, {f.base_url: [{"id": "contracts", "root": path}] for f in fakes})
+    Replica.objects.filter(deployment=staging).update(last_error="refused by 10.9.8.7:8000")
+    DriftEvent.objects.create(
+        deployment=staging,
+        replica=Replica.objects.filter(deployment=staging).first(),
+        kind="missing_reloaded",
+        adapter_name="contracts",
+        detail=f"reloaded from {path}",
+    )
+
+    page = web_lena.get(f"/deployments/{staging.name}/").content.decode()
+    for secret in [*(f.base_url for f in fakes), str(tmp_path), "10.9.8.7"]:
+        assert secret not in page, secret
+    assert "v1-abc" in page and "Missing adapter reloaded" in page
+
+    admin_page = web_root.get(f"/deployments/{staging.name}/").content.decode()
+    assert fakes[0].base_url in admin_page and str(tmp_path) in admin_page
+    assert "10.9.8.7" in admin_page
 
 
 def test_an_unknown_deployment_is_a_404(web_lena, db):
@@ -412,8 +448,12 @@ def test_outsiders_get_404_for_every_serving_page_of_another_department(
 
 
 def test_a_deployment_closed_to_the_department_is_offered_disabled_and_refused(
-    web_lena, staging, approved, finance
+    web_lena, lena, staging, approved, finance
 ):
+    from core.models import Membership
+
+    # Lena sees the deployment through Finance, but it refuses Legal's adapters.
+    Membership.objects.create(user=lena, department=finance)
     staging.allowed_departments.set([finance])
     page = web_lena.get(f"/versions/{approved.pk}/").content.decode()
     assert '<option value="staging-cpu" disabled>' in page

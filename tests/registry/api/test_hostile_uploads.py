@@ -29,6 +29,9 @@ HTTP_CODES = {
     # Django's multipart parser drops a part whose filename is "..", so the
     # request arrives without it and fails for the missing weights instead.
     "loose_traversal_name": ("missing_weights", 400),
+    # The zip stores its files uncompressed, so the body itself passes
+    # INGEST_MAX_BYTES: core.body_limit cuts it off before the archive is opened.
+    "over_file_size": ("request_too_large", 413),
 }
 
 

@@ -1,4 +1,5 @@
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 
 from core.models import AuditEvent
 from registry.models import AdapterVersion, VersionStatus
@@ -79,14 +80,70 @@ def test_duplicate_content_is_refused_naming_the_version(as_lena, contracts):
 
 
 def test_idempotency_key_returns_the_first_result(as_token, contracts):
-    first = register(as_token, contracts, HTTP_IDEMPOTENCY_KEY="run-7")
-    again = register(as_token, contracts, HTTP_IDEMPOTENCY_KEY="run-7")
+    spec = AdapterSpec(seed=70)
+    first = register(as_token, contracts, archive_upload(spec), HTTP_IDEMPOTENCY_KEY="run-7")
+    again = register(as_token, contracts, archive_upload(spec), HTTP_IDEMPOTENCY_KEY="run-7")
 
     assert first.status_code == 201
     assert again.status_code == 200
     assert again.headers["Idempotent-Replayed"] == "true"
     assert again.json()["id"] == first.json()["id"]
     assert AdapterVersion.objects.count() == 1
+
+
+def test_the_same_key_with_another_body_is_409_key_reused(as_token, contracts):
+    first = register(
+        as_token, contracts, archive_upload(AdapterSpec(seed=71)), HTTP_IDEMPOTENCY_KEY="run-8"
+    )
+    other = register(
+        as_token, contracts, archive_upload(AdapterSpec(seed=72)), HTTP_IDEMPOTENCY_KEY="run-8"
+    )
+
+    assert first.status_code == 201
+    assert other.status_code == 409
+    error = other.json()["error"]
+    assert error["code"] == "idempotency_key_reused" and "different request" in error["message"]
+    assert AdapterVersion.objects.count() == 1
+
+
+def test_the_same_key_on_an_s3_registration_binds_the_json_payload(as_token, contracts):
+    from registry.models import IdempotencyClaim
+
+    url = f"/api/v1/adapters/{contracts.pk}/versions/"
+    first = as_token.post(
+        url, {"files": [archive_upload(AdapterSpec(seed=73))]}, HTTP_IDEMPOTENCY_KEY="k"
+    )
+    json_body = as_token.post(
+        url, {"s3_uri": "s3://elsewhere/x/"}, format="json", HTTP_IDEMPOTENCY_KEY="k"
+    )
+    assert first.status_code == 201
+    assert json_body.status_code == 409
+    assert json_body.json()["error"]["code"] == "idempotency_key_reused"
+    assert IdempotencyClaim.objects.get(key="k").version_id == first.json()["id"]
+
+
+def test_a_failed_request_frees_its_key(as_token, contracts):
+    from registry.models import IdempotencyClaim
+
+    bad = SimpleUploadedFile("adapter.tar.gz", b"not an archive")
+    refused = register(as_token, contracts, bad, HTTP_IDEMPOTENCY_KEY="run-9")
+    assert refused.status_code in (400, 415)
+    assert not IdempotencyClaim.objects.exists()
+    retried = register(
+        as_token, contracts, archive_upload(AdapterSpec(seed=74)), HTTP_IDEMPOTENCY_KEY="run-9"
+    )
+    assert retried.status_code == 201
+
+
+def test_a_key_held_too_long_is_409_in_progress(as_token, contracts, settings):
+    from registry.models import IdempotencyClaim
+
+    settings.IDEMPOTENCY_WAIT_SECONDS = 0.2
+    IdempotencyClaim.objects.create(adapter=contracts, key="run-10")
+    response = register(as_token, contracts, HTTP_IDEMPOTENCY_KEY="run-10")
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "idempotency_key_in_progress"
+    assert AdapterVersion.objects.count() == 0
 
 
 def test_same_mlflow_run_returns_the_existing_version(as_lena, contracts):
@@ -191,12 +248,19 @@ def test_versions_filter_by_status(as_lena, lena, contracts):
     assert [v["id"] for v in body["results"]] == [submitted.pk]
 
 
-def test_register_from_s3_uri_copies_into_own_store(as_lena, contracts, s3_store, s3_endpoint):
+def test_register_from_s3_uri_copies_into_own_store(
+    as_lena, root, contracts, s3_store, s3_endpoint
+):
     import boto3
 
+    from registry.services.sources import artifact_source_create
+    from tests.conftest import actor
     from tests.support.s3_server import make_bucket
 
     make_bucket(s3_endpoint, "training-out")
+    artifact_source_create(
+        actor=actor(root), department=contracts.department, uri_prefix="s3://training-out/runs/"
+    )
     client = boto3.client(
         "s3",
         endpoint_url=s3_endpoint,
@@ -226,7 +290,13 @@ def test_register_from_s3_uri_copies_into_own_store(as_lena, contracts, s3_store
     assert stored == {"adapter_config.json", "adapter_model.safetensors"}
 
 
-def test_s3_uri_that_does_not_exist_is_400(as_lena, contracts, s3_store):
+def test_s3_uri_that_does_not_exist_is_400(as_lena, root, contracts, s3_store):
+    from registry.services.sources import artifact_source_create
+    from tests.conftest import actor
+
+    artifact_source_create(
+        actor=actor(root), department=contracts.department, uri_prefix="s3://no-such-bucket-here/"
+    )
     response = as_lena.post(
         f"/api/v1/adapters/{contracts.pk}/versions/",
         {"s3_uri": "s3://no-such-bucket-here/x/"},
