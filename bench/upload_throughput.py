@@ -12,7 +12,7 @@ Cases, each against the same S3 endpoint (moto server in its own process unless
      upload (requests-toolbelt) of adapter_config.json + the weights file; timed
      until the 201 arrives, i.e. the version is validated, stored and recorded
 
-The file is a valid LoRA adapter_model.safetensors (random weight bytes, so nothing
+The file is a valid LoRA adapter_model.safetensors (random finite weights, so nothing
 on the path can win by compressing), the same file for every case.
 
 "RSS +MiB" is this process's (the client's) peak growth; for case c the registry
@@ -40,6 +40,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 from registry.storage import S3ArtifactStore
@@ -405,7 +406,10 @@ def make_file(path: Path, size: int) -> int:
     if padding < 0:
         raise SystemExit(f"--mb too small for a {LORA_HIDDEN}-wide adapter")
     raw += b" " * padding
-    block = os.urandom(8 * MB)
+    # Random float32 bits with the exponent's top bit cleared: every value is
+    # finite (|x| < 2) and nonzero almost surely, so ingest's value scan accepts
+    # them, and the bytes still do not compress.
+    block = (np.frombuffer(os.urandom(8 * MB), "<u4") & np.uint32(0xBFFFFFFF)).tobytes()
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
