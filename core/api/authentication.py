@@ -17,7 +17,12 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             return None
         scheme, _, secret = header.partition(" ")
         if scheme.lower() != self.keyword:
-            return None
+            # Credentials the API does not understand are refused, not ignored:
+            # falling through to the session cookie would answer 200 to a
+            # request whose own credentials are invalid (schemathesis' ignored_auth).
+            raise exceptions.AuthenticationFailed(
+                f"Unsupported Authorization scheme {scheme[:20]!r}; send 'Bearer <token>'."
+            )
         secret = secret.strip()
         if not secret:
             raise exceptions.AuthenticationFailed("The Bearer token is empty.")

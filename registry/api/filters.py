@@ -1,4 +1,7 @@
 import django_filters
+from django import forms
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 
 from core.models import AuditEvent
 from registry.models import Adapter, AdapterVersion, VersionStatus
@@ -15,9 +18,39 @@ class AdapterFilter(django_filters.FilterSet):
         fields = ["department", "name", "served_name", "base_model"]
 
 
+class _PresentMeansGiven:
+    """A parameter that is present must hold a value: `?until=` is refused
+    (400) rather than silently ignored, as the schema's type says."""
+
+    def to_python(self, value):
+        if value == "":
+            raise forms.ValidationError("Give a value or leave the parameter out.")
+        return super().to_python(value)
+
+
+class _IntegerField(_PresentMeansGiven, forms.IntegerField):
+    pass
+
+
+class _DateTimeField(_PresentMeansGiven, django_filters.fields.IsoDateTimeField):
+    pass
+
+
+@extend_schema_field(OpenApiTypes.INT)
+class IntegerFilter(django_filters.NumberFilter):
+    # NumberFilter parses a decimal, so ?number=0.5 matched nothing instead of
+    # being refused as the integer the schema declares.
+    field_class = _IntegerField
+
+
+class DateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = _DateTimeField
+
+
 class VersionFilter(django_filters.FilterSet):
     department = django_filters.CharFilter(field_name="adapter__department__slug")
-    adapter = django_filters.NumberFilter(field_name="adapter_id")
+    number = IntegerFilter()
+    adapter = IntegerFilter(field_name="adapter_id")
     status = django_filters.MultipleChoiceFilter(choices=VersionStatus.choices)
     mlflow_run_id = django_filters.CharFilter()
 
@@ -31,8 +64,8 @@ class AuditEventFilter(django_filters.FilterSet):
     action = django_filters.CharFilter()
     action_prefix = django_filters.CharFilter(field_name="action", lookup_expr="startswith")
     actor = django_filters.CharFilter(field_name="actor__username")
-    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    since = DateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = DateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = AuditEvent
