@@ -273,7 +273,7 @@ CELERY_BEAT_SCHEDULE.update(_MLFLOW_BEAT)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "core.api.authentication.BearerTokenAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
+        "core.api.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.StandardPagination",

@@ -51,6 +51,7 @@ from mlflow_bridge.runs import (
     read_run,
     walk_artifacts,
 )
+from registry.ingest.sources import MlflowRunArtifact
 from registry.models import Adapter, AdapterVersion
 from registry.services.versions import Lineage, RegistrationResult, version_register
 from serving.models import Deployment
@@ -121,7 +122,7 @@ def register_from_run(
             result = version_register(
                 actor=actor,
                 adapter=adapter,
-                source_dir=source_dir,
+                source=MlflowRunArtifact(source_dir),
                 lineage=Lineage(
                     mlflow_run_id=run.run_id,
                     mlflow_run_uri=f"runs:/{run.run_id}/{artifact_path}",

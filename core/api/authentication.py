@@ -3,6 +3,7 @@ from __future__ import annotations
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
+from core.csrf import csrf_subject
 from core.services.tokens import token_authenticate
 
 
@@ -29,6 +30,15 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request):
         return 'Bearer realm="api"'
+
+
+class SessionAuthentication(authentication.SessionAuthentication):
+    """DRF's session authentication, with its CSRF check taking a token in the
+    X-CSRFToken header without parsing the body, so a session upload can stream
+    (core.csrf). Without the header it checks the form field, as DRF does."""
+
+    def enforce_csrf(self, request):
+        super().enforce_csrf(csrf_subject(request))
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):

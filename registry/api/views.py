@@ -23,6 +23,8 @@ from registry import selectors
 from registry.api import serializers as s
 from registry.api.filters import AdapterFilter, AuditEventFilter, VersionFilter
 from registry.artifact_store import get_artifact_store
+from registry.ingest.sources import S3Prefix, UploadedFiles
+from registry.ingest.streamed import install_streaming_handler
 from registry.services.adapters import adapter_create, adapter_update
 from registry.services.versions import (
     Lineage,
@@ -32,7 +34,6 @@ from registry.services.versions import (
     version_transition,
 )
 from registry.storage import StorageError
-from registry.streamed_upload import install_streaming_handler
 
 
 class DepartmentViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
@@ -163,14 +164,10 @@ class AdapterViewSet(
             data = s.VersionRegisterSerializer(data=request.data)
             data.is_valid(raise_exception=True)
             values = data.validated_data
-            uploads = request.FILES.getlist("files") or None
-            streamed = streaming.artifact(uploads) if streaming and uploads else None
             result = version_register(
                 actor=self.actor,
                 adapter=adapter,
-                uploads=uploads if streamed is None else None,
-                streamed=streamed,
-                s3_uri=values.get("s3_uri") if not uploads else None,
+                source=_artifact_source(request.FILES.getlist("files"), values, streaming),
                 idempotency_key=request.headers.get("Idempotency-Key"),
                 lineage=Lineage(
                     mlflow_run_id=values.get("mlflow_run_id", ""),
@@ -193,6 +190,17 @@ class AdapterViewSet(
             status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK,
             headers={} if result.created else {"Idempotent-Replayed": "true"},
         )
+
+
+def _artifact_source(uploads, values, streaming):
+    """The one source a registration request names: its files (streamed when
+    they were), else its s3_uri, else none."""
+    if uploads:
+        streamed = streaming.artifact(uploads) if streaming is not None else None
+        return streamed or UploadedFiles(uploads)
+    if values.get("s3_uri") is not None:
+        return S3Prefix(values["s3_uri"])
+    return None
 
 
 def _transition_action(name: str, doc: str):

@@ -1,4 +1,4 @@
-"""Loose adapter files streamed into the artifact store while the request arrives.
+"""Uploads streamed into the artifact store while the request arrives.
 
 Without this, a 500 MB upload crossed the disk three times before reaching the
 store: Django's temporary file, the staging copy, then the upload. Here each
@@ -9,21 +9,34 @@ of the real size. `inspect_adapter` runs on that folder unchanged, and the
 manifest is computed exactly as `stage_upload` computes it, so duplicate
 detection sees no difference between the paths.
 
-Archives, and any upload whose body was read before the view ran, keep the
-staging path. The same name rules and limits as `stage_upload` apply, checked
-as the bytes arrive. Whatever fails, every object written is deleted.
+A tar archive (.tar.gz, .tgz, .tar: anything staging would read as a tar) is
+unpacked while it arrives: staging's own tar reader runs in a thread over the
+request's bytes, with every rule it applies to a staged archive (names, links,
+devices, sizes, entries, the compression ratio), and each member goes into the
+store the way a loose file does. A zip keeps its directory at the end, so it
+cannot be read before it has all arrived: it keeps the staging path (spooled
+to disk), as does any upload whose body was read before the view ran.
+
+Every file's bytes pass through `_Incoming.write`, the one place where the
+digest, the store writer, the local head and the per-file checks (`file_checks`)
+see them. Whatever fails, every object written is deleted.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import logging
+import queue
 import shutil
 import struct
 import tempfile
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler, StopFutureHandlers
@@ -44,6 +57,10 @@ from registry.ingest.staging import (
     _check_name,
     _human,
     _ignored,
+    _kind,
+    _read_tar,
+    _Writer,
+    check_flat_layout,
     manifest_sha256,
     require_entry_count,
 )
@@ -58,6 +75,24 @@ SMALL_HEAD_BYTES = 2 * 1024**2
 # read_safetensors_header's own cap: a longer declared header is refused from
 # its first 8 bytes, so nothing more is kept.
 MAX_SAFETENSORS_HEADER = 100 * 1024**2
+# Request chunks waiting for the archive reader: 16 x 64 KiB. Full, it makes
+# the request wait for the store instead of buffering the upload.
+PIPE_DEPTH = 16
+
+
+class FileCheck(Protocol):
+    """A per-file check fed each file's bytes in order as they arrive (a
+    safetensors file's start is its header). `finish` runs once the last byte
+    has passed and before the object is committed; either may raise
+    ArtifactRejected, which refuses the whole upload."""
+
+    def write(self, chunk: bytes) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+# Given a file's final name, a check for it, or None when it has nothing to check.
+FileCheckFactory = Callable[[str], FileCheck | None]
 
 
 class StreamedUpload(UploadedFile):
@@ -71,12 +106,22 @@ class StreamedUpload(UploadedFile):
 
 @dataclass
 class StreamedArtifact:
-    """Files already in the store under `prefix`; `staged.root` is the local
-    folder of sparse copies that inspect_adapter reads."""
+    """The ArtifactSource of a streamed upload: files already in the store under
+    `prefix`; `staged.root` is the local folder of sparse copies that
+    inspect_adapter reads."""
 
     prefix: str
     staged: StagedArtifact
     handler: StreamingIngestHandler
+    source_uri: str = ""
+
+    @property
+    def stored_prefix(self) -> str:
+        return self.prefix
+
+    def stage(self, workdir: Path, limits: IngestLimits) -> StagedArtifact:
+        # Staged while it arrived, under the same limits.
+        return self.staged
 
     def discard(self) -> None:
         self.handler.discard()
@@ -86,20 +131,30 @@ class StreamedArtifact:
 
 
 class _Incoming:
-    """One file on its way: hashed, counted, its head kept in a local file."""
+    """One file on its way: hashed, checked, stored, its head kept in a local file."""
 
-    def __init__(self, name: str, writer: ArtifactWriter, head_path: Path):
+    def __init__(
+        self,
+        name: str,
+        writer: ArtifactWriter,
+        head_path: Path,
+        checks: Sequence[FileCheckFactory] = (),
+    ):
         self.name = name
         self.writer = writer
         self.digest = hashlib.sha256()
         self.size = 0
+        self.checks = [check for make in checks if (check := make(name)) is not None]
         self.head = open(head_path, "xb")  # noqa: SIM115 - closed in finish()/close()
         self.safetensors = name.endswith(".safetensors")
         self.head_wanted = 8 if self.safetensors else SMALL_HEAD_BYTES
         self._first = b""
 
     def write(self, chunk: bytes) -> None:
+        # Every streamed byte passes here, loose file or archive member.
         self.digest.update(chunk)
+        for check in self.checks:
+            check.write(chunk)
         self.writer.write(chunk)
         offset = self.size
         self.size += len(chunk)
@@ -117,6 +172,8 @@ class _Incoming:
                         self.head_wanted = 8 + length
 
     def finish(self) -> StagedFile:
+        for check in self.checks:
+            check.finish()
         # Sparse: the real size, with only the head's bytes on disk.
         self.head.truncate(self.size)
         self.head.close()
@@ -128,11 +185,150 @@ class _Incoming:
         self.writer.abort()
 
 
+class _Aborted(Exception):
+    """The request side gave up; the archive reader stops where it is."""
+
+
+class _Pipe(io.RawIOBase):
+    """Request chunks handed to the archive reader's thread, in order.
+
+    Bounded: a full pipe makes the request thread wait for the reader (and so
+    for the store), never buffer the upload. `read` returns short only at the end.
+    """
+
+    def __init__(self, depth: int = PIPE_DEPTH):
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
+        self._buffer = memoryview(b"")
+        self._ended = False
+        self.aborted = threading.Event()
+        self.reader_done = threading.Event()
+
+    def readable(self) -> bool:
+        return True
+
+    def put(self, chunk: bytes | None) -> None:
+        """Hand over a chunk (None: the upload ended). Dropped once the reader
+        has stopped: a tar ends before the stream does (padding, the gzip trailer)."""
+        while not self.reader_done.is_set():
+            try:
+                self._queue.put(chunk, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def abort(self) -> None:
+        self.aborted.set()
+        # Unblock a reader waiting for data.
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+
+    def readinto(self, buffer) -> int:
+        wanted = len(buffer)
+        filled = 0
+        while filled < wanted:
+            if self.aborted.is_set():
+                raise _Aborted
+            if not self._buffer:
+                if self._ended:
+                    break
+                chunk = self._queue.get()
+                if chunk is None:
+                    self._ended = True
+                    continue
+                self._buffer = memoryview(chunk)
+            n = min(wanted - filled, len(self._buffer))
+            buffer[filled : filled + n] = self._buffer[:n]
+            self._buffer = self._buffer[n:]
+            filled += n
+        return filled
+
+
+class _MemberWriter(_Writer):
+    """staging's archive writer, with each member going to the store instead of
+    a scratch file; every limit and layout rule is staging's own."""
+
+    def __init__(self, handler: StreamingIngestHandler):
+        super().__init__(scratch=Path(), limits=handler.limits)
+        self.handler = handler
+        self.stored: set[str] = set()
+
+    def add_file(self, parts, shown, read) -> None:
+        self.claim(parts, shown)
+        # Only a flat archive, or one wrapped in a single folder, is accepted, so
+        # a file's final name is its last component, known now. A deeper path or
+        # a second file of that name means check_flat_layout refuses the archive
+        # at the end, after the rest was read as staging reads it: its bytes are
+        # counted, not kept.
+        name = parts[-1]
+        item = None
+        if len(parts) <= 2 and name not in self.stored:
+            item = self.handler._start(name)
+            self.stored.add(name)
+        size = 0
+        while chunk := read(CHUNK_SIZE):
+            size += len(chunk)
+            self.count_bytes(shown, size, len(chunk))
+            if item is not None:
+                item.write(chunk)
+        sha = self.handler._finish(item).sha256 if item is not None else ""
+        self.files[parts] = (None, size, sha)
+
+
+class _ArchiveStream:
+    """A tar read by staging's reader in a thread while its bytes arrive."""
+
+    def __init__(self, handler: StreamingIngestHandler, name: str):
+        self.name = name
+        self.received = 0
+        self.error: BaseException | None = None
+        self._pipe = _Pipe()
+        self._writer = _MemberWriter(handler)
+        self._thread = threading.Thread(target=self._read, name="ingest-tar", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            _read_tar(self._pipe, self._writer)
+            check_flat_layout(self._writer)
+        except _Aborted:
+            pass
+        except BaseException as error:  # handed to the request thread
+            self.error = error
+        finally:
+            self._pipe.reader_done.set()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def feed(self, chunk: bytes) -> None:
+        self._raise()
+        self.received += len(chunk)
+        self._pipe.put(chunk)
+
+    def finish(self) -> int:
+        """Wait for the reader; raise what it raised. Returns the bytes received."""
+        self._pipe.put(None)
+        self._thread.join()
+        self._raise()
+        return self.received
+
+    def abort(self) -> None:
+        """Stop the reader and wait for it, so nothing is written after this."""
+        self._pipe.abort()
+        self._thread.join()
+
+
 def streamable(field_name: str, file_name: str | None) -> bool:
     # Only names stage_upload always takes as loose files; anything else (an
     # archive, or a name it would sniff by magic bytes) keeps the staging path.
     name = _basename(file_name or "").lower()
     return field_name == FIELD and name.endswith(LOOSE_SUFFIXES)
+
+
+def _archive_named(field_name: str, file_name: str | None) -> bool:
+    return field_name == FIELD and _basename(file_name or "").lower().endswith(ARCHIVE_SUFFIXES)
 
 
 class StreamingIngestHandler(FileUploadHandler):
@@ -153,24 +349,41 @@ class StreamingIngestHandler(FileUploadHandler):
         store: ArtifactStore,
         limits: IngestLimits,
         staging_root: Path,
+        file_checks: Sequence[FileCheckFactory] = (),
     ):
         super().__init__(request)
         self.prefix = prefix
         self.store = store
         self.limits = limits
         self.staging_root = Path(staging_root)
+        self.file_checks = tuple(file_checks)
         self.workdir: Path | None = None
         self.files: list[StagedFile] = []
         self.total = 0
         self.entries = 0
+        self.parts = 0  # `files` parts seen, streamed or not
         self._current: _Incoming | None = None
         self._opened = False
+        # An archive part: maybe one (its first bytes decide), or the one being read.
+        self._maybe_archive: str | None = None
+        self._archive: _ArchiveStream | None = None
 
     # --- Django's handler interface -------------------------------------------------
 
     def new_file(self, field_name, file_name, *args, **kwargs):
         super().new_file(field_name, file_name, *args, **kwargs)
         self._current = None
+        self._maybe_archive = None
+        if field_name == FIELD:
+            self.parts += 1
+        if self._archive is not None and field_name == FIELD:
+            with self._guard():
+                raise _mixed(self._archive.name)
+        if _archive_named(field_name, file_name) and self.parts == 1:
+            # Decided by the first bytes, as staging decides; the default
+            # handlers are set up too, in case they take it (a zip).
+            self._maybe_archive = file_name
+            return
         if not streamable(field_name, file_name):
             return
         with self._guard():
@@ -178,6 +391,15 @@ class StreamingIngestHandler(FileUploadHandler):
         raise StopFutureHandlers
 
     def receive_data_chunk(self, raw_data, start):
+        if self._maybe_archive is not None:
+            name, self._maybe_archive = self._maybe_archive, None
+            if start == 0 and _kind(raw_data[:512]) in ("gzip", "tar"):
+                with self._guard():
+                    self._archive = _ArchiveStream(self, _basename(name))
+        if self._archive is not None:
+            with self._guard():
+                self._archive.feed(raw_data)
+            return None
         if self._current is None:
             return raw_data
         with self._guard():
@@ -185,6 +407,11 @@ class StreamingIngestHandler(FileUploadHandler):
         return None
 
     def file_complete(self, file_size):
+        self._maybe_archive = None
+        if self._archive is not None:
+            with self._guard():
+                size = self._archive.finish()
+            return StreamedUpload(self._archive.name, size)
         if self._current is None:
             return None
         with self._guard():
@@ -203,16 +430,14 @@ class StreamingIngestHandler(FileUploadHandler):
         if not any(isinstance(u, StreamedUpload) for u in uploads):
             return None
         with self._guard():
+            if self._archive is not None:
+                if len(uploads) != 1:
+                    raise _mixed(self._archive.name)
+                return self._streamed(sorted(self.files, key=lambda f: f.path))
             others = [u for u in uploads if not isinstance(u, StreamedUpload)]
             for upload in others:
                 if _basename(upload.name).lower().endswith(ARCHIVE_SUFFIXES):
-                    raise ArtifactRejected(
-                        "unsupported_upload_type",
-                        f"{_basename(upload.name)!r} is an archive uploaded together with "
-                        "other files. Upload either one archive or the loose adapter "
-                        "files, not both.",
-                        415,
-                    )
+                    raise _mixed(_basename(upload.name))
             # Loose files with unusual names arrived as temporary files; they go
             # the same way, from disk.
             for upload in others:
@@ -227,17 +452,21 @@ class StreamingIngestHandler(FileUploadHandler):
                     else "The uploaded files are all empty."
                 )
                 raise ArtifactRejected("empty_upload", message)
-            files = sorted(self.files, key=lambda f: f.path)
-            staged = StagedArtifact(
-                root=self._root(),
-                files=tuple(files),
-                total_size=self.total,
-                manifest_sha256=manifest_sha256(files),
-            )
+            return self._streamed(sorted(self.files, key=lambda f: f.path))
+
+    def _streamed(self, files: list[StagedFile]) -> StreamedArtifact:
+        staged = StagedArtifact(
+            root=self._root(),
+            files=tuple(files),
+            total_size=sum(f.size for f in files),
+            manifest_sha256=manifest_sha256(files),
+        )
         return StreamedArtifact(prefix=self.prefix, staged=staged, handler=self)
 
     def discard(self) -> None:
         """Delete everything written to the store and locally. Safe to repeat."""
+        if self._archive is not None:
+            self._archive.abort()  # first, so that nothing is written after the delete
         if self._current is not None:
             self._current.close()
             self._current = None
@@ -288,11 +517,15 @@ class StreamingIngestHandler(FileUploadHandler):
                 "duplicate_entry",
                 f"{name!r} appears more than once in the upload; each file name must be unique.",
             )
+        return self._start(name)
+
+    def _start(self, name: str) -> _Incoming:
+        """A checked file name on its way to the store."""
         root = self._root()
         self._opened = True
         writer = self.store.open_write(f"{self.prefix}/{name}")
         try:
-            self._current = _Incoming(name, writer, root / name)
+            self._current = _Incoming(name, writer, root / name, self.file_checks)
         except BaseException:
             writer.abort()
             raise
@@ -323,6 +556,15 @@ class StreamingIngestHandler(FileUploadHandler):
         return staged
 
 
+def _mixed(archive: str) -> ArtifactRejected:
+    return ArtifactRejected(
+        "unsupported_upload_type",
+        f"{archive!r} is an archive uploaded together with other files. Upload "
+        "either one archive or the loose adapter files, not both.",
+        415,
+    )
+
+
 def rejection_error(rejection: ArtifactRejected) -> ValidationFailed:
     error = ValidationFailed(rejection.message, code=rejection.code)
     # Keep the library's 413 (size limits) and 415 (unsupported type).
@@ -330,7 +572,7 @@ def rejection_error(rejection: ArtifactRejected) -> ValidationFailed:
     return error
 
 
-def install_streaming_handler(request, *, prefix: str, store, limits, staging_root):
+def install_streaming_handler(request, *, prefix: str, store, limits, staging_root, file_checks=()):
     """Put a StreamingIngestHandler in front of the request's upload handlers.
 
     Returns None, leaving the request alone, when the body is not multipart or
@@ -343,7 +585,12 @@ def install_streaming_handler(request, *, prefix: str, store, limits, staging_ro
     if hasattr(django_request, "_files"):
         return None
     handler = StreamingIngestHandler(
-        django_request, prefix=prefix, store=store, limits=limits, staging_root=staging_root
+        django_request,
+        prefix=prefix,
+        store=store,
+        limits=limits,
+        staging_root=staging_root,
+        file_checks=file_checks,
     )
     try:
         django_request.upload_handlers = [handler, *django_request.upload_handlers]
