@@ -210,6 +210,7 @@ class Product:
         from django.core.files.uploadedfile import SimpleUploadedFile
 
         from core.actors import Actor
+        from registry.ingest.sources import UploadedFiles
         from registry.services.adapters import adapter_create
         from registry.services.versions import version_register, version_transition
 
@@ -226,7 +227,9 @@ class Product:
             SimpleUploadedFile(p.name, p.read_bytes(), content_type="application/octet-stream")
             for p in sorted(files_dir.iterdir())
         ]
-        version = version_register(actor=member, adapter=adapter, uploads=uploads).version
+        version = version_register(
+            actor=member, adapter=adapter, source=UploadedFiles(uploads)
+        ).version
         version_transition(actor=member, version=version, action="submit")
         return version_transition(actor=approver, version=version, action="approve")
 

@@ -11,11 +11,13 @@ Cases, each against the same S3 endpoint (moto server in its own process unless
      S3 store at the same endpoint, a pipeline token, and a streamed multipart
      upload (requests-toolbelt) of adapter_config.json + the weights file; timed
      until the 201 arrives, i.e. the version is validated, stored and recorded
+  d  the same, with one .tar.gz of those two files (built before timing), which
+     the registry unpacks into the store while it arrives
 
 The file is a valid LoRA adapter_model.safetensors (random finite weights, so nothing
 on the path can win by compressing), the same file for every case.
 
-"RSS +MiB" is this process's (the client's) peak growth; for case c the registry
+"RSS +MiB" is this process's (the client's) peak growth; for cases c and d the registry
 server's peak growth is measured too ("server RSS +MiB", psutil on its pid). The S3
 server keeps objects in its own memory and is not measured.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import io
 import json
 import os
 import shutil
@@ -159,8 +162,10 @@ def prepare(ctx: BenchContext, only: str = "") -> None:
     used to be timed as part of the first case (c) run."""
     _boto3_client(ctx)
     _store(ctx)
-    if "c" in only:
+    if "c" in only or "d" in only:
         _registry(ctx)
+    if "d" in only:
+        _archive(ctx)
 
 
 def measure_boto3_upload_file(ctx: BenchContext) -> str:
@@ -308,6 +313,41 @@ def measure_registry_ingest(ctx: BenchContext) -> str:
     content to one adapter would be refused as a duplicate). The client streams
     the multipart body from disk, so neither side needs the file in memory.
     """
+    config = json.dumps(ctx.extras["adapter_config"]).encode()
+    with open(ctx.path, "rb") as weights:
+        return _post_version(
+            ctx,
+            [
+                ("files", ("adapter_config.json", config, "application/json")),
+                ("files", ("adapter_model.safetensors", weights, "application/octet-stream")),
+            ],
+        )
+
+
+def measure_registry_archive_ingest(ctx: BenchContext) -> str:
+    """Case (d): as (c), with the two files in one .tar.gz."""
+    with open(_archive(ctx), "rb") as archive:
+        return _post_version(ctx, [("files", ("adapter.tar.gz", archive, "application/gzip"))])
+
+
+def _archive(ctx: BenchContext) -> Path:
+    """adapter_config.json + the weights as a .tar.gz, written once before timing.
+    Level 1: the weights are random, so gzip stores them either way."""
+    if "archive" not in ctx.extras:
+        import tarfile
+
+        path = ctx.path.with_name("adapter.tar.gz")
+        config = json.dumps(ctx.extras["adapter_config"]).encode()
+        with tarfile.open(path, "w:gz", compresslevel=1) as archive:
+            info = tarfile.TarInfo("adapter_config.json")
+            info.size = len(config)
+            archive.addfile(info, io.BytesIO(config))
+            archive.add(ctx.path, arcname="adapter_model.safetensors")
+        ctx.extras["archive"] = path
+    return ctx.extras["archive"]
+
+
+def _post_version(ctx: BenchContext, fields: list) -> str:
     from requests_toolbelt.multipart.encoder import MultipartEncoder
 
     server = _registry(ctx)
@@ -321,15 +361,9 @@ def measure_registry_ingest(ctx: BenchContext) -> str:
     if created.status_code != 201:
         raise SystemExit(f"creating the adapter failed: {created.status_code} {created.text}")
     adapter_id = created.json()["id"]
-    config = json.dumps(ctx.extras["adapter_config"]).encode()
 
-    with open(ctx.path, "rb") as weights, RssSampler(pid=server.proc.pid) as server_rss:
-        body = MultipartEncoder(
-            fields=[
-                ("files", ("adapter_config.json", config, "application/json")),
-                ("files", ("adapter_model.safetensors", weights, "application/octet-stream")),
-            ]
-        )
+    with RssSampler(pid=server.proc.pid) as server_rss:
+        body = MultipartEncoder(fields=fields)
         response = session.post(
             f"{server.url}/api/v1/adapters/{adapter_id}/versions/",
             data=body,
@@ -348,6 +382,7 @@ CASES: list[tuple[str, str, Callable[[BenchContext], str]]] = [
     ("a", "boto3 upload_file (baseline)", measure_boto3_upload_file),
     ("b", "S3ArtifactStore.put_file", measure_store_put_file),
     ("c", "registry ingest (HTTP API)", measure_registry_ingest),
+    ("d", "registry ingest, .tar.gz archive", measure_registry_archive_ingest),
 ]
 
 
@@ -459,7 +494,7 @@ def run(ctx: BenchContext, repeat: int, only: str) -> list[Measurement]:
             m.seconds.append(elapsed)
             m.rss_growth.append(rss.growth)
             m.cpu_seconds.append(sum(psutil.Process().cpu_times()[:2]) - cpu_before)
-            if case == "c":
+            if case in ("c", "d"):
                 m.server_rss_growth.append(ctx.extras["server_rss"][-1])
             delete_everything(ctx, admin)
     return list(results.values())
@@ -500,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-mb", type=int, default=16, help="multipart part size (16)")
     parser.add_argument("--concurrency", type=int, default=4, help="upload threads (4)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per case (1)")
-    parser.add_argument("--cases", default="abc", help="which cases to run (abc)")
+    parser.add_argument("--cases", default="abcd", help="which cases to run (abcd)")
     parser.add_argument(
         "--endpoint",
         help="use this S3 endpoint instead of starting a moto server; credentials "

@@ -46,6 +46,8 @@ INSTALLED_APPS = [
     "core",
     "registry",
     "serving",
+    "mlflow_bridge",
+    "sso",
 ]
 
 MIDDLEWARE = [
@@ -56,6 +58,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "sso.middleware.SessionRefresh",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -102,6 +105,12 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# --- Sign-in: local passwords and/or OpenID Connect single sign-on (sso/) ----
+# Sets SSO_ENABLED, LOCAL_LOGIN, AUTHENTICATION_BACKENDS and the OIDC_* settings
+# of mozilla-django-oidc; see sso/conf.py and the README's configuration table.
+from sso.conf import from_env as _sso_settings  # noqa: E402
+
+globals().update(_sso_settings())
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
@@ -112,7 +121,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "staticfiles"
+# The image collects static files at build time, outside VAR_DIR (an emptyDir on Kubernetes).
+STATIC_ROOT = Path(cfg.env.str("DJANGO_STATIC_ROOT", default=str(VAR_DIR / "staticfiles")))
 STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else []
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -189,7 +199,7 @@ CELERY_TASK_ALWAYS_EAGER = cfg.boolean("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
-# --- MLflow lineage and mirror (registry/mlflow/) ---------------------------
+# --- MLflow lineage and mirror (mlflow_bridge/) ---------------------------
 # Empty MLFLOW_TRACKING_URI turns the integration off: lineage fields can still be
 # set by hand, and the health endpoint says the mirror is off.
 MLFLOW_TRACKING_URI = cfg.env.str("MLFLOW_TRACKING_URI", default="").rstrip("/")
@@ -212,7 +222,7 @@ MLFLOW_MIRROR_CATCH_UP_SECONDS = cfg.integer("MLFLOW_MIRROR_CATCH_UP_SECONDS", 3
 # Merged into CELERY_BEAT_SCHEDULE after the serving block, which defines it.
 _MLFLOW_BEAT = {
     "mlflow-mirror-catch-up": {
-        "task": "registry.mlflow.catch_up",
+        "task": "mlflow_bridge.catch_up",
         "schedule": MLFLOW_MIRROR_CATCH_UP_SECONDS,
     },
 }
@@ -232,6 +242,22 @@ SERVING_RECONCILE_INTERVAL_SECONDS = cfg.number(
 )
 SERVING_STAGED_GRACE_SECONDS = cfg.integer("SERVING_STAGED_GRACE_SECONDS", 24 * 3600, minimum=0)
 SERVING_ATTEMPT_RETENTION_DAYS = cfg.integer("SERVING_ATTEMPT_RETENTION_DAYS", 14, minimum=1)
+# Kubernetes replica discovery (manage.py watch_replicas). "auto": in-cluster
+# credentials when running in a pod, else the kubeconfig.
+KUBERNETES_AUTH = cfg.choice("KUBERNETES_AUTH", "auto", {"auto", "in-cluster", "kubeconfig"})
+KUBERNETES_KUBECONFIG = cfg.env.str("KUBERNETES_KUBECONFIG", default="")
+KUBERNETES_CONTEXT = cfg.env.str("KUBERNETES_CONTEXT", default="")
+# The API server closes each watch after this; the watch resumes from its resourceVersion.
+KUBERNETES_WATCH_TIMEOUT_SECONDS = cfg.integer("KUBERNETES_WATCH_TIMEOUT_SECONDS", 300, minimum=1)
+KUBERNETES_REQUEST_TIMEOUT_SECONDS = cfg.number(
+    "KUBERNETES_REQUEST_TIMEOUT_SECONDS", 10.0, minimum=0.5
+)
+# How often the watch process re-reads which deployments to watch.
+KUBERNETES_DEPLOYMENTS_REFRESH_SECONDS = cfg.number(
+    "KUBERNETES_DEPLOYMENTS_REFRESH_SECONDS", 30.0, minimum=0.1
+)
+# The vLLM image a rendered KServe ServingRuntime runs unless the deployment names one.
+KSERVE_VLLM_IMAGE = cfg.env.str("KSERVE_VLLM_IMAGE", default="vllm/vllm-openai:v0.33.0")
 CELERY_BEAT_SCHEDULE = {
     "serving-reconcile": {
         "task": "serving.reconcile_all",
@@ -247,12 +273,12 @@ CELERY_BEAT_SCHEDULE.update(_MLFLOW_BEAT)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "core.api.authentication.BearerTokenAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
+        "core.api.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.StandardPagination",
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "registry.api.filters.StrictFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_SCHEMA_CLASS": "core.api.schema.ApiAutoSchema",

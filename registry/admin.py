@@ -12,7 +12,7 @@ from django.utils.html import format_html
 from core.actors import actor_from_request
 from core.admin_mixins import ReadOnlyAdminMixin
 from core.errors import ApplicationError
-from registry.mlflow.client import run_ui_url
+from registry.lineage import run_ui_url
 from registry.models import Adapter, AdapterVersion, VersionStatus
 from registry.services.versions import version_transition
 
@@ -127,6 +127,3 @@ class AdapterVersionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     @admin.action(description="Reject selected versions (comment required)")
     def reject_selected(self, request, queryset):
         return self._review(request, queryset, "reject")
-
-
-from registry.mlflow.admin import *  # noqa: E402,F401,F403

@@ -1,5 +1,5 @@
-"""The registry's records: departments, who belongs to them, adapters, their
-immutable versions, pipeline tokens, and the append-only audit log.
+"""The registry's records: adapters and their immutable versions, with the
+lineage of each. Departments, people, tokens and the audit log live in core.
 
 Behaviour lives in services.py (writes) and selectors.py (reads); these classes
 only describe data and its invariants.
@@ -175,6 +175,3 @@ class AdapterVersion(models.Model):
     @property
     def sha8(self) -> str:
         return self.manifest_sha256[:8]
-
-
-from registry.mlflow.models import *  # noqa: E402,F401,F403

@@ -60,7 +60,7 @@ def adapter_get(actor: Actor, adapter_id: int) -> Adapter:
 def versions_for(actor: Actor) -> QuerySet[AdapterVersion]:
     return _restrict(
         AdapterVersion.objects.select_related(
-            "adapter__department", "registered_by", "submitted_by", "reviewed_by", "mlflow_mirror"
+            "adapter__department", "registered_by", "submitted_by", "reviewed_by"
         ),
         actor,
         "adapter__department_id",

@@ -20,4 +20,24 @@ if [[ ! -x /usr/bin/chromium ]]; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
     || echo "could not install chromium: the browser tests will be skipped" >&2
 fi
+# The SSO tier runs npm's oidc-provider (tests/support/oidc/) with Node.js >= 20;
+# its npm packages are installed by the test fixture (npm ci, once per lockfile).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; } \
+    || echo "could not install nodejs: the SSO tests will be skipped" >&2
+fi
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  export REQUIRE_OIDC=1  # installed: the SSO tests must run, not skip
+fi
+# The deploy tests build the kustomize overlays and resolve docker-compose.yml.
+deploy_packages=()
+command -v kubectl >/dev/null 2>&1 || deploy_packages+=(kubernetes-client)
+command -v docker-compose >/dev/null 2>&1 || deploy_packages+=(docker-compose)
+if (( ${#deploy_packages[@]} )); then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${deploy_packages[@]}"; } \
+    || echo "could not install ${deploy_packages[*]}: the deploy tests will be skipped" >&2
+fi
+if command -v kubectl >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1; then
+  export REQUIRE_DEPLOY_TOOLS=1  # installed: the deploy tests must run, not skip
+fi
 exec $BIN/pytest -q "$@"

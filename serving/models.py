@@ -43,6 +43,15 @@ class Deployment(models.Model):
     replica_dns_name = models.CharField(max_length=253, blank=True)
     replica_port = models.PositiveIntegerField(default=8000)
     replica_scheme = models.CharField(max_length=5, default="http")
+    # Or the ready endpoints of the EndpointSlices matching a label selector in a
+    # namespace, kept current by `manage.py watch_replicas` (serving/discovery/kubernetes.py).
+    kubernetes_namespace = models.CharField(max_length=63, blank=True)
+    kubernetes_label_selector = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Matched against EndpointSlice labels, e.g. "
+        "serving.kserve.io/inferenceservice=granite-8b.",
+    )
     # Encrypted at rest; never returned by the API or shown in the admin.
     vllm_api_key = EncryptedTextField(blank=True)
 
@@ -57,6 +66,20 @@ class Deployment(models.Model):
     # The adapter volume: where workers write, and where vLLM sees the same folder.
     volume_write_path = models.CharField(max_length=500)
     volume_serve_path = models.CharField(max_length=500)
+
+    # What the rendered KServe ServingRuntime needs beyond the above (serving/kserve.py).
+    runtime_image = models.CharField(
+        max_length=500, blank=True, help_text="Empty means the KSERVE_VLLM_IMAGE setting."
+    )
+    base_model_pvc = models.CharField(max_length=253, blank=True)
+    adapter_pvc = models.CharField(
+        max_length=253, blank=True, help_text="The shared ReadWriteMany adapter volume's claim."
+    )
+    gpu_memory_utilization = models.FloatField(default=0.90)
+    gpus = models.PositiveIntegerField(default=1)
+    max_model_len = models.PositiveIntegerField(null=True, blank=True)
+    # {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {...}}; empty means defaults.
+    runtime_resources = models.JSONField(default=dict, blank=True)
 
     # Policy.
     requires_promotion_approval = models.BooleanField(default=False)
@@ -77,9 +100,24 @@ class Deployment(models.Model):
 
     class Meta:
         ordering = ["environment", "name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(gpu_memory_utilization__gt=0, gpu_memory_utilization__lte=1),
+                name="gpu_memory_utilization_is_a_fraction",
+            ),
+            # A selector without a namespace would watch the whole cluster.
+            models.CheckConstraint(
+                condition=Q(kubernetes_label_selector="") | ~Q(kubernetes_namespace=""),
+                name="kubernetes_selector_needs_namespace",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def uses_kubernetes(self) -> bool:
+        return bool(self.kubernetes_namespace and self.kubernetes_label_selector)
 
 
 class ReplicaHealth(models.TextChoices):

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from core.backoff import backoff_delay
+from serving.fingerprint import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
 from serving.vllm_client import (
     AttemptResult,
     VLLMClient,
@@ -48,6 +50,7 @@ class ReplicaOutcome:
     error: str = ""
     vllm_version: str | None = None
     loaded_root: str | None = None
+    probe: Probe | None = None
     attempts: list[tuple[str, AttemptResult]] = field(default_factory=list)
 
     def fail(self, message: str) -> ReplicaOutcome:
@@ -65,16 +68,17 @@ def call_with_retry(
     call: Callable[[], AttemptResult], purpose: str, outcome: ReplicaOutcome, policy: RetryPolicy
 ) -> AttemptResult:
     started = time.monotonic()
-    delay = policy.base_delay
+    retry = 0
     while True:
         result = call()
         outcome.attempts.append((purpose, result))
         if result.ok or not result.transient:
             return result
+        delay = backoff_delay(retry, base=policy.base_delay, cap=policy.max_delay)
         if time.monotonic() - started + delay > policy.deadline_seconds:
             return result
         time.sleep(delay)
-        delay = min(delay * 2, policy.max_delay)
+        retry += 1
 
 
 def _describe(result: AttemptResult) -> str:
@@ -147,10 +151,19 @@ def ensure_unloaded(client: VLLMClient, name: str, policy: RetryPolicy) -> Repli
 
 
 def verify_serving(
-    client: VLLMClient, name: str, path: str, policy: RetryPolicy, *, with_completion: bool
+    client: VLLMClient,
+    name: str,
+    path: str,
+    policy: RetryPolicy,
+    *,
+    with_completion: bool,
+    base_name: str = "",
 ) -> ReplicaOutcome:
-    """`GET /v1/models` lists `name` with root == path, and a one-token
-    completion through it answers 200."""
+    """`GET /v1/models` lists `name` with root == path; then, with_completion,
+    a greedy probe through the adapter answers, and (given the base model's
+    served name) differs from the same probe through the base model: an adapter
+    whose output equals the base model's has no effect (serving/fingerprint.py).
+    The adapter's probe is kept on the outcome for the version's fingerprint."""
     outcome = ReplicaOutcome()
     listing = call_with_retry(client.list_models, "verify_models", outcome, policy)
     if not listing.ok:
@@ -161,13 +174,32 @@ def verify_serving(
     outcome.loaded_root = card.root
     if card.root != path:
         return outcome.fail(f"{name} serves from {card.root}, expected {path}.")
-    if with_completion:
-        answer = call_with_retry(
-            lambda: client.complete_one_token(name, chat=False),
-            "verify_completion",
+    if not with_completion:
+        return outcome.succeed()
+    answer = call_with_retry(
+        lambda: client.probe(name, prompt=PROBE_PROMPT, max_tokens=PROBE_TOKENS),
+        "verify_completion",
+        outcome,
+        policy,
+    )
+    if not answer.ok:
+        return outcome.fail(_describe(answer))
+    outcome.probe = Probe.from_body(answer.body)
+    if outcome.probe is None:
+        return outcome.fail(f"{name} answered a completion without logprobs.")
+    if base_name:
+        base = call_with_retry(
+            lambda: client.probe(base_name, prompt=PROBE_PROMPT, max_tokens=PROBE_TOKENS),
+            "verify_base",
             outcome,
             policy,
         )
-        if not answer.ok:
-            return outcome.fail(_describe(answer))
+        if not base.ok:
+            return outcome.fail(_describe(base))
+        base_probe = Probe.from_body(base.body)
+        if base_probe is not None and has_no_effect(outcome.probe, base_probe):
+            return outcome.fail(
+                f"{name} has no effect: through it the probe gives exactly the base model's "
+                "output (an untrained adapter, or weights that cancel out)."
+            )
     return outcome.succeed()

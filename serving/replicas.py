@@ -1,5 +1,7 @@
-"""Which replicas a deployment has right now: its static list, or every A
-record of a DNS name (a headless Kubernetes Service)."""
+"""Which replicas a deployment has right now: its static list, every A
+record of a DNS name (a headless Kubernetes Service), or the ready endpoints
+the Kubernetes watch process keeps in the Replica rows
+(serving/discovery/kubernetes.py)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,9 @@ def discover_urls(deployment: Deployment) -> list[str]:
 
 def replicas_sync(deployment: Deployment) -> list[Replica]:
     """Upserts Replica rows for what discovery sees; the rest become inactive."""
+    if deployment.uses_kubernetes:
+        # `manage.py watch_replicas` owns these rows; workers need no API credentials.
+        return list(Replica.objects.filter(deployment=deployment, active=True).order_by("base_url"))
     urls = discover_urls(deployment)
     via = "dns" if deployment.replica_dns_name else "static"
     existing = {r.base_url: r for r in deployment.replicas.all()}

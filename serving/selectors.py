@@ -6,7 +6,7 @@ from django.db.models import Prefetch, QuerySet
 
 from core.access import visible_department_ids
 from core.actors import Actor
-from core.errors import NotFound
+from core.errors import NotAuthorized, NotFound
 from serving.models import (
     Deployment,
     DriftEvent,
@@ -153,3 +153,35 @@ def drift_events_for(actor: Actor, deployment: Deployment) -> QuerySet[DriftEven
         return queryset
     names = served_adapters_for(actor, deployment).values_list("adapter__served_name", flat=True)
     return queryset.filter(adapter_name__in=list(names))
+
+
+def kserve_refusal(actor: Actor, deployment: Deployment) -> str:
+    """Why `actor` may not download the deployment's KServe manifests, or "".
+    They name every promoted adapter of every department, so a member gets them
+    only when all of those are in departments they belong to."""
+    ids = visible_department_ids(actor)
+    if ids is None:
+        return ""
+    allowed = {d.pk for d in deployment.allowed_departments.all()}
+    if allowed and not allowed & ids:
+        return "Your departments may not use this deployment."
+    others = (
+        ServedAdapter.objects.filter(deployment=deployment, version__isnull=False)
+        .exclude(adapter__department_id__in=ids)
+        .exists()
+    )
+    if others:
+        return (
+            "The manifests name adapters of departments you are not a member of; "
+            "a platform admin can download them."
+        )
+    return ""
+
+
+def kserve_manifests(actor: Actor, deployment: Deployment) -> str:
+    from serving.kserve import render_yaml
+
+    refusal = kserve_refusal(actor, deployment)
+    if refusal:
+        raise NotAuthorized(refusal, code="kserve_forbidden")
+    return render_yaml(deployment)

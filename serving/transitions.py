@@ -37,7 +37,3 @@ PROMOTION_TRANSITIONS: dict[str, frozenset[str]] = {
     P.REJECTED: frozenset(),
     P.CANCELLED: frozenset(),
 }
-
-
-def can_move(table: dict[str, frozenset[str]], current: str, target: str) -> bool:
-    return current == target or target in table.get(current, frozenset())

@@ -277,6 +277,19 @@ class VLLMClient:
         payload.update({"model": model, "max_tokens": 1, "temperature": 0})
         return self._request("POST", path, json_body=payload)
 
+    def probe(self, model: str, *, prompt: str, max_tokens: int) -> AttemptResult:
+        """A greedy completion with the log-probability of each token: the same
+        prompt through the same weights gives the same numbers (temperature 0),
+        so outputs can be compared across replicas and against the base model."""
+        payload = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "logprobs": 1,
+        }
+        return self._request("POST", "/v1/completions", json_body=payload)
+
     # -- plumbing ----------------------------------------------------------
 
     def _request(

@@ -7,6 +7,7 @@ import itertools
 
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from registry.ingest.sources import UploadedFiles
 from registry.models import Adapter, AdapterVersion
 from registry.services.adapters import adapter_create
 from registry.services.versions import version_register, version_transition
@@ -28,7 +29,7 @@ def archive_upload(spec: AdapterSpec | None = None, name="adapter.tar.gz") -> Si
 
 def make_version(user, adapter, spec: AdapterSpec | None = None, **extra) -> AdapterVersion:
     result = version_register(
-        actor=actor(user), adapter=adapter, uploads=[archive_upload(spec)], **extra
+        actor=actor(user), adapter=adapter, source=UploadedFiles([archive_upload(spec)]), **extra
     )
     return result.version
 

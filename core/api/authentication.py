@@ -3,6 +3,7 @@ from __future__ import annotations
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
+from core.csrf import csrf_subject
 from core.services.tokens import token_authenticate
 
 
@@ -36,6 +37,15 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         return 'Bearer realm="api"'
 
 
+class SessionAuthentication(authentication.SessionAuthentication):
+    """DRF's session authentication, with its CSRF check taking a token in the
+    X-CSRFToken header without parsing the body, so a session upload can stream
+    (core.csrf). Without the header it checks the form field, as DRF does."""
+
+    def enforce_csrf(self, request):
+        super().enforce_csrf(csrf_subject(request))
+
+
 class BearerTokenScheme(OpenApiAuthenticationExtension):
     target_class = BearerTokenAuthentication
     name = "bearerToken"
@@ -46,3 +56,15 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
             "scheme": "bearer",
             "description": "A department API token.",
         }
+
+
+class SessionScheme(OpenApiAuthenticationExtension):
+    # drf-spectacular knows DRF's own class only; without this the schema listed
+    # the bearer token alone, as if a signed-in session could not call the API.
+    target_class = SessionAuthentication
+    name = "cookieAuth"
+
+    def get_security_definition(self, auto_schema):
+        from django.conf import settings
+
+        return {"type": "apiKey", "in": "cookie", "name": settings.SESSION_COOKIE_NAME}

@@ -33,6 +33,23 @@ def membership_set(*, actor: Actor, department: Department, username: str, role:
     user = get_user_model().objects.filter(username=username, is_active=True).first()
     if user is None:
         raise NotFound(f"No active user named {username!r}.")
+    return membership_grant(actor=actor, user=user, department=department, role=role)
+
+
+def membership_remove(*, actor: Actor, membership: Membership) -> None:
+    require_platform_admin(actor)
+    membership_revoke(actor=actor, membership=membership)
+
+
+# The two below check no permission: their callers have decided who may. The
+# functions above ask for a platform admin; single sign-on (sso/services.py)
+# applies what the identity provider's signed claims say.
+
+
+def membership_grant(
+    *, actor: Actor, user, department: Department, role: str, details: dict | None = None
+) -> Membership:
+    """Gives `user` this role in the department (adding them if needed); audited."""
     with transaction.atomic():
         membership = (
             Membership.objects.select_for_update().filter(user=user, department=department).first()
@@ -52,13 +69,12 @@ def membership_set(*, actor: Actor, department: Department, username: str, role:
             department=department,
             from_state=previous,
             to_state=role,
-            details={"user": username},
+            details={"user": user.get_username(), **(details or {})},
         )
     return membership
 
 
-def membership_remove(*, actor: Actor, membership: Membership) -> None:
-    require_platform_admin(actor)
+def membership_revoke(*, actor: Actor, membership: Membership, details: dict | None = None) -> None:
     with transaction.atomic():
         locked = Membership.objects.select_for_update().filter(pk=membership.pk).first()
         if locked is None:
@@ -69,6 +85,6 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
             obj=locked,
             department=locked.department,
             from_state=locked.role,
-            details={"user": locked.user.get_username()},
+            details={"user": locked.user.get_username(), **(details or {})},
         )
         locked.delete()

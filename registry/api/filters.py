@@ -1,13 +1,49 @@
 import django_filters
 from django import forms
-from drf_spectacular.types import OpenApiTypes
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import extend_schema_field
 
 from core.models import AuditEvent
 from registry.models import Adapter, AdapterVersion, VersionStatus
 
+MAX_ID = 2**63 - 1  # a database integer; a larger one was a 500 (overflow), not a 400
 
-class AdapterFilter(django_filters.FilterSet):
+
+class StrictFilterSet(django_filters.FilterSet):
+    """django-filter skips a parameter given empty (`?status=`, `?until=`) as if
+    it were absent; the schema says it is an enum / a date-time, so it is a 400.
+    An empty text filter is a valid string and still matches as before."""
+
+    def is_valid(self):
+        valid = super().is_valid()
+        for name, value in self.data.items():
+            declared = self.filters.get(name)
+            if value == "" and declared and not isinstance(declared, django_filters.CharFilter):
+                self.form.add_error(name, "Give a value or leave the parameter out.")
+                valid = False
+        return valid
+
+
+class StrictFilterBackend(DjangoFilterBackend):
+    # Also the base of the FilterSets built from a view's `filterset_fields`.
+    filterset_base = StrictFilterSet
+
+
+class _IntegerField(forms.IntegerField):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("min_value", 1)
+        kwargs.setdefault("max_value", MAX_ID)
+        super().__init__(*args, **kwargs)
+
+
+@extend_schema_field({"type": "integer", "minimum": 1, "maximum": MAX_ID})
+class IntegerFilter(django_filters.NumberFilter):
+    # NumberFilter parses a decimal, so ?number=0.5 matched nothing instead of
+    # being refused as the integer the schema declares.
+    field_class = _IntegerField
+
+
+class AdapterFilter(StrictFilterSet):
     department = django_filters.CharFilter(field_name="department__slug")
     name = django_filters.CharFilter()
     served_name = django_filters.CharFilter()
@@ -18,36 +54,7 @@ class AdapterFilter(django_filters.FilterSet):
         fields = ["department", "name", "served_name", "base_model"]
 
 
-class _PresentMeansGiven:
-    """A parameter that is present must hold a value: `?until=` is refused
-    (400) rather than silently ignored, as the schema's type says."""
-
-    def to_python(self, value):
-        if value == "":
-            raise forms.ValidationError("Give a value or leave the parameter out.")
-        return super().to_python(value)
-
-
-class _IntegerField(_PresentMeansGiven, forms.IntegerField):
-    pass
-
-
-class _DateTimeField(_PresentMeansGiven, django_filters.fields.IsoDateTimeField):
-    pass
-
-
-@extend_schema_field(OpenApiTypes.INT)
-class IntegerFilter(django_filters.NumberFilter):
-    # NumberFilter parses a decimal, so ?number=0.5 matched nothing instead of
-    # being refused as the integer the schema declares.
-    field_class = _IntegerField
-
-
-class DateTimeFilter(django_filters.IsoDateTimeFilter):
-    field_class = _DateTimeField
-
-
-class VersionFilter(django_filters.FilterSet):
+class VersionFilter(StrictFilterSet):
     department = django_filters.CharFilter(field_name="adapter__department__slug")
     number = IntegerFilter()
     adapter = IntegerFilter(field_name="adapter_id")
@@ -59,13 +66,13 @@ class VersionFilter(django_filters.FilterSet):
         fields = ["department", "adapter", "status", "number", "mlflow_run_id"]
 
 
-class AuditEventFilter(django_filters.FilterSet):
+class AuditEventFilter(StrictFilterSet):
     department = django_filters.CharFilter(field_name="department__slug")
     action = django_filters.CharFilter()
     action_prefix = django_filters.CharFilter(field_name="action", lookup_expr="startswith")
     actor = django_filters.CharFilter(field_name="actor__username")
-    since = DateTimeFilter(field_name="created_at", lookup_expr="gte")
-    until = DateTimeFilter(field_name="created_at", lookup_expr="lt")
+    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = AuditEvent

@@ -6,8 +6,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from core.models import Ability, ApiToken, AuditEvent, Department, Membership, Role
-from registry.mlflow.client import run_ui_url
-from registry.mlflow.services import version_mirror_summary
+from registry.lineage import run_ui_url
 from registry.models import Adapter, AdapterVersion
 from registry.transitions import allowed_actions_from
 
@@ -83,7 +82,6 @@ class VersionSerializer(serializers.ModelSerializer):
     )
     allowed_actions = serializers.SerializerMethodField()
     lineage = serializers.SerializerMethodField()
-    mlflow_mirror = serializers.SerializerMethodField()
 
     class Meta:
         model = AdapterVersion
@@ -121,7 +119,6 @@ class VersionSerializer(serializers.ModelSerializer):
             "review_comment",
             "source_uri",
             "lineage",
-            "mlflow_mirror",
             "created_at",
             "updated_at",
         ]
@@ -148,9 +145,6 @@ class VersionSerializer(serializers.ModelSerializer):
             "run_tags": version.run_tags,
             "warnings": version.lineage_warnings,
         }
-
-    def get_mlflow_mirror(self, version) -> dict:
-        return version_mirror_summary(version)
 
 
 class VersionRegisterSerializer(serializers.Serializer):

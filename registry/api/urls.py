@@ -1,7 +1,6 @@
 from rest_framework.routers import DefaultRouter
 
 from registry.api import views
-from registry.mlflow.api import urlpatterns as mlflow_urlpatterns
 
 router = DefaultRouter()
 router.register("departments", views.DepartmentViewSet, basename="department")
@@ -10,4 +9,4 @@ router.register("versions", views.VersionViewSet, basename="version")
 router.register("audit-events", views.AuditEventViewSet, basename="audit-event")
 router.register("tokens", views.TokenViewSet, basename="token")
 
-urlpatterns = router.urls + mlflow_urlpatterns
+urlpatterns = router.urls

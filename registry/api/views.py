@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.access import require_contributor
-from core.actors import Actor, actor_from_request
+from core.api.views import ActorMixin, schema_only
 from core.models import Ability, ApiToken, AuditEvent, Department
 from core.services.departments import department_create, membership_remove, membership_set
 from core.services.tokens import token_create, token_revoke
@@ -23,6 +23,8 @@ from registry import selectors
 from registry.api import serializers as s
 from registry.api.filters import AdapterFilter, AuditEventFilter, VersionFilter
 from registry.artifact_store import get_artifact_store
+from registry.ingest.sources import S3Prefix, UploadedFiles
+from registry.ingest.streamed import install_streaming_handler
 from registry.models import Adapter, AdapterVersion
 from registry.services.adapters import adapter_create, adapter_update
 from registry.services.versions import (
@@ -33,30 +35,6 @@ from registry.services.versions import (
     version_transition,
 )
 from registry.storage import StorageError
-from registry.streamed_upload import install_streaming_handler
-
-
-def schema_only(view) -> bool:
-    """True while drf-spectacular builds the schema: there is no request, so no
-    actor, and a view's queryset is only asked for its model."""
-    return getattr(view, "swagger_fake_view", False)
-
-
-class ActorMixin:
-    @property
-    def actor(self) -> Actor:
-        if not hasattr(self, "_actor"):
-            self._actor = actor_from_request(self.request)
-        return self._actor
-
-    def lookup_id(self) -> int:
-        """The numeric id in the URL; anything else names no object (404, not 500)."""
-        raw = self.kwargs["pk"]
-        if not str(raw).isdigit():
-            from core.errors import NotFound
-
-            raise NotFound(f"No object with id {raw!r}.")
-        return int(raw)
 
 
 class DepartmentViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
@@ -207,14 +185,10 @@ class AdapterViewSet(
             data = s.VersionRegisterSerializer(data=request.data)
             data.is_valid(raise_exception=True)
             values = data.validated_data
-            uploads = request.FILES.getlist("files") or None
-            streamed = streaming.artifact(uploads) if streaming and uploads else None
             result = version_register(
                 actor=self.actor,
                 adapter=adapter,
-                uploads=uploads if streamed is None else None,
-                streamed=streamed,
-                s3_uri=values.get("s3_uri") if not uploads else None,
+                source=_artifact_source(request.FILES.getlist("files"), values, streaming),
                 idempotency_key=request.headers.get("Idempotency-Key"),
                 lineage=Lineage(
                     mlflow_run_id=values.get("mlflow_run_id", ""),
@@ -237,6 +211,17 @@ class AdapterViewSet(
             status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK,
             headers={} if result.created else {"Idempotent-Replayed": "true"},
         )
+
+
+def _artifact_source(uploads, values, streaming):
+    """The one source a registration request names: its files (streamed when
+    they were), else its s3_uri, else none."""
+    if uploads:
+        streamed = streaming.artifact(uploads) if streaming is not None else None
+        return streamed or UploadedFiles(uploads)
+    if values.get("s3_uri") is not None:
+        return S3Prefix(values["s3_uri"])
+    return None
 
 
 def _transition_action(name: str, doc: str):

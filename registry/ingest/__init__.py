@@ -1,5 +1,7 @@
 """Untrusted-artifact ingest: stage an upload safely, then check it is a
-servable PEFT LoRA adapter. Pure Python: no Django, no torch.
+servable PEFT LoRA adapter. Staging and validation are pure Python (no
+Django, no torch); `sources` names the ways an artifact comes in, and
+`streamed` is the Django upload handler that streams one into the store.
 
 Every rejection is an ArtifactRejected with a stable `code`, a human
 `message` and an HTTP `status`.

@@ -20,3 +20,7 @@ class ArtifactRejected(Exception):
 
     def __repr__(self) -> str:
         return f"ArtifactRejected({self.code!r}, {self.message!r}, status={self.status})"
+
+
+class SourceRejected(ValueError):
+    """A user-given source cannot be imported: missing, empty, too big, unsafe."""

@@ -252,27 +252,31 @@ class _Writer:
         with open(target, "xb") as out:
             while chunk := read(CHUNK_SIZE):
                 size += len(chunk)
-                self.total += len(chunk)
-                if size > self.limits.max_file_bytes:
-                    raise ArtifactRejected(
-                        "file_too_large",
-                        f"{shown!r} is larger than the {_human(self.limits.max_file_bytes)} "
-                        "per-file limit.",
-                        413,
-                    )
-                if self.total > self.limits.max_total_bytes:
-                    raise ArtifactRejected(
-                        "upload_too_large",
-                        "The uncompressed upload is larger than the "
-                        f"{_human(self.limits.max_total_bytes)} limit.",
-                        413,
-                    )
-                self.check_ratio()
+                self.count_bytes(shown, size, len(chunk))
                 digest.update(chunk)
                 if values is not None:
                     values.feed(chunk)
                 out.write(chunk)
         self.files[parts] = (target, size, digest.hexdigest())
+
+    def count_bytes(self, shown: str, file_size: int, added: int) -> None:
+        """`added` more bytes of `shown`, now `file_size` long: every size limit."""
+        self.total += added
+        if file_size > self.limits.max_file_bytes:
+            raise ArtifactRejected(
+                "file_too_large",
+                f"{shown!r} is larger than the {_human(self.limits.max_file_bytes)} "
+                "per-file limit.",
+                413,
+            )
+        if self.total > self.limits.max_total_bytes:
+            raise ArtifactRejected(
+                "upload_too_large",
+                "The uncompressed upload is larger than the "
+                f"{_human(self.limits.max_total_bytes)} limit.",
+                413,
+            )
+        self.check_ratio()
 
     def check_ratio(self, uncompressed: int | None = None, compressed: int | None = None) -> None:
         if compressed is None:
@@ -314,7 +318,9 @@ def _staged(dest: Path, fill: Callable[[_Writer], None], limits: IngestLimits) -
         raise
 
 
-def _finish(writer: _Writer, dest: Path) -> StagedArtifact:
+def check_flat_layout(writer: _Writer) -> None:
+    """Every file at the top level, or all inside one single folder (flattened
+    away): then each file's final name is its last path component."""
     if not writer.files:
         raise ArtifactRejected(
             "empty_upload",
@@ -332,6 +338,10 @@ def _finish(writer: _Writer, dest: Path) -> StagedArtifact:
     for parts in writer.dirs:
         if parts != prefix:
             _reject_nested(parts)
+
+
+def _finish(writer: _Writer, dest: Path) -> StagedArtifact:
+    check_flat_layout(writer)
     files = []
     values = None
     for parts, (tmp, size, sha) in writer.files.items():

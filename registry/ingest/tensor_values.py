@@ -11,7 +11,7 @@ size (`feed`), and `finish()` reports what it saw. It keeps no tensor in
 memory: only the JSON header, at most one element split across two chunks,
 and per-tensor flags. This lets both ingest paths check the bytes on their one
 pass over them: the staging copy (.staging) and the upload streamed straight
-into the store, whose local copy holds only the header (registry.streamed_upload).
+into the store, whose local copy holds only the header (.streamed).
 
 The report is facts about values; which facts refuse an adapter is
 adapter_validation's rule, applied after the structure has been checked.

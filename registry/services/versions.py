@@ -6,10 +6,8 @@ import logging
 import shutil
 import tempfile
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -20,32 +18,19 @@ from core.actors import Actor
 from core.audit import audit_record
 from core.errors import (
     Conflict,
-    DependencyUnavailable,
     NotAuthorized,
     ValidationFailed,
 )
 from core.models import Ability
 from registry import signals
-from registry.artifact_store import (
-    discard_stored,
-    get_artifact_store,
-    s3_source_options,
-    store_unavailable,
-)
+from registry.artifact_store import discard_stored, get_artifact_store, store_unavailable
 from registry.ingest.adapter_validation import AdapterMetadata, inspect_adapter
 from registry.ingest.errors import ArtifactRejected
-from registry.ingest.staging import (
-    IngestLimits,
-    StagedArtifact,
-    stage_directory,
-    stage_upload,
-)
+from registry.ingest.sources import ArtifactSource
+from registry.ingest.staging import IngestLimits, StagedArtifact
 from registry.models import Adapter, AdapterVersion
-from registry.storage import SourceRejected, StorageError, download_s3_prefix
+from registry.storage import StorageError
 from registry.transitions import TRANSITIONS, allowed_actions_from
-
-if TYPE_CHECKING:
-    from registry.streamed_upload import StreamedArtifact
 
 logger = logging.getLogger(__name__)
 
@@ -94,42 +79,34 @@ def version_register(
     *,
     actor: Actor,
     adapter: Adapter,
-    uploads: Sequence | None = None,
-    source_dir: Path | None = None,
-    s3_uri: str | None = None,
-    streamed: StreamedArtifact | None = None,
+    source: ArtifactSource | None,
     idempotency_key: str | None = None,
     lineage: Lineage = Lineage(),
 ) -> RegistrationResult:
     """Validates an untrusted artifact, stores it, and records version N+1.
 
+    `source` is one of registry.ingest.sources (None: the request named no
+    artifact, refused with `no_artifact` unless it replays an earlier one).
     Nothing is kept unless everything succeeds: the staging folder is always
-    removed, and stored objects are deleted if the row cannot be written.
-    `streamed` files are already in the store (see registry.streamed_upload);
-    they are validated from their local sparse copies and deleted unless a new
-    version records them.
+    removed, and stored objects are deleted if the row cannot be written. A
+    source whose files are already in the store (a streamed upload) has them
+    deleted unless a new version records them.
     """
-    if streamed is None:
-        return _register(
-            actor, adapter, uploads, source_dir, s3_uri, None, idempotency_key, lineage
-        )
+    if source is None:
+        return _register(actor, adapter, None, idempotency_key, lineage)
     try:
-        result = _register(
-            actor, adapter, uploads, source_dir, s3_uri, streamed, idempotency_key, lineage
-        )
+        result = _register(actor, adapter, source, idempotency_key, lineage)
     except BaseException:
-        streamed.discard()
+        source.discard()
         raise
     finally:
-        streamed.close()
+        source.close()
     if not result.created:
-        streamed.discard()  # a replay: the earlier version's files are the ones kept
+        source.discard()  # a replay: the earlier version's files are the ones kept
     return result
 
 
-def _register(
-    actor, adapter, uploads, source_dir, s3_uri, streamed, idempotency_key, lineage
-) -> RegistrationResult:
+def _register(actor, adapter, source, idempotency_key, lineage) -> RegistrationResult:
     require_contributor(actor, adapter.department_id, Ability.REGISTER_VERSIONS, "Adapter")
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
         raise ValidationFailed(
@@ -138,7 +115,7 @@ def _register(
     existing = _existing_for_retry(adapter, idempotency_key, lineage)
     if existing:
         return RegistrationResult(version=existing, created=False)
-    if sum(x is not None for x in (uploads, source_dir, s3_uri, streamed)) != 1:
+    if source is None:
         raise ValidationFailed(
             "Give the artifact exactly one way: uploaded files, or s3_uri.",
             code="no_artifact",
@@ -148,10 +125,11 @@ def _register(
     staging_root.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="ingest-", dir=staging_root))
     try:
-        if streamed is not None:
-            staged, metadata = streamed.staged, _inspect(streamed.staged)
-        else:
-            staged, metadata = _stage_and_inspect(workdir, uploads, source_dir, s3_uri)
+        try:
+            staged = source.stage(workdir, ingest_limits())
+        except ArtifactRejected as rejection:
+            raise _rejected(rejection) from rejection
+        metadata = _inspect(staged)
         duplicate = adapter.versions.filter(manifest_sha256=staged.manifest_sha256).first()
         if duplicate:
             raise Conflict(
@@ -159,9 +137,8 @@ def _register(
                 code="duplicate_artifact",
                 details={"duplicate_of": duplicate.number},
             )
-        if streamed is not None:
-            prefix = streamed.prefix
-        else:
+        prefix = source.stored_prefix
+        if prefix is None:
             prefix = version_prefix(adapter)
             _store(staged, prefix)
         try:
@@ -173,7 +150,7 @@ def _register(
                 prefix,
                 idempotency_key,
                 lineage,
-                s3_uri,
+                source.source_uri,
             )
         except _Replayed as replay:
             discard_stored(get_artifact_store(), prefix)
@@ -184,28 +161,6 @@ def _register(
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return RegistrationResult(version=version, created=True, warnings=_warnings(adapter, metadata))
-
-
-def _stage_and_inspect(
-    workdir, uploads, source_dir, s3_uri
-) -> tuple[StagedArtifact, AdapterMetadata]:
-    dest = workdir / "artifact"
-    dest.mkdir()
-    limits = ingest_limits()
-    try:
-        if uploads is not None:
-            if not uploads:
-                raise ArtifactRejected("empty_upload", "No files were uploaded.")
-            staged = stage_upload(list(uploads), dest, limits)
-        else:
-            if s3_uri is not None:
-                source_dir = workdir / "download"
-                source_dir.mkdir()
-                _download_s3(s3_uri, source_dir, limits)
-            staged = _stage_local(source_dir, dest, limits)
-    except ArtifactRejected as rejection:
-        raise _rejected(rejection) from rejection
-    return staged, _inspect(staged)
 
 
 def _inspect(staged: StagedArtifact) -> AdapterMetadata:
@@ -228,51 +183,6 @@ def _rejected(rejection: ArtifactRejected) -> ValidationFailed:
     return error
 
 
-def _stage_local(source_dir: Path, dest: Path, limits: IngestLimits) -> StagedArtifact:
-    entries = [p for p in source_dir.iterdir()]
-    # An S3 prefix or run folder holding one archive is treated like an uploaded archive.
-    if len(entries) == 1 and entries[0].is_file() and not entries[0].name.endswith(".json"):
-        return stage_upload([_LocalFile(entries[0])], dest, limits)
-    return stage_directory(source_dir, dest, limits)
-
-
-class _LocalFile:
-    def __init__(self, path: Path):
-        self.path = path
-        self.name = path.name
-        self.size = path.stat().st_size
-
-    def chunks(self, chunk_size: int = 1024 * 1024):
-        with self.path.open("rb") as handle:
-            while chunk := handle.read(chunk_size):
-                yield chunk
-
-    def temporary_file_path(self) -> str:
-        return str(self.path)
-
-
-def _download_s3(uri: str, dest: Path, limits: IngestLimits) -> None:
-    options = s3_source_options()
-    options.pop("multipart_chunk_mb", None)
-    options.pop("max_concurrency", None)
-    try:
-        download_s3_prefix(
-            uri,
-            dest,
-            max_files=limits.max_entries,
-            max_total_bytes=limits.max_total_bytes,
-            **options,
-        )
-    except SourceRejected as error:
-        raise ValidationFailed(str(error), code="bad_s3_source") from None
-    except ValueError as error:
-        raise ValidationFailed(str(error), code="bad_s3_uri") from None
-    except StorageError as error:
-        raise DependencyUnavailable(
-            f"Could not read {uri}: {error}", code="s3_unavailable"
-        ) from None
-
-
 def _store(staged: StagedArtifact, prefix: str) -> None:
     store = get_artifact_store()
     try:
@@ -287,7 +197,7 @@ def _store(staged: StagedArtifact, prefix: str) -> None:
 
 
 def _record_version(
-    actor, adapter, staged, metadata, prefix, idempotency_key, lineage, s3_uri
+    actor, adapter, staged, metadata, prefix, idempotency_key, lineage, source_uri
 ) -> AdapterVersion:
     try:
         with transaction.atomic():
@@ -333,7 +243,7 @@ def _record_version(
                 registered_by=actor.user,
                 registered_via_token=actor.token,
                 idempotency_key=idempotency_key,
-                source_uri=s3_uri or "",
+                source_uri=source_uri,
                 mlflow_run_id=lineage.mlflow_run_id,
                 mlflow_run_uri=lineage.mlflow_run_uri,
                 source_commit=lineage.source_commit,

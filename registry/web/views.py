@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from django.contrib import messages
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
@@ -20,15 +21,24 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from core.access import can_contribute
 from core.actors import Actor
+from core.csrf import csrf_before_body
 from core.errors import ApplicationError, NotFound
 from core.models import Ability
 from core.services.tokens import token_create, token_revoke
-from core.web import page, paginate, safe_next
+from core.web import errors_on, page, paginate, safe_next
 from registry import selectors
-from registry.mlflow.client import run_ui_url
+from registry.artifact_store import get_artifact_store
+from registry.ingest.sources import UploadedFiles
+from registry.ingest.streamed import install_streaming_handler
+from registry.lineage import run_ui_url
 from registry.models import AdapterVersion
 from registry.services.adapters import adapter_create
-from registry.services.versions import version_register, version_transition
+from registry.services.versions import (
+    ingest_limits,
+    version_prefix,
+    version_register,
+    version_transition,
+)
 from registry.web import queries
 from registry.web.actions import version_actions
 from registry.web.forms import (
@@ -83,7 +93,7 @@ def adapter_new(request, actor: Actor):
     if request.method == "POST":
         if form.is_valid():
             data = form.cleaned_data
-            try:
+            with errors_on(form) as outcome:
                 adapter = adapter_create(
                     actor=actor,
                     department=selectors.department_get(actor, data["department"]),
@@ -93,14 +103,10 @@ def adapter_new(request, actor: Actor):
                     served_name=data["served_name"] or None,
                     owners=data["owners"] or None,
                 )
-            except NotFound:
-                raise
-            except ApplicationError as error:
-                form.add_error(None, error.message)
-                status = error.status
-            else:
+            if not outcome.failed:
                 messages.success(request, f"Created adapter {adapter.name}.")
                 return redirect("web:adapter", pk=adapter.pk)
+            status = outcome.status
         else:
             status = 400
     return render(request, "registry/adapter_new.html", {"form": form}, status=status)
@@ -126,30 +132,51 @@ def adapter_detail(request, actor: Actor, pk: int):
     )
 
 
+@csrf_before_body
 @require_POST
 @page
 def version_upload(request, actor: Actor, pk: int):
     adapter = selectors.adapter_get(actor, pk)
-    form = UploadVersionForm(request.POST, request.FILES)
-    error, status = "", 400
-    if form.is_valid():
-        try:
+    # Set up before the body is read: the files stream into the store as they
+    # arrive (the CSRF token came in the header, see core.csrf). Someone who may
+    # not register gets the service's refusal, as before, without streaming.
+    streaming = None
+    if can_contribute(actor, adapter.department_id, Ability.REGISTER_VERSIONS):
+        streaming = install_streaming_handler(
+            request,
+            prefix=version_prefix(adapter),
+            store=get_artifact_store(),
+            limits=ingest_limits(),
+            staging_root=settings.INGEST_STAGING_DIR,
+        )
+    form, error, status, result = None, "", 400, None
+    try:
+        form = UploadVersionForm(request.POST, request.FILES)
+        if form.is_valid():
+            uploads = form.cleaned_data["files"]
+            streamed = streaming.artifact(uploads) if streaming is not None else None
             result = version_register(
-                actor=actor, adapter=adapter, uploads=form.cleaned_data["files"]
+                actor=actor, adapter=adapter, source=streamed or UploadedFiles(uploads)
             )
-        except NotFound:
-            raise
-        except ApplicationError as failure:
-            error, status = failure.message, failure.status
-        else:
-            version = result.version
-            messages.success(request, f"Registered version {version.number}.")
-            for warning in result.warnings:
-                messages.warning(request, warning)
-            target = reverse("web:version", args=[version.pk])
-            if request.htmx:
-                return HttpResponse(status=204, headers={"HX-Redirect": target})
-            return redirect(target)
+    except NotFound:
+        raise
+    except ApplicationError as failure:
+        error, status = failure.message, failure.status
+    finally:
+        if streaming is not None:
+            if result is None or not result.created:
+                streaming.discard()
+            streaming.close()
+    if result is not None:
+        version = result.version
+        messages.success(request, f"Registered version {version.number}.")
+        for warning in result.warnings:
+            messages.warning(request, warning)
+        target = reverse("web:version", args=[version.pk])
+        if request.htmx:
+            return HttpResponse(status=204, headers={"HX-Redirect": target})
+        return redirect(target)
+    form = form or UploadVersionForm()
     if request.htmx:
         # 422 is the one error status htmx is configured to swap into the page.
         context = {"adapter": adapter, "upload_form": form, "upload_error": error}
@@ -297,7 +324,7 @@ def tokens(request, actor: Actor):
         status = 400
         if form.is_valid():
             data = form.cleaned_data
-            try:
+            with errors_on(form) as outcome:
                 token, secret = token_create(
                     actor=actor,
                     department=selectors.department_get(actor, data["department"]),
@@ -305,12 +332,8 @@ def tokens(request, actor: Actor):
                     abilities=data["abilities"],
                     expires_in_days=data["expires_in_days"],
                 )
-            except NotFound:
-                raise
-            except ApplicationError as error:
-                form.add_error(None, error.message)
-                status = error.status
-            else:
+            status = outcome.status
+            if not outcome.failed:
                 context.update(
                     new_token=token,
                     new_secret=secret,

@@ -6,10 +6,10 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from core.api.views import ActorMixin, schema_only
 from registry import selectors as registry_selectors
-from registry.api.filters import IntegerFilter
-from registry.api.views import ActorMixin, schema_only
-from serving import selectors
+from registry.api.filters import IntegerFilter, StrictFilterSet
+from serving import kserve, selectors
 from serving.api import serializers as s
 from serving.gate import evaluate_gate
 from serving.models import Deployment, Promotion, Rollout
@@ -60,6 +60,14 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
     def state(self, request, name=None):
         """Desired versus actual, per replica."""
         return Response(selectors.deployment_state(self.actor, self.get_object()))
+
+    @extend_schema(responses={(200, "application/yaml"): str})
+    @action(detail=True, methods=["get"])
+    def kserve(self, request, name=None):
+        """The ServingRuntime and InferenceService that run this deployment on
+        KServe with every promoted adapter in --lora-modules (YAML)."""
+        deployment = self.get_object()
+        return kserve.yaml_download(selectors.kserve_manifests(self.actor, deployment), deployment)
 
     @extend_schema(parameters=[OpenApiParameter("version", int, required=True)], responses=dict)
     @action(detail=True, methods=["get"])
@@ -166,7 +174,7 @@ class PromotionViewSet(
         return self._review(request, approve=False)
 
 
-class RolloutFilter(filters.FilterSet):
+class RolloutFilter(StrictFilterSet):
     deployment = filters.CharFilter(field_name="deployment__name")
     # By id, not a model choice: an unknown id matches nothing (an empty page), as
     # every other id filter does, instead of a 400 the schema cannot predict.

@@ -10,6 +10,7 @@ from core.actors import Actor
 from core.audit import audit_record
 from core.errors import Conflict, ValidationFailed
 from serving.base_models import identity_from_path, module_dims_for
+from serving.discovery.kubernetes import label_selector_problem, namespace_problem
 from serving.models import Deployment
 
 IDENTITY_FIELDS = (
@@ -47,15 +48,15 @@ def _apply(deployment: Deployment, values: dict) -> list[str]:
         deployment.module_dims = module_dims_for(
             {name: getattr(deployment, name) for name in IDENTITY_FIELDS}
         )
-    if not deployment.replica_urls and not deployment.replica_dns_name:
-        raise ValidationFailed(
-            "Give the replicas: replica_urls, or replica_dns_name.", code="no_replicas"
-        )
+    _check_discovery(deployment)
     for url in deployment.replica_urls or []:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValidationFailed(f"Replica URL {url!r} must start with http:// or https://.")
     if deployment.max_loras > deployment.max_cpu_loras:
         raise ValidationFailed("max_loras cannot exceed max_cpu_loras (vLLM refuses to start).")
+    _check_resources(deployment.runtime_resources)
+    if not 0 < deployment.gpu_memory_utilization <= 1:
+        raise ValidationFailed("gpu_memory_utilization must be a fraction between 0 and 1.")
     if not 0 < deployment.lora_memory_share <= 1:
         raise ValidationFailed("lora_memory_share must be a fraction between 0 and 1.")
     try:
@@ -66,6 +67,39 @@ def _apply(deployment: Deployment, values: dict) -> list[str]:
         ) from None
     deployment._departments = departments
     return changed
+
+
+def _check_resources(resources) -> None:
+    shape = 'runtime_resources must look like {"requests": {"cpu": "4"}, "limits": {...}}'
+    if not isinstance(resources, dict) or set(resources) - {"requests", "limits"}:
+        raise ValidationFailed(shape + ".")
+    for part in resources.values():
+        if not isinstance(part, dict) or not all(
+            isinstance(k, str) and isinstance(v, str | int) for k, v in part.items()
+        ):
+            raise ValidationFailed(shape + ": names to quantities.")
+
+
+def _check_discovery(deployment: Deployment) -> None:
+    kubernetes = bool(deployment.kubernetes_namespace or deployment.kubernetes_label_selector)
+    ways = [bool(deployment.replica_urls), bool(deployment.replica_dns_name), kubernetes]
+    if not any(ways):
+        raise ValidationFailed(
+            "Give the replicas: replica_urls, replica_dns_name, or kubernetes_namespace "
+            "with kubernetes_label_selector.",
+            code="no_replicas",
+        )
+    if sum(ways) > 1:
+        raise ValidationFailed(
+            "Give one way to find replicas: replica_urls, replica_dns_name or Kubernetes.",
+            code="ambiguous_replicas",
+        )
+    if kubernetes:
+        problem = namespace_problem(deployment.kubernetes_namespace) or label_selector_problem(
+            deployment.kubernetes_label_selector
+        )
+        if problem:
+            raise ValidationFailed(f"Kubernetes discovery: {problem}.", code="bad_kubernetes")
 
 
 def _save(actor: Actor, deployment: Deployment, action: str, changed: list[str]) -> Deployment:

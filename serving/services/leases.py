@@ -1,57 +1,29 @@
-"""Leases: a conditional UPDATE claims work, so two workers never push the
-same deployment's adapter at once, and two reconcilers never work on the same
-deployment. A crashed holder's lease simply expires."""
+"""Claims on serving's work (core.claims): two workers never push the same
+deployment's adapter at once, and two reconcilers never work on the same
+deployment. A crashed holder's claim simply expires."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from django.conf import settings
-from django.db.models import Q
-from django.utils import timezone
 
+from core.claims import Lease
 from serving.models import Deployment, ServedAdapter
 
-
-def _claim(model, pk: int, owner: str, owner_field: str, until_field: str) -> bool:
-    now = timezone.now()
-    free = (
-        Q(**{f"{until_field}__isnull": True})
-        | Q(**{f"{until_field}__lt": now})
-        | Q(**{owner_field: owner})
-    )
-    claimed = (
-        model.objects.filter(pk=pk)
-        .filter(free)
-        .update(
-            **{
-                owner_field: owner,
-                until_field: now + timedelta(seconds=settings.SERVING_LEASE_SECONDS),
-            }
-        )
-    )
-    return claimed == 1
-
-
-def _release(model, pk: int, owner: str, owner_field: str, until_field: str) -> None:
-    model.objects.filter(pk=pk, **{owner_field: owner}).update(
-        **{owner_field: "", until_field: None}
-    )
+SERVED_ADAPTER_LEASE = Lease(ServedAdapter, "lease_owner", "lease_until")
+RECONCILE_LEASE = Lease(Deployment, "reconcile_lease_owner", "reconcile_lease_until")
 
 
 def served_adapter_claim(served_id: int, owner: str) -> bool:
-    return _claim(ServedAdapter, served_id, owner, "lease_owner", "lease_until")
+    return SERVED_ADAPTER_LEASE.claim(served_id, owner, settings.SERVING_LEASE_SECONDS)
 
 
 def served_adapter_release(served_id: int, owner: str) -> None:
-    _release(ServedAdapter, served_id, owner, "lease_owner", "lease_until")
+    SERVED_ADAPTER_LEASE.release(served_id, owner)
 
 
 def deployment_reconcile_claim(deployment_id: int, owner: str) -> bool:
-    return _claim(
-        Deployment, deployment_id, owner, "reconcile_lease_owner", "reconcile_lease_until"
-    )
+    return RECONCILE_LEASE.claim(deployment_id, owner, settings.SERVING_LEASE_SECONDS)
 
 
 def deployment_reconcile_release(deployment_id: int, owner: str) -> None:
-    _release(Deployment, deployment_id, owner, "reconcile_lease_owner", "reconcile_lease_until")
+    RECONCILE_LEASE.release(deployment_id, owner)

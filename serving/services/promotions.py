@@ -11,6 +11,7 @@ from core.actors import Actor
 from core.audit import audit_record
 from core.errors import ApplicationError, Conflict, NotAuthorized, ValidationFailed
 from core.models import Ability
+from core.state import can_move
 from registry.models import Adapter, AdapterVersion, VersionStatus
 from serving.gate import GateReport, evaluate_gate
 from serving.models import (
@@ -22,7 +23,7 @@ from serving.models import (
     ServedAdapter,
 )
 from serving.services.rollouts import rollout_create
-from serving.transitions import PROMOTION_TRANSITIONS, ROLLOUT_TERMINAL, can_move
+from serving.transitions import PROMOTION_TRANSITIONS, ROLLOUT_TERMINAL
 
 
 class GateRefused(ApplicationError):

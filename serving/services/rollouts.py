@@ -18,6 +18,7 @@ from django.utils import timezone
 from core.actors import Actor
 from core.audit import audit_record
 from core.errors import Conflict
+from core.state import can_move
 from registry.models import AdapterVersion
 from serving.models import (
     Deployment,
@@ -44,7 +45,6 @@ from serving.transitions import (
     REPLICA_STEP_TRANSITIONS,
     ROLLOUT_TERMINAL,
     ROLLOUT_TRANSITIONS,
-    can_move,
 )
 from serving.volume import StagingError, mark_unreferenced, serve_path_for, stage_version
 
@@ -236,7 +236,12 @@ def _run(rollout: Rollout, served: ServedAdapter) -> None:
             ctx,
             group,
             lambda client, replica: verify_serving(
-                client, name, path, ctx.policy, with_completion=deployment.verify_with_completion
+                client,
+                name,
+                path,
+                ctx.policy,
+                with_completion=deployment.verify_with_completion,
+                base_name=deployment.base_model_name,
             ),
         )
         if _failed(ctx, group_steps, verified, "verification"):

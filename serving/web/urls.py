@@ -7,6 +7,7 @@ app_name = "serving"
 urlpatterns = [
     path("deployments/", views.deployment_list, name="deployments"),
     path("deployments/<slug:name>/", views.deployment_detail, name="deployment"),
+    path("deployments/<slug:name>/kserve.yaml", views.deployment_kserve, name="deployment-kserve"),
     path("versions/<int:pk>/promote/", views.promote, name="promote"),
     path("promotions/<int:pk>/review/", views.promotion_review_view, name="promotion-review"),
     path("rollouts/<int:pk>/", views.rollout_detail, name="rollout"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import Http404
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -25,7 +25,7 @@ from core.web import page, safe_next
 from registry import selectors as registry_selectors
 from registry.models import AdapterVersion, VersionStatus
 from registry.web.views import version_page_context
-from serving import selectors
+from serving import kserve, selectors
 from serving.gate import evaluate_gate
 from serving.models import PromotionStatus, Rollout, ServedAdapter
 from serving.services.promotions import (
@@ -110,8 +110,21 @@ def deployment_detail(request, actor: Actor, name: str):
             actor, _approver_pending(actor, deployment=deployment)[:20]
         ),
         "allowed_departments": list(deployment.allowed_departments.all()),
+        "kserve_refusal": selectors.kserve_refusal(actor, deployment),
+        "kserve_missing": kserve.missing_settings(deployment),
     }
     return render(request, "serving/deployment_detail.html", context)
+
+
+@require_GET
+@page
+def deployment_kserve(request, actor: Actor, name: str):
+    deployment = selectors.deployment_get(actor, name)
+    try:
+        text = selectors.kserve_manifests(actor, deployment)
+    except ApplicationError as error:
+        return HttpResponse(error.message, status=error.status, content_type="text/plain")
+    return kserve.yaml_download(text, deployment)
 
 
 # --- Promoting a version ----------------------------------------------------

@@ -17,15 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from registry.ingest.sources import SourceRejected, download_s3_prefix
 from registry.storage import (
     LocalArtifactStore,
     ObjectNotFound,
     S3ArtifactStore,
-    SourceRejected,
     StorageError,
     StoredObject,
     build_artifact_store,
-    download_s3_prefix,
     parse_s3_uri,
     validate_key,
 )
@@ -222,7 +221,7 @@ def test_local_put_is_atomic_when_the_copy_fails(tmp_path, monkeypatch):
         dst.write(b"partial")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("registry.storage.shutil.copyfileobj", broken_copy)
+    monkeypatch.setattr("registry.storage.local.shutil.copyfileobj", broken_copy)
     with pytest.raises(StorageError, match="No space left"):
         store.put_file("k/f", write(tmp_path / "new", b"new contents"))
 
@@ -382,7 +381,7 @@ def test_s3_store_validates_its_options():
 
 
 def test_s3_read_errors_mid_stream_become_storage_errors():
-    from registry.storage import _S3Reader
+    from registry.storage.s3 import _S3Reader
 
     class Body(io.RawIOBase):
         def read(self, n=-1):
@@ -583,7 +582,7 @@ def test_download_rejects_too_many_bytes_before_downloading(source, tmp_path):
 def test_download_enforces_the_byte_limit_while_streaming(source, tmp_path, monkeypatch):
     # An object that grows between listing and reading: simulated by a lying listing.
     source("p/a", b"x" * 5000)
-    from registry import storage
+    from registry.ingest import sources as storage
 
     real = storage._limited_pages
 

@@ -127,13 +127,25 @@ def test_failed_verification_puts_every_replica_back_on_the_previous_version(
 def test_canary_stops_before_touching_the_other_replicas(
     lena, deployment, approved_v1, fake_replicas
 ):
-    fake_replicas[0].fail_completion_for = {"legal-contracts"}
-    fake_replicas.sort(key=lambda r: r.base_url)
+    # Replicas are ordered by URL; the canary is the first.
+    canary, rest = sorted(fake_replicas, key=lambda r: r.base_url)
+    canary.fail_completion_for = {"legal-contracts"}
     _, rollout = promote(lena, deployment, approved_v1, canary=True)
     assert rollout_execute(rollout.pk, "w") == "rolled_back"
-    canary, rest = sorted(fake_replicas, key=lambda r: r.base_url)
-    if "legal-contracts" in canary.fail_completion_for:
-        assert not any(p == "/v1/load_lora_adapter" for _, p, _ in rest.requests)
+    assert any(p == "/v1/load_lora_adapter" for _, p, _ in canary.requests)
+    assert not any(p == "/v1/load_lora_adapter" for _, p, _ in rest.requests)
+
+
+def test_an_adapter_that_changes_nothing_fails_verification(
+    lena, deployment, approved_v1, fake_replicas
+):
+    for replica in fake_replicas:
+        replica.no_effect = {"legal-contracts"}
+    _, rollout = promote(lena, deployment, approved_v1)
+    assert rollout_execute(rollout.pk, "w") == "rolled_back"
+    rollout.refresh_from_db()
+    assert "has no effect" in rollout.error and "base model" in rollout.error
+    assert not any("legal-contracts" in replica.adapters for replica in fake_replicas)
 
 
 def test_already_loaded_with_the_same_root_is_success(lena, deployment, approved_v1, fake_replicas):

@@ -5,6 +5,7 @@ the product promises are ALSO tested against real vLLM (tests/serving/vllm/)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,6 +22,8 @@ class FakeVLLM:
         self.unavailable = 0  # answer the next N requests with 503
         self.fail_load: tuple[int, str] | None = None
         self.fail_completion_for: set[str] = set()
+        # Adapters that answer exactly like the base model (zero lora_B).
+        self.no_effect: set[str] = set()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
@@ -99,7 +102,17 @@ class FakeVLLM:
                         )
                     if model in fake.fail_completion_for:
                         return self._error(500, "engine error", "InternalServerError")
-                    return self._send(200, {"choices": [{"text": "x"}]})
+                    # Greedy logprobs that depend on the weights: here, on the path.
+                    root = fake.adapters.get(model, "/models/base")
+                    if model in fake.no_effect:
+                        root = "/models/base"
+                    seed = hashlib.sha256(root.encode()).digest()
+                    count = int(body.get("max_tokens") or 1)
+                    logprobs = {
+                        "tokens": ["x"] * count,
+                        "token_logprobs": [-seed[i] / 64 for i in range(count)],
+                    }
+                    return self._send(200, {"choices": [{"text": "x", "logprobs": logprobs}]})
                 return self._send(404, {"detail": "Not Found"})
 
             def _load(self, body):

@@ -113,6 +113,7 @@ def test_a_store_that_fails_writes_and_cleanup_still_answers_503(as_lena, lena, 
         raise StorageError("connection refused")
 
     monkeypatch.setattr(store, "put_file", down)
+    monkeypatch.setattr(store, "open_write", down)  # archives stream into the store
     monkeypatch.setattr(store, "delete_prefix", down)
 
     response = as_lena.post(

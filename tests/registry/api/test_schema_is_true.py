@@ -123,3 +123,10 @@ def test_an_unreviewed_version_shows_reviewed_by_null(as_lena, lena, legal):
     body = as_lena.get(f"/api/v1/versions/{version.pk}/").json()
 
     assert body["reviewed_by"] is None
+
+
+def test_a_session_is_a_documented_way_to_call_the_api(schema):
+    assert schema["components"]["securitySchemes"]["cookieAuth"]["in"] == "cookie"
+    for path, method, operation in operations(schema):
+        if path != "/healthz":
+            assert {"cookieAuth": []} in operation["security"], (method, path)

@@ -1,24 +1,28 @@
-"""Loose files are streamed into the store while the request arrives
-(registry.streamed_upload); archives keep the staging path. Both must agree on
-content identity, and a refused loose upload must leave nothing in the store."""
+"""Loose files and tar archives are streamed into the store while the request
+arrives (registry.ingest.streamed); a zip keeps the staging path. All must agree
+on content identity, and a refused upload must leave nothing in the store."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import io
 import json
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from registry.ingest.errors import ArtifactRejected
 from registry.ingest.staging import IngestLimits, stage_upload
 from registry.models import AdapterVersion
-from registry.storage import S3ArtifactStore
+from registry.storage import LocalArtifactStore, S3ArtifactStore
 from tests.factories import make_adapter
 from tests.registry.ingest.hostile_corpus import as_sources
-from tests.support.adapters import AdapterSpec, tar_gz_bytes
+from tests.support.adapters import AdapterSpec, tar_gz_bytes, zip_bytes
 
 pytestmark = pytest.mark.django_db
 
@@ -234,3 +238,199 @@ def test_validation_reads_the_weights_header_from_a_sparse_copy(as_lena, contrac
     assert response.status_code == 201, response.json()
     assert response.json()["tensor_count"] == len(spec.tensors())
     assert json.loads(files["adapter_config.json"])["r"] == response.json()["r"]
+
+
+# --- archives ------------------------------------------------------------------------
+
+
+def post_archive(client, adapter, name: str, data: bytes):
+    return client.post(
+        f"/api/v1/adapters/{adapter.pk}/versions/",
+        {"files": [SimpleUploadedFile(name, data)]},
+        format="multipart",
+    )
+
+
+@pytest.fixture
+def opened_keys(monkeypatch):
+    """Keys the request wrote through a streaming writer (open_write), in order."""
+    keys = []
+    for store_class in (S3ArtifactStore, LocalArtifactStore):
+        original = store_class.open_write
+
+        def spying(self, key, original=original):
+            keys.append(key.rpartition("/")[2])
+            return original(self, key)
+
+        monkeypatch.setattr(store_class, "open_write", spying)
+    return keys
+
+
+@pytest.mark.s3
+def test_a_tar_gz_is_unpacked_into_s3_while_it_arrives(
+    as_token, contracts, s3_store, opened_keys, tmp_path
+):
+    files = AdapterSpec(seed=11).files()
+    wrapped = {f"my-adapter/{name}": data for name, data in files.items()}
+
+    response = post_archive(as_token, contracts, "adapter.tar.gz", tar_gz_bytes(wrapped))
+
+    assert response.status_code == 201, response.json()
+    assert sorted(opened_keys) == sorted(files)  # each member streamed, none staged
+    version = AdapterVersion.objects.get(pk=response.json()["id"])
+    stored = {o.key.rpartition("/")[2]: o.size for o in s3_store.list_prefix("adapters/")}
+    assert stored == {name: len(data) for name, data in files.items()}
+    for entry in version.files:
+        with s3_store.open_read(f"{version.storage_prefix}/{entry['path']}") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == entry["sha256"]
+    dest = tmp_path / "staged"
+    dest.mkdir()
+    staged = stage_upload(as_sources([("a.tar.gz", tar_gz_bytes(wrapped))]), dest, IngestLimits())
+    assert version.manifest_sha256 == staged.manifest_sha256
+    assert version.total_size == staged.total_size
+    assert not s3_store.client.list_multipart_uploads(Bucket=s3_store.bucket).get("Uploads")
+    staging = Path(django_settings.INGEST_STAGING_DIR)
+    assert list(staging.iterdir()) == []
+
+
+def test_a_plain_tar_streams_too(as_lena, contracts, opened_keys):
+    files = AdapterSpec(seed=12).files()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+
+    response = post_archive(as_lena, contracts, "adapter.tar", buffer.getvalue())
+
+    assert response.status_code == 201, response.json()
+    assert sorted(opened_keys) == sorted(files)
+
+
+def test_a_zip_is_still_spooled_and_staged(as_lena, contracts, opened_keys, tmp_path):
+    files = AdapterSpec(seed=13).files()
+
+    response = post_archive(as_lena, contracts, "adapter.zip", zip_bytes(files))
+
+    assert response.status_code == 201, response.json()
+    assert opened_keys == []  # the zip's directory is at its end: staged, then put_file
+    stored = sorted(p.name for p in (tmp_path / "artifacts").rglob("*") if p.is_file())
+    assert stored == sorted(files)
+
+
+@pytest.mark.s3
+def test_an_archive_refused_after_members_were_stored_leaves_nothing(
+    as_token, contracts, s3_store, opened_keys
+):
+    # The layout is only known at the end: the adapter's files are already in
+    # the store when a nested entry makes the archive invalid.
+    files = {**AdapterSpec(seed=14).files(), "docs/extra/notes.md": b"nested"}
+
+    response = post_archive(as_token, contracts, "adapter.tar.gz", tar_gz_bytes(files))
+
+    assert response.status_code == 400, response.json()
+    assert response.json()["error"]["code"] == "nested_directory"
+    assert set(opened_keys) == {"adapter_config.json", "adapter_model.safetensors"}
+    assert not AdapterVersion.objects.exists()
+    assert_store_empty(s3_store)
+
+
+@pytest.mark.s3
+def test_the_size_limit_stops_an_archive_mid_stream(as_token, contracts, s3_store, settings):
+    settings.INGEST_MAX_BYTES = 8 * 1024**2
+    spec = AdapterSpec(seed=15)
+    files = {
+        "adapter_config.json": spec.files()["adapter_config.json"],
+        "adapter_model.safetensors": os.urandom(5 * 1024**2),
+        "README.md": os.urandom(5 * 1024**2),
+    }
+
+    response = post_archive(as_token, contracts, "adapter.tar.gz", tar_gz_bytes(files))
+
+    assert response.status_code == 413, response.json()
+    assert response.json()["error"]["code"] == "upload_too_large"
+    assert not AdapterVersion.objects.exists()
+    assert_store_empty(s3_store)
+
+
+def test_files_after_a_streamed_archive_are_refused(as_lena, contracts, tmp_path):
+    files = AdapterSpec(seed=16).files()
+    upload = {"adapter.tar.gz": tar_gz_bytes(files), **files}
+
+    response = post_files(as_lena, contracts, upload)
+
+    assert response.status_code == 415, response.json()
+    assert response.json()["error"]["code"] == "unsupported_upload_type"
+    assert "'adapter.tar.gz'" in response.json()["error"]["message"]
+    assert not [p for p in (tmp_path / "artifacts").rglob("*") if p.is_file()]
+    assert list(Path(django_settings.INGEST_STAGING_DIR).iterdir()) == []
+
+
+# --- per-file checks -------------------------------------------------------------------
+
+
+@pytest.fixture
+def file_checks(monkeypatch):
+    """Installs per-file checks on the API's streaming handler; returns the list to fill."""
+    from registry.api import views
+    from registry.ingest.streamed import install_streaming_handler
+
+    checks: list = []
+    monkeypatch.setattr(
+        views,
+        "install_streaming_handler",
+        functools.partial(install_streaming_handler, file_checks=checks),
+    )
+    return checks
+
+
+class Digesting:
+    """A FileCheck that records the sha256 of the bytes it was fed."""
+
+    def __init__(self, name: str, seen: dict):
+        self.name, self.seen, self.digest = name, seen, hashlib.sha256()
+
+    def write(self, chunk: bytes) -> None:
+        self.digest.update(chunk)
+
+    def finish(self) -> None:
+        self.seen[self.name] = self.digest.hexdigest()
+
+
+@pytest.mark.parametrize("form", ["loose", "tar.gz"])
+def test_every_streamed_file_passes_through_the_file_checks(form, as_lena, contracts, file_checks):
+    seen: dict = {}
+    file_checks.append(lambda name: Digesting(name, seen))
+    files = AdapterSpec(seed=21).files()
+
+    if form == "loose":
+        response = post_files(as_lena, contracts, files)
+    else:
+        response = post_archive(as_lena, contracts, "adapter.tar.gz", tar_gz_bytes(files))
+
+    assert response.status_code == 201, response.json()
+    assert seen == {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("form", ["loose", "tar.gz"])
+def test_a_file_check_that_refuses_stops_the_upload_and_leaves_nothing(
+    form, as_token, contracts, s3_store, file_checks
+):
+    class Refusing(Digesting):
+        def finish(self) -> None:
+            raise ArtifactRejected("bad_tensor_values", f"{self.name!r} is refused.")
+
+    file_checks.append(lambda name: Refusing(name, {}) if name.endswith(".safetensors") else None)
+    files = AdapterSpec(seed=22).files()
+
+    if form == "loose":
+        response = post_files(as_token, contracts, files)
+    else:
+        response = post_archive(as_token, contracts, "adapter.tar.gz", tar_gz_bytes(files))
+
+    assert response.status_code == 400, response.json()
+    assert response.json()["error"]["code"] == "bad_tensor_values"
+    assert not AdapterVersion.objects.exists()
+    assert_store_empty(s3_store)

@@ -1,0 +1,131 @@
+"""REST endpoints of the MLflow integration, under /api/v1/ (config/urls.py):
+
+POST /api/v1/adapters/{id}/versions/from-mlflow-run/   register from a run
+GET  /api/v1/adapters/{id}/mlflow-aliases/             alias mirror state
+GET  /api/v1/versions/{id}/mlflow-mirror/              version mirror state
+"""
+
+from __future__ import annotations
+
+from django.urls import path
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core.api.views import ActorMixin
+from mlflow_bridge import services
+from registry import selectors
+from registry.api.serializers import VersionSerializer
+
+
+class FromRunSerializer(serializers.Serializer):
+    run_id = serializers.RegexField(services.RUN_ID_PATTERN, max_length=64)
+    artifact_path = serializers.CharField(
+        max_length=500, help_text="Where the run logged the adapter, e.g. 'adapter'."
+    )
+
+
+class VersionFromRunView(ActorMixin, APIView):
+    parser_classes = [JSONParser, FormParser, MultiPartParser]
+    # MLflow unreachable or not configured; the artifact refused for its size or type.
+    error_statuses = {"*": (413, 415, 503)}
+
+    @extend_schema(
+        request=FromRunSerializer,
+        responses={201: VersionSerializer, 200: VersionSerializer},
+        description=(
+            "Registers the adapter a FINISHED MLflow run logged at `artifact_path`. "
+            "The same run again returns the existing version (200). 404: unknown run; "
+            "400: no such artifact path (the message lists the run's artifacts); "
+            "503: MLflow unreachable, nothing registered."
+        ),
+    )
+    def post(self, request, pk: int):
+        adapter = selectors.adapter_get(self.actor, int(pk))
+        data = FromRunSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        result = services.register_from_run(
+            actor=self.actor,
+            adapter=adapter,
+            run_id=data.validated_data["run_id"],
+            artifact_path=data.validated_data["artifact_path"],
+        )
+        body = VersionSerializer(result.version).data
+        body["warnings"] = result.warnings
+        return Response(
+            body,
+            status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK,
+            headers={} if result.created else {"Idempotent-Replayed": "true"},
+        )
+
+
+_AliasSerializer = inline_serializer(
+    "MlflowAliasMirror",
+    {
+        "deployment_name": serializers.CharField(),
+        "alias": serializers.CharField(),
+        "version": serializers.IntegerField(allow_null=True),
+        "state": serializers.CharField(),
+        "attempts": serializers.IntegerField(),
+        "last_error": serializers.CharField(),
+        "updated_at": serializers.DateTimeField(),
+        "synced_at": serializers.DateTimeField(allow_null=True),
+    },
+    many=True,
+)
+
+
+class AdapterAliasesView(ActorMixin, APIView):
+    @extend_schema(responses=_AliasSerializer)
+    def get(self, request, pk: int):
+        adapter = selectors.adapter_get(self.actor, int(pk))
+        rows = adapter.mlflow_aliases.select_related("deployment").order_by("alias")
+        return Response([services.alias_mirror_summary(row) for row in rows])
+
+
+_VersionMirrorSerializer = inline_serializer(
+    "MlflowVersionMirror",
+    {
+        "enabled": serializers.BooleanField(),
+        "state": serializers.CharField(allow_null=True, required=False),
+        "registered_model": serializers.CharField(required=False),
+        "model_version": serializers.CharField(allow_null=True, required=False),
+        "status_in_mlflow": serializers.CharField(allow_null=True, required=False),
+        "url": serializers.CharField(allow_null=True, required=False),
+        "attempts": serializers.IntegerField(required=False),
+        "last_error": serializers.CharField(required=False),
+        "updated_at": serializers.DateTimeField(required=False),
+        "synced_at": serializers.DateTimeField(allow_null=True, required=False),
+    },
+)
+
+
+class VersionMirrorView(ActorMixin, APIView):
+    @extend_schema(
+        responses=_VersionMirrorSerializer,
+        description="Whether the version is mirrored to MLflow's Model Registry yet.",
+    )
+    def get(self, request, pk: int):
+        version = selectors.version_get(self.actor, int(pk))
+        return Response(services.version_mirror_summary(version))
+
+
+urlpatterns = [
+    path(
+        "versions/<int:pk>/mlflow-mirror/",
+        VersionMirrorView.as_view(),
+        name="version-mlflow-mirror",
+    ),
+    path(
+        "adapters/<int:pk>/versions/from-mlflow-run/",
+        VersionFromRunView.as_view(),
+        name="adapter-version-from-mlflow-run",
+    ),
+    path(
+        "adapters/<int:pk>/mlflow-aliases/",
+        AdapterAliasesView.as_view(),
+        name="adapter-mlflow-aliases",
+    ),
+]

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Writes the secret files docker-compose.yml reads, with random values, once:
+# an existing file is never overwritten (the database and MinIO were
+# initialised with it). The folder is its owner's only; the files themselves
+# are world-readable because Compose bind-mounts them into containers whose
+# users (uid 10001, postgres, ...) are not the owner.
+#
+# Usage: scripts/compose-secrets.sh [DIR]     (default: <repo>/secrets)
+set -euo pipefail
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIR="${1:-$REPO_ROOT/secrets}"
+mkdir -p "$DIR"
+chmod 700 "$DIR"
+
+random() {  # URL-safe, so it can sit inside DATABASE_URL as it is
+  python3 -c "import secrets; print(secrets.token_urlsafe($1))"
+}
+
+write() {  # name value
+  if [[ -s "$DIR/$1" ]]; then
+    echo "kept    $DIR/$1"
+  else
+    printf '%s' "$2" > "$DIR/$1"
+    chmod 644 "$DIR/$1"
+    echo "written $DIR/$1"
+  fi
+}
+
+write django_secret_key "$(random 48)"
+write postgres_password "$(random 24)"
+write s3_secret_key "$(random 24)"
+# Derived from the password actually on disk, new or kept.
+write database_url "postgres://registry:$(cat "$DIR/postgres_password")@postgres:5432/registry"

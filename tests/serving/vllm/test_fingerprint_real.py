@@ -1,0 +1,79 @@
+"""The probe behind weight verification, on real vLLM: greedy logprobs repeat
+exactly, a trained adapter moves them, an untrained one (every lora_B zero)
+does not, and two replicas serving the same files agree while a replica with
+other weights under the same name does not."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import save as save_safetensors
+
+from serving.fingerprint import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect, matches
+from tests.support.adapters import AdapterSpec, write_adapter_dir
+
+from .conftest import SERVED_BASE
+
+pytestmark = pytest.mark.vllm
+
+
+def probe(server, model: str) -> Probe:
+    # Generous: the first completion after boot warms the engine up, on shared cores.
+    with server.client(timeout=240) as client:
+        answer = client.probe(model, prompt=PROBE_PROMPT, max_tokens=PROBE_TOKENS)
+    assert answer.ok, answer.error
+    result = Probe.from_body(answer.body)
+    assert result is not None, answer.body
+    return result
+
+
+def load(server, name: str, path) -> None:
+    with server.client(timeout=60) as client:
+        answer = client.load_adapter(name, str(path))
+    assert answer.ok, answer.error
+
+
+def write_untrained(path, spec: AdapterSpec):
+    """PEFT's initial state: random lora_A, zero lora_B (no effect at all)."""
+    tensors = {
+        name: (np.zeros_like(value) if ".lora_B." in name else value)
+        for name, value in spec.tensors().items()
+    }
+    path.mkdir(parents=True)
+    (path / "adapter_config.json").write_text(json.dumps(spec.config()))
+    (path / "adapter_model.safetensors").write_bytes(save_safetensors(tensors))
+    return path
+
+
+def test_the_base_models_greedy_logprobs_repeat_exactly(vllm_servers):
+    first, second = probe(vllm_servers[0], SERVED_BASE), probe(vllm_servers[0], SERVED_BASE)
+    assert first.distance(second) == 0.0
+
+
+def test_a_trained_adapter_moves_the_output_and_an_untrained_one_does_not(vllm_servers, tmp_path):
+    server = vllm_servers[0]
+    load(
+        server, "trained", write_adapter_dir(tmp_path / "trained", AdapterSpec(seed=1, scale=0.05))
+    )
+    load(server, "untrained", write_untrained(tmp_path / "untrained", AdapterSpec(seed=1)))
+    base = probe(server, SERVED_BASE)
+
+    assert not has_no_effect(probe(server, "trained"), base)
+    assert has_no_effect(probe(server, "untrained"), base)
+
+
+def test_replicas_with_the_same_files_agree_and_other_weights_do_not(vllm_servers, tmp_path):
+    right = write_adapter_dir(tmp_path / "right", AdapterSpec(seed=2, scale=0.05))
+    wrong = write_adapter_dir(tmp_path / "wrong", AdapterSpec(seed=3, scale=0.05))
+    load(vllm_servers[0], "contracts", right)
+    load(vllm_servers[1], "contracts", right)
+    fingerprint = probe(vllm_servers[0], "contracts")
+
+    assert matches(fingerprint, probe(vllm_servers[1], "contracts"), tolerance=1e-3)
+
+    with vllm_servers[1].client(timeout=60) as client:
+        client.unload_adapter("contracts")
+    load(vllm_servers[1], "contracts", wrong)
+    assert not matches(fingerprint, probe(vllm_servers[1], "contracts"), tolerance=1e-3)
