@@ -14,7 +14,7 @@ Cases, each against the same S3 endpoint (moto server in its own process unless
   d  the same, with one .tar.gz of those two files (built before timing), which
      the registry unpacks into the store while it arrives
 
-The file is a valid LoRA adapter_model.safetensors (random weight bytes, so nothing
+The file is a valid LoRA adapter_model.safetensors (random finite weights, so nothing
 on the path can win by compressing), the same file for every case.
 
 "RSS +MiB" is this process's (the client's) peak growth; for cases c and d the registry
@@ -43,6 +43,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 from registry.storage import S3ArtifactStore
@@ -440,7 +441,10 @@ def make_file(path: Path, size: int) -> int:
     if padding < 0:
         raise SystemExit(f"--mb too small for a {LORA_HIDDEN}-wide adapter")
     raw += b" " * padding
-    block = os.urandom(8 * MB)
+    # Random float32 bits with the exponent's top bit cleared: every value is
+    # finite (|x| < 2) and nonzero almost surely, so ingest's value scan accepts
+    # them, and the bytes still do not compress.
+    block = (np.frombuffer(os.urandom(8 * MB), "<u4") & np.uint32(0xBFFFFFFF)).tobytes()
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)

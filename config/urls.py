@@ -1,7 +1,8 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from core.api.errors import api_not_found
 from observability.urls import metrics_urlpatterns
 from registry.api.views import HealthView
 from sso import views as sso_views
@@ -14,6 +15,9 @@ urlpatterns = [
     path("api/v1/", include("observability.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    # Last of the API routes; a path without its trailing slash still gets
+    # CommonMiddleware's redirect, since Django tries the slashed path first.
+    re_path(r"^api/.*/$", api_not_found),
     path("healthz", HealthView.as_view(), name="health"),
     *metrics_urlpatterns,
     path("api-auth/", include("rest_framework.urls")),

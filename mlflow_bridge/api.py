@@ -29,6 +29,8 @@ class FromRunSerializer(serializers.Serializer):
 
 class VersionFromRunView(ActorMixin, APIView):
     parser_classes = [JSONParser, FormParser, MultiPartParser]
+    # MLflow unreachable or not configured; the artifact refused for its size or type.
+    error_statuses = {"*": (413, 415, 503)}
 
     @extend_schema(
         request=FromRunSerializer,

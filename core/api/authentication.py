@@ -18,7 +18,12 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             return None
         scheme, _, secret = header.partition(" ")
         if scheme.lower() != self.keyword:
-            return None
+            # Credentials the API does not understand are refused, not ignored:
+            # falling through to the session cookie would answer 200 to a
+            # request whose own credentials are invalid (schemathesis' ignored_auth).
+            raise exceptions.AuthenticationFailed(
+                f"Unsupported Authorization scheme {scheme[:20]!r}; send 'Bearer <token>'."
+            )
         secret = secret.strip()
         if not secret:
             raise exceptions.AuthenticationFailed("The Bearer token is empty.")
@@ -51,3 +56,15 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
             "scheme": "bearer",
             "description": "A department API token.",
         }
+
+
+class SessionScheme(OpenApiAuthenticationExtension):
+    # drf-spectacular knows DRF's own class only; without this the schema listed
+    # the bearer token alone, as if a signed-in session could not call the API.
+    target_class = SessionAuthentication
+    name = "cookieAuth"
+
+    def get_security_definition(self, auto_schema):
+        from django.conf import settings
+
+        return {"type": "apiKey", "in": "cookie", "name": settings.SESSION_COOKIE_NAME}

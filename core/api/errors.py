@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -35,6 +36,23 @@ def _flatten(detail) -> str:
     if isinstance(detail, list):
         return " ".join(_flatten(item) for item in detail)
     return str(detail)
+
+
+@csrf_exempt  # like every API view: a POST to a wrong path is a 404, not an HTML 403
+def api_not_found(request, *args, **kwargs):
+    """Any /api/ path no route matches: the JSON error, not the web UI's HTML page."""
+    from django.http import JsonResponse
+
+    body = {
+        "error": {
+            "status": 404,
+            "code": "not_found",
+            "message": f"No API endpoint at {request.path}.",
+            "details": {},
+            "request_id": current_request_id(),
+        }
+    }
+    return JsonResponse(body, status=404)
 
 
 def exception_handler(exc, context):

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers as drf
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.views import ActorMixin
-from observability.api.serializers import ErrorSerializer, PlannerInputSerializer, PlanSerializer
+from observability.api.serializers import PlannerInputSerializer, PlanSerializer
 from observability.planning import plan_for
 from serving import selectors as serving_selectors
 from serving.planner import PlannerInputError
@@ -17,14 +17,8 @@ class PlannerView(ActorMixin, APIView):
 
     @extend_schema(
         request=PlannerInputSerializer,
-        responses={
-            200: PlanSerializer,
-            400: OpenApiResponse(
-                ErrorSerializer, description="Bad input; details name each field."
-            ),
-            401: OpenApiResponse(ErrorSerializer, description="Not signed in, no token."),
-            404: OpenApiResponse(ErrorSerializer, description="No such deployment."),
-        },
+        # The error statuses and their envelope come from core.api.schema.
+        responses={200: PlanSerializer},
         summary="Plan GPU memory, the LoRA pool, the KV cache and the cost of consolidation",
     )
     def post(self, request):

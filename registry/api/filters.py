@@ -1,10 +1,49 @@
 import django_filters
+from django import forms
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import extend_schema_field
 
 from core.models import AuditEvent
 from registry.models import Adapter, AdapterVersion, VersionStatus
 
+MAX_ID = 2**63 - 1  # a database integer; a larger one was a 500 (overflow), not a 400
 
-class AdapterFilter(django_filters.FilterSet):
+
+class StrictFilterSet(django_filters.FilterSet):
+    """django-filter skips a parameter given empty (`?status=`, `?until=`) as if
+    it were absent; the schema says it is an enum / a date-time, so it is a 400.
+    An empty text filter is a valid string and still matches as before."""
+
+    def is_valid(self):
+        valid = super().is_valid()
+        for name, value in self.data.items():
+            declared = self.filters.get(name)
+            if value == "" and declared and not isinstance(declared, django_filters.CharFilter):
+                self.form.add_error(name, "Give a value or leave the parameter out.")
+                valid = False
+        return valid
+
+
+class StrictFilterBackend(DjangoFilterBackend):
+    # Also the base of the FilterSets built from a view's `filterset_fields`.
+    filterset_base = StrictFilterSet
+
+
+class _IntegerField(forms.IntegerField):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("min_value", 1)
+        kwargs.setdefault("max_value", MAX_ID)
+        super().__init__(*args, **kwargs)
+
+
+@extend_schema_field({"type": "integer", "minimum": 1, "maximum": MAX_ID})
+class IntegerFilter(django_filters.NumberFilter):
+    # NumberFilter parses a decimal, so ?number=0.5 matched nothing instead of
+    # being refused as the integer the schema declares.
+    field_class = _IntegerField
+
+
+class AdapterFilter(StrictFilterSet):
     department = django_filters.CharFilter(field_name="department__slug")
     name = django_filters.CharFilter()
     served_name = django_filters.CharFilter()
@@ -15,9 +54,10 @@ class AdapterFilter(django_filters.FilterSet):
         fields = ["department", "name", "served_name", "base_model"]
 
 
-class VersionFilter(django_filters.FilterSet):
+class VersionFilter(StrictFilterSet):
     department = django_filters.CharFilter(field_name="adapter__department__slug")
-    adapter = django_filters.NumberFilter(field_name="adapter_id")
+    number = IntegerFilter()
+    adapter = IntegerFilter(field_name="adapter_id")
     status = django_filters.MultipleChoiceFilter(choices=VersionStatus.choices)
     mlflow_run_id = django_filters.CharFilter()
 
@@ -26,7 +66,7 @@ class VersionFilter(django_filters.FilterSet):
         fields = ["department", "adapter", "status", "number", "mlflow_run_id"]
 
 
-class AuditEventFilter(django_filters.FilterSet):
+class AuditEventFilter(StrictFilterSet):
     department = django_filters.CharFilter(field_name="department__slug")
     action = django_filters.CharFilter()
     action_prefix = django_filters.CharFilter(field_name="action", lookup_expr="startswith")

@@ -70,9 +70,16 @@ class VersionSerializer(serializers.ModelSerializer):
     adapter_name = serializers.CharField(source="adapter.name", read_only=True)
     department = serializers.CharField(source="adapter.department.slug", read_only=True)
     served_name = serializers.CharField(source="adapter.served_name", read_only=True)
-    registered_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    submitted_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    reviewed_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    # null until someone submits / reviews (and for rows whose user is gone).
+    registered_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+    submitted_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+    reviewed_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
     allowed_actions = serializers.SerializerMethodField()
     lineage = serializers.SerializerMethodField()
 
@@ -184,7 +191,9 @@ class AuditEventSerializer(serializers.ModelSerializer):
 
 class TokenSerializer(serializers.ModelSerializer):
     department = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = ApiToken
@@ -205,7 +214,9 @@ class TokenSerializer(serializers.ModelSerializer):
 class TokenCreateSerializer(serializers.Serializer):
     department = serializers.SlugField()
     name = serializers.CharField(max_length=100)
-    abilities = serializers.ListField(child=serializers.ChoiceField(choices=Ability.choices))
+    abilities = serializers.ListField(
+        child=serializers.ChoiceField(choices=Ability.choices), allow_empty=False
+    )
     expires_in_days = serializers.IntegerField(required=False, min_value=1)
 
 

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.access import require_contributor, require_platform_admin
-from core.api.views import ActorMixin
+from core.api.views import ActorMixin, schema_only
 from core.errors import NotFound
 from core.models import Ability, ApiToken, AuditEvent, Department
 from core.services.departments import department_create, membership_remove, membership_set
@@ -59,6 +59,8 @@ class DepartmentViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["slug", "name"]
 
     def get_queryset(self):
+        if schema_only(self):
+            return Department.objects.none()
         return selectors.departments_for(self.actor)
 
     def get_object(self):
@@ -75,8 +77,14 @@ class DepartmentViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["get"])
     def memberships(self, request, slug=None):
         department = self.get_object()
-        rows = selectors.memberships_for(self.actor).filter(department=department)
-        return Response(s.MembershipSerializer(rows, many=True).data)
+        rows = (
+            selectors.memberships_for(self.actor)
+            .filter(department=department)
+            .order_by("user__username")
+        )
+        # Paginated like every other list (the schema said so; the body was a bare list).
+        page = self.paginate_queryset(rows)
+        return self.get_paginated_response(s.MembershipSerializer(page, many=True).data)
 
     @extend_schema(request=s.MembershipInputSerializer, responses=s.MembershipSerializer)
     @memberships.mapping.post
@@ -117,7 +125,19 @@ class AdapterViewSet(
     ordering_fields = ["name", "created_at", "updated_at"]
     parser_classes = [JSONParser, MultiPartParser, FormParser]
 
+    # Registration can refuse the artifact's size or type, and needs the store.
+    error_statuses = {"versions": (413, 415, 503)}
+
+    def get_parsers(self):
+        # Multipart is for artifacts. A PATCH sent as multipart that Django cannot
+        # parse arrived as "no fields" and answered 200; JSON only, as documented.
+        if getattr(self, "action", None) == "partial_update":
+            return [JSONParser()]
+        return super().get_parsers()
+
     def get_queryset(self):
+        if schema_only(self):
+            return Adapter.objects.none()
         return selectors.adapters_for(self.actor)
 
     def get_object(self):
@@ -279,6 +299,8 @@ class VersionViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["number", "created_at", "status"]
 
     def get_queryset(self):
+        if schema_only(self):
+            return AdapterVersion.objects.none()
         return selectors.versions_for(self.actor)
 
     def get_object(self):
@@ -301,6 +323,8 @@ class AuditEventViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["created_at", "action"]
 
     def get_queryset(self):
+        if schema_only(self):
+            return AuditEvent.objects.none()
         return selectors.audit_events_for(self.actor)
 
 
@@ -319,6 +343,8 @@ class TokenViewSet(
     ordering_fields = ["created_at", "expires_at"]
 
     def get_queryset(self):
+        if schema_only(self):
+            return ApiToken.objects.none()
         return selectors.tokens_for(self.actor)
 
     def get_object(self):

@@ -53,7 +53,9 @@ def stage_and_inspect(
     """stage_upload then inspect_adapter; `dest` is left empty if either rejects."""
     staged = stage_upload(sources, dest, limits or IngestLimits())
     try:
-        metadata = inspect_adapter(staged.root, serving_dtype, allow_pickle)
+        metadata = inspect_adapter(
+            staged.root, serving_dtype, allow_pickle, tensor_values=staged.tensor_values
+        )
     except BaseException:
         clear_directory(dest)
         raise

@@ -1,7 +1,8 @@
 """Check a staged folder is a PEFT LoRA adapter vLLM can serve, and describe it.
 
-Only adapter_config.json and the safetensors header are read. Pickle weight
-files are never loaded: unpickling runs arbitrary code.
+adapter_config.json and the safetensors header are parsed; the tensor values
+are only scanned as numbers (.tensor_values). Pickle weight files are never
+loaded: unpickling runs arbitrary code.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ArtifactRejected
+from .patterns import PatternKeys, compile_target_modules
 from .safetensors_header import TensorInfo, read_safetensors_header
+from .tensor_values import TensorValues, read_tensor_values
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -25,6 +28,27 @@ MAX_EXTRA_FILE_BYTES = 64 * 1024**2
 SERVING_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 SAVABLE_MODULES = {"classifier", "score"}
+# init_lora_weights values whose training also rewrites the base weights
+# (PiSSA/OLoRA/CorDA subtract the initial adapter from them, LoftQ quantises
+# them): saved as they are, the adapter fits only that rewritten base, and vLLM
+# applies it to the original one. PEFT's converted save writes
+# init_lora_weights true instead. EVA only initialises lora_A from activations
+# and leaves the base alone, so it is served like any LoRA.
+_CONVERT_HINT = (
+    "Save it converted to a plain LoRA: model.save_pretrained(path, "
+    "path_initial_model_for_weight_conversion=<the {name} adapter saved before training>); "
+    "the converted adapter has init_lora_weights true and twice the rank."
+)
+BASE_MODIFYING_INITS = {
+    "pissa": ("PiSSA", _CONVERT_HINT.format(name="PiSSA-initialised")),
+    "olora": ("OLoRA", _CONVERT_HINT.format(name="OLoRA-initialised")),
+    "corda": ("CorDA", _CONVERT_HINT.format(name="CorDA-initialised")),
+    "loftq": (
+        "LoftQ",
+        "PEFT cannot convert a LoftQ adapter for the original base model; retrain with "
+        "the default initialisation (init_lora_weights true).",
+    ),
+}
 
 LORA_TENSOR = re.compile(r"base_model\.model\.(?P<path>.+)\.(?P<kind>lora_[AB])\.weight")
 EMBEDDING_TENSOR = re.compile(r"base_model\.model\.(?P<path>.+)\.(?P<kind>lora_embedding_[AB])")
@@ -56,13 +80,21 @@ class AdapterMetadata:
 
 
 def inspect_adapter(
-    root: Path, serving_dtype: str = "float16", allow_pickle: bool = False
+    root: Path,
+    serving_dtype: str = "float16",
+    allow_pickle: bool = False,
+    tensor_values: TensorValues | None = None,
 ) -> AdapterMetadata:
     """Validate the staged adapter in `root` and return what was found.
 
     `allow_pickle=True` only tolerates pickle files (e.g. a stray
     training_args.bin) next to adapter_model.safetensors; they are never
     loaded, and an adapter whose only weights are pickle is still refused.
+
+    `tensor_values` is the weights file's value scan when the caller already fed
+    it the bytes (both ingest paths do, on their one pass); without it the file
+    in `root` is read. A streamed upload's local copy holds only the header, so
+    it must pass its own.
     """
     if serving_dtype not in SERVING_DTYPE_BYTES:
         raise ValueError(f"unknown serving dtype {serving_dtype!r}")
@@ -71,8 +103,13 @@ def inspect_adapter(
     _check_files(root, names, allow_pickle)
     config = _read_config(root / CONFIG_NAME)
     rules = _check_config(config)
-    tensors = read_safetensors_header(root / WEIGHTS_NAME)
-    return _check_tensors(tensors, config, rules, serving_dtype)
+    weights = root / WEIGHTS_NAME
+    tensors = read_safetensors_header(weights)
+    metadata = _check_tensors(tensors, config, rules, serving_dtype)
+    if tensor_values is None:
+        tensor_values = read_tensor_values(weights)
+    _check_values(tensor_values, tensors, weights.stat().st_size)
+    return metadata
 
 
 # --- files -----------------------------------------------------------------------
@@ -157,8 +194,10 @@ def _is_rank(value) -> bool:
 @dataclass(frozen=True)
 class _Rules:
     r: int
-    targets: tuple[str, ...] | re.Pattern | None  # None means "all-linear"
+    # A tuple of names, an RE2 pattern (see .patterns), or None for "all-linear".
+    targets: tuple[str, ...] | object | None
     rank_pattern: dict
+    rank_keys: PatternKeys
     modules_to_save: tuple[str, ...]
 
 
@@ -180,6 +219,7 @@ def _check_config(config: dict) -> _Rules:
             f"lora_alpha must be a number, got {config['lora_alpha']!r}.",
         )
     targets = _target_rule(config.get("target_modules"))
+    _check_init(config.get("init_lora_weights", True))
 
     if config.get("use_dora"):
         raise ArtifactRejected(
@@ -209,10 +249,36 @@ def _check_config(config: dict) -> _Rules:
             "invalid_rank_pattern",
             "rank_pattern must map module names to positive integer ranks.",
         )
-    return _Rules(r, targets, rank_pattern, tuple(modules_to_save))
+    alpha_pattern = config.get("alpha_pattern") or {}
+    if not isinstance(alpha_pattern, dict) or not all(
+        isinstance(k, str) and _is_number(v) for k, v in alpha_pattern.items()
+    ):
+        raise ArtifactRejected(
+            "invalid_alpha_pattern",
+            "alpha_pattern must map module names to numbers.",
+        )
+    # Its values do not change shapes, but PEFT reads its keys as regexes exactly
+    # like rank_pattern's, so an invalid or hostile key is refused the same way.
+    PatternKeys("alpha_pattern", list(alpha_pattern))
+    rank_keys = PatternKeys("rank_pattern", list(rank_pattern))
+    return _Rules(r, targets, rank_pattern, rank_keys, tuple(modules_to_save))
 
 
-def _target_rule(targets) -> tuple[str, ...] | re.Pattern | None:
+def _check_init(init) -> None:
+    if not isinstance(init, str):
+        return
+    for prefix, (method, fix) in BASE_MODIFYING_INITS.items():
+        # PEFT spells the PiSSA variants pissa_niter_<n>.
+        if init.lower().startswith(prefix):
+            raise ArtifactRejected(
+                "base_modifying_init",
+                f"init_lora_weights is {init!r}: {method} changes the base model's weights "
+                "during training, so this adapter only fits that changed base and vLLM "
+                f"would apply it to the original one. {fix}",
+            )
+
+
+def _target_rule(targets) -> tuple[str, ...] | object | None:
     if targets is None:
         raise ArtifactRejected(
             "missing_target_modules",
@@ -222,13 +288,7 @@ def _target_rule(targets) -> tuple[str, ...] | re.Pattern | None:
     if targets == "all-linear":
         return None
     if isinstance(targets, str):
-        try:
-            return re.compile(targets)
-        except re.error as error:
-            raise ArtifactRejected(
-                "invalid_target_modules",
-                f"target_modules is a string but not a valid regular expression ({error}).",
-            ) from None
+        return compile_target_modules(targets)
     if isinstance(targets, list) and targets and all(isinstance(t, str) and t for t in targets):
         return tuple(targets)
     raise ArtifactRejected(
@@ -243,16 +303,10 @@ def _targets_match(targets: tuple[str, ...], path: str) -> str | None:
 
 
 def _rank_for(path: str, rules: _Rules) -> tuple[int, str | None]:
-    # PEFT's get_pattern_key: the first key that matches the end of the module
-    # path (as a regex), in config order.
-    for key in rules.rank_pattern:
-        try:
-            matched = re.fullmatch(rf"(.*\.)?(?:{key})", path) is not None
-        except re.error:
-            matched = path == key or path.endswith("." + key)
-        if matched:
-            return rules.rank_pattern[key], key
-    return rules.r, None
+    key = rules.rank_keys.first_match(path)
+    if key is None:
+        return rules.r, None
+    return rules.rank_pattern[key], key
 
 
 # --- tensors ---------------------------------------------------------------------
@@ -386,6 +440,43 @@ def _check_tensors(
         layer_count=len(layers),
         config=config,
     )
+
+
+def _check_values(values: TensorValues, tensors: list[TensorInfo], file_size: int) -> None:
+    if values.size != file_size:
+        # A scan of other bytes than the file checked above: a wiring bug, not the upload's.
+        raise ValueError(f"tensor values were fed {values.size} bytes, the file has {file_size}")
+    report = values.finish()
+    if report is None:
+        # The header check passed, so this should not happen; refuse rather than trust.
+        raise ArtifactRejected(
+            "bad_safetensors",
+            f"{WEIGHTS_NAME} could not be read to check its values: {values.unreadable}.",
+        )
+    if report.nonfinite:
+        shown = ", ".join(repr(n) for n in report.nonfinite[:3])
+        more = f" and {len(report.nonfinite) - 3} more" if len(report.nonfinite) > 3 else ""
+        raise ArtifactRejected(
+            "non_finite_weights",
+            f"Tensor {shown}{more} contains NaN or Inf. vLLM loads such an adapter and then "
+            "every completion that uses it fails. Training diverged or the file was "
+            "corrupted: check the run's loss, then save the weights again.",
+        )
+    pairs: dict[str, dict[str, str]] = {}
+    for tensor in tensors:
+        match = LORA_TENSOR.fullmatch(tensor.name) or EMBEDDING_TENSOR.fullmatch(tensor.name)
+        if match:
+            pairs.setdefault(match["path"], {})[match["kind"][-1]] = tensor.name
+    inert = [p for p, s in pairs.items() if s["A"] in report.all_zero or s["B"] in report.all_zero]
+    if pairs and len(inert) == len(pairs):
+        every_b = all(s["B"] in report.all_zero for s in pairs.values())
+        which = "Every lora_B matrix is" if every_b else "In every module lora_A or lora_B is"
+        raise ArtifactRejected(
+            "adapter_changes_nothing",
+            f"{which} all zeros, so the adapter changes nothing: vLLM would serve exactly "
+            "the base model's output. PEFT initialises lora_B to zero, so these look like "
+            "weights saved before training; upload the trained weights.",
+        )
 
 
 def _text(value) -> str:

@@ -1,8 +1,9 @@
 """Read and check a .safetensors header without torch or the safetensors package.
 
 The format is an 8-byte little-endian header length, a JSON header, then the
-raw tensor bytes. Only the header is read: the data section is checked by
-arithmetic (every byte belongs to exactly one tensor), never loaded.
+raw tensor bytes. Only the header is read here: the data section is checked by
+arithmetic (every byte belongs to exactly one tensor). The values themselves
+are read, streaming, by .tensor_values.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import math
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ArtifactRejected
@@ -35,11 +36,18 @@ DTYPE_SIZES = {
 }
 
 
+# read_safetensors_header's default cap on the JSON header.
+MAX_HEADER_BYTES = 100 * 1024**2
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
     dtype: str
     shape: tuple[int, ...]
+    # Byte range in the data section (after the 8-byte length and the header).
+    begin: int = field(default=0, compare=False)
+    end: int = field(default=0, compare=False)
 
     @property
     def numel(self) -> int:
@@ -67,21 +75,28 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
     return result
 
 
-def read_safetensors_header(path: Path, max_header_bytes: int = 100 * 1024**2) -> list[TensorInfo]:
+def header_length(path: Path, prefix: bytes, max_header_bytes: int = MAX_HEADER_BYTES) -> int:
+    """The JSON header's length from the file's first 8 bytes, within the cap."""
+    if len(prefix) < 8:
+        raise _bad(path, "the file is shorter than the 8-byte header length")
+    (header_len,) = struct.unpack("<Q", prefix)
+    if header_len < 2:
+        raise _bad(path, f"the header length ({header_len}) is too small")
+    if header_len > max_header_bytes:
+        raise _bad(
+            path,
+            f"the header length ({header_len} bytes) is over the {max_header_bytes} limit",
+        )
+    return header_len
+
+
+def read_safetensors_header(
+    path: Path, max_header_bytes: int = MAX_HEADER_BYTES
+) -> list[TensorInfo]:
     path = Path(path)
     with open(path, "rb") as handle:
         file_size = os.fstat(handle.fileno()).st_size
-        prefix = handle.read(8)
-        if len(prefix) < 8:
-            raise _bad(path, "the file is shorter than the 8-byte header length")
-        (header_len,) = struct.unpack("<Q", prefix)
-        if header_len < 2:
-            raise _bad(path, f"the header length ({header_len}) is too small")
-        if header_len > max_header_bytes:
-            raise _bad(
-                path,
-                f"the header length ({header_len} bytes) is over the {max_header_bytes} limit",
-            )
+        header_len = header_length(path, handle.read(8), max_header_bytes)
         if 8 + header_len > file_size:
             raise _bad(
                 path,
@@ -89,6 +104,27 @@ def read_safetensors_header(path: Path, max_header_bytes: int = 100 * 1024**2) -
                 f"{file_size}-byte file",
             )
         raw = handle.read(header_len)
+    tensors = parse_header(path, raw)
+    data_size = file_size - 8 - header_len
+    # Every byte of the data section must belong to exactly one tensor.
+    position = 0
+    for tensor in sorted(tensors, key=lambda t: (t.begin, t.end, t.name)):
+        if tensor.begin != position:
+            overlaps = tensor.begin < position
+            problem = "overlaps another tensor" if overlaps else "leaves a gap before it"
+            raise _bad(path, f"tensor {tensor.name!r} at offset {tensor.begin} {problem}")
+        position = tensor.end
+    if position != data_size:
+        raise _bad(
+            path,
+            f"the tensors cover {position} bytes but the data section is {data_size} bytes",
+        )
+    return tensors
+
+
+def parse_header(path: Path, raw: bytes) -> list[TensorInfo]:
+    """The tensors a JSON header declares, each checked on its own (dtype, shape,
+    a byte span that fits them). How the spans tile the file is the caller's."""
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
@@ -103,9 +139,7 @@ def read_safetensors_header(path: Path, max_header_bytes: int = 100 * 1024**2) -
     ):
         raise _bad(path, "__metadata__ must map strings to strings")
 
-    data_size = file_size - 8 - header_len
     tensors: list[TensorInfo] = []
-    spans: list[tuple[int, int, str]] = []
     for name, entry in header.items():
         if not name:
             raise _bad(path, "a tensor has an empty name")
@@ -132,19 +166,5 @@ def read_safetensors_header(path: Path, max_header_bytes: int = 100 * 1024**2) -
                 f"tensor {name!r} ({dtype} {shape}) needs {expected} bytes but its "
                 f"data_offsets span {offsets[1] - offsets[0]}",
             )
-        tensors.append(TensorInfo(name, dtype, tuple(shape)))
-        spans.append((offsets[0], offsets[1], name))
-
-    # Every byte of the data section must belong to exactly one tensor.
-    position = 0
-    for begin, end, name in sorted(spans):
-        if begin != position:
-            problem = "overlaps another tensor" if begin < position else "leaves a gap before it"
-            raise _bad(path, f"tensor {name!r} at offset {begin} {problem}")
-        position = end
-    if position != data_size:
-        raise _bad(
-            path,
-            f"the tensors cover {position} bytes but the data section is {data_size} bytes",
-        )
+        tensors.append(TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1]))
     return tensors

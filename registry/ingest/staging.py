@@ -25,11 +25,13 @@ import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Protocol
 
+from .adapter_validation import WEIGHTS_NAME
 from .errors import ArtifactRejected
+from .tensor_values import TensorValues
 
 CHUNK_SIZE = 1024 * 1024
 # The compression-ratio check only starts once this much compressed input has
@@ -95,6 +97,8 @@ class StagedArtifact:
     total_size: int
     # The content identity used for duplicate detection.
     manifest_sha256: str
+    # The weights' value scan, fed while they were copied (None without weights).
+    tensor_values: TensorValues | None = field(default=None, compare=False, repr=False)
 
     def file(self, path: str) -> StagedFile | None:
         return next((f for f in self.files if f.path == path), None)
@@ -216,6 +220,7 @@ class _Writer:
         self.entries = 0
         self.total = 0
         self.files: dict[tuple[str, ...], tuple[Path, int, str]] = {}
+        self.values: dict[tuple[str, ...], TensorValues] = {}
         self.dirs: set[tuple[str, ...]] = set()
         # Returns compressed bytes read so far; None when there is no compression.
         self.compressed: Callable[[], int] | None = None
@@ -240,11 +245,17 @@ class _Writer:
         target = self.scratch / str(len(self.files))
         digest = hashlib.sha256()
         size = 0
+        # The weights' values are scanned on this one pass over their bytes (issue 14).
+        values = TensorValues() if parts[-1] == WEIGHTS_NAME else None
+        if values is not None:
+            self.values[parts] = values
         with open(target, "xb") as out:
             while chunk := read(CHUNK_SIZE):
                 size += len(chunk)
                 self.count_bytes(shown, size, len(chunk))
                 digest.update(chunk)
+                if values is not None:
+                    values.feed(chunk)
                 out.write(chunk)
         self.files[parts] = (target, size, digest.hexdigest())
 
@@ -332,10 +343,12 @@ def check_flat_layout(writer: _Writer) -> None:
 def _finish(writer: _Writer, dest: Path) -> StagedArtifact:
     check_flat_layout(writer)
     files = []
+    values = None
     for parts, (tmp, size, sha) in writer.files.items():
         name = parts[-1]
         os.replace(tmp, dest / name)
         files.append(StagedFile(name, size, sha))
+        values = writer.values.get(parts) or values
     writer.scratch.rmdir()
     files.sort(key=lambda f: f.path)
     return StagedArtifact(
@@ -343,6 +356,7 @@ def _finish(writer: _Writer, dest: Path) -> StagedArtifact:
         files=tuple(files),
         total_size=sum(f.size for f in files),
         manifest_sha256=manifest_sha256(files),
+        tensor_values=values,
     )
 
 

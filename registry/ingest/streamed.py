@@ -5,7 +5,8 @@ store: Django's temporary file, the staging copy, then the upload. Here each
 loose file part goes straight to the store under the new version's prefix while
 it is hashed and counted, and only the bytes validation reads (all of a small
 file, the header of a safetensors file) are written locally, into a sparse file
-of the real size. `inspect_adapter` runs on that folder unchanged, and the
+of the real size. `inspect_adapter` runs on that folder unchanged (the weights'
+values, absent there, are scanned as they stream past: TensorValues), and the
 manifest is computed exactly as `stage_upload` computes it, so duplicate
 detection sees no difference between the paths.
 
@@ -44,6 +45,7 @@ from django.core.files.uploadhandler import FileUploadHandler, StopFutureHandler
 from core.body_limit import BodyLimitHandler
 from core.errors import ValidationFailed
 from registry.artifact_store import discard_stored, store_unavailable
+from registry.ingest.adapter_validation import WEIGHTS_NAME
 from registry.ingest.errors import ArtifactRejected
 
 # The name rules and helpers are stage_upload's own, so both paths refuse the same names.
@@ -65,6 +67,7 @@ from registry.ingest.staging import (
     manifest_sha256,
     require_entry_count,
 )
+from registry.ingest.tensor_values import TensorValues
 from registry.storage import ArtifactStore, ArtifactWriter, StorageError
 
 logger = logging.getLogger(__name__)
@@ -150,10 +153,15 @@ class _Incoming:
         self.safetensors = name.endswith(".safetensors")
         self.head_wanted = 8 if self.safetensors else SMALL_HEAD_BYTES
         self._first = b""
+        # Issue 14: the local copy keeps only the header, so the weights' values
+        # are scanned here, on the one pass the bytes make on their way to the store.
+        self.values = TensorValues() if name == WEIGHTS_NAME else None
 
     def write(self, chunk: bytes) -> None:
         # Every streamed byte passes here, loose file or archive member.
         self.digest.update(chunk)
+        if self.values is not None:
+            self.values.feed(chunk)
         for check in self.checks:
             check.write(chunk)
         self.writer.write(chunk)
@@ -360,6 +368,7 @@ class StreamingIngestHandler(FileUploadHandler):
         self.file_checks = tuple(file_checks)
         self.workdir: Path | None = None
         self.files: list[StagedFile] = []
+        self.tensor_values: TensorValues | None = None
         self.total = 0
         self.entries = 0
         self.parts = 0  # `files` parts seen, streamed or not
@@ -461,6 +470,7 @@ class StreamingIngestHandler(FileUploadHandler):
             files=tuple(files),
             total_size=sum(f.size for f in files),
             manifest_sha256=manifest_sha256(files),
+            tensor_values=self.tensor_values,
         )
         return StreamedArtifact(prefix=self.prefix, staged=staged, handler=self)
 
@@ -554,6 +564,8 @@ class StreamingIngestHandler(FileUploadHandler):
         staged = item.finish()
         self._current = None
         self.files.append(staged)
+        if item.values is not None:
+            self.tensor_values = item.values
         return staged
 
 

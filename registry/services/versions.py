@@ -177,6 +177,8 @@ def _inspect(staged: StagedArtifact) -> AdapterMetadata:
             staged.root,
             serving_dtype=settings.SERVING_DTYPE,
             allow_pickle=settings.INGEST_ALLOW_PICKLE,
+            # Fed by staging or by the streamed upload on their one pass over the bytes.
+            tensor_values=staged.tensor_values,
         )
     except ArtifactRejected as rejection:
         raise _rejected(rejection) from rejection

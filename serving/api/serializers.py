@@ -158,8 +158,12 @@ class DeploymentSummarySerializer(serializers.ModelSerializer):
 
 class PromotionSerializer(serializers.ModelSerializer):
     deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    reviewed_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    requested_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+    reviewed_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
     adapter = serializers.IntegerField(source="version.adapter_id", read_only=True)
     version_number = serializers.IntegerField(source="version.number", read_only=True)
     rollout = serializers.SerializerMethodField()

@@ -6,8 +6,9 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from core.api.views import ActorMixin
+from core.api.views import ActorMixin, schema_only
 from registry import selectors as registry_selectors
+from registry.api.filters import IntegerFilter, StrictFilterSet
 from serving import kserve, selectors
 from serving.api import serializers as s
 from serving.gate import evaluate_gate
@@ -29,6 +30,8 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
     filterset_fields = ["environment"]
 
     def get_queryset(self):
+        if schema_only(self):
+            return Deployment.objects.none()
         return selectors.deployments_for(self.actor)
 
     def get_object(self):
@@ -142,6 +145,8 @@ class PromotionViewSet(
     ordering_fields = ["created_at"]
 
     def get_queryset(self):
+        if schema_only(self):
+            return Promotion.objects.none()
         return selectors.promotions_for(self.actor).prefetch_related("rollouts")
 
     def get_object(self):
@@ -185,8 +190,11 @@ class PromotionViewSet(
         return self._review(request, approve=False)
 
 
-class RolloutFilter(filters.FilterSet):
+class RolloutFilter(StrictFilterSet):
     deployment = filters.CharFilter(field_name="deployment__name")
+    # By id, not a model choice: an unknown id matches nothing (an empty page), as
+    # every other id filter does, instead of a 400 the schema cannot predict.
+    adapter = IntegerFilter(field_name="adapter_id")
     served_name = filters.CharFilter(field_name="adapter__served_name")
 
     class Meta:
@@ -202,6 +210,8 @@ class RolloutViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["created_at", "finished_at"]
 
     def get_queryset(self):
+        if schema_only(self):
+            return Rollout.objects.none()
         return selectors.rollouts_for(self.actor)
 
     def get_object(self):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import struct
 import tarfile
 import zipfile
 from dataclasses import dataclass, field
@@ -46,11 +47,14 @@ class AdapterSpec:
     layers: int = TINY_LAYERS
     hidden: int = TINY_HIDDEN
     intermediate: int = TINY_INTERMEDIATE
-    dtype: str = "float32"
+    dtype: str = "float32"  # or float16, float64, bfloat16 (written bit by bit: numpy has none)
     seed: int = 0
     # Multiplies the weights so two adapters with the same shapes differ in content.
     scale: float = 0.01
     extra_config: dict = field(default_factory=dict)
+    # Hostile values: "nan" / "inf" in the last lora_B, "-inf" in the first lora_A,
+    # "zero_b" every lora_B all zeros (an untrained adapter), "zero_a" every lora_A.
+    poison: str | None = None
 
     def config(self) -> dict:
         config = {
@@ -85,19 +89,64 @@ class AdapterSpec:
                 block, fan_in, fan_out = self.module_shape(module)
                 prefix = f"base_model.model.model.layers.{layer}.{block}.{module}"
                 r = rank_pattern.get(module, self.r)
+                stored = np.float32 if self.dtype == "bfloat16" else self.dtype
                 tensors[f"{prefix}.lora_A.weight"] = (
                     rng.standard_normal((r, fan_in)) * self.scale
-                ).astype(self.dtype)
+                ).astype(stored)
                 tensors[f"{prefix}.lora_B.weight"] = (
                     rng.standard_normal((fan_out, r)) * self.scale
-                ).astype(self.dtype)
+                ).astype(stored)
+        self._poison(tensors)
         return tensors
+
+    def _poison(self, tensors: dict[str, np.ndarray]) -> None:
+        names = list(tensors)
+        a_names = [n for n in names if ".lora_A." in n]
+        b_names = [n for n in names if ".lora_B." in n]
+        if self.poison in ("nan", "inf"):
+            tensors[b_names[-1]].flat[-1] = np.nan if self.poison == "nan" else np.inf
+        elif self.poison == "-inf":
+            tensors[a_names[0]].flat[0] = -np.inf
+        elif self.poison in ("zero_b", "zero_a"):
+            for name in b_names if self.poison == "zero_b" else a_names:
+                tensors[name][...] = 0
+                # -0.0 is zero too; it must not make a matrix count as trained.
+                tensors[name].flat[0] = -0.0
+        elif self.poison is not None:
+            raise ValueError(f"unknown poison {self.poison!r}")
+
+    def weights(self) -> bytes:
+        if self.dtype == "bfloat16":
+            return save_bf16_safetensors(self.tensors())
+        return save_safetensors(self.tensors())
 
     def files(self) -> dict[str, bytes]:
         return {
             "adapter_config.json": json.dumps(self.config(), indent=2).encode(),
-            "adapter_model.safetensors": save_safetensors(self.tensors()),
+            "adapter_model.safetensors": self.weights(),
         }
+
+
+def bf16_bytes(values: np.ndarray) -> bytes:
+    """float32 values as bfloat16 bits (truncated: the top half of each float32)."""
+    return (np.ascontiguousarray(values, "<f4").view("<u4") >> 16).astype("<u2").tobytes()
+
+
+def save_bf16_safetensors(tensors: dict[str, np.ndarray]) -> bytes:
+    """A safetensors file of BF16 tensors, laid out as safetensors.torch writes them."""
+    header, data, offset = {}, [], 0
+    for name, values in tensors.items():
+        raw = bf16_bytes(values)
+        header[name] = {
+            "dtype": "BF16",
+            "shape": list(values.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
+        data.append(raw)
+        offset += len(raw)
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)  # safetensors pads the header to 8 bytes
+    return struct.pack("<Q", len(encoded)) + encoded + b"".join(data)
 
 
 def write_adapter_dir(path: Path, spec: AdapterSpec | None = None) -> Path:

@@ -71,7 +71,7 @@ def test_members_are_listed_with_roles(lena, alex, paula, as_lena):
     response = as_lena.get(f"{DEPARTMENTS}legal/memberships/")
 
     assert response.status_code == 200
-    assert {(m["username"], m["role"]) for m in response.json()} == {
+    assert {(m["username"], m["role"]) for m in response.json()["results"]} == {
         ("lena", "member"),
         ("alex", "approver"),
         ("paula", "approver"),

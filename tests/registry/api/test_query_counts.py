@@ -127,5 +127,5 @@ def test_memberships_of_a_department(lena, legal, as_root):
         as_root,
         "/api/v1/departments/legal/memberships/",
         add,
-        lambda body: len([m for m in body if m["username"].startswith("member")]),
+        lambda body: len([m for m in body["results"] if m["username"].startswith("member")]),
     )

@@ -121,17 +121,31 @@ REFUSED = {
         "pickle_weights",
     ),
     "rank_mismatch": (_rank_mismatch, None),
+    # The local copy holds only the header: these values are seen only as they stream past.
+    "nan_weights": (lambda: AdapterSpec(poison="nan").files(), "non_finite_weights"),
+    "untrained_zero_b": (lambda: AdapterSpec(poison="zero_b").files(), "adapter_changes_nothing"),
 }
 
 
 @pytest.mark.s3
 @pytest.mark.parametrize("case", REFUSED, ids=str)
-def test_a_refused_loose_upload_leaves_nothing_in_s3(case, as_token, contracts, s3_store):
+def test_a_refused_loose_upload_leaves_nothing_in_s3(
+    case, as_token, contracts, s3_store, monkeypatch
+):
     build, code = REFUSED[case]
+    streamed = []
+    original = S3ArtifactStore.open_write
+
+    def spying(self, key):
+        streamed.append(key.rpartition("/")[2])
+        return original(self, key)
+
+    monkeypatch.setattr(S3ArtifactStore, "open_write", spying)
 
     response = post_files(as_token, contracts, build())
 
     assert response.status_code == 400, response.json()
+    assert streamed  # it took the streamed path
     if code:
         assert response.json()["error"]["code"] == code
     assert not AdapterVersion.objects.exists()

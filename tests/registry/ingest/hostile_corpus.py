@@ -101,6 +101,25 @@ def _with_weights_bytes(weights: bytes) -> Callable[[], Upload]:
     return build
 
 
+def _with_spec(loose: bool = False, **spec) -> Callable[[], Upload]:
+    """An AdapterSpec's files as a tar.gz (the staged path) or, `loose`, as loose
+    files, which the HTTP API streams straight into the store."""
+
+    def build() -> Upload:
+        files = _files(**spec)
+        if loose:
+            return list(files.items())
+        return [("adapter.tar.gz", tar_gz_bytes(files))]
+
+    return build
+
+
+# A module path on which a nested quantifier backtracks: Python's re needs
+# about 2**40 steps to find that (a+)+ does not match it; RE2 answers at once.
+REDOS_PATH = "a" * 40 + "!"
+REDOS_Q = f"base_model.model.{REDOS_PATH}"
+
+
 def _tar(*members: tuple[tarfile.TarInfo, bytes], gz: bool = True) -> bytes:
     buffer = io.BytesIO()
     mode = "w:gz" if gz else "w"
@@ -591,4 +610,79 @@ HOSTILE_ARTIFACTS: list[HostileArtifact] = [
         _with_weights_bytes(_header_only({}, b"")),
         "no_lora_tensors",
     ),
+    # Untrusted regexes (issue 14): linear-time matching, a 400 naming the key
+    HostileArtifact(
+        "redos_target_modules",
+        _with_tensors(_lora(REDOS_Q, 8), target_modules="(a+)+"),
+        "target_modules_mismatch",
+        description="(a+)+ against 'aaa…a!' pinned the web process with Python's re",
+    ),
+    HostileArtifact(
+        "redos_rank_pattern_key",
+        _with_tensors(_lora(REDOS_Q, 4), target_modules=[REDOS_PATH], rank_pattern={"(a+)+": 4}),
+        "rank_mismatch",
+        description="the key does not match the module, so its rank-4 weights contradict r = 8",
+    ),
+    HostileArtifact(
+        "lookahead_target_modules",
+        _with_config(target_modules="(?=.*q_proj).*"),
+        "invalid_target_modules",
+        description="lookaround needs backtracking; RE2 refuses it",
+    ),
+    HostileArtifact(
+        "backreference_rank_pattern_key",
+        _with_config(rank_pattern={r"(q)\1_proj": 8}),
+        "invalid_rank_pattern",
+    ),
+    HostileArtifact(
+        "invalid_alpha_pattern_key",
+        _with_config(alpha_pattern={"q_proj(": 32}),
+        "invalid_alpha_pattern",
+    ),
+    HostileArtifact(
+        "overlong_target_modules_regex",
+        _with_config(target_modules="(q_proj|v_proj)" + "?" * 5000),
+        "invalid_target_modules",
+    ),
+    # Tensor values (issue 14): read as untrusted bytes while they stream past
+    HostileArtifact("nan_in_lora_b", _with_spec(poison="nan"), "non_finite_weights"),
+    HostileArtifact(
+        "nan_in_lora_b_streamed",
+        _with_spec(loose=True, poison="nan"),
+        "non_finite_weights",
+        description="loose files: over HTTP they stream into the store, never staged",
+    ),
+    HostileArtifact(
+        "inf_in_lora_a_float16", _with_spec(poison="-inf", dtype="float16"), "non_finite_weights"
+    ),
+    HostileArtifact(
+        "inf_in_lora_b_bfloat16_streamed",
+        _with_spec(loose=True, poison="inf", dtype="bfloat16"),
+        "non_finite_weights",
+    ),
+    HostileArtifact(
+        "nan_in_lora_b_float64", _with_spec(poison="nan", dtype="float64"), "non_finite_weights"
+    ),
+    HostileArtifact(
+        "untrained_zero_lora_b",
+        _with_spec(poison="zero_b"),
+        "adapter_changes_nothing",
+        description="PEFT's initial lora_B; vLLM serves exactly the base model's output",
+    ),
+    HostileArtifact(
+        "untrained_zero_lora_b_bfloat16_streamed",
+        _with_spec(loose=True, poison="zero_b", dtype="bfloat16"),
+        "adapter_changes_nothing",
+    ),
+    HostileArtifact("zero_lora_a", _with_spec(poison="zero_a"), "adapter_changes_nothing"),
+    # PEFT initialisations that rewrite the base model's weights, saved unconverted
+    HostileArtifact("init_pissa", _with_config(init_lora_weights="pissa"), "base_modifying_init"),
+    HostileArtifact(
+        "init_pissa_niter",
+        _with_config(init_lora_weights="pissa_niter_16"),
+        "base_modifying_init",
+    ),
+    HostileArtifact("init_olora", _with_config(init_lora_weights="olora"), "base_modifying_init"),
+    HostileArtifact("init_corda", _with_config(init_lora_weights="corda"), "base_modifying_init"),
+    HostileArtifact("init_loftq", _with_config(init_lora_weights="loftq"), "base_modifying_init"),
 ]

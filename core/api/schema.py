@@ -1,0 +1,95 @@
+"""The OpenAPI schema documents every answer an operation can give, errors included.
+
+Training pipelines generate clients from /api/schema/, so an undocumented 4xx
+is a client that cannot parse the error (schemathesis found 72 of them: no
+operation documented the error envelope). `ApiAutoSchema` adds the one error
+envelope (core.api.errors) to each operation for the statuses its kind can
+return; a view names the extra ones its work can cause in `error_statuses`
+(per action name, or "*" for all of its operations).
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.openapi import AutoSchema
+from rest_framework import serializers
+from rest_framework.permissions import AllowAny
+
+ERROR_DESCRIPTIONS = {
+    400: "Invalid request: a field, query parameter or artifact was refused (`code` says which).",
+    401: "No valid credentials (missing, unknown, expired or revoked token).",
+    403: "Authenticated, but not allowed (role, token ability or four-eyes rule).",
+    404: "Not found, or outside your departments.",
+    409: "Conflicts with the current state (e.g. an invalid transition, a duplicate).",
+    413: "Too large (an upload over INGEST_MAX_BYTES, or too many entries).",
+    415: "Unsupported media type or upload type.",
+    503: "A dependency (artifact store, MLflow) is unavailable or not configured.",
+}
+UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    status = serializers.IntegerField()
+    code = serializers.CharField(help_text="Stable snake_case code clients can branch on.")
+    message = serializers.CharField()
+    details = serializers.DictField(child=serializers.JSONField())
+    request_id = serializers.CharField(allow_blank=True)
+
+
+class ErrorEnvelopeSerializer(serializers.Serializer):
+    """Every 4xx and 5xx of the API."""
+
+    error = ErrorDetailSerializer()
+
+
+class ApiAutoSchema(AutoSchema):
+    def _get_response_bodies(self, direction="response"):
+        responses = super()._get_response_bodies(direction)
+        for code in sorted(self.error_statuses()):
+            if str(code) in responses:
+                continue
+            response = self._get_response_for_code(
+                ErrorEnvelopeSerializer, str(code), direction=direction
+            )
+            response["description"] = ERROR_DESCRIPTIONS[code]
+            responses[str(code)] = response
+        return responses
+
+    def error_statuses(self) -> set[int]:
+        codes: set[int] = set()
+        permissions = getattr(self.view, "permission_classes", [])
+        if not all(p is AllowAny for p in permissions):
+            codes |= {401, 403}
+        if "{" in self.path or self._is_paginated() or self.method in UNSAFE:
+            # A list's page past the last one; a write's referenced object
+            # (department, deployment, version) not found or out of reach.
+            codes.add(404)
+        if self.method in UNSAFE or self._has_query_parameters():
+            codes.add(400)
+        if self.method in UNSAFE:
+            codes.add(409)
+        if self.method in {"POST", "PUT", "PATCH"} and self.get_request_serializer() is not None:
+            codes.add(415)  # DRF's parsers refuse other content types
+        extra = getattr(self.view, "error_statuses", {})
+        action = getattr(self.view, "action", None) or self.method.lower()
+        codes |= set(extra.get("*", ())) | set(extra.get(action, ()))
+        return codes
+
+    def _is_paginated(self) -> bool:
+        return (
+            self.method == "GET"
+            and self._is_list_view()
+            and getattr(self.view, "pagination_class", None) is not None
+        )
+
+    def _has_query_parameters(self) -> bool:
+        if self.method != "GET":
+            return False
+        if self._is_list_view() and (
+            getattr(self.view, "pagination_class", None)
+            or getattr(self.view, "filterset_class", None)
+        ):
+            return True
+        return any(
+            p.get("in") == "query"
+            for p in self._get_parameters()  # extend_schema parameters, filters, pagination
+        )
