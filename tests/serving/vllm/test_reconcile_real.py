@@ -63,7 +63,7 @@ def test_restarted_replica_gets_its_adapters_back_within_one_interval(
     restarted, untouched = vllm_servers
 
     def reconciled() -> bool:
-        body = ok(platform.member.get("/api/v1/deployments/staging-cpu/"))
+        body = ok(platform.admin.get("/api/v1/deployments/staging-cpu/"))  # replicas: admins only
         replicas = {r["base_url"]: r for r in body["replicas"]}
         return bool(body["last_reconciled_at"]) and all(
             r["health"] == "up" and r["last_checked_at"] for r in replicas.values()
@@ -118,5 +118,5 @@ def test_restarted_replica_gets_its_adapters_back_within_one_interval(
 
 
 def _health(platform, base_url: str) -> str:
-    body = ok(platform.member.get("/api/v1/deployments/staging-cpu/"))
+    body = ok(platform.admin.get("/api/v1/deployments/staging-cpu/"))  # replicas: admins only
     return next(r["health"] for r in body["replicas"] if r["base_url"] == base_url)
