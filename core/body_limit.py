@@ -60,6 +60,19 @@ class BodyLimitHandler(FileUploadHandler):
         return None
 
 
+def insert_upload_handler(django_request, handler) -> bool:
+    """Puts `handler` at the front of the request's upload handlers, behind
+    the body-limit guard if it is there: the guard must count every byte the
+    others take. False if the body was already read (handlers can't change)."""
+    handlers = list(django_request.upload_handlers)
+    first = 1 if handlers and isinstance(handlers[0], BodyLimitHandler) else 0
+    try:
+        django_request.upload_handlers = [*handlers[:first], handler, *handlers[first:]]
+    except AttributeError:
+        return False
+    return True
+
+
 def _response(request, error: RequestTooLarge):
     if request.path.startswith("/api/"):
         body = {

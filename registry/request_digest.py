@@ -18,7 +18,7 @@ import json
 from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler, StopFutureHandlers
 
-from core.body_limit import BodyLimitHandler
+from core.body_limit import insert_upload_handler
 
 
 class _Hashed(UploadedFile):
@@ -66,13 +66,7 @@ def install_digest_handler(request, *, keep: bool) -> RequestDigestHandler | Non
     if hasattr(django_request, "_files"):
         return None
     handler = RequestDigestHandler(django_request, keep=keep)
-    handlers = list(django_request.upload_handlers)
-    first = 1 if handlers and isinstance(handlers[0], BodyLimitHandler) else 0
-    try:
-        django_request.upload_handlers = [*handlers[:first], handler, *handlers[first:]]
-    except AttributeError:
-        return None
-    return handler
+    return handler if insert_upload_handler(django_request, handler) else None
 
 
 def _file_parts(request) -> list[tuple[str, str, int, str]]:

@@ -42,7 +42,7 @@ from typing import Protocol
 from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler, StopFutureHandlers
 
-from core.body_limit import BodyLimitHandler
+from core.body_limit import insert_upload_handler
 from core.errors import ValidationFailed
 from registry.artifact_store import discard_stored, store_unavailable
 from registry.ingest.adapter_validation import WEIGHTS_NAME
@@ -605,11 +605,4 @@ def install_streaming_handler(request, *, prefix: str, store, limits, staging_ro
         staging_root=staging_root,
         file_checks=file_checks,
     )
-    handlers = list(django_request.upload_handlers)
-    # core.body_limit's guard stays first: it must count the bytes this handler takes.
-    first = 1 if handlers and isinstance(handlers[0], BodyLimitHandler) else 0
-    try:
-        django_request.upload_handlers = [*handlers[:first], handler, *handlers[first:]]
-    except AttributeError:
-        return None
-    return handler
+    return handler if insert_upload_handler(django_request, handler) else None

@@ -13,7 +13,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from observability.api.serializers import PlannerInputSerializer
-from observability.planning import plan_for
+from observability.planning import OVERRIDES, plan_for
 from serving.models import Deployment
 from serving.planner import PlannerInputError
 
@@ -48,19 +48,8 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         data = {
             key: options[key]
-            for key in (
-                "dtype",
-                "gpu_type",
-                "gpu_memory_bytes",
-                "gpu_memory_utilization",
-                "gpus_per_replica",
-                "max_loras",
-                "max_cpu_loras",
-                "max_lora_rank",
-                "context_length",
-                "use_cases",
-                "price_per_gpu_hour",
-            )
+            # The overrides this command has options for; the others are None.
+            for key in ("dtype", *OVERRIDES)
             if options.get(key) is not None
         }
         if options["target_modules"]:
