@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import ProtectedError
 
 from core.access import require_platform_admin
 from core.actors import Actor
@@ -153,6 +154,15 @@ def deployment_delete(*, actor: Actor, deployment: Deployment) -> None:
         raise Conflict(
             f"{deployment.name} still serves adapters; retire them first.", code="still_serving"
         )
-    with transaction.atomic():
-        audit_record(actor=actor, action="deployment.deleted", obj=deployment, department=None)
-        deployment.delete()
+    try:
+        with transaction.atomic():
+            audit_record(actor=actor, action="deployment.deleted", obj=deployment, department=None)
+            deployment.delete()
+    except ProtectedError:
+        # Promotions and rollouts are the record of what was served where; they outlive
+        # nothing they describe, so a deployment with history stays (retired, not deleted).
+        raise Conflict(
+            f"{deployment.name} has promotions or rollouts on record, which are kept for the "
+            "audit; retire its adapters and leave it, or remove its replicas instead.",
+            code="has_history",
+        ) from None

@@ -1,0 +1,244 @@
+"""The serving, planner, MLflow and metrics endpoints x every kind of caller,
+each cell asserting the exact status (the registry's own matrix is
+tests/registry/api/test_authorization_matrix.py).
+
+Members may retire and roll back what their department serves (only to a
+version the deployment served before, which was approved to get there);
+cancelling a rollout and reviewing a promotion take an approver.
+
+Callers: anonymous, outsider (Finance member), member (Legal), approver (Legal),
+token (Legal pipeline token, every ability), admin (platform staff).
+
+The world each cell starts from: the deployment `staging-cpu` (two fake vLLM
+replicas) serves Legal's `contracts` at v2 after v1, and a second deployment
+`gated` asks for promotion approval and has a promotion of v1 pending.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from serving.models import Rollout, RolloutStatus
+from serving.services.promotions import promotion_create
+from serving.services.rollouts import rollout_execute
+from tests.conftest import actor, client_for
+from tests.factories import make_approved_version
+from tests.serving.conftest import make_deployment
+from tests.support.adapters import AdapterSpec
+
+CALLERS = ["anonymous", "outsider", "member", "approver", "token", "admin"]
+
+
+def _statuses(anonymous, outsider, member, approver, token, admin):
+    return dict(zip(CALLERS, [anonymous, outsider, member, approver, token, admin], strict=True))
+
+
+# name: (method, path template, body builder, expected statuses)
+MATRIX = {
+    "list deployments": (
+        "get",
+        "/api/v1/deployments/",
+        None,
+        _statuses(401, 200, 200, 200, 200, 200),
+    ),
+    "get deployment": (
+        "get",
+        "/api/v1/deployments/staging-cpu/",
+        None,
+        _statuses(401, 200, 200, 200, 200, 200),
+    ),
+    "create deployment": (
+        "post",
+        "/api/v1/deployments/",
+        lambda c: {
+            "name": "another",
+            "base_model_name": "tiny-llama",
+            "replica_urls": ["http://127.0.0.1:9/"],
+            "volume_write_path": c["volume"],
+            "volume_serve_path": c["volume"],
+        },
+        _statuses(401, 403, 403, 403, 403, 201),
+    ),
+    "update deployment": (
+        "patch",
+        "/api/v1/deployments/staging-cpu/",
+        lambda c: {"description": "changed"},
+        _statuses(401, 403, 403, 403, 403, 200),
+    ),
+    "delete deployment": (
+        "delete",
+        "/api/v1/deployments/gated/",
+        None,
+        # Promotions point at it: the admin is refused with a conflict, nobody else gets that far.
+        _statuses(401, 403, 403, 403, 403, 409),
+    ),
+    "deployment state": (
+        "get",
+        "/api/v1/deployments/staging-cpu/state/",
+        None,
+        _statuses(401, 200, 200, 200, 200, 200),
+    ),
+    "deployment drift events": (
+        "get",
+        "/api/v1/deployments/staging-cpu/drift-events/",
+        None,
+        _statuses(401, 200, 200, 200, 200, 200),
+    ),
+    "deployment kserve manifests": (
+        "get",
+        "/api/v1/deployments/staging-cpu/kserve/",
+        None,
+        # They name every promoted adapter: an outsider would learn Legal's.
+        _statuses(401, 403, 200, 200, 200, 200),
+    ),
+    "gate report": (
+        "get",
+        "/api/v1/deployments/staging-cpu/gate/?version={v1}",
+        None,
+        # The version is Legal's: an outsider may not learn it exists.
+        _statuses(401, 404, 200, 200, 200, 200),
+    ),
+    "roll deployment back": (
+        "post",
+        "/api/v1/deployments/staging-cpu/rollback/",
+        lambda c: {"adapter": c["adapter"]},
+        _statuses(401, 404, 202, 202, 202, 202),
+    ),
+    "retire from deployment": (
+        "post",
+        "/api/v1/deployments/staging-cpu/retire/",
+        lambda c: {"adapter": c["adapter"]},
+        _statuses(401, 404, 202, 202, 202, 202),
+    ),
+    "list promotions": (
+        "get",
+        "/api/v1/promotions/",
+        None,
+        _statuses(401, 200, 200, 200, 200, 200),
+    ),
+    "get promotion": (
+        "get",
+        "/api/v1/promotions/{pending}/",
+        None,
+        _statuses(401, 404, 200, 200, 200, 200),
+    ),
+    "promote": (
+        "post",
+        "/api/v1/promotions/",
+        lambda c: {"deployment": "staging-cpu", "version": c["v3"]},
+        _statuses(401, 404, 201, 201, 201, 201),
+    ),
+    "approve promotion": (
+        "post",
+        "/api/v1/promotions/{pending}/approve/",
+        None,
+        # paula asked for it; alex is the second pair of eyes.
+        _statuses(401, 404, 403, 200, 403, 200),
+    ),
+    "reject promotion": (
+        "post",
+        "/api/v1/promotions/{pending}/reject/",
+        lambda c: {"comment": "not yet"},
+        _statuses(401, 404, 403, 200, 403, 200),
+    ),
+    "list rollouts": (
+        "get",
+        "/api/v1/rollouts/",
+        None,
+        _statuses(401, 200, 200, 200, 200, 200),
+    ),
+    "get rollout": (
+        "get",
+        "/api/v1/rollouts/{rollout}/",
+        None,
+        _statuses(401, 404, 200, 200, 200, 200),
+    ),
+    "cancel rollout": (
+        "post",
+        "/api/v1/rollouts/{unfinished}/cancel/",
+        lambda c: {"comment": "stop"},
+        _statuses(401, 404, 403, 200, 403, 200),
+    ),
+    "roll rollout back": (
+        "post",
+        "/api/v1/rollouts/{rollout}/rollback/",
+        None,
+        _statuses(401, 404, 202, 202, 202, 202),
+    ),
+    "plan a deployment": (
+        "post",
+        "/api/v1/planner/",
+        lambda c: {"deployment": "staging-cpu", "gpu_memory_bytes": 24 * 2**30},
+        _statuses(401, 200, 200, 200, 200, 200),
+    ),
+    "version mlflow mirror": (
+        "get",
+        "/api/v1/versions/{v1}/mlflow-mirror/",
+        None,
+        _statuses(401, 404, 200, 200, 200, 200),
+    ),
+    "adapter mlflow aliases": (
+        "get",
+        "/api/v1/adapters/{adapter}/mlflow-aliases/",
+        None,
+        _statuses(401, 404, 200, 200, 200, 200),
+    ),
+}
+
+CELLS = [pytest.param(name, caller, id=f"{name}-{caller}") for name in MATRIX for caller in CALLERS]
+
+
+@pytest.fixture
+def world(
+    legal, lena, alex, paula, root, contracts, approved_v1, approved_v2, fake_replicas, tmp_path
+):
+    urls = [r.base_url for r in fake_replicas]
+    served = make_deployment(
+        root, urls, tmp_path / "volume", base_model_pvc="base", adapter_pvc="adapters"
+    )
+    for version in (approved_v1, approved_v2):
+        promotion = promotion_create(actor=actor(lena), deployment=served, version=version)
+        assert rollout_execute(promotion.rollouts.get().pk, "w") == RolloutStatus.SUCCEEDED
+    gated = make_deployment(
+        root, urls, tmp_path / "gated", name="gated", requires_promotion_approval=True
+    )
+    pending = promotion_create(actor=actor(paula), deployment=gated, version=approved_v1)
+    other = make_approved_version(lena, alex, contracts, AdapterSpec(seed=4))
+    unfinished = Rollout.objects.create(
+        deployment=gated,
+        adapter=contracts,
+        kind="promote",
+        target_version=other,
+        status=RolloutStatus.PENDING,
+    )
+    v3 = make_approved_version(lena, alex, contracts, AdapterSpec(seed=3))
+    return {
+        "adapter": contracts.pk,
+        "v1": approved_v1.pk,
+        "v3": v3.pk,
+        "pending": pending.pk,
+        "rollout": Rollout.objects.filter(deployment=served).order_by("-pk").first().pk,
+        "unfinished": unfinished.pk,
+        "volume": str(tmp_path / "another"),
+    }
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("endpoint,caller", CELLS)
+def test_authorization_matrix(endpoint, caller, world, fred, lena, alex, root, legal_token):
+    method, template, body, expected = MATRIX[endpoint]
+    client = client_for(
+        {"anonymous": None, "outsider": fred, "member": lena, "approver": alex, "admin": root}.get(
+            caller, "token"
+        ),
+        legal_token,
+    )
+    url = template.format(**world)
+    data = body(world) if body else None
+    response = getattr(client, method)(url, data, format="json")
+
+    assert response.status_code == expected[caller], response.content[:500]
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert error["status"] == response.status_code
+        assert error["message"]
