@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import PurePosixPath
+from urllib.parse import urlsplit
 
 from django.db.models import Prefetch, Q, QuerySet
 
@@ -129,6 +130,56 @@ def rollout_get(actor: Actor, rollout_id: int) -> Rollout:
     return rollout
 
 
+def replica_labels(deployment: Deployment) -> dict[int, str]:
+    """What members see instead of replica addresses: replica-1, replica-2, ... in
+    address order, the same in the state view, rollouts and their attempts."""
+    ids = deployment.replicas.order_by("base_url").values_list("pk", flat=True)
+    return {pk: f"replica-{n}" for n, pk in enumerate(ids, start=1)}
+
+
+def _without_address(text: str, base_url: str, label: str) -> str:
+    # vLLM's and httpx's error texts name the URL, and sometimes just host:port.
+    if not text:
+        return text
+    netloc = urlsplit(base_url).netloc
+    text = text.replace(base_url.rstrip("/"), label)
+    return text.replace(netloc, label) if netloc else text
+
+
+def rollouts_for_display(actor: Actor, rollouts) -> list[Rollout]:
+    """Rollouts with their steps and attempts, for a page or an API answer. For
+    people without `sees_infrastructure` the replica addresses become labels and
+    volume paths folder names, in memory only: never save what this returns."""
+    rollouts = list(rollouts)
+    if sees_infrastructure(actor):
+        return rollouts
+    labels_by_deployment: dict[int, dict[int, str]] = {}
+    for rollout in rollouts:
+        if rollout.deployment_id not in labels_by_deployment:
+            labels_by_deployment[rollout.deployment_id] = replica_labels(rollout.deployment)
+        _hide_infrastructure(rollout, labels_by_deployment[rollout.deployment_id])
+    return rollouts
+
+
+def _hide_infrastructure(rollout: Rollout, labels: dict[int, str]) -> None:
+    rollout.staged_path = _folder_only(rollout.staged_path) or ""
+    rollout.served_path = _folder_only(rollout.served_path) or ""
+    for step in rollout.replica_steps.all():
+        replica = step.replica
+        base_url, label = replica.base_url, labels.get(replica.pk, "replica")
+        step.error = _without_address(step.error, base_url, label)
+        rollout.error = _without_address(rollout.error, base_url, label)
+        for attempt in step.attempts.all():
+            attempt.url = label + (urlsplit(attempt.url).path or "/")
+            attempt.error = _without_address(attempt.error, base_url, label)
+        replica.base_url = label
+        replica.last_error = ""
+
+
+def rollout_for_display(actor: Actor, rollout_id: int) -> Rollout:
+    return rollouts_for_display(actor, [rollout_get(actor, rollout_id)])[0]
+
+
 def deployment_state(actor: Actor, deployment: Deployment) -> dict:
     """Desired (the database) against actual (what each replica listed at the
     last reconcile, or what a rollout verified since), per adapter the actor
@@ -140,6 +191,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
     # Unknown adapters could be any department's; replica URLs are the platform's.
     show_unknown = sees_infrastructure(actor)
     replicas = []
+    labels = replica_labels(deployment)
     for replica in deployment.replicas.all():
         if not replica.active:
             continue
@@ -164,7 +216,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
         ]
         replicas.append(
             {
-                "base_url": replica.base_url if show_unknown else f"replica-{len(replicas) + 1}",
+                "base_url": replica.base_url if show_unknown else labels[replica.pk],
                 "health": replica.health,
                 "vllm_version": replica.vllm_version,
                 "last_checked_at": replica.last_checked_at,

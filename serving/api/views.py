@@ -132,7 +132,7 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
 
 
 def _rollout_body(actor, rollout_id: int) -> dict:
-    return s.RolloutSerializer(selectors.rollout_get(actor, rollout_id)).data
+    return s.RolloutSerializer(selectors.rollout_for_display(actor, rollout_id)).data
 
 
 class PromotionViewSet(
@@ -216,6 +216,13 @@ class RolloutViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
 
     def get_object(self):
         return selectors.rollout_get(self.actor, self.lookup_id())
+
+    def retrieve(self, request, pk=None):
+        return Response(_rollout_body(self.actor, self.lookup_id()))
+
+    def paginate_queryset(self, queryset):
+        page = super().paginate_queryset(queryset)
+        return None if page is None else selectors.rollouts_for_display(self.actor, page)
 
     @extend_schema(request=s.CancelSerializer, responses=s.RolloutSerializer)
     @action(detail=True, methods=["post"])

@@ -319,7 +319,7 @@ def _rollout_context(actor: Actor, rollout: Rollout) -> dict:
 @require_GET
 @page
 def rollout_detail(request, actor: Actor, pk: int):
-    rollout = selectors.rollout_get(actor, pk)
+    rollout = selectors.rollout_for_display(actor, pk)
     return render(request, "serving/rollout.html", _rollout_context(actor, rollout))
 
 
@@ -328,7 +328,7 @@ def rollout_detail(request, actor: Actor, pk: int):
 def rollout_live(request, actor: Actor, pk: int):
     """The part of the rollout page that polls itself every second until the
     rollout is over; the last answer has no trigger, so polling stops."""
-    rollout = selectors.rollout_get(actor, pk)
+    rollout = selectors.rollout_for_display(actor, pk)
     response = render(
         request, "serving/partials/rollout_live.html", _rollout_context(actor, rollout)
     )
