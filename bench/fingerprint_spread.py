@@ -1,4 +1,4 @@
-"""How far apart the fingerprint probe lands, on two real vLLM replicas (CPU,
+"""How far apart the fingerprint probe lands, on real vLLM replicas (CPU,
 tiny float32 model): the figures behind SERVING_FINGERPRINT_TOLERANCE.
 
     .venv/bin/python -m bench.fingerprint_spread [--repeats 5]
@@ -8,9 +8,10 @@ their logprobs; the distance is the largest logprob difference (infinite when
 the tokens differ). Measured:
 
   baseline            the base model probed again on the same replica
-  same files          one adapter folder loaded on both replicas; probes across
-                      them, and again after an unload + load, and while other
-                      requests keep the engine batching
+  same files          one adapter folder loaded on every replica; probes across
+                      them (and on a third replica running 2 threads), again
+                      after an unload + load, and while other requests keep the
+                      engine batching
   different weights   other adapters of the same shapes: other seeds, and the
                       same seed with every weight scaled by 1% (a near miss)
 
@@ -107,34 +108,39 @@ def main() -> None:
     model = ensure_tiny_model()
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
-        servers = start_servers(
-            2,
-            names=["spread-a", "spread-b"],
-            model_dir=model,
-            served_name=SERVED_BASE,
-            max_loras=2,
-            max_cpu_loras=4,
-            max_lora_rank=16,
-            log_dir=root / "logs",
-            timeout=300,
-        )
+        options = {
+            "model_dir": model,
+            "served_name": SERVED_BASE,
+            "max_loras": 2,
+            "max_cpu_loras": 4,
+            "max_lora_rank": 16,
+            "log_dir": root / "logs",
+            "timeout": 300,
+        }
+        servers = start_servers(2, names=["spread-a", "spread-b"], **options)
+        # Another thread count splits the sums differently: float32 rounding shows.
+        servers += start_servers(1, names=["spread-2-threads"], threads=2, **options)
         try:
-            a, b = (s.base_url for s in servers)
+            a, b, c = (s.base_url for s in servers)
 
             def repeat(url: str, model: str) -> list[Probe]:
                 return [probe(url, model) for _ in range(args.repeats)]
 
             right = write_adapter_dir(root / "right", AdapterSpec(seed=2, scale=0.05))
             other = write_adapter_dir(root / "other", AdapterSpec(seed=9, scale=0.05))
-            for url in (a, b):
+            for url in (a, b, c):
                 load(url, "contracts", right)
                 load(url, "other", other)
-            probe(a, SERVED_BASE), probe(b, SERVED_BASE)  # warm-up
+            for url in (a, b, c):
+                probe(url, SERVED_BASE)  # warm-up
             base = probe(a, SERVED_BASE)
             rows = [("baseline: base model again", spread(repeat(a, SERVED_BASE), base))]
             reference = probe(a, "contracts")
             rows.append(("same files, same replica", spread(repeat(a, "contracts"), reference)))
             rows.append(("same files, other replica", spread(repeat(b, "contracts"), reference)))
+            rows.append(
+                ("same files, replica on 2 threads", spread(repeat(c, "contracts"), reference))
+            )
             unload(b, "contracts")
             load(b, "contracts", right)
             after = spread(repeat(b, "contracts"), reference)

@@ -22,7 +22,7 @@ from serving.services.promotions import promotion_create
 from serving.services.reconcile import reconcile_deployment
 from serving.services.rollouts import rollout_execute
 from serving.volume import stage_version
-from tests.conftest import actor
+from tests.conftest import actor, client_for
 from tests.factories import make_adapter, make_approved_version
 from tests.support.adapters import AdapterSpec, write_adapter_dir
 from tests.support.vllm_standin import running_fleet
@@ -287,3 +287,44 @@ def test_rotation_starts_after_the_last_name_checked_and_wraps():
     # A name checked last that is gone since: the rotation goes on after it.
     assert next_in_rotation(["a", "c"], "b", 1) == ["c"]
     assert next_in_rotation(names, "a", 10) == ["b", "c", "d", "a"]
+
+
+def test_the_state_shows_each_versions_fingerprint_and_only_admins_see_where_from(
+    lena, root, deployment, approved_v1, urls
+):
+    promote(lena, deployment, approved_v1)
+    stored = VersionFingerprint.objects.get()
+    url = f"/api/v1/deployments/{deployment.name}/state/"
+
+    as_member = client_for(lena).get(url).json()["desired"][0]["fingerprint"]
+    as_admin = client_for(root).get(url).json()["desired"][0]["fingerprint"]
+
+    assert as_member["tokens"] == stored.probe["tokens"]
+    assert as_member["logprobs"] == stored.probe["logprobs"]
+    assert "recorded_from" not in as_member
+    assert as_admin["recorded_from"] == urls[0]
+
+
+def test_the_deployment_page_says_whether_a_version_has_a_fingerprint(
+    lena, deployment, approved_v1
+):
+    promote(lena, deployment, approved_v1)
+    page = client_for(lena).get(f"/deployments/{deployment.name}/")
+    assert page.status_code == 200
+    assert b'data-testid="fingerprint-legal-contracts"' in page.content
+    assert b"fingerprint</span> recorded" in page.content
+
+    VersionFingerprint.objects.all().delete()
+    page = client_for(lena).get(f"/deployments/{deployment.name}/")
+    assert b"no fingerprint yet" in page.content
+
+
+def test_the_admin_shows_fingerprints_and_changes_none(root, lena, deployment, approved_v1):
+    promote(lena, deployment, approved_v1)
+    fingerprint = VersionFingerprint.objects.get()
+    admin = client_for(root)
+    assert admin.get("/admin/serving/versionfingerprint/").status_code == 200
+    change = admin.get(f"/admin/serving/versionfingerprint/{fingerprint.pk}/change/")
+    assert change.status_code == 200 and b'name="probe"' not in change.content
+    admin.post(f"/admin/serving/versionfingerprint/{fingerprint.pk}/delete/", {"post": "yes"})
+    assert VersionFingerprint.objects.filter(pk=fingerprint.pk).exists()
