@@ -328,3 +328,15 @@ def test_the_admin_shows_fingerprints_and_changes_none(root, lena, deployment, a
     assert change.status_code == 200 and b'name="probe"' not in change.content
     admin.post(f"/admin/serving/versionfingerprint/{fingerprint.pk}/delete/", {"post": "yes"})
     assert VersionFingerprint.objects.filter(pk=fingerprint.pk).exists()
+
+
+def test_new_base_weights_forget_the_fingerprints_and_other_changes_keep_them(
+    root, lena, deployment, approved_v1
+):
+    from serving.services.deployments import deployment_update
+
+    promote(lena, deployment, approved_v1)
+    deployment_update(actor=actor(root), deployment=deployment, description="Legal's models")
+    assert VersionFingerprint.objects.count() == 1
+    deployment_update(actor=actor(root), deployment=deployment, revision="2026-12-01")
+    assert VersionFingerprint.objects.count() == 0
