@@ -216,6 +216,8 @@ def fingerprints_sample_check(
                     base_name=deployment.base_model_name,
                 )
                 outcome.attempts += verified.attempts
+                if verified.attempts and not verified.attempts[-1][1].ok:
+                    break  # not answering, as below
                 fingerprint_check(
                     verified,
                     deployment=deployment,
@@ -226,7 +228,9 @@ def fingerprints_sample_check(
                 continue
             probe = _probe(client, name, outcome)
             if probe is None:
-                continue  # the replica did not answer: its health is the reconcile's
+                # Not answering: its health is the reconcile's business, and each
+                # further probe could wait a whole HTTP timeout out of the claim.
+                break
             distance = Probe.from_dict(fingerprint.probe).distance(probe)
             if distance > tolerance():
                 mismatched.append((name, fingerprint, distance))

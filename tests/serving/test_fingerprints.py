@@ -340,3 +340,23 @@ def test_new_base_weights_forget_the_fingerprints_and_other_changes_keep_them(
     assert VersionFingerprint.objects.count() == 1
     deployment_update(actor=actor(root), deployment=deployment, revision="2026-12-01")
     assert VersionFingerprint.objects.count() == 0
+
+
+def test_a_replica_that_does_not_answer_the_probe_is_no_drift(
+    root, lena, alex, legal, fake_replicas, tmp_path
+):
+    from serving.models import HttpAttempt
+
+    deployment = make_deployment(
+        root, [r.base_url for r in fake_replicas], tmp_path / "volume", name="fakes"
+    )
+    adapter = make_adapter(lena, legal, name="contracts", served_name=NAME)
+    version = make_approved_version(lena, alex, adapter, AdapterSpec(seed=1))
+    assert promote(lena, deployment, version).status == "succeeded"
+    fake_replicas[1].fail_completion_for = {NAME}
+
+    reconcile_deployment(deployment.pk, "beat")
+
+    assert not DriftEvent.objects.exists()
+    failed = HttpAttempt.objects.filter(purpose="fingerprint_check", ok=False)
+    assert [a.replica.base_url for a in failed] == [fake_replicas[1].base_url]
