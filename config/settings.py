@@ -314,6 +314,17 @@ SERVING_RECONCILE_INTERVAL_SECONDS = cfg.number(
 )
 SERVING_STAGED_GRACE_SECONDS = cfg.integer("SERVING_STAGED_GRACE_SECONDS", 24 * 3600, minimum=0)
 SERVING_ATTEMPT_RETENTION_DAYS = cfg.integer("SERVING_ATTEMPT_RETENTION_DAYS", 14, minimum=1)
+# A replica's probe (serving/fingerprint.py) matches the version's fingerprint when no
+# token's logprob differs by more than this. Measured with bench/fingerprint_spread.py
+# on real vLLM (CPU, tiny float32 model): the same files give exactly 0 across
+# replicas, after a reload, on 2 threads and under traffic; other seeds change the
+# tokens (inf); the same weights scaled by 1% move 1.76e-3, by 0.1% 1.74e-4. So 1e-3
+# catches a 1% change and leaves room for rounding that this machine does not show.
+# GPUs in float16/bfloat16 batch differently: measure there and raise it if needed.
+SERVING_FINGERPRINT_TOLERANCE = cfg.number("SERVING_FINGERPRINT_TOLERANCE", 1e-3, minimum=0)
+# Adapters whose weights the reconcile checks on each replica each tick (one greedy
+# completion each), rotating through the replica's adapters; 0 turns the check off.
+SERVING_FINGERPRINT_SAMPLE = cfg.integer("SERVING_FINGERPRINT_SAMPLE", 2, minimum=0)
 # Kubernetes replica discovery (manage.py watch_replicas). "auto": in-cluster
 # credentials when running in a pod, else the kubeconfig.
 KUBERNETES_AUTH = cfg.choice("KUBERNETES_AUTH", "auto", {"auto", "in-cluster", "kubeconfig"})

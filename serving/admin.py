@@ -16,6 +16,7 @@ from serving.models import (
     Rollout,
     ServedAdapter,
     StagedFolder,
+    VersionFingerprint,
 )
 from serving.services.deployments import deployment_delete
 
@@ -119,3 +120,13 @@ class DriftEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 class StagedFolderAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["write_path", "deployment", "created_at", "unreferenced_since", "deleted_at"]
     list_select_related = ["deployment"]
+
+
+@admin.register(VersionFingerprint)
+class VersionFingerprintAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Recorded by verification only: a hand-edited fingerprint would fail every
+    replica, or pass wrong weights."""
+
+    list_display = ["version", "deployment", "recorded_from_url", "rollout", "created_at"]
+    list_filter = ["deployment"]
+    list_select_related = ["version__adapter__department", "deployment", "rollout"]

@@ -155,6 +155,9 @@ class Replica(models.Model):
     last_error = models.TextField(blank=True)
     # What /v1/models said at the last reconcile: [{id, root}] for adapters.
     loaded_adapters = models.JSONField(default=list, blank=True)
+    # The served name whose weights the reconcile checked last on this replica: each
+    # tick checks the next few names after it (serving/services/fingerprints.py).
+    fingerprint_checked_through = models.CharField(max_length=200, blank=True, editable=False)
 
     class Meta:
         constraints = [
@@ -361,6 +364,7 @@ class DriftKind(models.TextChoices):
     REPAIR_FAILED = "repair_failed", "Repair failed"
     REPLICA_DOWN = "replica_down", "Replica down"
     REPLICA_UP = "replica_up", "Replica back up"
+    FINGERPRINT_MISMATCH = "fingerprint_mismatch", "Stale weights (fingerprint mismatch)"
 
 
 class DriftEvent(models.Model):
@@ -401,3 +405,38 @@ class StagedFolder(models.Model):
 
     def __str__(self) -> str:
         return self.write_path
+
+
+class VersionFingerprint(models.Model):
+    """What a version's adapter does to the probe (serving/fingerprint.py) on a
+    deployment: the first verified replica's answer. Per deployment, because the
+    base weights and the hardware that shape the numbers belong to the deployment.
+    Every other replica, and every later check by the reconcile, must match it."""
+
+    deployment = models.ForeignKey(
+        Deployment, on_delete=models.CASCADE, related_name="fingerprints"
+    )
+    version = models.ForeignKey(AdapterVersion, on_delete=models.CASCADE, related_name="+")
+    # {"tokens": [...], "logprobs": [...]}: Probe.as_dict().
+    probe = models.JSONField()
+    recorded_from = models.ForeignKey(
+        Replica, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    # Kept as text too: a replica that discovery dropped leaves its URL here.
+    recorded_from_url = models.CharField(max_length=500, blank=True)
+    # The rollout whose verification recorded it: if that rollout then finds a replica
+    # disagreeing, nobody can tell which side is right, and it drops its own record.
+    rollout = models.ForeignKey(
+        Rollout, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["deployment", "version"], name="one_fingerprint_per_version"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"fingerprint of {self.version_id} on {self.deployment_id}"

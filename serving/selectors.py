@@ -21,6 +21,7 @@ from serving.models import (
     Rollout,
     RolloutKind,
     ServedAdapter,
+    VersionFingerprint,
 )
 
 
@@ -224,6 +225,12 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
                 "unknown_adapters": unknown,
             }
         )
+    fingerprints = {
+        f.version_id: f
+        for f in VersionFingerprint.objects.filter(
+            deployment=deployment, version_id__in=[s.version_id for s in served if s.version_id]
+        )
+    }
     desired = [
         {
             "adapter_id": s.adapter_id,
@@ -233,6 +240,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
             "version_id": s.version_id,
             "served_path": s.served_path,
             "estimated_memory_bytes": s.version.estimated_memory_bytes if s.version else 0,
+            "fingerprint": _fingerprint(fingerprints.get(s.version_id), show_unknown),
         }
         for s in served
     ]
@@ -252,6 +260,17 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
         "desired": desired,
         "replicas": replicas,
     }
+
+
+def _fingerprint(fingerprint: VersionFingerprint | None, with_replica: bool) -> dict | None:
+    """What the version's adapter answers to the probe on this deployment; every
+    replica must answer the same (serving/services/fingerprints.py)."""
+    if fingerprint is None:
+        return None
+    body = {**fingerprint.probe, "recorded_at": fingerprint.created_at}
+    if with_replica:
+        body["recorded_from"] = fingerprint.recorded_from_url
+    return body
 
 
 def drift_events_for(actor: Actor, deployment: Deployment) -> QuerySet[DriftEvent]:

@@ -12,7 +12,7 @@ from core.audit import audit_record
 from core.errors import Conflict, ValidationFailed
 from serving.base_models import identity_from_path, module_dims_for
 from serving.discovery.kubernetes import label_selector_problem, namespace_problem
-from serving.models import Deployment
+from serving.models import Deployment, VersionFingerprint
 
 IDENTITY_FIELDS = (
     "architecture",
@@ -145,7 +145,11 @@ def deployment_create(*, actor: Actor, **values) -> Deployment:
 def deployment_update(*, actor: Actor, deployment: Deployment, **values) -> Deployment:
     require_platform_admin(actor)
     changed = _apply(deployment, values)
-    return _save(actor, deployment, "deployment.updated", changed)
+    deployment = _save(actor, deployment, "deployment.updated", changed)
+    if set(changed) & {"revision", *IDENTITY_FIELDS}:
+        # Other base weights answer the probe differently through the same adapter.
+        VersionFingerprint.objects.filter(deployment=deployment).delete()
+    return deployment
 
 
 def deployment_delete(*, actor: Actor, deployment: Deployment) -> None:

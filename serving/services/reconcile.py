@@ -38,6 +38,7 @@ from serving.replica_ops import (
 )
 from serving.replicas import client_for, mark_health, replicas_sync
 from serving.services.attempts import attempts_record
+from serving.services.fingerprints import fingerprint_check, fingerprints_sample_check
 from serving.services.leases import (
     deployment_reconcile_claim,
     deployment_reconcile_heartbeat,
@@ -143,6 +144,14 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
             loaded_adapters=[{"id": name, "root": root} for name, root in snapshot.items()]
         )
         _complete_deferred(deployment, replica, desired, snapshot, report)
+        fingerprints_sample_check(
+            deployment=deployment,
+            replica=replica,
+            desired=desired,
+            snapshot=snapshot,
+            worker=worker,
+            report=report,
+        )
 
 
 def _complete_deferred(deployment, replica, desired, snapshot, report) -> None:
@@ -175,6 +184,13 @@ def _complete_deferred(deployment, replica, desired, snapshot, report) -> None:
                     with_completion=deployment.verify_with_completion,
                     base_name=deployment.base_model_name,
                 )
+            fingerprint_check(
+                outcome,
+                deployment=deployment,
+                version_id=served.version_id,
+                replica=replica,
+                name=name,
+            )
             attempts_record(replica, outcome, step)
             done, error = outcome.ok, outcome.error
         if done:

@@ -55,6 +55,7 @@ from serving.replica_ops import (
 )
 from serving.replicas import client_for, replicas_sync
 from serving.services.attempts import attempts_record_all
+from serving.services.fingerprints import fingerprints_check_rollout
 from serving.services.leases import (
     claim_seconds,
     served_adapter_claim,
@@ -465,6 +466,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
                 base_name=deployment.base_model_name,
             ),
         )
+        fingerprints_check_rollout(rollout=rollout, replicas=group, outcomes=verified)
         if _failed(ctx, group_steps, verified, "verification"):
             return
         _set_steps(group_steps, ReplicaStepStatus.SUCCEEDED)

@@ -33,8 +33,10 @@ def test_in_sync_means_one_models_call_per_replica_and_no_repairs(
     report = reconcile_deployment(deployment.pk, "beat")
     assert report.repairs == []
     for replica in fake_replicas:
-        # Then observability reads vLLM's /metrics (tests/observability/).
-        assert [p for _, p, _ in replica.requests] == ["/v1/models", "/metrics"]
+        # One probe of the adapter's weights against its fingerprint (the sample,
+        # tests/serving/test_fingerprints.py); then observability reads vLLM's
+        # /metrics (tests/observability/).
+        assert [p for _, p, _ in replica.requests] == ["/v1/models", "/v1/completions", "/metrics"]
     assert kinds() == []
 
 

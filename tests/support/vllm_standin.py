@@ -14,8 +14,10 @@ load_inplace); 404 for a path without adapter_config.json; 500 for a rank above
 base card and one card per adapter (root = lora_path as sent); /health,
 /version; --max-cpu-loras as an LRU whose evicted adapters are re-read on their
 next request (cold loads cost `cold_load_ms`); completions with deterministic
-logprobs derived from the adapter's path (the base model has its own), so a
-replica serving other weights under the same name answers differently; and
+logprobs derived from the adapter's path and from its weights as read when it
+was loaded (the base model has its own), so a replica serving other weights
+under the same name answers differently, even from the same path when the files
+there were other bytes at load time (as vLLM keeps the weights it read); and
 /metrics with vllm:lora_requests_info. What it does not model: real weights,
 batching, the engine stall a load causes.
 
@@ -27,11 +29,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import sys
+import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +53,8 @@ class StandinReplica:
     load_ms: float = 5.0
     cold_load_ms: float = 20.0
     adapters: dict[str, str] = field(default_factory=dict)
+    # A digest of each adapter's weights as read at load (or at a cold re-read).
+    weights: dict[str, str] = field(default_factory=dict)
     # LRU of adapters resident in the CPU cache (name -> path).
     resident: OrderedDict = field(default_factory=OrderedDict)
     calls: dict[str, int] = field(default_factory=dict)
@@ -60,6 +67,7 @@ class StandinReplica:
         """vLLM keeps nothing across a restart."""
         self.adapters.clear()
         self.resident.clear()
+        self.weights.clear()
 
     async def make_resident(self, name: str) -> None:
         if name in self.resident:
@@ -67,6 +75,8 @@ class StandinReplica:
             return
         await asyncio.sleep(self.cold_load_ms / 1000)
         self.resident[name] = self.adapters[name]
+        # An evicted adapter is read from its path again, like vLLM does.
+        self.weights[name] = _weights_digest(self.adapters[name])
         while len(self.resident) > self.max_cpu_loras:
             self.resident.popitem(last=False)
 
@@ -84,6 +94,13 @@ def _adapter_rank(path: str) -> int | None:
     except (OSError, ValueError):
         return None
     return int(config.get("r", 8))
+
+
+def _weights_digest(path: str) -> str:
+    try:
+        return hashlib.sha256((Path(path) / "adapter_model.safetensors").read_bytes()).hexdigest()
+    except OSError:
+        return ""
 
 
 def _logprobs(seed: str, tokens: int) -> list[float]:
@@ -151,6 +168,7 @@ def build_app(replica: StandinReplica) -> web.Application:
         if name not in replica.adapters:
             return _error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
         del replica.adapters[name]
+        replica.weights.pop(name, None)
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def complete(request, chat: bool):
@@ -159,14 +177,18 @@ def build_app(replica: StandinReplica) -> web.Application:
         model = body.get("model")
         if model != replica.base_model and model not in replica.adapters:
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
+        replica.count(f"completions:{model}")
         tokens = int(body.get("max_tokens") or 16)
-        seed = replica.base_root if model == replica.base_model else replica.adapters[model]
         replica.running[model] = replica.running.get(model, 0) + 1
         try:
             if model != replica.base_model:
                 await replica.make_resident(model)
         finally:
             replica.running[model] -= 1
+        if model == replica.base_model:
+            seed = replica.base_root
+        else:
+            seed = replica.adapters[model] + "|" + replica.weights.get(model, "")
         values = _logprobs(
             seed + "|" + json.dumps(body.get("prompt", body.get("messages"))), tokens
         )
@@ -233,6 +255,24 @@ class StandinFleet:
     async def stop(self) -> None:
         for runner in self._runners:
             await runner.cleanup()
+
+
+@contextlib.contextmanager
+def running_fleet(count: int, **replica_options) -> Iterator[StandinFleet]:
+    """A fleet serving from a background thread's event loop, for tests in this
+    process: `fleet.urls` to talk to, `fleet.replicas` to look inside."""
+    loop = asyncio.new_event_loop()
+    fleet = StandinFleet(count, **replica_options)
+    loop.run_until_complete(fleet.start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield fleet
+    finally:
+        asyncio.run_coroutine_threadsafe(fleet.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
 
 
 def main(argv: list[str] | None = None) -> None:
