@@ -205,9 +205,6 @@ class Tiers:
         """More adapters registered than the host cache holds: some are cold."""
         return (self.registered.used or 0) > self.host.limit
 
-    def as_list(self) -> list[TierUse]:
-        return [self.batch, self.host, self.registered]
-
 
 def residency_of(deployments: list[Deployment]) -> dict[int, Residency]:
     """{deployment id: Residency} from whichever app reads vLLM's metrics (serving
@@ -233,11 +230,12 @@ def tiers_of(
     or not)."""
     residency = residency or Residency()
     if residency.batch is not None:
+        waiting = f"; {residency.waiting} waiting for a slot" if residency.waiting else ""
         batch = TierUse(
             "batch",
             deployment.max_loras,
             residency.batch,
-            "adapters in the running batch at the last reading of vLLM's /metrics",
+            f"adapters in the running batch at the last reading of vLLM's /metrics{waiting}",
         )
     else:
         batch = TierUse("batch", deployment.max_loras, None, "not observed: no /metrics reading")

@@ -79,7 +79,9 @@ def test_the_batch_is_what_vllm_last_reported_running_on_the_busiest_replica(dep
     lora_state(replica(deployment, "http://c"), running=["a", "b", "c", "d"], ok=False)
     tiers = deployment_tiers(deployment)
     assert tiers.batch.used == 2
-    assert "/metrics" in tiers.batch.how
+    assert tiers.batch.how == (
+        "adapters in the running batch at the last reading of vLLM's /metrics; 1 waiting for a slot"
+    )
 
 
 def test_newer_vllm_residency_metrics_are_read_where_exported(deployment):
