@@ -160,6 +160,17 @@ def test_the_deployment_page_shows_the_three_tiers_and_what_a_cold_load_costs(
     assert "max_registered_adapters 500" in page  # the configuration card
 
 
+def test_within_the_host_cache_the_page_says_nothing_is_cold_and_nothing_is_measured(
+    web_lena, staging, approved
+):
+    served(staging, approved)
+    page = web_lena.get(f"/deployments/{staging.name}/").content.decode()
+    assert (
+        "Every registered adapter fits the host cache (no cold loads); no load on this "
+        "deployment&#x27;s replicas has been measured yet" in page
+    )
+
+
 def test_memory_is_shown_against_the_gpu_share_when_set(web_lena, staging, approved):
     staging.gpu_memory_bytes = 10 * 1024 * 1024
     staging.lora_memory_share = 0.1
