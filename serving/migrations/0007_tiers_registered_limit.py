@@ -7,7 +7,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('core', '0002_audit_hash_chain_no_truncate'),
-        ('serving', '0005_controller'),
+        ('serving', '0006_version_fingerprint'),
     ]
 
     operations = [
