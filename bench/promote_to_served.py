@@ -193,9 +193,6 @@ class Product:
                 max_loras=2,
                 max_cpu_loras=4,
                 max_lora_rank=16,
-                # Every round promotes a new adapter; retiring keeps the replicas small,
-                # but the budget counts adapters, so allow the thrash explicitly.
-                allow_lru_thrash=True,
             )
         _, secret = token_create(
             actor=Actor(user=self.member, request_id="bench"),

@@ -7,9 +7,12 @@ class ObservabilityConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from observability import services
-        from serving.signals import reconcile_finished
+        from observability import selectors, services
+        from serving.signals import lora_residency_wanted, reconcile_finished
 
         reconcile_finished.connect(
             services.reconcile_finished, dispatch_uid="observability.reconcile"
+        )
+        lora_residency_wanted.connect(
+            selectors.lora_residency, dispatch_uid="observability.lora_residency"
         )

@@ -12,7 +12,13 @@ from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from observability.models import AdapterActivity, ReplicaLoraState
-from serving.capacity import SHAPE_FIELDS, PoolFigures, deployment_shape, pool_figures
+from serving.capacity import (
+    SHAPE_FIELDS,
+    PoolFigures,
+    Residency,
+    deployment_shape,
+    pool_figures,
+)
 from serving.models import Deployment, ServedAdapter
 from serving.planner import (
     LLAMA_MODULES,
@@ -174,3 +180,24 @@ def deployment_usage(deployment: Deployment, names: list[str]) -> dict[str, Usag
             idle=(row["last"] or row["updated_at"]) < threshold,
         )
     return result
+
+
+def lora_residency(sender, deployments, **kwargs) -> dict[int, Residency]:
+    """Receiver of serving.signals.lora_residency_wanted: the busiest replica's last
+    good reading of vLLM's LoRA metrics, per deployment, in one query."""
+    rows = ReplicaLoraState.objects.filter(
+        replica__deployment__in=[d.pk for d in deployments], replica__active=True, ok=True
+    ).values_list(
+        "replica__deployment_id", "running", "waiting", "gpu_loaded", "cpu_loaded", "observed_at"
+    )
+    found: dict[int, Residency] = {}
+    for deployment_id, running, waiting, gpu, cpu, observed_at in rows:
+        seen = found.get(deployment_id, Residency())
+        batch = len(gpu) if gpu is not None else len(running or [])
+        found[deployment_id] = Residency(
+            batch=max(seen.batch or 0, batch),
+            host=seen.host if cpu is None else max(seen.host or 0, len(cpu)),
+            waiting=max(seen.waiting or 0, len(waiting or [])),
+            observed_at=max(filter(None, (seen.observed_at, observed_at)), default=None),
+        )
+    return found

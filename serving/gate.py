@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from registry.models import AdapterVersion
-from serving.capacity import pool_figures
-from serving.models import Deployment, ServedAdapter
+from serving.capacity import cold_load, pool_figures
+from serving.models import Deployment, Rollout, RolloutKind, ServedAdapter
+from serving.transitions import ROLLOUT_TERMINAL
 
 
 @dataclass(frozen=True)
@@ -113,29 +114,60 @@ def check_shapes(deployment: Deployment, version: AdapterVersion) -> GateCheck:
     return GateCheck("shapes", True, "Tensor shapes fit the base model's dimensions.")
 
 
-def check_capacity(deployment: Deployment, version: AdapterVersion) -> GateCheck:
-    others = (
-        ServedAdapter.objects.filter(deployment=deployment, version__isnull=False)
-        .exclude(adapter_id=version.adapter_id)
-        .count()
+def _registered_with(deployment: Deployment, version: AdapterVersion) -> int:
+    """Adapters the deployment would serve once this version is promoted: those it
+    serves, those whose first rollout is still under way (promotions enqueued in a
+    burst each see the others), and this one. A new version of an adapter already
+    served takes its place, not a new one."""
+    served = ServedAdapter.objects.filter(deployment=deployment, version__isnull=False)
+    arriving = Rollout.objects.filter(deployment=deployment, kind=RolloutKind.PROMOTE).exclude(
+        status__in=ROLLOUT_TERMINAL
     )
-    needed = others + 1
-    if needed <= deployment.max_cpu_loras:
+    others = (
+        set(served.values_list("adapter_id", flat=True))
+        | set(arriving.values_list("adapter_id", flat=True))
+    ) - {version.adapter_id}
+    return len(others) + 1
+
+
+def check_capacity(deployment: Deployment, version: AdapterVersion) -> GateCheck:
+    """Only the deployment's own limit on registered adapters refuses: vLLM serves
+    any number above max_cpu_loras (check_host_cache says what that costs)."""
+    needed = _registered_with(deployment, version)
+    limit = deployment.max_registered_adapters
+    if needed <= limit:
         return GateCheck(
-            "capacity", True, f"{needed} of {deployment.max_cpu_loras} LoRA slots (max_cpu_loras)."
-        )
-    if deployment.allow_lru_thrash:
-        return GateCheck(
-            "capacity",
-            True,
-            f"{needed} adapters exceed max_cpu_loras {deployment.max_cpu_loras}; "
-            "allowed by policy (LRU eviction will reload from disk).",
+            "capacity", True, f"{needed} of {limit} registered adapters (max_registered_adapters)."
         )
     return GateCheck(
         "capacity",
         False,
-        f"{needed} adapters would exceed max_cpu_loras {deployment.max_cpu_loras}; "
-        "retire one, raise the limit, or allow LRU thrash.",
+        f"{needed} adapters would exceed {deployment.name}'s limit of {limit} registered "
+        "adapters (max_registered_adapters): retire one, or raise the limit.",
+    )
+
+
+def check_host_cache(deployment: Deployment, version: AdapterVersion) -> GateCheck:
+    """Above max_cpu_loras vLLM evicts the least recently used adapter from host
+    memory and re-reads it from its lora_path on its next request. That works (it
+    is how hundreds of adapters are served), so this only says what it costs."""
+    needed = _registered_with(deployment, version)
+    cached = deployment.max_cpu_loras
+    if needed <= cached:
+        return GateCheck(
+            "host_cache",
+            True,
+            f"{needed} of {cached} adapters in vLLM's host cache (max_cpu_loras): "
+            "none is re-read from disk.",
+            advisory=True,
+        )
+    return GateCheck(
+        "host_cache",
+        False,
+        f"{needed} adapters registered, {cached} cached in host memory (max_cpu_loras): "
+        f"a request to an evicted adapter waits while vLLM re-reads it from disk; "
+        f"{cold_load(deployment).describe()}.",
+        advisory=True,
     )
 
 
@@ -177,6 +209,7 @@ CHECKS = (
     check_target_modules,
     check_shapes,
     check_capacity,
+    check_host_cache,
     check_memory,
 )
 

@@ -55,11 +55,19 @@ class Deployment(models.Model):
     # Encrypted at rest; never returned by the API or shown in the admin.
     vllm_api_key = EncryptedTextField(blank=True)
 
-    # vLLM's LoRA limits (its --max-loras, --max-cpu-loras, --max-lora-rank).
+    # vLLM's three tiers: max_loras adapters in one batch (GPU buffers preallocated),
+    # max_cpu_loras cached in host memory (LRU), and every registered one, which vLLM
+    # re-reads from its lora_path on its next request once evicted. Only the first two
+    # are vLLM flags (--max-loras, --max-cpu-loras, with --max-lora-rank); the third is
+    # the control plane's own limit on what one deployment is meant to serve.
     max_loras = models.PositiveIntegerField(default=4)
     max_cpu_loras = models.PositiveIntegerField(default=8)
     max_lora_rank = models.PositiveIntegerField(default=16)
-    allow_lru_thrash = models.BooleanField(default=False)
+    max_registered_adapters = models.PositiveIntegerField(
+        default=500,
+        help_text="Adapters this deployment may serve at once. Above max_cpu_loras they are "
+        "served too, at the cost of a cold load from the volume after an eviction.",
+    )
     gpu_memory_bytes = models.BigIntegerField(null=True, blank=True)
     lora_memory_share = models.FloatField(default=0.15)
 
@@ -124,6 +132,12 @@ class Deployment(models.Model):
             models.CheckConstraint(
                 condition=Q(lora_memory_share__gt=0, lora_memory_share__lte=1),
                 name="lora_memory_share_is_a_fraction",
+            ),
+            # Zero would refuse every promotion; a deployment that should serve nothing
+            # is retired, not limited to nothing.
+            models.CheckConstraint(
+                condition=Q(max_registered_adapters__gte=1),
+                name="max_registered_adapters_positive",
             ),
         ]
 

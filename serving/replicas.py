@@ -41,8 +41,10 @@ def replicas_sync(deployment: Deployment) -> list[Replica]:
     for url in urls:
         replica = existing.get(url)
         if replica is None:
-            existing[url] = Replica.objects.create(
-                deployment=deployment, base_url=url, discovered_via=via
+            # Two first rollouts of a deployment discover the same replicas at once;
+            # get_or_create takes the other's row instead of failing on the unique key.
+            existing[url], _ = Replica.objects.get_or_create(
+                deployment=deployment, base_url=url, defaults={"discovered_via": via}
             )
         elif not replica.active:
             replica.active = True

@@ -4,6 +4,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.models import Department
+from serving.capacity import Tiers, deployment_tiers
 from serving.models import (
     Deployment,
     DriftEvent,
@@ -32,7 +33,69 @@ class ReplicaSerializer(serializers.ModelSerializer):
         ]
 
 
-class DeploymentSerializer(serializers.ModelSerializer):
+class TierUseSerializer(serializers.Serializer):
+    limit = serializers.IntegerField()
+    used = serializers.IntegerField(
+        allow_null=True, help_text="Null where vLLM does not say (not observed yet)."
+    )
+    how = serializers.CharField(help_text="How `used` is known.")
+
+
+class ColdLoadSerializer(serializers.Serializer):
+    samples = serializers.IntegerField(
+        help_text="Successful loads on the replicas it is predicted from; 0 means none yet."
+    )
+    median_ms = serializers.FloatField(allow_null=True)
+    p95_ms = serializers.FloatField(allow_null=True)
+    message = serializers.CharField()
+
+
+class TiersSerializer(serializers.Serializer):
+    """vLLM's three tiers on the deployment, over every department's adapters."""
+
+    batch = TierUseSerializer(help_text="max_loras: adapters in one batch, buffers on the GPU.")
+    host = TierUseSerializer(help_text="max_cpu_loras: adapters cached in host memory (LRU).")
+    registered = TierUseSerializer(
+        help_text="max_registered_adapters: every adapter promoted here; an evicted one is "
+        "re-read from its lora_path on its next request."
+    )
+    evicting = serializers.BooleanField(help_text="More registered than the host cache holds.")
+    cold_load = ColdLoadSerializer()
+
+
+def tiers_data(tiers: Tiers) -> dict:
+    def use(tier):
+        return {"limit": tier.limit, "used": tier.used, "how": tier.how}
+
+    cold = tiers.cold_load
+    return {
+        "batch": use(tiers.batch),
+        "host": use(tiers.host),
+        "registered": use(tiers.registered),
+        "evicting": tiers.evicting,
+        "cold_load": {
+            "samples": cold.samples,
+            "median_ms": cold.median_ms,
+            "p95_ms": cold.p95_ms,
+            "message": cold.describe(),
+        },
+    }
+
+
+class TiersMixin(serializers.Serializer):
+    """`tiers`, from the context's {deployment id: Tiers} when the view computed
+    them for a whole page at once, else for this deployment alone."""
+
+    tiers = serializers.SerializerMethodField()
+
+    @extend_schema_field(TiersSerializer)
+    def get_tiers(self, deployment) -> dict:
+        known = self.context.get("tiers") or {}
+        tiers = known.get(deployment.pk) or deployment_tiers(deployment)
+        return tiers_data(tiers)
+
+
+class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
     replicas = ReplicaSerializer(many=True, read_only=True)
     allowed_departments = serializers.SlugRelatedField(
         slug_field="slug", many=True, queryset=Department.objects.all(), required=False
@@ -77,7 +140,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "max_loras",
             "max_cpu_loras",
             "max_lora_rank",
-            "allow_lru_thrash",
+            "max_registered_adapters",
             "gpu_memory_bytes",
             "lora_memory_share",
             "volume_write_path",
@@ -97,16 +160,19 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "require_all_replicas",
             "last_reconciled_at",
             "replicas",
+            "tiers",
             "created_at",
             "updated_at",
         ]
         read_only_fields = ["last_reconciled_at", "created_at", "updated_at"]
+        # The model's CheckConstraint, in the schema and answered as a 400 naming the field.
+        extra_kwargs = {"max_registered_adapters": {"min_value": 1}}
 
     def get_has_api_key(self, deployment) -> bool:
         return bool(deployment.vllm_api_key)
 
 
-class DeploymentSummarySerializer(serializers.ModelSerializer):
+class DeploymentSummarySerializer(TiersMixin, serializers.ModelSerializer):
     """What members and tokens see of a deployment they may use: what it serves
     and under which limits and policy, not where its replicas and volume are."""
 
@@ -135,7 +201,7 @@ class DeploymentSummarySerializer(serializers.ModelSerializer):
             "max_loras",
             "max_cpu_loras",
             "max_lora_rank",
-            "allow_lru_thrash",
+            "max_registered_adapters",
             "gpu_memory_bytes",
             "lora_memory_share",
             "requires_promotion_approval",
@@ -144,6 +210,7 @@ class DeploymentSummarySerializer(serializers.ModelSerializer):
             "last_reconciled_at",
             "replicas_total",
             "replicas_up",
+            "tiers",
             "created_at",
             "updated_at",
         ]

@@ -11,6 +11,7 @@ from registry import selectors as registry_selectors
 from registry.api.filters import IntegerFilter, StrictFilterSet
 from serving import kserve, selectors
 from serving.api import serializers as s
+from serving.capacity import tiers_by_deployment
 from serving.gate import evaluate_gate
 from serving.models import Deployment, Promotion, Rollout
 from serving.services.deployments import deployment_create, deployment_delete, deployment_update
@@ -42,6 +43,15 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
         if getattr(self, "swagger_fake_view", False) or selectors.sees_infrastructure(self.actor):
             return s.DeploymentSerializer
         return s.DeploymentSummarySerializer
+
+    def list(self, request):
+        # The tiers of a whole page in a fixed number of queries, not a few per row.
+        queryset = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(queryset)
+        rows = list(queryset if page is None else page)
+        context = {**self.get_serializer_context(), "tiers": tiers_by_deployment(rows)}
+        data = self.get_serializer_class()(rows, many=True, context=context).data
+        return Response(data) if page is None else self.get_paginated_response(data)
 
     def create(self, request):
         data = s.DeploymentSerializer(data=request.data)

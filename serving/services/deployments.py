@@ -60,6 +60,7 @@ def _apply(deployment: Deployment, values: dict) -> list[str]:
             "max_loras cannot exceed max_cpu_loras (vLLM refuses to start).",
             details={"field": "max_loras"},
         )
+    _check_registered_limit(deployment)
     _check_resources(deployment.runtime_resources)
     if not 0 < deployment.gpu_memory_utilization <= 1:
         raise ValidationFailed(
@@ -79,6 +80,25 @@ def _apply(deployment: Deployment, values: dict) -> list[str]:
         ) from None
     deployment._departments = departments
     return changed
+
+
+def _check_registered_limit(deployment: Deployment) -> None:
+    limit = deployment.max_registered_adapters
+    if limit < 1:
+        raise ValidationFailed(
+            "max_registered_adapters must be at least 1.",
+            details={"field": "max_registered_adapters"},
+        )
+    if deployment.pk is None:
+        return
+    served = deployment.served_adapters.filter(version__isnull=False).count()
+    if limit < served:
+        # Lowering it would not unload anything; it would only leave the limit a lie.
+        raise ValidationFailed(
+            f"max_registered_adapters {limit} is below the {served} adapters this deployment "
+            "serves: retire some first.",
+            details={"field": "max_registered_adapters"},
+        )
 
 
 def _check_resources(resources) -> None:

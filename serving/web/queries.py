@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from core.access import visible_department_ids
 from core.actors import Actor
 from serving import selectors
-from serving.capacity import pool_figures
+from serving.capacity import Tiers, pool_figures, tiers_by_deployment
 from serving.models import (
     Deployment,
     PromotionStatus,
@@ -32,23 +32,17 @@ def _percent(part: int, whole: int | None) -> int:
 
 @dataclass(frozen=True)
 class Capacity:
-    """LoRA slots and estimated memory of one deployment, over every department:
-    the budget is shared, so the numbers are too (never which adapters)."""
+    """vLLM's three tiers and the LoRA pool of one deployment, over every
+    department: the limits are shared, so the numbers are too (never which adapters)."""
 
-    slots_used: int
-    max_cpu_loras: int
-    allow_lru_thrash: bool
+    tiers: Tiers
     resident_bytes: int  # the LoRA pool vLLM preallocates, as the gate budgets it
     gpu_memory_bytes: int | None
     lora_memory_share: float
 
     @property
-    def slots_percent(self) -> int:
-        return _percent(self.slots_used, self.max_cpu_loras)
-
-    @property
-    def slots_over(self) -> bool:
-        return self.slots_used > self.max_cpu_loras
+    def registered(self) -> int:
+        return self.tiers.registered.used or 0
 
     @property
     def memory_budget(self) -> int | None:
@@ -71,24 +65,18 @@ class Capacity:
 
 
 def capacity_by_deployment(deployments: list[Deployment]) -> dict[int, Capacity]:
-    """One query for every deployment's slots; memory is the planner's pool model."""
-    used: dict[int, int] = defaultdict(int)
-    rows = ServedAdapter.objects.filter(
-        deployment__in=[d.pk for d in deployments], version__isnull=False
-    ).values_list("deployment_id", flat=True)
-    for deployment_id in rows:
-        used[deployment_id] += 1
-    result = {}
-    for d in deployments:
-        result[d.pk] = Capacity(
-            slots_used=used[d.pk],
-            max_cpu_loras=d.max_cpu_loras,
-            allow_lru_thrash=d.allow_lru_thrash,
+    """A fixed number of queries for every deployment's tiers (serving.capacity);
+    memory is the planner's pool model."""
+    tiers = tiers_by_deployment(deployments)
+    return {
+        d.pk: Capacity(
+            tiers=tiers[d.pk],
             resident_bytes=pool_figures(d).pool_bytes or 0,
             gpu_memory_bytes=d.gpu_memory_bytes,
             lora_memory_share=d.lora_memory_share,
         )
-    return result
+        for d in deployments
+    }
 
 
 @dataclass(frozen=True)

@@ -173,8 +173,9 @@ CHECK_LABELS = {
     "rank": "Rank",
     "target_modules": "Target modules",
     "shapes": "Tensor shapes",
-    "capacity": "LoRA slots",
-    "memory": "Memory",
+    "capacity": "Registered adapters",
+    "host_cache": "Host cache (cold loads)",
+    "memory": "LoRA pool memory",
 }
 
 

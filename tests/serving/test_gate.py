@@ -1,10 +1,22 @@
-import pytest
+from datetime import timedelta
 
+import pytest
+from django.utils import timezone
+
+from serving.capacity import ColdLoad, cold_load
 from serving.gate import evaluate_gate
-from serving.models import ServedAdapter
+from serving.models import (
+    HttpAttempt,
+    Replica,
+    Rollout,
+    RolloutKind,
+    RolloutStatus,
+    ServedAdapter,
+)
 from serving.services.promotions import promotion_create
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version
+from tests.serving.conftest import make_deployment
 from tests.support.adapters import AdapterSpec
 
 pytestmark = pytest.mark.django_db
@@ -23,6 +35,7 @@ def test_a_compatible_version_passes_every_check(deployment, approved_v1):
         "target_modules",
         "shapes",
         "capacity",
+        "host_cache",
         "memory",
     }
 
@@ -65,17 +78,155 @@ def test_more_layers_than_the_model_is_refused(lena, alex, deployment, contracts
     assert not checks(evaluate_gate(deployment, version))["shapes"].ok
 
 
-def test_capacity_counts_adapters_against_max_cpu_loras(lena, alex, legal, deployment, approved_v1):
-    deployment.max_cpu_loras = 1
+def serve_another(lena, alex, legal, deployment, name="nda", seed=9):
+    other = make_adapter(lena, legal, name=name)
+    version = make_approved_version(lena, alex, other, AdapterSpec(seed=seed))
+    return ServedAdapter.objects.create(deployment=deployment, adapter=other, version=version)
+
+
+def load_attempts(replica, durations, *, purpose="load", ok=True):
+    start = timezone.now() - timedelta(hours=1)
+    HttpAttempt.objects.bulk_create(
+        HttpAttempt(
+            replica=replica,
+            purpose=purpose,
+            method="POST",
+            url=f"{replica.base_url}/v1/load_lora_adapter",
+            started_at=start + timedelta(seconds=i),
+            duration_ms=ms,
+            status_code=200 if ok else 500,
+            ok=ok,
+        )
+        for i, ms in enumerate(durations)
+    )
+
+
+def test_the_gate_passes_adapters_above_max_cpu_loras(lena, alex, legal, deployment, approved_v1):
+    deployment.max_loras = deployment.max_cpu_loras = 1
+    serve_another(lena, alex, legal, deployment)
+
+    report = evaluate_gate(deployment, approved_v1)
+
+    assert report.passed, report.as_list()
+    capacity, host = checks(report)["capacity"], checks(report)["host_cache"]
+    assert capacity.ok and capacity.message == (
+        "2 of 500 registered adapters (max_registered_adapters)."
+    )
+    assert not host.ok and host.advisory
+    assert "2 adapters registered, 1 cached in host memory (max_cpu_loras)" in host.message
+    assert "no load on this deployment's replicas has been measured yet" in host.message
+
+
+def test_above_max_cpu_loras_the_gate_predicts_the_cold_load_from_the_replicas_loads(
+    root, lena, alex, legal, deployment, approved_v1, tmp_path
+):
+    deployment.max_loras = deployment.max_cpu_loras = 1
+    serve_another(lena, alex, legal, deployment)
+    a, b = (
+        Replica.objects.create(deployment=deployment, base_url=u) for u in ("http://a", "http://b")
+    )
+    load_attempts(a, [10, 20, 30, 40, 50])
+    load_attempts(b, [60, 70, 80, 90, 100])
+    # Neither failed loads, nor other calls, nor another deployment's replicas count.
+    load_attempts(a, [5000], ok=False)
+    load_attempts(b, [9000], purpose="verify_completion")
+    elsewhere = make_deployment(root, ["http://c"], tmp_path / "elsewhere", name="elsewhere")
+    load_attempts(Replica.objects.create(deployment=elsewhere, base_url="http://c"), [7000])
+
+    host = checks(evaluate_gate(deployment, approved_v1))["host_cache"]
+
+    assert host.advisory and not host.ok
+    assert (
+        "predicted cold-load latency 55 ms median, 100 ms p95 (from the 10 most recent "
+        "successful loads on this deployment's replicas)" in host.message
+    )
+
+
+def test_the_prediction_reads_only_the_newest_loads(deployment):
+    replica = Replica.objects.create(deployment=deployment, base_url="http://a")
+    load_attempts(replica, [1000, 1000, 1000, 10, 20, 30])
+    assert cold_load(deployment, samples=3) == ColdLoad(3, 20, 30)
+    assert cold_load(deployment).samples == 6
+
+
+def test_within_max_cpu_loras_nothing_is_cold(deployment, approved_v1):
+    host = checks(evaluate_gate(deployment, approved_v1))["host_cache"]
+    assert host.ok
+    assert host.message == (
+        "1 of 4 adapters in vLLM's host cache (max_cpu_loras): none is re-read from disk."
+    )
+
+
+def test_registered_adapters_over_the_limit_are_refused(lena, alex, legal, deployment, approved_v1):
+    deployment.max_registered_adapters = 1
+    serve_another(lena, alex, legal, deployment)
+
+    report = evaluate_gate(deployment, approved_v1)
+
+    capacity = checks(report)["capacity"]
+    assert not report.passed and not capacity.ok and not capacity.advisory
+    assert capacity.message == (
+        "2 adapters would exceed staging-cpu's limit of 1 registered adapters "
+        "(max_registered_adapters): retire one, or raise the limit."
+    )
+
+
+def test_a_new_version_of_a_served_adapter_takes_its_place(
+    lena, alex, deployment, approved_v1, approved_v2
+):
+    deployment.max_registered_adapters = 1
+    ServedAdapter.objects.create(
+        deployment=deployment, adapter=approved_v1.adapter, version=approved_v1
+    )
+    assert checks(evaluate_gate(deployment, approved_v2))["capacity"].ok
+
+
+def test_retired_adapters_do_not_count(lena, alex, legal, deployment, approved_v1):
+    deployment.max_registered_adapters = 1
+    served = serve_another(lena, alex, legal, deployment)
+    served.version = None
+    served.save()
+    assert checks(evaluate_gate(deployment, approved_v1))["capacity"].ok
+
+
+def test_promotions_still_rolling_out_count_against_the_limit(
+    lena, alex, legal, deployment, approved_v1
+):
+    """Promotions sent in a burst each see the others before any rollout succeeded."""
+    deployment.max_registered_adapters = 1
     other = make_adapter(lena, legal, name="nda")
     other_v1 = make_approved_version(lena, alex, other, AdapterSpec(seed=9))
-    ServedAdapter.objects.create(deployment=deployment, adapter=other, version=other_v1)
+    rollout = Rollout.objects.create(
+        deployment=deployment,
+        adapter=other,
+        kind=RolloutKind.PROMOTE,
+        target_version=other_v1,
+        status=RolloutStatus.LOADING,
+    )
+    assert not checks(evaluate_gate(deployment, approved_v1))["capacity"].ok
 
-    refused = checks(evaluate_gate(deployment, approved_v1))["capacity"]
-    assert not refused.ok and "max_cpu_loras 1" in refused.message
-
-    deployment.allow_lru_thrash = True
+    rollout.status = RolloutStatus.FAILED
+    rollout.save()
     assert checks(evaluate_gate(deployment, approved_v1))["capacity"].ok
+
+
+def test_the_api_promotes_an_adapter_above_max_cpu_loras(
+    as_lena, lena, alex, legal, deployment, approved_v1, fake_replicas
+):
+    deployment.max_loras = deployment.max_cpu_loras = 1
+    deployment.save()
+    serve_another(lena, alex, legal, deployment)
+
+    response = as_lena.post(
+        "/api/v1/promotions/",
+        {"deployment": deployment.name, "version": approved_v1.pk},
+        format="json",
+    )
+
+    assert response.status_code == 201, response.json()
+    report = {c["name"]: c for c in response.json()["gate_report"]}
+    assert report["host_cache"]["advisory"] and not report["host_cache"]["ok"]
+    assert "1 cached in host memory" in report["host_cache"]["message"]
 
 
 # The tiny deployment's pool as vLLM allocates it (tests/observability/test_planner.py):

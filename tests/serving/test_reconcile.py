@@ -128,6 +128,22 @@ def test_retired_adapters_are_unloaded(lena, deployment, served, fake_replicas, 
     assert kinds() == ["retired_unloaded", "retired_unloaded"]
 
 
+def test_replicas_another_worker_just_discovered_are_taken_not_created_twice(deployment):
+    """Two first rollouts of a deployment (a burst of promotions) sync its replicas
+    at once: each read the replicas before the other created them."""
+    from serving.models import Deployment, Replica
+    from serving.replicas import replicas_sync
+
+    stale = Deployment.objects.prefetch_related("replicas").get(pk=deployment.pk)
+    assert list(stale.replicas.all()) == []
+    first = replicas_sync(Deployment.objects.get(pk=deployment.pk))
+
+    second = replicas_sync(stale)
+
+    assert [r.pk for r in second] == [r.pk for r in first]
+    assert Replica.objects.filter(deployment=deployment).count() == len(first) == 2
+
+
 def test_dns_discovery_makes_one_replica_per_a_record(deployment, monkeypatch):
     import socket
 

@@ -11,6 +11,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from observability.models import ReplicaLoraState
 from registry.models import VersionStatus
 from serving.models import (
     DriftEvent,
@@ -112,9 +113,62 @@ def test_the_deployments_page_shows_replica_health_and_capacity(web_lena, stagin
 
     assert 'href="/deployments/staging-cpu/"' in page
     assert "1/2 up" in page
-    assert "<strong>1</strong> of 4" in page  # one LoRA slot of max_cpu_loras
-    assert 'aria-valuenow="1"' in page
+    assert "<strong>1</strong> of 500" in page  # one adapter of max_registered_adapters
+    assert 'aria-label="Registered" aria-valuemin="0" aria-valuemax="500" aria-valuenow="1"' in page
     assert "GPU memory not configured" in page
+
+
+def test_the_deployment_page_shows_the_three_tiers_and_what_a_cold_load_costs(
+    web_lena, staging, lena, alex, legal, fakes
+):
+    for i in range(6):
+        adapter = make_adapter(lena, legal, name=f"a{i}")
+        served(staging, make_approved_version(lena, alex, adapter, AdapterSpec(seed=i)))
+    a = fakes[0].base_url
+    reconciled(staging, {a: [{"id": f"legal-a{i}", "root": f"/v/a{i}"} for i in range(6)]})
+    replica = Replica.objects.get(base_url=a)
+    ReplicaLoraState.objects.create(
+        replica=replica, observed_at=timezone.now(), ok=True, running=["legal-a1"]
+    )
+    for ms in (10.0, 30.0, 50.0):
+        HttpAttempt.objects.create(
+            replica=replica,
+            purpose="load",
+            method="POST",
+            url=f"{a}/v1/load_lora_adapter",
+            started_at=timezone.now(),
+            duration_ms=ms,
+            status_code=200,
+            ok=True,
+        )
+
+    page = web_lena.get(f"/deployments/{staging.name}/").content.decode()
+
+    batch, host, registered = (
+        page.split(f'data-testid="tier-{name}"')[1].split("</div>\n</div>")[0]
+        for name in ("batch", "host", "registered")
+    )
+    assert "In one batch" in batch and "<strong>1</strong> of 2" in batch and "max_loras" in batch
+    assert "Host cache" in host and "<strong>4</strong> of 4" in host and "max_cpu_loras" in host
+    assert "Estimated" in host
+    assert "<strong>6</strong> of 500" in registered and "max_registered_adapters" in registered
+    assert (
+        "6 adapters registered, 4 fit the host cache: a request to an evicted one waits while "
+        "vLLM re-reads it from disk; predicted cold-load latency 30 ms median, 50 ms p95 "
+        "(from the 3 most recent successful loads on this deployment&#x27;s replicas)." in page
+    )
+    assert "max_registered_adapters 500" in page  # the configuration card
+
+
+def test_within_the_host_cache_the_page_says_nothing_is_cold_and_nothing_is_measured(
+    web_lena, staging, approved
+):
+    served(staging, approved)
+    page = web_lena.get(f"/deployments/{staging.name}/").content.decode()
+    assert (
+        "Every registered adapter fits the host cache (no cold loads); no load on this "
+        "deployment&#x27;s replicas has been measured yet" in page
+    )
 
 
 def test_memory_is_shown_against_the_gpu_share_when_set(web_lena, staging, approved):
@@ -133,7 +187,7 @@ def test_the_dashboard_card_and_the_nav_link_to_deployments(web_lena, staging, f
     assert 'data-slot="deployments-health"' in page
     assert 'data-testid="health-staging-cpu"' in page
     assert "2/2 up" in page
-    assert "0/4 LoRAs" in page
+    assert "0/500 LoRAs" in page  # registered of max_registered_adapters
     assert '<a href="/deployments/" >Deployments</a>' in page
     assert "soon" not in page
 
@@ -283,9 +337,11 @@ def test_checking_compatibility_shows_every_check_then_promoting_goes_to_the_rol
     html = gate.content.decode()
     assert "<!doctype" not in html  # a partial for htmx
     assert "is compatible with staging-cpu" in html
-    for name in ("base_model", "rank", "target_modules", "shapes", "capacity", "memory"):
+    for name in ("base_model", "rank", "target_modules", "shapes", "capacity", "host_cache"):
         assert f'data-check="{name}"' in html
-    assert "1 of 4 LoRA slots" in html
+    assert 'data-check="memory"' in html
+    assert "1 of 500 registered adapters" in html
+    assert "1 of 4 adapters in vLLM&#x27;s host cache" in html
     assert "Promote to staging-cpu</button>" in html
     assert not Promotion.objects.exists()  # checking changes nothing
 
