@@ -49,7 +49,7 @@ def install(app) -> None:
 def _ping_step():
     # Celery imports only in the worker: the check above must stay cheap.
     from celery import bootsteps
-    from kombu import Consumer, Exchange, Queue
+    from kombu import Consumer, Queue
 
     class LivenessPing(bootsteps.StartStopStep):
         requires = ("celery.worker.consumer.tasks:Tasks",)
@@ -60,24 +60,16 @@ def _ping_step():
             self.interval = float(os.environ.get(INTERVAL_ENV) or DEFAULT_INTERVAL_SECONDS)
             # Pings left in the queue by an earlier process of this worker prove nothing.
             self.nonce = uuid.uuid4().hex
-            self.exchange = Exchange("liveness", type="direct", durable=False)
-            self.consumer = self.channel = self.tref = None
+            self.consumer = self.channel = self.tref = self.queue = None
 
         def start(self, c):
-            queue = Queue(
-                f"liveness.{c.hostname}",
-                self.exchange,
-                routing_key=c.hostname,
-                durable=False,
-                auto_delete=True,
-            )
+            self.queue = Queue(f"liveness.{c.hostname}", durable=False, auto_delete=True)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.channel = c.connection.channel()
             self.consumer = Consumer(
-                self.channel, queues=[queue], callbacks=[self.received], accept=["json"]
+                self.channel, queues=[self.queue], callbacks=[self.received], accept=["json"]
             )
             self.consumer.consume()
-            self.routing_key = c.hostname
             self.app = c.app
             self.tref = c.timer.call_repeatedly(self.interval, self.send)
             self.send()
@@ -89,9 +81,12 @@ def _ping_step():
                 with self.app.producer_or_acquire() as producer:
                     producer.publish(
                         {"nonce": self.nonce, "sent": time.time()},
-                        exchange=self.exchange,
-                        routing_key=self.routing_key,
-                        declare=[self.exchange],
+                        # The default exchange: straight to the queue. A named one
+                        # would drop it on the embedded broker, whose bindings
+                        # live in each process's memory.
+                        exchange="",
+                        routing_key=self.queue.name,
+                        declare=[self.queue],
                         serializer="json",
                         retry=False,
                     )
