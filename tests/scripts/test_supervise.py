@@ -145,3 +145,34 @@ def test_the_liveness_check_says_fresh_stale_or_never(tmp_path):
     stale = check("--max-age", "60")
     assert stale.returncode == 1 and re.search(r"consumed 12\d s ago", stale.stdout), stale.stdout
     assert "RuntimeWarning" not in stale.stderr
+
+
+def test_a_real_worker_on_the_embedded_broker_proves_it_consumes_and_is_restarted_when_frozen(
+    tmp_path,
+):
+    """The ping crosses the embedded broker (SQLite) too; a frozen worker is replaced."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "DATABASE_URL"))}
+    env.update(
+        DJANGO_SECRET_KEY="test-only", VAR_DIR=str(tmp_path / "var"),
+        WORKER_LIVENESS_INTERVAL_SECONDS="0.5",
+    )  # fmt: skip
+    worker = f"{sys.executable} -m celery -A config worker -Q housekeeping -n live@%h -c 1"
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "supervise.py"), "--log-dir", str(tmp_path),
+         "--grace", "5", "--liveness-max-age", "4", "--liveness-grace", "90",
+         "--program", "worker", worker, "--liveness", "worker"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    log, alive = tmp_path / "supervisor.log", tmp_path / "liveness" / "worker"
+    try:
+        _wait_for(lambda: alive.exists() and time.time() - alive.stat().st_mtime < 2, 90, "a ping")
+        frozen = _pids(log)["worker"][0]
+        os.kill(frozen, signal.SIGSTOP)
+        again = _wait_for(lambda: len(_pids(log).get("worker", [])) == 2 and _pids(log), 30, "kill")
+        assert not _alive(frozen)
+        started = time.time()
+        _wait_for(lambda: alive.stat().st_mtime > started, 90, "a ping from the new worker")
+        assert _alive(again["worker"][1])
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=30)
