@@ -37,7 +37,10 @@ if [[ -n "$DEMO_VLLM_CMD" ]]; then
   programs+=(--program vllm "$DEMO_VLLM_CMD")
 fi
 
-$BIN/python scripts/supervise.py --log-dir "$LOG" "${programs[@]}" &
+# Each worker must also keep consuming its liveness ping (config/celery_liveness.py):
+# one alive but deaf is killed and restarted.
+liveness=(--liveness worker-rollouts --liveness worker-reconcile --liveness worker-housekeeping)
+$BIN/python scripts/supervise.py --log-dir "$LOG" "${programs[@]}" "${liveness[@]}" &
 supervisor=$!
 # Ctrl-C reaches the supervisor too (same process group); SIGTERM is passed on.
 trap 'kill -TERM "$supervisor" 2>/dev/null || true; wait "$supervisor" || true; exit 0' INT TERM

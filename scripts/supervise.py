@@ -11,6 +11,16 @@ Each program's output goes to <log-dir>/<name>.log; the supervisor's own lines
 growing delay (core.backoff, up to 30 s); one that ran for a minute starts
 again from 1 s.
 
+A program named with --liveness (the Celery workers) must also prove that it
+still consumes: it gets WORKER_LIVENESS_FILE=<log-dir>/liveness/<name>, which
+the worker touches each time it consumes its own ping through the broker
+(config/celery_liveness.py). A worker alive but deaf (after a broker restart,
+frozen, stuck in a shutdown) stops touching it; once the file is older than
+--liveness-max-age (or never appears within --liveness-grace of a start) the
+supervisor SIGKILLs the worker's group and restarts it like one that exited.
+Its tasks in hand are given up: acked late, they are redelivered or, for
+rollouts, resumed by the sweeper.
+
 Each program runs in its own process group, so Ctrl-C reaches only the
 supervisor, which stops the programs in order (SIGTERM, then SIGKILL after
 --grace seconds: a Celery worker finishes its task first). The standard library
@@ -33,6 +43,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from config.celery_alive import age_seconds  # noqa: E402
+from config.celery_liveness import PATH_ENV  # noqa: E402
 from core.backoff import backoff_delay  # noqa: E402
 
 STABLE_AFTER_SECONDS = 60.0
@@ -49,20 +61,51 @@ class Program:
     failures_in_a_row: int = 0
     restart_at: float | None = None
     handles: list = field(default_factory=list)
+    # The file the worker touches each time it consumes its liveness ping.
+    liveness: Path | None = None
+    started_wall: float = 0.0
 
     def start(self) -> None:
         handle = self.log.open("ab")
         self.handles.append(handle)
+        env = None
+        if self.liveness is not None:
+            self.liveness.parent.mkdir(parents=True, exist_ok=True)
+            env = {**os.environ, PATH_ENV: str(self.liveness)}
         self.process = subprocess.Popen(
-            self.command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+            self.command,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
         )
         self.started_at = time.monotonic()
+        self.started_wall = time.time()
         self.restart_at = None
+
+    def deaf_for(self, max_age: float, grace: float) -> float | None:
+        """Seconds without a consumed ping, once that is past the limits; else None."""
+        if self.liveness is None:
+            return None
+        age = age_seconds(self.liveness)
+        ran = time.monotonic() - self.started_at
+        if age is None or time.time() - age < self.started_wall:
+            # Not a ping of this process yet: it may still be starting.
+            return ran if ran > grace else None
+        return age if age > max_age else None
 
 
 class Supervisor:
-    def __init__(self, programs: list[Program], log: Path, grace: float):
+    def __init__(
+        self,
+        programs: list[Program],
+        log: Path,
+        grace: float,
+        liveness_max_age: float = 60.0,
+        liveness_grace: float = 120.0,
+    ):
         self.programs, self.grace = programs, grace
+        self.liveness_max_age, self.liveness_grace = liveness_max_age, liveness_grace
         self.log = log.open("a", buffering=1)
         self.stopping = False
 
@@ -89,7 +132,17 @@ class Supervisor:
                     continue
                 code = program.process.poll()
                 if code is None:
-                    continue
+                    deaf = program.deaf_for(self.liveness_max_age, self.liveness_grace)
+                    if deaf is None:
+                        continue
+                    # Alive but not consuming: SIGTERM would wait for tasks that can
+                    # never be acked (or reach a frozen process not at all).
+                    self.say(
+                        f"{program.name} consumed no liveness ping for {deaf:.0f} s "
+                        f"({program.liveness}): killing it"
+                    )
+                    _signal_group(program.process, signal.SIGKILL)
+                    code = program.process.wait()
                 ran = now - program.started_at
                 program.failures_in_a_row = (
                     0 if ran >= STABLE_AFTER_SECONDS else program.failures_in_a_row + 1
@@ -145,13 +198,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--program", nargs=2, action="append", metavar=("NAME", "COMMAND"), required=True
     )
+    parser.add_argument(
+        "--liveness",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Celery worker program that must keep consuming its liveness ping",
+    )
+    parser.add_argument(
+        "--liveness-max-age",
+        type=float,
+        default=60.0,
+        help="seconds without a consumed ping before the worker is killed and restarted",
+    )
+    parser.add_argument(
+        "--liveness-grace",
+        type=float,
+        default=120.0,
+        help="seconds a started worker has to consume its first ping",
+    )
     args = parser.parse_args(argv)
     args.log_dir.mkdir(parents=True, exist_ok=True)
+    names = {name for name, _ in args.program}
+    if unknown := set(args.liveness) - names:
+        parser.error(f"--liveness names no --program: {', '.join(sorted(unknown))}")
     programs = [
-        Program(name, shlex.split(command), args.log_dir / f"{name}.log")
+        Program(
+            name,
+            shlex.split(command),
+            args.log_dir / f"{name}.log",
+            liveness=(args.log_dir / "liveness" / name) if name in args.liveness else None,
+        )
         for name, command in args.program
     ]
-    supervisor = Supervisor(programs, args.log_dir / "supervisor.log", args.grace)
+    supervisor = Supervisor(
+        programs,
+        args.log_dir / "supervisor.log",
+        args.grace,
+        liveness_max_age=args.liveness_max_age,
+        liveness_grace=args.liveness_grace,
+    )
     signal.signal(signal.SIGINT, supervisor.request_stop)
     signal.signal(signal.SIGTERM, supervisor.request_stop)
     return supervisor.run()

@@ -134,3 +134,15 @@ def _volumes(service: dict) -> list[str]:
             suffix = ":ro" if volume.get("read_only") else ""
             out.append(f"{volume['source']}:{volume['target']}{suffix}")
     return out
+
+
+def test_each_worker_turns_unhealthy_when_it_stops_consuming_its_liveness_ping(services):
+    for queue in QUEUES:
+        worker = services[f"worker-{queue}"]
+        path = worker["environment"]["WORKER_LIVENESS_FILE"]
+        assert path.startswith("/tmp/")  # a tmpfs: the root filesystem is read-only
+        assert worker["healthcheck"]["test"][:5] == [
+            "CMD", "python", "-m", "config.celery_alive", path,
+        ]  # fmt: skip
+        # The worker still gets every other setting of the registry.
+        assert worker["environment"]["CELERY_BROKER_URL"] == "redis://redis:6379/0"

@@ -201,3 +201,20 @@ def test_openshift_has_a_route_and_no_fixed_uids():
     host = route["spec"]["host"]
     config = named(objects, "ConfigMap")["lora-registry-config"]
     assert host in config["data"]["DJANGO_ALLOWED_HOSTS"].split(",")
+
+
+def test_each_worker_is_restarted_when_it_stops_consuming_its_liveness_ping(built):
+    _, objects = built
+    workers = [
+        d["spec"]["template"]["spec"]["containers"][0]
+        for d in named(objects, "Deployment").values()
+        if d["spec"]["template"]["spec"]["containers"][0]["command"][:4]
+        == ["celery", "-A", "config", "worker"]
+    ]
+    assert len(workers) == len(QUEUES)
+    for container in workers:
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        path = env["WORKER_LIVENESS_FILE"]
+        assert path.startswith("/tmp/")  # the emptyDir: the root filesystem is read-only
+        command = container["livenessProbe"]["exec"]["command"]
+        assert command[:4] == ["python", "-m", "config.celery_alive", path]

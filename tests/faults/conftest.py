@@ -311,11 +311,25 @@ def _probe_broker(env: dict[str, str]) -> tuple[str, dict]:
     return url, options
 
 
-def _point_app_at(app, url: str, options: dict) -> None:
+# Celery reads these from the environment BEFORE its configuration
+# (celery.app.utils.Settings.broker_url): with CELERY_BROKER_URL set, as
+# .ci/run sets it, app.conf.broker_url = ... is silently ignored and this
+# process would publish to CI's Redis while the workers listen on the tier's.
+BROKER_ENV = ("CELERY_BROKER_URL", "CELERY_BROKER_READ_URL", "CELERY_BROKER_WRITE_URL")
+
+
+def _point_app_at(app, url: str, options: dict, environ: dict[str, str | None]) -> None:
     """Makes this process publish to `url` (the promotions the test makes go
-    through the product's on-commit enqueue, to the same broker as the worker)."""
+    through the product's on-commit enqueue, to the same broker as the worker).
+    `environ` gives the broker variables to set (None: unset)."""
     import kombu.pools
 
+    for name in BROKER_ENV:
+        value = environ.get(name)
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     # Connection and producer pools are cached per broker URL, here and in kombu.
     kombu.pools.reset()
     app.conf.broker_url = url
@@ -325,6 +339,12 @@ def _point_app_at(app, url: str, options: dict) -> None:
     app._pool = None
     if "amqp" in app.__dict__:
         app.amqp._producer_pool = None
+    with app.connection_for_write() as publishing:
+        # Where this process publishes is where the workers consume, or no
+        # scenario means anything.
+        assert publishing.as_uri() == app.connection_for_write(url).as_uri(), (
+            f"this process publishes to {publishing.as_uri()}, the workers read {url}"
+        )
 
 
 @dataclass
@@ -361,8 +381,9 @@ class Stack:
             self._saved_app = (
                 app.conf.broker_url,
                 app.conf.broker_transport_options,
+                {name: os.environ.get(name) for name in BROKER_ENV},
             )
-        _point_app_at(app, url, options)
+        _point_app_at(app, url, options, {"CELERY_BROKER_URL": url})
         self.broker_url = url
 
     def redis_flush(self) -> None:

@@ -1,7 +1,12 @@
 """2. Redis is restarted mid-rollout. It keeps nothing on disk, as a cache-style
 Redis does: the message of the rollout in progress and any message sent while
 it is away are gone. A promotion made while Redis is down is the lost-enqueue
-case: its rows are committed, its task never reached a queue."""
+case: its rows are committed, its task never reached a queue.
+
+Until config/celery_redis.py, the worker holding the first rollout's task never
+consumed again (celery/celery#10205, #10302: restore_unacked on a collected
+connection, "Unrecoverable error", a warm shutdown waiting for that task), so
+the second promotion stayed pending."""
 
 from __future__ import annotations
 
@@ -18,14 +23,6 @@ CONVERGE_SECONDS = 60
 LOAD = "/v1/load_lora_adapter"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Known bug (celery/celery#10205, #10302; Celery 5.7.0, kombu 5.7.0): a worker "
-    "holding an unacked task when Redis restarts logs 'Connection to broker lost', fails in "
-    "restore_unacked ('NoneType' object has no attribute 'hostname') and never consumes again, "
-    "though it stays alive: the sweep ticks beat sends are never run, so the promotion made "
-    "while Redis was down stays pending. Needs a worker liveness check that restarts it.",
-)
 def test_rollouts_converge_after_redis_restarts_mid_rollout(
     stack, platform, replicas, proxy_b, measure, fault_redis
 ):

@@ -81,3 +81,98 @@ def test_sigint_stops_every_program(supervisor):
     for name, [pid] in pids.items():
         assert not _alive(pid), f"{name} still runs"
     assert "every program stopped" in log.read_text()
+
+
+# Touches its liveness file (as a worker does each time it consumes its ping)
+# for about a second, then stays alive without touching it: a deaf worker.
+GOES_DEAF = (
+    f"{sys.executable} -c 'import os, pathlib, time\n"
+    'path = pathlib.Path(os.environ["WORKER_LIVENESS_FILE"])\n'
+    "for _ in range(5):\n    path.touch(); time.sleep(0.2)\n"
+    "time.sleep(600)'"
+)
+
+
+def test_a_worker_alive_but_deaf_is_killed_and_restarted_and_a_live_one_is_left(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "supervise.py"), "--log-dir", str(tmp_path),
+         "--grace", "5", "--liveness-max-age", "2", "--liveness-grace", "30",
+         "--program", "deaf", GOES_DEAF, "--program", "web", SLEEPER, "--liveness", "deaf"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    log = tmp_path / "supervisor.log"
+    try:
+        first = _wait_for(lambda: len(_pids(log)) == 2 and _pids(log), 10, "both programs")
+        deaf, web = first["deaf"][0], first["web"][0]
+        again = _wait_for(lambda: len(_pids(log).get("deaf", [])) == 2 and _pids(log), 20, "kill")
+        assert not _alive(deaf) and _alive(again["deaf"][1])
+        text = log.read_text()
+        assert re.search(r"deaf consumed no liveness ping for \d+ s .*: killing it", text), text
+        assert "deaf exited with signal SIGKILL" in text
+        # Without --liveness a silent program is left alone.
+        assert _alive(web) and again["web"] == [web]
+        assert (tmp_path / "liveness" / "deaf").exists()
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=15)
+
+
+def test_liveness_must_name_a_program(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "supervise.py"), "--log-dir", str(tmp_path),
+         "--program", "web", SLEEPER, "--liveness", "worker"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--liveness names no --program: worker" in result.stderr
+
+
+def test_the_liveness_check_says_fresh_stale_or_never(tmp_path):
+    path = tmp_path / "alive"
+
+    def check(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "config.celery_alive", str(path), *args],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    never = check()
+    assert never.returncode == 1 and "does not exist" in never.stdout
+    path.touch()
+    assert check("--max-age", "60").returncode == 0
+    old = time.time() - 120
+    os.utime(path, (old, old))
+    stale = check("--max-age", "60")
+    assert stale.returncode == 1 and re.search(r"consumed 12\d s ago", stale.stdout), stale.stdout
+    assert "RuntimeWarning" not in stale.stderr
+
+
+def test_a_real_worker_on_the_embedded_broker_proves_it_consumes_and_is_restarted_when_frozen(
+    tmp_path,
+):
+    """The ping crosses the embedded broker (SQLite) too; a frozen worker is replaced."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "DATABASE_URL"))}
+    env.update(
+        DJANGO_SECRET_KEY="test-only", VAR_DIR=str(tmp_path / "var"),
+        WORKER_LIVENESS_INTERVAL_SECONDS="0.5",
+    )  # fmt: skip
+    worker = f"{sys.executable} -m celery -A config worker -Q housekeeping -n live@%h -c 1"
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "supervise.py"), "--log-dir", str(tmp_path),
+         "--grace", "5", "--liveness-max-age", "4", "--liveness-grace", "90",
+         "--program", "worker", worker, "--liveness", "worker"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    log, alive = tmp_path / "supervisor.log", tmp_path / "liveness" / "worker"
+    try:
+        _wait_for(lambda: alive.exists() and time.time() - alive.stat().st_mtime < 2, 90, "a ping")
+        frozen = _pids(log)["worker"][0]
+        os.kill(frozen, signal.SIGSTOP)
+        again = _wait_for(lambda: len(_pids(log).get("worker", [])) == 2 and _pids(log), 30, "kill")
+        assert not _alive(frozen)
+        started = time.time()
+        _wait_for(lambda: alive.stat().st_mtime > started, 90, "a ping from the new worker")
+        assert _alive(again["worker"][1])
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=30)
