@@ -41,8 +41,10 @@ def replicas_sync(deployment: Deployment) -> list[Replica]:
     for url in urls:
         replica = existing.get(url)
         if replica is None:
-            existing[url] = Replica.objects.create(
-                deployment=deployment, base_url=url, discovered_via=via
+            # get_or_create: many rollouts of a new deployment start at once, and
+            # all but the first find the row another one just made.
+            existing[url], _ = Replica.objects.get_or_create(
+                deployment=deployment, base_url=url, defaults={"discovered_via": via}
             )
         elif not replica.active:
             replica.active = True
