@@ -323,9 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="each round: all three cases")
     parser.add_argument(
         "--concurrency",
-        type=int,
-        default=DOCUMENTED_CONCURRENCY,
-        help="the rollouts worker's prefork children (default: the documented worker's)",
+        type=lambda text: [int(part) for part in text.split(",")],
+        default=[DOCUMENTED_CONCURRENCY],
+        help="the rollouts worker's prefork children; a list (4,8) times the product "
+        "once per value, each with its own worker (default: the documented worker's)",
     )
     parser.add_argument("--post-threads", type=int, default=16)
     parser.add_argument("--poll-ms", type=float, default=200.0)
@@ -392,11 +393,6 @@ def _main(args, var_dir: Path) -> int:
         else:
             standin, urls = start_standin(args.replicas, room, log_dir / "standin.log")
             stack.callback(stop_process, standin)
-        worker_log = log_dir / "worker.log"
-        worker = start_worker(queue, worker_log, concurrency=args.concurrency)
-        stack.callback(stop_process, worker)
-        wait_worker_ready(worker_log)
-
         model_dir = var_dir / "tiny-llama"
         model_dir.mkdir()
         (model_dir / "config.json").write_text(json.dumps(TINY_CONFIG))
@@ -407,30 +403,21 @@ def _main(args, var_dir: Path) -> int:
             "scale", urls, volume, model_dir, max_loras=4, max_cpu_loras=room
         )
         sources = var_dir / "sources"
-        figures = {"product": Series("product"), "seq": Series("seq"), "par": Series("par")}
-        products = []
+        cases = [f"product-{c}" for c in args.concurrency] + ["seq", "par"]
+        figures = {case: Series(case) for case in cases}
+        products: dict[str, list[dict]] = {case: [] for case in cases if case.startswith("product")}
         for round_no in range(args.rounds):
-            order = ["product", "seq", "par"]
-            order = order[round_no % 3 :] + order[: round_no % 3]
+            order = cases[round_no % len(cases) :] + cases[: round_no % len(cases)]
             for case in order:
-                seed = (round_no * 3 + ["product", "seq", "par"].index(case)) * 1000
+                seed = (round_no * len(cases) + cases.index(case)) * 1000
                 files = make_sources(sources / case, args.adapters, args.rank, seed)
-                if case == "product":
-                    t0 = time.perf_counter()
-                    versions = [
-                        cast.approved_version(f"s{seed + i:05d}", path)
-                        for i, path in enumerate(files)
-                    ]
-                    print(
-                        f"  {len(versions)} versions registered and approved in "
-                        f"{time.perf_counter() - t0:.1f} s (not timed)",
-                        flush=True,
+                if case.startswith("product"):
+                    concurrency = int(case.split("-")[1])
+                    product = product_case(
+                        cast, deployment, files, seed, urls, args, queue, log_dir, concurrency
                     )
-                    product = run_product(cast, deployment, versions, urls, args)
-                    figures["product"].seconds.append(product["all"])
-                    products.append(product)
-                    print(f"  product {product['all']:.2f} s; retiring (not timed)", flush=True)
-                    retire_all(cast, deployment, versions)
+                    figures[case].seconds.append(product["all"])
+                    products[case].append(product)
                 else:
                     seconds = run_bare(
                         files, volume, urls, case == "par", args.post_threads, f"{seed}"
@@ -445,54 +432,78 @@ def _main(args, var_dir: Path) -> int:
     return 0
 
 
-def report(args, engine: str, broker: str, figures: dict, products: list[dict]) -> None:
+def product_case(cast, deployment, files, seed, urls, args, queue, log_dir, concurrency) -> dict:
+    """Registers and approves the versions (not timed), starts a rollouts worker
+    with `concurrency` children, times the promotions, retires them (not timed)."""
+    t0 = time.perf_counter()
+    versions = [cast.approved_version(f"s{seed + i:05d}", path) for i, path in enumerate(files)]
+    print(
+        f"  {len(versions)} versions registered and approved in "
+        f"{time.perf_counter() - t0:.1f} s (not timed)",
+        flush=True,
+    )
+    worker_log = log_dir / f"worker-{seed}.log"
+    worker = start_worker(queue, worker_log, concurrency=concurrency)
+    try:
+        wait_worker_ready(worker_log)
+        product = run_product(cast, deployment, versions, urls, args)
+        print(f"  product {product['all']:.2f} s; retiring (not timed)", flush=True)
+        retire_all(cast, deployment, versions)
+    finally:
+        stop_process(worker)
+    product["concurrency"] = concurrency
+    return product
+
+
+def report(args, engine: str, broker: str, figures: dict, products: dict) -> None:
     n, r = args.adapters, args.replicas
     print()
     print(
         f"{n} promotions at once on {r} stand-in replicas, {args.rounds} round(s); "
-        f"database {engine}, broker {broker.split('://')[0]}, rollouts worker prefork "
-        f"--concurrency={args.concurrency}, {args.post_threads} client threads, "
-        f"adapter r={args.rank} q_proj+v_proj, watch every {args.poll_ms:g} ms"
+        f"database {engine}, broker {broker.split('://')[0]}, {args.post_threads} client "
+        f"threads, adapter r={args.rank} q_proj+v_proj, watch every {args.poll_ms:g} ms"
     )
     labels = {
-        "product": f"product: {n} POSTs -> all served on all {r}",
         "seq": "bare, sequential",
         "par": f"bare, parallel ({args.post_threads} threads)",
     }
-    print(f"{'case':<48}{'median s':>10}{'worst s':>10}")
+    for case in products:
+        labels[case] = f"product, worker --concurrency={case.split('-')[1]}"
+    print(f"{'case (until all are served on all replicas)':<48}{'median s':>10}{'worst s':>10}")
     for case, series in figures.items():
         print(f"{labels[case]:<48}{series.median:10.2f}{max(series.seconds):10.2f}")
-    last = products[-1]
-    print(
-        f"  last round: POSTs all returned {last['posted']:.2f} s, all {n} answered on "
-        f"every replica {last['served']:.2f} s, all rollouts recorded succeeded "
-        f"{last['recorded']:.2f} s; per adapter served: median "
-        f"{statistics.median(last['per_adapter']):.2f} s, p95 "
-        f"{percentile(last['per_adapter'], 95):.2f} s; the watch sent "
-        f"{last['watch_requests']} completions"
-    )
-    product = figures["product"].median
-    verdict = "met" if product < args.target_seconds else "MISSED"
-    print(
-        f"{'all served, median':<48}{product:10.2f} s (target < {args.target_seconds:g} s: "
-        f"{verdict}); {product / figures['seq'].median:.2f}x bare sequential, "
-        f"{product / figures['par'].median:.2f}x bare parallel"
-    )
     print()
-    facts = analyse(last)
-    rows = facts["rows"]
-    print(
-        f"where the time goes (last round, from the rollouts' own records): at most "
-        f"{facts['at_once']} rollouts ran at once (worker concurrency {args.concurrency}); "
-        f"first started {facts['first_start']:.2f} s, last started {facts['last_start']:.2f} s "
-        f"after the first POST; rollout work {facts['busy']:.1f} s in all "
-        f"= {facts['busy'] / args.concurrency:.1f} s per worker child"
-    )
-    keys = ["pickup", "stage", "load", "between", "verify", "record", "total"]
-    print(f"{'per rollout, ms':<16}" + "".join(f"{k:>9}" for k in keys) + f"{'attempts':>10}")
-    for label, pick in (("median", statistics.median), ("p95", lambda v: percentile(v, 95))):
-        cells = "".join(f"{pick([row[k] for row in rows]) * 1000:9.0f}" for k in keys)
-        print(f"{label:<16}{cells}{pick([row['attempts'] for row in rows]):10.0f}")
+    for case, runs in products.items():
+        product = figures[case].median
+        verdict = "met" if product < args.target_seconds else "MISSED"
+        print(
+            f"{labels[case]}: {product:.2f} s (target < {args.target_seconds:g} s: {verdict}); "
+            f"{product / figures['seq'].median:.2f}x bare sequential, "
+            f"{product / figures['par'].median:.2f}x bare parallel"
+        )
+        last = runs[-1]
+        print(
+            f"  last round: POSTs all returned {last['posted']:.2f} s, all {n} answered on "
+            f"every replica {last['served']:.2f} s, all rollouts recorded succeeded "
+            f"{last['recorded']:.2f} s; per adapter served: median "
+            f"{statistics.median(last['per_adapter']):.2f} s, p95 "
+            f"{percentile(last['per_adapter'], 95):.2f} s; the watch sent "
+            f"{last['watch_requests']} completions"
+        )
+        facts = analyse(last)
+        rows = facts["rows"]
+        print(
+            f"  from the rollouts' own records: at most {facts['at_once']} ran at once; "
+            f"first started {facts['first_start']:.2f} s, last started "
+            f"{facts['last_start']:.2f} s after the first POST; rollout work "
+            f"{facts['busy']:.1f} s in all = {facts['busy'] / last['concurrency']:.1f} s "
+            f"per worker child"
+        )
+        keys = ["pickup", "stage", "load", "between", "verify", "record", "total"]
+        print(f"  {'per rollout, ms':<14}" + "".join(f"{k:>9}" for k in keys) + f"{'attempts':>10}")
+        for label, pick in (("median", statistics.median), ("p95", lambda v: percentile(v, 95))):
+            cells = "".join(f"{pick([row[k] for row in rows]) * 1000:9.0f}" for k in keys)
+            print(f"  {label:<14}{cells}{pick([row['attempts'] for row in rows]):10.0f}")
     print(
         "pickup: its POST returned -> a worker started it (queueing); stage: -> first HTTP "
         "call; load: the load calls on every replica; verify: models + probe through the "
