@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         "once per value, each with its own worker (default: the documented worker's)",
     )
     parser.add_argument("--post-threads", type=int, default=16)
-    parser.add_argument("--poll-ms", type=float, default=200.0)
+    parser.add_argument("--poll-ms", type=float, default=500.0)
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--target-seconds", type=float, default=30.0)

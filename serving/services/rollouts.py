@@ -24,6 +24,7 @@ import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
+import requests
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
@@ -317,12 +318,28 @@ def _replica_pool() -> ThreadPoolExecutor:
         return _pool[1]
 
 
+_thread_state = threading.local()
+
+
+def _session(base_url: str) -> requests.Session:
+    """The calling pool thread's own HTTP session for this replica, kept across
+    rollouts (a session is never shared between threads): keep-alive spares a
+    connection and a session setup per replica and phase on every rollout."""
+    sessions = getattr(_thread_state, "sessions", None)
+    if sessions is None:
+        sessions = _thread_state.sessions = {}
+    if base_url not in sessions:
+        sessions[base_url] = requests.Session()
+    return sessions[base_url]
+
+
 def _fan_out(ctx: _Context, replicas: list[Replica], work) -> dict[int, ReplicaOutcome]:
     """Runs `work(client, replica)` on every replica at once; records attempts after."""
 
     def run(replica: Replica) -> ReplicaOutcome:
         try:
-            with client_for(replica, ctx.deployment) as client:
+            session = _session(replica.base_url)
+            with client_for(replica, ctx.deployment, session=session) as client:
                 return work(client, replica)
         finally:
             # The work touches no database; should that ever change, its
@@ -602,7 +619,6 @@ def _succeed(ctx: _Context, served: ServedAdapter) -> None:
             served_path=rollout.served_path,
             updated_at=timezone.now(),
         )
-        _note_observed(ctx, rollout.adapter.served_name, rollout.served_path)
         mark_unreferenced(ctx.deployment)
         served_version_changed.send(
             sender=Rollout,
@@ -620,6 +636,7 @@ def _succeed(ctx: _Context, served: ServedAdapter) -> None:
             to_state=RolloutStatus.SUCCEEDED,
             details={"served_path": rollout.served_path, "deferred_replicas": deferred},
         )
+    _note_observed(ctx, rollout.adapter.served_name, rollout.served_path)
 
 
 def _deferred_count(ctx: _Context) -> int:
@@ -630,7 +647,9 @@ def _note_observed(
     ctx: _Context, name: str, root: str | None, only: set[int] | None = None
 ) -> None:
     """What the rollout saw each replica it pushed to serve, so the state view
-    is right before the next reconcile looks again. Call inside a transaction.
+    is right before the next reconcile looks again. Called after the rollout's
+    outcome is committed, in a transaction of its own: every rollout of the
+    deployment writes these rows, so their locks are held as briefly as possible.
 
     The rows are read again under a lock (in pk order, as every rollout of the
     deployment does): rollouts running at once each add their own adapter, and
@@ -639,13 +658,16 @@ def _note_observed(
     foreign-key checks of other rollouts' attempt inserts, which lock the
     replicas in their own order (a deadlock)."""
     ids = [r.pk for r in ctx.replicas if only is None or r.pk in only]
-    rows = list(Replica.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk"))
-    for replica in rows:
-        loaded = [item for item in replica.loaded_adapters or [] if item.get("id") != name]
-        if root is not None:
-            loaded.append({"id": name, "root": root})
-        replica.loaded_adapters = loaded
-    Replica.objects.bulk_update(rows, ["loaded_adapters"])
+    with transaction.atomic():
+        rows = list(
+            Replica.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk")
+        )
+        for replica in rows:
+            loaded = [item for item in replica.loaded_adapters or [] if item.get("id") != name]
+            if root is not None:
+                loaded.append({"id": name, "root": root})
+            replica.loaded_adapters = loaded
+        Replica.objects.bulk_update(rows, ["loaded_adapters"])
 
 
 def _retire(ctx: _Context) -> None:
@@ -670,8 +692,8 @@ def _retire(ctx: _Context) -> None:
             )
         else:
             _set_status(ctx, RolloutStatus.SUCCEEDED, finished_at=timezone.now())
-        _note_observed(ctx, name, None, only={r.pk for r in ctx.replicas if r.pk not in errors})
         mark_unreferenced(ctx.deployment)
         served_version_changed.send(
             sender=Rollout, deployment=ctx.deployment, adapter=ctx.rollout.adapter, version=None
         )
+    _note_observed(ctx, name, None, only={r.pk for r in ctx.replicas if r.pk not in errors})
