@@ -30,56 +30,30 @@ unique name, so a shared Redis is safe.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def _configure_env(var_dir: Path, broker: str | None) -> None:
-    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
-    os.environ["VAR_DIR"] = str(var_dir)
-    os.environ.setdefault("DJANGO_DEBUG", "true")
-    os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-secret-key")
-    os.environ["DJANGO_ALLOWED_HOSTS"] = "testserver,localhost,127.0.0.1"
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
-    os.environ.pop("CELERY_TASK_ALWAYS_EAGER", None)
-    if broker:
-        os.environ["CELERY_BROKER_URL"] = broker
-
-
-# -- statistics ------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    rank = max(1, int(round(q / 100 * len(ordered) + 0.4999)))
-    return ordered[min(rank, len(ordered)) - 1]
-
-
-@dataclass
-class Series:
-    label: str
-    seconds: list[float] = field(default_factory=list)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.seconds)
-
-    @property
-    def p95(self) -> float:
-        return percentile(self.seconds, 95)
-
+from bench.product_path import (
+    Cast,
+    Series,
+    bare_cleanup,
+    bare_copy,
+    bare_on_replica,
+    breakdown,
+    configure_env,
+    route_to_queue,
+    start_worker,
+    stop_process,
+    wait_rollout,
+    wait_worker_ready,
+)
 
 # -- replicas ----------------------------------------------------------------------
 
@@ -120,25 +94,10 @@ def bare_sequence(
 ) -> float:
     """Copy the files to a fresh folder, then load + one completion on each replica."""
     t0 = time.perf_counter()
-    folder = volume / "bare" / name
-    shutil.copytree(source, folder)
+    folder = bare_copy(source, volume, name)
 
     def on_replica(index: int) -> None:
-        session, url = sessions[index], urls[index]
-        loaded = session.post(
-            url + "/v1/load_lora_adapter",
-            json={"lora_name": name, "lora_path": str(folder)},
-            timeout=60,
-        )
-        if loaded.status_code != 200:
-            raise RuntimeError(f"bare load on {url}: {loaded.status_code} {loaded.text[:300]}")
-        answer = session.post(
-            url + "/v1/completions",
-            json={"model": name, "prompt": "Hello", "max_tokens": 1, "temperature": 0},
-            timeout=30,
-        )
-        if answer.status_code != 200:
-            raise RuntimeError(f"bare completion on {url}: {answer.status_code}")
+        bare_on_replica(sessions[index], urls[index], name, folder)
 
     if parallel:
         with ThreadPoolExecutor(len(urls)) as pool:
@@ -149,99 +108,25 @@ def bare_sequence(
     return time.perf_counter() - t0
 
 
-def bare_cleanup(name: str, urls: list[str], sessions) -> None:
-    for session, url in zip(sessions, urls, strict=True):
-        session.post(url + "/v1/unload_lora_adapter", json={"lora_name": name}, timeout=30)
-
-
 # -- the product -----------------------------------------------------------------------
 
 
-class Product:
-    """Users, a department, deployments and a token, all made through the services."""
+class Product(Cast):
+    """The cast, and deployments of 1 and 4 replicas."""
 
     def __init__(self, servers, volume: Path, model_dir: Path) -> None:
-        from django.contrib.auth import get_user_model
-        from rest_framework.test import APIClient
-
-        from core.actors import Actor
-        from core.models import Ability, Department, Membership, Role
-        from core.services.tokens import token_create
-        from serving.services.deployments import deployment_create
-
-        User = get_user_model()
-        self.admin = User.objects.create_user("bench-admin", is_staff=True, is_superuser=True)
-        self.member = User.objects.create_user("bench-member")
-        self.approver = User.objects.create_user("bench-approver")
-        self.department = Department.objects.create(slug="bench", name="Bench")
-        Membership.objects.create(user=self.member, department=self.department, role=Role.MEMBER)
-        Membership.objects.create(
-            user=self.approver, department=self.department, role=Role.APPROVER
-        )
-        admin = Actor(user=self.admin, request_id="bench")
+        super().__init__()
         self.deployments = {}
         for count in (1, 4):
-            self.deployments[count] = deployment_create(
-                actor=admin,
-                name=f"bench-{count}",
-                environment="bench",
-                base_model_name="tiny-llama",
-                base_model_path=str(model_dir),
-                replica_urls=[s.base_url for s in servers[:count]],
-                volume_write_path=str(volume),
-                volume_serve_path=str(volume),
+            self.deployments[count] = self.deployment(
+                f"bench-{count}",
+                [s.base_url for s in servers[:count]],
+                volume,
+                model_dir,
                 max_loras=2,
                 max_cpu_loras=4,
                 max_lora_rank=16,
             )
-        _, secret = token_create(
-            actor=Actor(user=self.member, request_id="bench"),
-            department=self.department,
-            name="bench",
-            abilities=list(Ability.values),
-        )
-        self.client = APIClient()
-        self.client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
-
-    def approved_version(self, name: str, files_dir: Path):
-        from django.core.files.uploadedfile import SimpleUploadedFile
-
-        from core.actors import Actor
-        from registry.ingest.sources import UploadedFiles
-        from registry.services.adapters import adapter_create
-        from registry.services.versions import version_register, version_transition
-
-        member = Actor(user=self.member, request_id="bench")
-        approver = Actor(user=self.approver, request_id="bench")
-        adapter = adapter_create(
-            actor=member,
-            department=self.department,
-            name=name,
-            base_model="tiny-llama",
-            served_name=name,
-        )
-        uploads = [
-            SimpleUploadedFile(p.name, p.read_bytes(), content_type="application/octet-stream")
-            for p in sorted(files_dir.iterdir())
-        ]
-        version = version_register(
-            actor=member, adapter=adapter, source=UploadedFiles(uploads)
-        ).version
-        version_transition(actor=member, version=version, action="submit")
-        return version_transition(actor=approver, version=version, action="approve")
-
-    def promote(self, count: int, version) -> tuple[float, float, int]:
-        """POST the promotion; returns (t_before, t_returned, rollout id)."""
-        t_before = time.perf_counter()
-        response = self.client.post(
-            "/api/v1/promotions/",
-            {"deployment": f"bench-{count}", "version": version.pk},
-            format="json",
-        )
-        t_returned = time.perf_counter()
-        if response.status_code != 201:
-            raise RuntimeError(f"promotion: {response.status_code} {response.content[:500]!r}")
-        return t_before, t_returned, response.json()["rollout"]
 
     def failed_check(self, rollout_id: int):
         """A cheap callable for the pollers: did the rollout end without success?
@@ -264,56 +149,10 @@ class Product:
 
         return failed
 
-    def wait_rollout(self, rollout_id: int, timeout: float = 120):
-        from serving.models import Rollout
-        from serving.transitions import ROLLOUT_TERMINAL
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            rollout = Rollout.objects.get(pk=rollout_id)
-            if rollout.status in ROLLOUT_TERMINAL:
-                return rollout
-            time.sleep(0.02)
-        raise TimeoutError(f"rollout {rollout_id} still {rollout.status}")
-
-    def retire(self, count: int, version) -> None:
-        from core.actors import Actor
-        from serving.services.promotions import retire
-
-        rollout = retire(
-            actor=Actor(user=self.member, request_id="bench"),
-            deployment=self.deployments[count],
-            adapter=version.adapter,
-        )
-        done = self.wait_rollout(rollout.pk)
+    def retire_now(self, count: int, version) -> None:
+        done = wait_rollout(self.retire(self.deployments[count], version))
         if done.status != "succeeded":
             raise RuntimeError(f"retire rollout {done.pk}: {done.status} {done.error}")
-
-
-def breakdown(rollout, api_returned_wall: float) -> dict[str, float]:
-    """Where the rollout's time went, from its own records (seconds)."""
-    attempts = sorted(
-        (a for step in rollout.replica_steps.all() for a in step.attempts.all()),
-        key=lambda a: a.started_at,
-    )
-    started = rollout.started_at.timestamp()
-    finished = rollout.finished_at.timestamp()
-    first = attempts[0].started_at.timestamp()
-    loads = [a for a in attempts if a.purpose in ("version", "list_models", "load")]
-    verifies = [a for a in attempts if a.purpose.startswith("verify")]
-    load_end = max(a.started_at.timestamp() + a.duration_ms / 1000 for a in loads)
-    verify_start = min(a.started_at.timestamp() for a in verifies)
-    verify_end = max(a.started_at.timestamp() + a.duration_ms / 1000 for a in verifies)
-    return {
-        "pickup": started - api_returned_wall,
-        "stage": first - started,
-        "load": load_end - first,
-        "between": verify_start - load_end,
-        "verify": verify_end - verify_start,
-        "record": finished - verify_end,
-        "total": finished - api_returned_wall,
-        "attempts": len(attempts),
-    }
 
 
 # -- main --------------------------------------------------------------------------------
@@ -322,40 +161,6 @@ def breakdown(rollout, api_returned_wall: float) -> dict[str, float]:
 @dataclass
 class _Existing:
     base_url: str
-
-
-# Every task goes to the bench's own queue (a shared Redis may have other
-# consumers of the product's queues), in the worker too: a task that retries (a
-# retire that finds the claim still held for a moment) is re-sent from the worker.
-_WORKER = """
-import sys
-from config.celery import app
-app.conf.task_default_queue = sys.argv[1]
-app.conf.task_routes = {"*": {"queue": sys.argv[1]}}
-app.worker_main(["worker", "-Q", sys.argv[1], "-n", sys.argv[1] + "@%h",
-                 "--concurrency=2", "--loglevel=INFO"])
-"""
-
-
-def start_worker(var_dir: Path, queue: str, log: Path) -> subprocess.Popen:
-    """A `celery worker` process (prefork, 2 children, as `make run` starts it)."""
-    handle = open(log, "ab")  # noqa: SIM115 - lives as long as the worker
-    return subprocess.Popen(
-        [sys.executable, "-c", _WORKER, queue],
-        cwd=REPO_ROOT,
-        env=dict(os.environ),
-        stdout=handle,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def wait_worker_ready(log: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if log.exists() and "ready." in log.read_text(errors="replace"):
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"celery worker not ready; see {log}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -383,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     var_dir = Path(tempfile.mkdtemp(prefix="bench-promote-"))
-    _configure_env(var_dir, args.broker)
+    configure_env(var_dir, args.broker)
 
     import django
 
@@ -396,8 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support.vllm_servers import ensure_tiny_model, start_servers, stop_all
 
     queue = f"bench-{uuid.uuid4().hex[:8]}"
-    app.conf.task_default_queue = queue
-    app.conf.task_routes = {"*": {"queue": queue}}
+    route_to_queue(app, queue)
     broker = settings.CELERY_BROKER_URL
     log_dir = var_dir / "log"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -417,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         print(f"4 vLLM servers ready in {time.monotonic() - t0:.0f} s", flush=True)
     worker_log = log_dir / "worker.log"
-    worker = start_worker(var_dir, queue, worker_log)
+    worker = start_worker(queue, worker_log, concurrency=2)
     try:
         wait_worker_ready(worker_log)
         volume = var_dir / "adapter-volume"
@@ -449,10 +253,10 @@ def main(argv: list[str] | None = None) -> int:
                     count = int(case[-1])
                     name = f"p{count}-{tag}"
                     version = product.approved_version(name, files)
-                    t_before, t_returned, rollout_id = product.promote(count, version)
+                    t_before, t_returned, rollout_id = product.promote(f"bench-{count}", version)
                     wall_returned = time.time() - (time.perf_counter() - t_returned)
                     t_served = pollers[count].wait_served(name, product.failed_check(rollout_id))
-                    rollout = product.wait_rollout(rollout_id)
+                    rollout = wait_rollout(rollout_id)
                     if rollout.status != "succeeded":
                         raise RuntimeError(
                             f"rollout {rollout_id}: {rollout.status}: {rollout.error}"
@@ -464,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         api_calls.seconds.append(t_returned - t_before)
                         breakdowns[count].append(breakdown(rollout, wall_returned))
-                    product.retire(count, version)
+                    product.retire_now(count, version)
                 else:
                     count = int(case[-1])
                     parallel = case.startswith("bare-par")
@@ -486,11 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         args.keep = True  # the worker log and the database say what happened
         raise
     finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        stop_process(worker)
         stop_all()
         if args.keep:
             print(f"kept {var_dir}")

@@ -102,6 +102,13 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"].setdefault("OPTIONS", {})["init_command"] = (
         "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
     )
+    # A transaction that reads and then writes (update_or_create, select_for_update)
+    # starts as a reader; when two try to become the writer, SQLite fails one at
+    # once with "database is locked", without waiting (four rollouts at once did,
+    # bench/scale_promotions.py). BEGIN IMMEDIATE takes the write lock first, so a
+    # second writer waits for it (up to `timeout` seconds) instead.
+    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
+    DATABASES["default"]["OPTIONS"].setdefault("timeout", 20)
     # Tests run a Celery worker in threads of the test process: the in-memory test
     # database's shared cache fails those concurrent writes at once with "database
     # table is locked" (no busy timeout applies), so tests use a file too.

@@ -58,9 +58,11 @@ def replicas_sync(deployment: Deployment) -> list[Replica]:
     return [existing[url] for url in urls]
 
 
-def client_for(replica: Replica, deployment: Deployment) -> VLLMClient:
+def client_for(replica: Replica, deployment: Deployment, session=None) -> VLLMClient:
+    """`session`: a requests.Session to reuse (the client then leaves it open)."""
     return VLLMClient(
         replica.base_url,
+        session=session,
         api_key=deployment.vllm_api_key or None,
         timeout=settings.SERVING_HTTP_TIMEOUT_SECONDS,
         connect_timeout=settings.SERVING_CONNECT_TIMEOUT_SECONDS,

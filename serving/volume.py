@@ -90,15 +90,22 @@ def stage_version(
                     raise
         finally:
             shutil.rmtree(temporary, ignore_errors=True)
-    folder, _ = StagedFolder.objects.update_or_create(
-        deployment=deployment,
-        version=version,
-        defaults={
-            "write_path": str(final),
-            "serve_path": serve,
-            "unreferenced_since": None,
-            "deleted_at": None,
-        },
+    # One INSERT ... ON CONFLICT instead of update_or_create's lock, savepoint and
+    # insert (six statements on every rollout's critical path).
+    (folder,) = StagedFolder.objects.bulk_create(
+        [
+            StagedFolder(
+                deployment=deployment,
+                version=version,
+                write_path=str(final),
+                serve_path=serve,
+                unreferenced_since=None,
+                deleted_at=None,
+            )
+        ],
+        update_conflicts=True,
+        unique_fields=["deployment", "version"],
+        update_fields=["write_path", "serve_path", "unreferenced_since", "deleted_at"],
     )
     return folder
 

@@ -24,7 +24,7 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
-from serving.services.rollouts import rollout_create
+from serving.services.rollouts import rollout_audit_created, rollout_create
 from serving.transitions import PROMOTION_TRANSITIONS, ROLLOUT_TERMINAL
 
 
@@ -67,7 +67,9 @@ def _require_servable(version: AdapterVersion) -> None:
         )
 
 
-def _start_rollout(actor, deployment, version, canary, promotion=None, kind=None) -> Rollout:
+def _start_rollout(
+    actor, deployment, version, canary, promotion=None, kind=None, audit=True
+) -> Rollout:
     served, _ = ServedAdapter.objects.select_for_update().get_or_create(
         deployment=deployment, adapter=version.adapter
     )
@@ -89,6 +91,7 @@ def _start_rollout(actor, deployment, version, canary, promotion=None, kind=None
         kind=kind,
         canary=canary,
         promotion=promotion,
+        audit=audit,
     )
 
 
@@ -107,6 +110,7 @@ def promotion_create(
             f"Version {version.number} is already served on {deployment.name}.",
             code="already_served",
         )
+    department = version.adapter.department  # read now, not under the audit lock
     with transaction.atomic():
         if deployment.requires_promotion_approval:
             if Promotion.objects.filter(
@@ -127,16 +131,22 @@ def promotion_create(
             gate_report=report.as_list(),
             requested_by=actor.user,
         )
+        rollout = None
+        if status == PromotionStatus.APPROVED:
+            rollout = _start_rollout(actor, deployment, version, canary, promotion, audit=False)
+        # The audit events last, just before the commit: the audit chain's lock
+        # is global and held until then (core.audit_chain), so with many
+        # promotions at once everything done after taking it is done one at a time.
         audit_record(
             actor=actor,
             action="promotion.requested",
             obj=promotion,
-            department=version.adapter.department,
+            department=department,
             to_state=status,
             details={"deployment": deployment.name, "version": version.number},
         )
-        if status == PromotionStatus.APPROVED:
-            _start_rollout(actor, deployment, version, canary, promotion)
+        if rollout is not None:
+            rollout_audit_created(actor, rollout)
     return promotion
 
 

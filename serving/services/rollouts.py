@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
+import requests
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
@@ -96,8 +98,11 @@ def rollout_create(
     kind: str,
     canary: bool = False,
     promotion=None,
+    audit: bool = True,
 ) -> Rollout:
-    """Records the rollout and enqueues it after commit. Call inside a transaction."""
+    """Records the rollout and enqueues it after commit. Call inside a transaction.
+    With audit=False the caller audits it (rollout_audit_created) as the last
+    thing before its commit."""
     rollout = Rollout.objects.create(
         deployment=deployment,
         adapter=adapter,
@@ -108,20 +113,26 @@ def rollout_create(
         requested_by=actor.user if actor else None,
         enqueued_at=timezone.now(),
     )
-    audit_record(
-        actor=actor,
-        action=f"rollout.{kind}",
-        obj=rollout,
-        department=adapter.department,
-        to_state=rollout.status,
-        details={
-            "deployment": deployment.name,
-            "target_version": target.number if target else None,
-            "canary": canary,
-        },
-    )
+    if audit:
+        rollout_audit_created(actor, rollout)
     transaction.on_commit(lambda: rollout_enqueue(rollout.pk))
     return rollout
+
+
+def rollout_audit_created(actor: Actor | None, rollout: Rollout) -> None:
+    target = rollout.target_version
+    audit_record(
+        actor=actor,
+        action=f"rollout.{rollout.kind}",
+        obj=rollout,
+        department=rollout.adapter.department,
+        to_state=rollout.status,
+        details={
+            "deployment": rollout.deployment.name,
+            "target_version": target.number if target else None,
+            "canary": rollout.canary,
+        },
+    )
 
 
 def rollout_enqueue(rollout_id: int) -> bool:
@@ -292,21 +303,53 @@ class _Context:
     watch: _Watch
 
 
+_pool_lock = threading.Lock()
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _replica_pool() -> ThreadPoolExecutor:
+    """One pool of replica threads per process, shared by every rollout it runs.
+    A pool per fan-out started 2 x N threads per rollout, which on a busy host
+    cost more than the rollout's HTTP (100 promotions at once: bench/scale_promotions.py).
+    Made after the fork (keyed by pid): a prefork child cannot use its parent's threads."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=64, thread_name_prefix="replica"))
+        return _pool[1]
+
+
+_thread_state = threading.local()
+
+
+def _session(base_url: str) -> requests.Session:
+    """The calling pool thread's own HTTP session for this replica, kept across
+    rollouts (a session is never shared between threads): keep-alive spares a
+    connection and a session setup per replica and phase on every rollout."""
+    sessions = getattr(_thread_state, "sessions", None)
+    if sessions is None:
+        sessions = _thread_state.sessions = {}
+    if base_url not in sessions:
+        sessions[base_url] = requests.Session()
+    return sessions[base_url]
+
+
 def _fan_out(ctx: _Context, replicas: list[Replica], work) -> dict[int, ReplicaOutcome]:
     """Runs `work(client, replica)` on every replica at once; records attempts after."""
 
     def run(replica: Replica) -> ReplicaOutcome:
         try:
-            with client_for(replica, ctx.deployment) as client:
+            session = _session(replica.base_url)
+            with client_for(replica, ctx.deployment, session=session) as client:
                 return work(client, replica)
         finally:
             # The work touches no database; should that ever change, its
             # connection must not outlive the thread.
             connections.close_all()
 
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(replicas)))) as pool:
-        futures = [pool.submit(run, replica) for replica in replicas]
-        ctx.watch.wait(futures)
+    pool = _replica_pool()
+    futures = [pool.submit(run, replica) for replica in replicas]
+    ctx.watch.wait(futures)
     outcomes = {r.pk: f.result() for r, f in zip(replicas, futures, strict=True)}
     attempts_record_all([(r, outcomes[r.pk], ctx.steps.get(r.pk)) for r in replicas])
     for replica in replicas:
@@ -578,6 +621,15 @@ def _succeed(ctx: _Context, served: ServedAdapter) -> None:
             served_path=rollout.served_path,
             updated_at=timezone.now(),
         )
+        mark_unreferenced(ctx.deployment)
+        served_version_changed.send(
+            sender=Rollout,
+            deployment=ctx.deployment,
+            adapter=rollout.adapter,
+            version=rollout.target_version,
+        )
+        # Last before the commit: the audit chain's lock is global and held until
+        # then (core.audit_chain), and every promotion and rollout takes it.
         audit_record(
             actor=None,
             action="rollout.succeeded",
@@ -586,14 +638,7 @@ def _succeed(ctx: _Context, served: ServedAdapter) -> None:
             to_state=RolloutStatus.SUCCEEDED,
             details={"served_path": rollout.served_path, "deferred_replicas": deferred},
         )
-        _note_observed(ctx, rollout.adapter.served_name, rollout.served_path)
-        mark_unreferenced(ctx.deployment)
-        served_version_changed.send(
-            sender=Rollout,
-            deployment=ctx.deployment,
-            adapter=rollout.adapter,
-            version=rollout.target_version,
-        )
+    _note_observed(ctx, rollout.adapter.served_name, rollout.served_path)
 
 
 def _deferred_count(ctx: _Context) -> int:
@@ -604,14 +649,27 @@ def _note_observed(
     ctx: _Context, name: str, root: str | None, only: set[int] | None = None
 ) -> None:
     """What the rollout saw each replica it pushed to serve, so the state view
-    is right before the next reconcile looks again."""
-    for replica in ctx.replicas:
-        if only is not None and replica.pk not in only:
-            continue
-        loaded = [item for item in replica.loaded_adapters or [] if item.get("id") != name]
-        if root is not None:
-            loaded.append({"id": name, "root": root})
-        Replica.objects.filter(pk=replica.pk).update(loaded_adapters=loaded)
+    is right before the next reconcile looks again. Called after the rollout's
+    outcome is committed, in a transaction of its own: every rollout of the
+    deployment writes these rows, so their locks are held as briefly as possible.
+
+    The rows are read again under a lock (in pk order, as every rollout of the
+    deployment does): rollouts running at once each add their own adapter, and
+    a list read at the start of the rollout would drop the others' additions.
+    FOR NO KEY UPDATE, the lock an UPDATE takes: FOR UPDATE would also block the
+    foreign-key checks of other rollouts' attempt inserts, which lock the
+    replicas in their own order (a deadlock)."""
+    ids = [r.pk for r in ctx.replicas if only is None or r.pk in only]
+    with transaction.atomic():
+        rows = list(
+            Replica.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk")
+        )
+        for replica in rows:
+            loaded = [item for item in replica.loaded_adapters or [] if item.get("id") != name]
+            if root is not None:
+                loaded.append({"id": name, "root": root})
+            replica.loaded_adapters = loaded
+        Replica.objects.bulk_update(rows, ["loaded_adapters"])
 
 
 def _retire(ctx: _Context) -> None:
@@ -636,8 +694,8 @@ def _retire(ctx: _Context) -> None:
             )
         else:
             _set_status(ctx, RolloutStatus.SUCCEEDED, finished_at=timezone.now())
-        _note_observed(ctx, name, None, only={r.pk for r in ctx.replicas if r.pk not in errors})
         mark_unreferenced(ctx.deployment)
         served_version_changed.send(
             sender=Rollout, deployment=ctx.deployment, adapter=ctx.rollout.adapter, version=None
         )
+    _note_observed(ctx, name, None, only={r.pk for r in ctx.replicas if r.pk not in errors})

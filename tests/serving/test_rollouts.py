@@ -219,3 +219,54 @@ def test_the_state_view_shows_a_rollout_before_the_next_reconcile(
     gone = retire(actor=actor(lena), deployment=deployment, adapter=approved_v1.adapter)
     rollout_execute(gone.pk, "w")
     assert all(r.loaded_adapters == [] for r in Replica.objects.filter(deployment=deployment))
+
+
+def test_the_state_view_keeps_what_rollouts_running_at_once_added(
+    lena, deployment, approved_v1, fake_replicas, monkeypatch
+):
+    """A rollout's note of what each replica serves is written from rows read
+    again at the end, not from the list it read at its start: another rollout
+    that finished in between keeps its adapter in the view."""
+    from serving.models import Replica
+    from serving.services import rollouts
+
+    other = {"id": "finance-forecast", "root": "/volume/finance/forecast/v1-0000"}
+    read_at_start = rollouts.replicas_sync
+
+    def another_rollout_finishes_meanwhile(deployment):
+        replicas = read_at_start(deployment)
+        Replica.objects.filter(deployment=deployment).update(loaded_adapters=[other])
+        return replicas
+
+    monkeypatch.setattr(rollouts, "replicas_sync", another_rollout_finishes_meanwhile)
+    _, rollout = promote(lena, deployment, approved_v1)
+    assert rollout_execute(rollout.pk, "w") == "succeeded"
+    rollout.refresh_from_db()
+    mine = {"id": "legal-contracts", "root": rollout.served_path}
+    for replica in Replica.objects.filter(deployment=deployment):
+        assert replica.loaded_adapters == [other, mine]
+
+
+def test_replica_rows_another_worker_just_made_are_found_not_made_again(deployment, monkeypatch):
+    """The first rollouts of a new deployment start together: each reads no rows,
+    and all but the first find the rows another one just made."""
+    from serving.models import Deployment
+    from serving.replicas import replicas_sync
+
+    made = replicas_sync(deployment)
+
+    class NothingYet:
+        def all(self):
+            return []
+
+    monkeypatch.setattr(Deployment, "replicas", property(lambda self: NothingYet()))
+    again = replicas_sync(deployment)
+    assert [r.pk for r in again] == [r.pk for r in made]
+
+
+def test_a_promotion_is_audited_before_its_rollout(lena, deployment, approved_v1):
+    from core.models import AuditEvent
+
+    promote(lena, deployment, approved_v1)
+    actions = list(AuditEvent.objects.order_by("id").values_list("action", flat=True))
+    assert actions[-2:] == ["promotion.requested", "rollout.promote"]
