@@ -261,11 +261,12 @@ class _Keeper:
 def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, heartbeat) -> None:
     now = timezone.now()
     replicas = replicas_sync(deployment, with_deferred=True)
+    # Only what telling in sync from drifted needs: a repair re-reads what it claims.
     desired = {
         s.adapter.served_name: s
-        for s in ServedAdapter.objects.filter(deployment=deployment).select_related(
-            *_SERVED_RELATED
-        )
+        for s in ServedAdapter.objects.filter(deployment=deployment)
+        .select_related("adapter")
+        .only("adapter_id", "version_id", "served_path", "adapter__served_name")
     }
     keeper = _Keeper(heartbeat, worker)
     drifts = _Drifts(deployment)
