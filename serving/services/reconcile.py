@@ -101,8 +101,8 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
         logger.warning("reconcile of %s: claim lost, stopping", deployment.name)
         report.skipped = True
     finally:
-        done = {"last_reconciled_at": timezone.now()} if ok else {}
-        deployment_reconcile_release(deployment.pk, worker, **done)
+        # Sent while the claim is still held: it serialises what observability
+        # writes per deployment too, so those writes need no row locks.
         for receiver, error in reconcile_finished.send_robust(
             sender=Deployment,
             deployment=deployment,
@@ -115,6 +115,8 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
                 logger.error(
                     "after reconcile of %s, %r failed: %s", deployment.name, receiver, error
                 )
+        done = {"last_reconciled_at": timezone.now()} if ok else {}
+        deployment_reconcile_release(deployment.pk, worker, **done)
     return report
 
 

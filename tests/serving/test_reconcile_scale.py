@@ -156,15 +156,12 @@ def test_repairs_run_in_parallel_within_the_bounds(
                 per_replica[client.base_url][0] -= 1
 
     monkeypatch.setattr(reconcile, "ensure_loaded", slow_load)
-    started = time.monotonic()
     report = reconcile_deployment(fleet_deployment.pk, "beat")
-    elapsed = time.monotonic() - started
 
     assert len(report.repairs) == 24
     assert all(len(r.adapters) == 8 for r in fleet.replicas)
     assert running["peak"] == 4  # parallel, and never beyond the bound
     assert max(peak for _, peak in per_replica.values()) == 2
-    assert elapsed < 24 * 0.05  # sequential would take at least this long
     # Every repair leaves its adapter's claim free again.
     assert not ServedAdapter.objects.exclude(lease_owner="").exists()
 
