@@ -521,7 +521,9 @@ def _write(ticks: list[_Tick], drifts: _Drifts, now, report: ReconcileReport) ->
         replica = tick.replica
         listing = [{"id": name, "root": root} for name, root in tick.snapshot.items()]
         changes = dict(tick.changes)
-        if tick.outcome.ok and listing != (replica.loaded_adapters or []):
+        recorded = {item.get("id"): item.get("root") for item in replica.loaded_adapters or []}
+        # Compared as a mapping: a replica reloaded in another order serves the same.
+        if tick.outcome.ok and tick.snapshot != recorded:
             # What the replica serves after the repairs: the state view reads it, and the
             # pre-repair listing would show a just-reloaded adapter as missing until next tick.
             changes["loaded_adapters"] = listing

@@ -100,6 +100,8 @@ def measure(function: Callable[[], object], *, savepoints: bool = False) -> Meas
     """Wall time and SQL statements of one call. SAVEPOINT/RELEASE statements
     exist only inside a test's transaction (an atomic block nested in it) and
     are not counted unless asked."""
+    # The log keeps the last 9000 queries only; a full one would count nothing.
+    connection.queries_log.clear()
     with CaptureQueriesContext(connection) as captured:
         started = time.perf_counter()
         result = function()
