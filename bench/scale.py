@@ -44,11 +44,15 @@ def section(name: str):
     return register
 
 
-def _bare_models(urls: list[str]) -> float:
+def _bare_models(urls: list[str], metrics: bool = False) -> float:
+    """GET /v1/models on every replica (and, with `metrics`, GET /metrics after
+    it, as the observability hook does), from as many threads as the reconcile."""
     with requests.Session() as http:
 
         def get(url):
             http.get(f"{url}/v1/models", timeout=30).raise_for_status()
+            if metrics:
+                http.get(f"{url}/metrics", timeout=30).raise_for_status()
 
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=max(1, min(32, len(urls)))) as pool:
@@ -90,8 +94,8 @@ def tick_section(ctx: _Ctx) -> None:
     options = ctx.options
     print("\n== In-sync reconcile tick (stand-in replicas) ==")
     print(
-        f"{'replicas':>8} {'adapters':>8} {'tick ms':>9} {'bare ms':>9} {'SQL':>5} "
-        f"{'HTTP':>5} {'bare HTTP':>9}"
+        f"{'replicas':>8} {'adapters':>8} {'tick ms':>9} {'bare ms':>9} {'bare+metrics':>12} "
+        f"{'SQL':>5} {'HTTP':>5} {'bare HTTP':>9}"
     )
     for replicas in options.replicas:
         with standin_fleet(replicas) as fleet:
@@ -109,7 +113,7 @@ def tick_section(ctx: _Ctx) -> None:
                     standin_load(replica, more)
                 for _ in range(2):  # first sight, then the new listings written once
                     reconcile_deployment(deployment.pk, "bench")
-                walls, bares, statements, calls = [], [], set(), set()
+                walls, bares, bares_m, statements, calls = [], [], [], set(), set()
                 for _ in range(options.ticks):
                     before = _calls(fleet)
                     m = measure(lambda d=deployment: reconcile_deployment(d.pk, "bench"))
@@ -121,9 +125,11 @@ def tick_section(ctx: _Ctx) -> None:
                     walls.append(m.seconds)
                     statements.add(m.statements)
                     bares.append(_bare_models(fleet.urls))
+                    bares_m.append(_bare_models(fleet.urls, metrics=True))
                 row = {
                     "tick_ms": median(walls) * 1000,
                     "bare_ms": median(bares) * 1000,
+                    "bare_metrics_ms": median(bares_m) * 1000,
                     "sql": max(statements),
                     "http": max(calls),
                     "bare_http": replicas,
@@ -131,7 +137,8 @@ def tick_section(ctx: _Ctx) -> None:
                 ctx.results[("tick", replicas, adapters)] = row
                 print(
                     f"{replicas:>8} {adapters:>8} {row['tick_ms']:>9.1f} {row['bare_ms']:>9.1f} "
-                    f"{row['sql']:>5} {row['http']:>5} {row['bare_http']:>9}"
+                    f"{row['bare_metrics_ms']:>12.1f} {row['sql']:>5} {row['http']:>5} "
+                    f"{row['bare_http']:>9}"
                 )
     _growth(ctx)
 
@@ -227,21 +234,47 @@ def real_section(ctx: _Ctx) -> None:
         served = served_adapters_clone(deployment, ctx.cast.version, adapters, prefix="real")
         heal = measure(lambda: reconcile_deployment(deployment.pk, "bench"))
         reconcile_deployment(deployment.pk, "bench")
-        walls, bares, sql = [], [], set()
+        walls, bares, bares_m, sql = [], [], [], set()
         for _ in range(ctx.options.ticks):
             m = measure(lambda: reconcile_deployment(deployment.pk, "bench"))
             walls.append(m.seconds)
             sql.add(m.statements)
             bares.append(_bare_models(urls))
+            bares_m.append(_bare_models(urls, metrics=True))
         sequential = _bare_loads_after_restart(servers[0], served)
         print(
-            f"  tick {median(walls) * 1000:.1f} ms (bare {median(bares) * 1000:.1f} ms), "
-            f"SQL {max(sql)}; first load of {adapters} on {count}: {heal.seconds:.2f} s; "
-            f"bare {adapters} loads on one: {sequential:.2f} s"
+            f"  real:     tick {median(walls) * 1000:.1f} ms (bare {median(bares) * 1000:.1f} ms, "
+            f"with /metrics {median(bares_m) * 1000:.1f} ms), "
+            f"SQL {max(sql)}; {adapters} adapters onto {count} empty: {heal.seconds:.2f} s; "
+            f"bare {adapters} loads on one, one after another: {sequential:.2f} s"
         )
     finally:
         for server in servers:
             server.stop()
+    # The same on as many stand-in replicas, for the ratios.
+    from tests.support.fleet import standin_fleet
+
+    with standin_fleet(count) as fleet:
+        deployment = deployment_for(ctx.cast, f"real-standin-{count}", fleet.urls)
+        served = served_adapters_clone(deployment, ctx.cast.version, adapters, prefix="rs")
+        s_heal = measure(lambda: reconcile_deployment(deployment.pk, "bench"))
+        reconcile_deployment(deployment.pk, "bench")
+        s_walls, s_bares, s_bares_m = [], [], []
+        for _ in range(ctx.options.ticks):
+            s_walls.append(measure(lambda: reconcile_deployment(deployment.pk, "bench")).seconds)
+            s_bares.append(_bare_models(fleet.urls))
+            s_bares_m.append(_bare_models(fleet.urls, metrics=True))
+        fleet.replicas[0].restart()
+        s_seq = _bare_loads(fleet.urls[0], served, 1)
+    print(
+        f"  stand-in: tick {median(s_walls) * 1000:.1f} ms (bare {median(s_bares) * 1000:.1f} ms, "
+        f"with /metrics {median(s_bares_m) * 1000:.1f} ms); "
+        f"{adapters} onto {count} empty: {s_heal.seconds:.2f} s; bare loads: {s_seq:.2f} s\n"
+        f"  real / stand-in: tick x{median(walls) / median(s_walls):.2f}, "
+        f"bare tick x{median(bares) / median(s_bares):.2f}, "
+        f"bare with /metrics x{median(bares_m) / median(s_bares_m):.2f}, "
+        f"first load x{heal.seconds / s_heal.seconds:.2f}, bare loads x{sequential / s_seq:.2f}"
+    )
 
 
 def _bare_loads_after_restart(server, served) -> float:
