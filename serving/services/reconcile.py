@@ -18,6 +18,7 @@ results in a few bulk statements.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -103,6 +104,8 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
     finally:
         # Sent while the claim is still held: it serialises what observability
         # writes per deployment too, so those writes need no row locks.
+        with contextlib.suppress(LeaseLost):
+            heartbeat.beat()  # what follows reads every replica's /metrics
         for receiver, error in reconcile_finished.send_robust(
             sender=Deployment,
             deployment=deployment,
