@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from serving.models import (
@@ -44,12 +44,20 @@ def replicas_sync(deployment: Deployment, *, with_deferred: bool = False) -> lis
     rollout left it a deferred step (the reconcile then completes it)."""
     rows = Replica.objects.filter(deployment=deployment)
     if with_deferred:
+        # Only steps whose version is still the one served: a superseded step stays
+        # deferred for the record, and must not cost a query on every tick.
+        same_version = Q(rollout__adapter__served_in__version=F("rollout__target_version")) | Q(
+            rollout__target_version__isnull=True,
+            rollout__adapter__served_in__version__isnull=True,
+        )
         rows = rows.annotate(
             has_deferred=Exists(
                 ReplicaRollout.objects.filter(
+                    same_version,
                     replica=OuterRef("pk"),
                     status=ReplicaStepStatus.DEFERRED,
                     rollout__status=RolloutStatus.SUCCEEDED,
+                    rollout__adapter__served_in__deployment=OuterRef("deployment_id"),
                 )
             )
         )
