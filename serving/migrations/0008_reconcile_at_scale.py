@@ -13,7 +13,7 @@ def last_seen_is_created(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('serving', '0005_controller'),
+        ('serving', '0007_tiers_registered_limit'),
     ]
 
     operations = [
