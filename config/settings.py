@@ -320,6 +320,14 @@ SERVING_RECONCILE_INTERVAL_SECONDS = cfg.number(
     "SERVING_RECONCILE_INTERVAL_SECONDS", 10.0, minimum=1
 )
 SERVING_STAGED_GRACE_SECONDS = cfg.integer("SERVING_STAGED_GRACE_SECONDS", 24 * 3600, minimum=0)
+# A staged folder whose files' sizes and mtimes are as when it was last hashed is
+# trusted for this long before a repair hashes it again.
+SERVING_STAGED_REVERIFY_SECONDS = cfg.integer(
+    "SERVING_STAGED_REVERIFY_SECONDS", 24 * 3600, minimum=0
+)
+# Reconcile repairs: how many HTTP calls at once in all, and to one replica.
+SERVING_RECONCILE_CONCURRENCY = cfg.integer("SERVING_RECONCILE_CONCURRENCY", 32, minimum=1)
+SERVING_RECONCILE_PER_REPLICA = cfg.integer("SERVING_RECONCILE_PER_REPLICA", 4, minimum=1)
 SERVING_ATTEMPT_RETENTION_DAYS = cfg.integer("SERVING_ATTEMPT_RETENTION_DAYS", 14, minimum=1)
 # A replica's probe (serving/fingerprint.py) matches the version's fingerprint when no
 # token's logprob differs by more than this. Measured with bench/fingerprint_spread.py

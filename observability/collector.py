@@ -230,6 +230,15 @@ class ControlPlaneCollector:
             "deployment_id", "purpose", "status", "count"
         ):
             totals[(names.get(deployment_id, ""), purpose, status)] += count
+        # Calls that succeeded and are only counted, not stored: in-sync reconcile
+        # polls (on the replica) and /metrics reads (on its LoRA state).
+        for row in Replica.objects.values("deployment_id").annotate(n=Sum("in_sync_polls")):
+            totals[(names.get(row["deployment_id"], ""), "reconcile_models", "200")] += row["n"]
+        reads = ReplicaLoraState.objects.values("replica__deployment_id").annotate(
+            n=Sum("ok_reads")
+        )
+        for row in reads:
+            totals[(names.get(row["replica__deployment_id"], ""), "metrics", "200")] += row["n"]
         for labels, count in sorted(totals.items()):
             family.add_metric(list(labels), count)
         yield family
@@ -240,7 +249,8 @@ class ControlPlaneCollector:
             "Differences between desired and actual state that reconcile found, by kind.",
             labels=["deployment", "kind"],
         )
-        for row in DriftEvent.objects.values("deployment_id", "kind").annotate(n=Count("pk")):
+        # A drift seen again on later ticks is one row with a count.
+        for row in DriftEvent.objects.values("deployment_id", "kind").annotate(n=Sum("count")):
             family.add_metric([names.get(row["deployment_id"], ""), row["kind"]], row["n"])
         yield family
 

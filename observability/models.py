@@ -78,6 +78,9 @@ class ReplicaLoraState(models.Model):
     cpu_loaded = models.JSONField(null=True, blank=True)
     samples = models.PositiveBigIntegerField(default=0)
     peak_running = models.PositiveIntegerField(default=0)
+    # Successful /metrics reads: counted here, not stored as an HttpAttempt row each
+    # (failed reads are rows, with their error).
+    ok_reads = models.PositiveBigIntegerField(default=0)
     waiting_samples = models.PositiveBigIntegerField(default=0)
     # {"<adapters running at once>": samples}, for the max_loras recommendation.
     concurrency = models.JSONField(default=dict, blank=True)

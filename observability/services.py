@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Max
+from django.db.models import Case, Count, F, Max, Value, When
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from observability.models import (
@@ -40,19 +42,32 @@ logger = logging.getLogger(__name__)
 PURPOSE = "metrics"
 
 
-def reconcile_finished(sender, *, deployment: Deployment, seconds: float, ok: bool, **kwargs):
+def reconcile_finished(
+    sender,
+    *,
+    deployment: Deployment,
+    seconds: float,
+    ok: bool,
+    replicas: list[Replica] | None = None,
+    **kwargs,
+):
     """After each reconcile (serving.signals.reconcile_finished): read every up
-    replica's /metrics, and record the reconcile's duration and outcome."""
+    replica's /metrics (`replicas`, the ones the reconcile found up, when it
+    says), and record the reconcile's duration and outcome."""
+    # Whether this reconcile stored attempt rows to tally (unknown: assume so).
+    wrote = kwargs.get("attempts_written", True)
     if ok and settings.OBSERVABILITY_VLLM_METRICS:
-        _guarded(vllm_metrics_observe, deployment)
-    _guarded(reconcile_stats_record, deployment, seconds, ok=ok)
+        readings = _guarded(vllm_metrics_observe, deployment, replicas)
+        wrote = wrote or readings is None or readings.wrote_attempts
+    _guarded(reconcile_stats_record, deployment, seconds, ok=ok, tally=wrote)
 
 
-def _guarded(function, deployment: Deployment, *args, **kwargs) -> None:
+def _guarded(function, deployment: Deployment, *args, **kwargs):
     try:
-        function(deployment, *args, **kwargs)
+        return function(deployment, *args, **kwargs)
     except Exception:  # noqa: BLE001 - observing must never break the reconcile
         logger.exception("%s for %s failed", function.__name__, deployment.name)
+        return None
 
 
 def _bucket(seconds: float) -> int:
@@ -61,23 +76,32 @@ def _bucket(seconds: float) -> int:
     )
 
 
-def reconcile_stats_record(deployment: Deployment, seconds: float, *, ok: bool) -> ReconcileStats:
+def reconcile_stats_record(
+    deployment: Deployment, seconds: float, *, ok: bool, tally: bool = True
+) -> ReconcileStats:
     """Adds one reconcile to the deployment's totals, and tallies the HTTP
-    attempts made outside rollouts since the last one (exactly once: by id)."""
+    attempts made outside rollouts since the last one (exactly once: by id).
+    `tally` False: this reconcile stored no attempt rows (an in-sync tick), so
+    the tally query is skipped; rows from elsewhere wait for the next tally."""
     now = timezone.now()
-    with transaction.atomic():
-        stats, _ = ReconcileStats.objects.select_for_update().get_or_create(deployment=deployment)
-        buckets = list(stats.duration_buckets or [])
-        buckets += [0] * (len(RECONCILE_BUCKETS) + 1 - len(buckets))
-        buckets[_bucket(seconds)] += 1
-        stats.duration_buckets = buckets
-        stats.runs += 1
-        stats.failures += 0 if ok else 1
-        stats.duration_seconds_sum += seconds
-        stats.last_duration_seconds = seconds
-        stats.last_run_at = now
-        if ok:
-            stats.last_success_at = now
+    # The reconcile's claim is held while this runs (serving.services.reconcile):
+    # no other writer, so no transaction or row lock (each costs statements per tick).
+    stats, _ = ReconcileStats.objects.get_or_create(deployment=deployment)
+    buckets = list(stats.duration_buckets or [])
+    buckets += [0] * (len(RECONCILE_BUCKETS) + 1 - len(buckets))
+    buckets[_bucket(seconds)] += 1
+    stats.duration_buckets = buckets
+    stats.runs += 1
+    stats.failures += 0 if ok else 1
+    stats.duration_seconds_sum += seconds
+    stats.last_duration_seconds = seconds
+    stats.last_run_at = now
+    if ok:
+        stats.last_success_at = now
+    if not tally:
+        stats.save()
+        return stats
+    with transaction.atomic():  # the tallies and the id they reach, together or not at all
         stats.tallied_attempt_id = _tally_attempts(deployment, stats.tallied_attempt_id)
         stats.save()
     return stats
@@ -124,23 +148,99 @@ def _read(replica: Replica, api_key: str) -> tuple[ReplicaOutcome, LoraSnapshot 
     return outcome, snapshot
 
 
-def vllm_metrics_observe(deployment: Deployment) -> dict[int, LoraSnapshot | None]:
-    """Reads `vllm:lora_*` from every replica that is up, records the attempts,
-    each replica's LoRA state and when each adapter was last seen active."""
-    replicas = list(deployment.replicas.filter(active=True, health=ReplicaHealth.UP))
+@dataclass
+class MetricsReadings:
+    snapshots: dict[int, LoraSnapshot | None] = field(default_factory=dict)
+    wrote_attempts: bool = False  # a failed read stored an HttpAttempt row
+
+
+def vllm_metrics_observe(
+    deployment: Deployment, replicas: list[Replica] | None = None
+) -> MetricsReadings:
+    """Reads `vllm:lora_*` from every replica that is up, records each replica's
+    LoRA state and when each adapter was last seen active. A successful read is
+    counted on the replica's state (ok_reads); a failed one is an HttpAttempt row.
+    Whatever the number of replicas, the states cost one locked SELECT and one
+    UPDATE."""
+    if replicas is None:
+        replicas = list(deployment.replicas.filter(active=True, health=ReplicaHealth.UP))
     if not replicas:
-        return {}
+        return MetricsReadings()
     api_key = deployment.vllm_api_key
     with ThreadPoolExecutor(max_workers=min(16, len(replicas))) as pool:
         readings = list(pool.map(lambda r: _read(r, api_key), replicas))
-    attempts_record_all(
-        [(r, outcome, None) for r, (outcome, _) in zip(replicas, readings, strict=True)]
-    )
-    result = {}
+    failed = [
+        (r, outcome, None)
+        for r, (outcome, _) in zip(replicas, readings, strict=True)
+        if not outcome.ok
+    ]
+    if failed:
+        attempts_record_all(failed)
+    result = MetricsReadings(wrote_attempts=bool(failed))
+    now = timezone.now()
+    # Under the reconcile's claim (see reconcile_stats_record): no row locks.
+    states = {
+        s.replica_id: s
+        for s in ReplicaLoraState.objects.filter(replica_id__in=[r.pk for r in replicas])
+    }
+    missing = [ReplicaLoraState(replica=r, observed_at=now) for r in replicas if r.pk not in states]
+    if missing:
+        for state in ReplicaLoraState.objects.bulk_create(missing):
+            states[state.replica_id] = state
+    before = {s.pk: {f: getattr(s, f) for f in _STATE_FIELDS} for s in states.values()}
     for replica, (outcome, snapshot) in zip(replicas, readings, strict=True):
-        replica_lora_state_record(deployment, replica, snapshot, error=outcome.error)
-        result[replica.pk] = snapshot
+        _state_apply(deployment, states[replica.pk], snapshot, outcome, now)
+        result.snapshots[replica.pk] = snapshot
+    _update_rows(ReplicaLoraState, list(states.values()), _STATE_FIELDS, before)
     return result
+
+
+def _update_rows(model, rows: list, fields: list[str], before: dict) -> None:
+    """bulk_update as one UPDATE, without the transaction bulk_update opens
+    (BEGIN and COMMIT are two more statements on every tick), and as small as
+    it can be: a column no row changed is left out, one that every row sets to
+    the same value (or moves by the same amount) is set once, and only the rest
+    need a CASE per row (building those is most of a 32-replica tick's CPU)."""
+    if not rows:
+        return
+    values = {}
+    for name in fields:
+        column = model._meta.get_field(name)
+        new = [getattr(row, name) for row in rows]
+        old = [before[row.pk][name] for row in rows]
+        if new == old:
+            continue
+        if all(v == new[0] for v in new):
+            values[name] = Value(new[0], output_field=column)
+            continue
+        numeric = all(isinstance(v, int) and not isinstance(v, bool) for v in new + old)
+        steps = {n - o for n, o in zip(new, old, strict=True)} if numeric else set()
+        if len(steps) == 1:
+            values[name] = F(name) + steps.pop()
+            continue
+        cases = [When(pk=r.pk, then=Value(getattr(r, name), output_field=column)) for r in rows]
+        # Cast as bulk_update does: PostgreSQL types a CASE of NULLs as text.
+        values[name] = Cast(Case(*cases, output_field=column), output_field=column)
+    if values:
+        model.objects.filter(pk__in=[row.pk for row in rows]).update(**values)
+
+
+_STATE_FIELDS = [
+    "observed_at",
+    "ok",
+    "error",
+    "max_lora",
+    "running",
+    "waiting",
+    "gpu_loaded",
+    "cpu_loaded",
+    "series_timestamp",
+    "samples",
+    "concurrency",
+    "peak_running",
+    "waiting_samples",
+    "ok_reads",
+]
 
 
 def _when(timestamp: float, now: datetime) -> datetime:
@@ -152,39 +252,46 @@ def replica_lora_state_record(
     deployment: Deployment, replica: Replica, snapshot: LoraSnapshot | None, *, error: str = ""
 ) -> ReplicaLoraState:
     now = timezone.now()
+    outcome = ReplicaOutcome(ok=snapshot is not None, error=error)
     with transaction.atomic():
         state, _ = ReplicaLoraState.objects.select_for_update().get_or_create(
             replica=replica, defaults={"observed_at": now}
         )
-        state.observed_at = now
-        state.ok = snapshot is not None
-        state.error = (error or "")[:2000]
-        if snapshot is None:
-            state.save()
-            return state
-        state.max_lora = snapshot.max_lora
-        state.running = list(snapshot.running)
-        state.waiting = list(snapshot.waiting)
-        state.gpu_loaded = None if snapshot.gpu_loaded is None else list(snapshot.gpu_loaded)
-        state.cpu_loaded = None if snapshot.cpu_loaded is None else list(snapshot.cpu_loaded)
-        # Old label sets stay exported with the last time they were current: only
-        # those current since the previous read are news (a request that came and
-        # went between two reads included).
-        fresh = snapshot.since(state.series_timestamp)
-        if fresh:
-            state.series_timestamp = max(s.timestamp for s in fresh)
-            state.samples += 1
-            counts = dict(state.concurrency or {})
-            for series in fresh:
-                key = str(len(series.running))
-                counts[key] = counts.get(key, 0) + 1
-            state.concurrency = counts
-            state.peak_running = max(state.peak_running, *(len(s.running) for s in fresh))
-            if any(s.waiting for s in fresh):
-                state.waiting_samples += 1
-            _activity_record(deployment, fresh, now)
+        _state_apply(deployment, state, snapshot, outcome, now)
         state.save()
     return state
+
+
+def _state_apply(deployment, state, snapshot: LoraSnapshot | None, outcome, now) -> None:
+    """One read's news on a replica's state (in memory; the caller saves)."""
+    state.observed_at = now
+    state.ok = snapshot is not None
+    state.error = (outcome.error or "")[:2000]
+    if outcome.ok:
+        state.ok_reads += 1
+    if snapshot is None:
+        return
+    state.max_lora = snapshot.max_lora
+    state.running = list(snapshot.running)
+    state.waiting = list(snapshot.waiting)
+    state.gpu_loaded = None if snapshot.gpu_loaded is None else list(snapshot.gpu_loaded)
+    state.cpu_loaded = None if snapshot.cpu_loaded is None else list(snapshot.cpu_loaded)
+    # Old label sets stay exported with the last time they were current: only
+    # those current since the previous read are news (a request that came and
+    # went between two reads included).
+    fresh = snapshot.since(state.series_timestamp)
+    if fresh:
+        state.series_timestamp = max(s.timestamp for s in fresh)
+        state.samples += 1
+        counts = dict(state.concurrency or {})
+        for series in fresh:
+            key = str(len(series.running))
+            counts[key] = counts.get(key, 0) + 1
+        state.concurrency = counts
+        state.peak_running = max(state.peak_running, *(len(s.running) for s in fresh))
+        if any(s.waiting for s in fresh):
+            state.waiting_samples += 1
+        _activity_record(deployment, fresh, now)
 
 
 def _activity_record(deployment: Deployment, fresh, now: datetime) -> None:

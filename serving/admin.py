@@ -24,7 +24,16 @@ from serving.services.deployments import deployment_delete
 class ReplicaInline(admin.TabularInline):
     model = Replica
     extra = 0
-    fields = ["base_url", "active", "health", "vllm_version", "last_seen_at", "last_error"]
+    fields = [
+        "base_url",
+        "active",
+        "health",
+        "vllm_version",
+        "last_seen_at",
+        "in_sync_polls",
+        "in_sync_since",
+        "last_error",
+    ]
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None):
@@ -111,14 +120,29 @@ class HttpAttemptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 @admin.register(DriftEvent)
 class DriftEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ["created_at", "deployment", "replica", "kind", "adapter_name"]
+    list_display = [
+        "last_seen_at",
+        "created_at",
+        "count",
+        "deployment",
+        "replica",
+        "kind",
+        "adapter_name",
+    ]
     list_filter = ["kind", "deployment"]
     list_select_related = ["deployment", "replica"]
 
 
 @admin.register(StagedFolder)
 class StagedFolderAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ["write_path", "deployment", "created_at", "unreferenced_since", "deleted_at"]
+    list_display = [
+        "write_path",
+        "deployment",
+        "created_at",
+        "verified_at",
+        "unreferenced_since",
+        "deleted_at",
+    ]
     list_select_related = ["deployment"]
 
 

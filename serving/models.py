@@ -11,6 +11,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from core.fields import EncryptedTextField
 from core.models import Department
@@ -108,6 +109,9 @@ class Deployment(models.Model):
     reconcile_lease_owner = models.CharField(max_length=100, blank=True, editable=False)
     reconcile_lease_until = models.DateTimeField(null=True, blank=True, editable=False)
     last_reconciled_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The served name whose weights the reconcile checked last on this deployment's
+    # replicas: each tick checks the next few after it (serving/services/fingerprints.py).
+    fingerprint_checked_through = models.CharField(max_length=200, blank=True, editable=False)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -169,9 +173,11 @@ class Replica(models.Model):
     last_error = models.TextField(blank=True)
     # What /v1/models said at the last reconcile: [{id, root}] for adapters.
     loaded_adapters = models.JSONField(default=list, blank=True)
-    # The served name whose weights the reconcile checked last on this replica: each
-    # tick checks the next few names after it (serving/services/fingerprints.py).
-    fingerprint_checked_through = models.CharField(max_length=200, blank=True, editable=False)
+    # Reconcile polls that found the replica up and nothing to repair. They are
+    # counted here instead of stored as one HttpAttempt row each (a row per
+    # replica per tick is most of the table at fleet scale).
+    in_sync_polls = models.PositiveBigIntegerField(default=0)
+    in_sync_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -392,9 +398,20 @@ class DriftEvent(models.Model):
     actual_root = models.CharField(max_length=1000, blank=True)
     detail = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # The same drift found again on later ticks (a repair that keeps failing, a
+    # replica still down) is this one event seen `count` times, not a row per tick.
+    count = models.PositiveIntegerField(default=1)
+    last_seen_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        ordering = ["-created_at", "-id"]
+        ordering = ["-last_seen_at", "-id"]
+        indexes = [
+            # The reconcile looks up the latest event of each (replica, adapter) it drifts on.
+            models.Index(
+                fields=["replica", "adapter_name", "-id"], name="drift_latest_per_adapter"
+            ),
+            models.Index(fields=["deployment", "-last_seen_at"], name="drift_recent"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.adapter_name} on {self.replica_id}"
@@ -411,6 +428,11 @@ class StagedFolder(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     unreferenced_since = models.DateTimeField(null=True, blank=True)
     deleted_at = models.DateTimeField(null=True, blank=True)
+    # When every file's sha256 was last checked, and each file's (size, mtime_ns)
+    # then: a repair re-hashes only if these differ or the check is older than
+    # SERVING_STAGED_REVERIFY_SECONDS.
+    verified_at = models.DateTimeField(null=True, blank=True)
+    verified_stat = models.JSONField(default=dict, blank=True)
 
     class Meta:
         constraints = [

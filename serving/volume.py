@@ -62,16 +62,71 @@ def _matches(folder: Path, version: AdapterVersion, progress=None) -> bool:
     return True
 
 
+def _stat(folder: Path) -> dict[str, list[int]]:
+    """Each file's size and mtime: what changes when a file is rewritten, without reading it."""
+    found = {}
+    for entry in os.scandir(folder):
+        info = entry.stat(follow_symlinks=False)
+        found[entry.name] = [info.st_size, info.st_mtime_ns]
+    return found
+
+
+def _trusted(row: StagedFolder | None, current: dict, now) -> bool:
+    if row is None or row.verified_at is None or row.verified_stat != current:
+        return False
+    return now - row.verified_at < timedelta(seconds=settings.SERVING_STAGED_REVERIFY_SECONDS)
+
+
 def stage_version(
     deployment: Deployment, version: AdapterVersion, progress: Callable[[], None] | None = None
 ) -> StagedFolder:
     """Idempotent: an existing, verified folder is reused as it is. `progress` is
     called between chunks (a rollout renews its claim there: a large artifact
     takes longer to copy than a claim lasts)."""
+    staged = stage_versions(deployment, [version], progress)[version.pk]
+    if isinstance(staged, StagingError):
+        raise staged
+    return staged
+
+
+def stage_versions(
+    deployment: Deployment,
+    versions: list[AdapterVersion],
+    progress: Callable[[], None] | None = None,
+) -> dict[int, StagedFolder | StagingError]:
+    """stage_version for many versions, by version id: a StagedFolder, or the
+    StagingError that version met. One SELECT for every folder's record; a folder
+    whose files are as when they were last hashed (the verified marker) is not
+    read again, and its record is written only if something about it changed."""
+    now = timezone.now()
+    rows = {
+        row.version_id: row
+        for row in StagedFolder.objects.filter(
+            deployment=deployment, version_id__in=[v.pk for v in versions]
+        )
+    }
+    result: dict[int, StagedFolder | StagingError] = {}
+    for version in versions:
+        try:
+            row = rows.get(version.pk)
+            result[version.pk] = _stage_one(deployment, version, row, now, progress)
+        except (StagingError, OSError) as error:
+            result[version.pk] = (
+                error if isinstance(error, StagingError) else StagingError(str(error))
+            )
+    return result
+
+
+def _stage_one(deployment, version, row, now, progress) -> StagedFolder:
     final = Path(deployment.volume_write_path) / relative_path(version)
     serve = serve_path_for(deployment, version)
     if final.is_dir():
-        if not _matches(final, version, progress):
+        current = _stat(final)
+        if _trusted(row, current, now):
+            as_recorded = (row.write_path, row.serve_path) == (str(final), serve)
+            if as_recorded and row.unreferenced_since is None and row.deleted_at is None:
+                return row  # nothing changed: nothing read, nothing written
+        elif not _matches(final, version, progress):
             raise StagingError(
                 f"{final} exists but does not match version {version.number}'s checksums; "
                 "refusing to reuse the path for other bytes."
@@ -90,6 +145,9 @@ def stage_version(
                     raise
         finally:
             shutil.rmtree(temporary, ignore_errors=True)
+        current = _stat(final)
+    # Hashed just now (or trusted, with a stale record): mark it verified.
+    verified_at = row.verified_at if _trusted(row, current, now) else now
     # One INSERT ... ON CONFLICT instead of update_or_create's lock, savepoint and
     # insert (six statements on every rollout's critical path).
     (folder,) = StagedFolder.objects.bulk_create(
@@ -101,11 +159,20 @@ def stage_version(
                 serve_path=serve,
                 unreferenced_since=None,
                 deleted_at=None,
+                verified_at=verified_at,
+                verified_stat=current,
             )
         ],
         update_conflicts=True,
         unique_fields=["deployment", "version"],
-        update_fields=["write_path", "serve_path", "unreferenced_since", "deleted_at"],
+        update_fields=[
+            "write_path",
+            "serve_path",
+            "unreferenced_since",
+            "deleted_at",
+            "verified_at",
+            "verified_stat",
+        ],
     )
     return folder
 

@@ -30,6 +30,8 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "last_seen_at",
             "last_checked_at",
             "last_error",
+            "in_sync_polls",
+            "in_sync_since",
         ]
 
 
@@ -374,6 +376,8 @@ class DriftEventSerializer(serializers.ModelSerializer):
             "actual_root",
             "detail",
             "created_at",
+            "count",
+            "last_seen_at",
         ]
 
 
@@ -382,4 +386,4 @@ class DriftEventSummarySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = DriftEvent
-        fields = ["id", "kind", "adapter_name", "created_at"]
+        fields = ["id", "kind", "adapter_name", "created_at", "count", "last_seen_at"]

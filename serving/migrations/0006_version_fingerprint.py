@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.AddField(
-            model_name='replica',
+            model_name='deployment',
             name='fingerprint_checked_through',
             field=models.CharField(blank=True, editable=False, max_length=200),
         ),

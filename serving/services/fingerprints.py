@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import logging
 import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.db.models import JSONField, OuterRef, Subquery
 
 from serving.fingerprint import PROBE_PROMPT, PROBE_TOKENS, Probe
 from serving.models import (
@@ -164,81 +167,115 @@ def next_in_rotation(names: list[str], last: str, count: int) -> list[str]:
     return (after + [n for n in ordered if n <= last])[:count]
 
 
-def fingerprints_sample_check(
+def fingerprint_probe_annotation():
+    """Each served adapter's fingerprint probe, as a column of the reconcile's one
+    query of the desired state (a sampled tick then costs no SELECT of its own)."""
+    return Subquery(
+        VersionFingerprint.objects.filter(
+            deployment_id=OuterRef("deployment_id"), version_id=OuterRef("version_id")
+        ).values("probe")[:1],
+        output_field=JSONField(),
+    )
+
+
+@dataclass
+class SampleResult:
+    cursor: str | None = None  # where the rotation stopped; None: nothing sampled
+    drifted: set[int] = field(default_factory=set)  # replicas where something was found
+
+
+def fingerprints_sample(
     *,
     deployment: Deployment,
-    replica: Replica,
+    up: list[tuple[Replica, dict[str, str | None]]],
     desired: dict[str, ServedAdapter],
-    snapshot: dict[str, str | None],
     worker: str,
     report,
-) -> None:
-    """One reconcile tick's weight check on one replica that is up, after the
-    repairs: the next SERVING_FINGERPRINT_SAMPLE adapters that the replica lists
-    at their desired path are probed and compared with their fingerprints. A
-    mismatch is a FINGERPRINT_MISMATCH drift: the adapter is unloaded and loaded
-    again from its path, then verified against the fingerprint once more.
+) -> SampleResult:
+    """One reconcile tick's weight check, after the repairs: the next
+    SERVING_FINGERPRINT_SAMPLE adapters in the deployment's rotation are probed
+    on every replica that is up and lists them at their desired path (the
+    replicas in parallel), and compared with their fingerprints, which came with
+    the desired state (`fingerprint_probe`). A mismatch is a FINGERPRINT_MISMATCH
+    drift: the adapter is unloaded and loaded again from its path, then verified
+    against the fingerprint once more.
 
-    Costs one SELECT of the sample's fingerprints, one greedy completion per
-    sampled adapter, one INSERT of their attempts and one UPDATE of the cursor."""
+    On a tick where every probe matches this writes nothing: the probes are part
+    of the poll the reconcile counts, and the cursor is saved with the claim's
+    release (Deployment.fingerprint_checked_through). Failed probes are stored
+    as attempts; the replica's health is the reconcile's business."""
+    result = SampleResult()
     count = settings.SERVING_FINGERPRINT_SAMPLE
-    if count <= 0 or not deployment.verify_with_completion:
-        return
-    candidates = [
-        name
-        for name, served in desired.items()
-        if served.version_id is not None and snapshot.get(name) == served.served_path
-    ]
-    chosen = next_in_rotation(candidates, replica.fingerprint_checked_through, count)
+    if count <= 0 or not deployment.verify_with_completion or not up:
+        return result
+    candidates = [name for name, served in desired.items() if served.version_id is not None]
+    chosen = next_in_rotation(candidates, deployment.fingerprint_checked_through, count)
     if not chosen:
-        return
-    fingerprints = {
-        f.version_id: f
-        for f in VersionFingerprint.objects.filter(
-            deployment=deployment, version_id__in=[desired[n].version_id for n in chosen]
-        )
-    }
-    outcome = ReplicaOutcome()
-    mismatched: list[tuple[str, VersionFingerprint, float]] = []
-    with client_for(replica, deployment) as client:
-        for name in chosen:
+        return result
+    result.cursor = chosen[-1]
+
+    def probe_replica(item):
+        replica, snapshot = item
+        outcome, probes = ReplicaOutcome(), {}
+        with client_for(replica, deployment) as client:
+            for name in chosen:
+                if snapshot.get(name) != desired[name].served_path:
+                    continue  # not served there (yet): the repairs' business
+                probe = _probe(client, name, outcome)
+                if probe is None:
+                    # Not answering: each further probe could wait a whole HTTP timeout.
+                    break
+                probes[name] = probe
+        return outcome, probes
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(up)))) as pool:
+        answers = list(pool.map(probe_replica, up))
+
+    unrecorded = set()
+    for (replica, _), (outcome, probes) in zip(up, answers, strict=True):
+        if any(not attempt.ok for _, attempt in outcome.attempts):
+            attempts_record(replica, outcome)
+            result.drifted.add(replica.pk)
+        for name, probe in probes.items():
             served = desired[name]
-            fingerprint = fingerprints.get(served.version_id)
-            if fingerprint is None:
-                # Served since before fingerprints existed (or verified without a
-                # completion then): a full verification records one now.
-                verified = verify_serving(
-                    client,
-                    name,
-                    served.served_path,
-                    _NO_RETRY,
-                    with_completion=True,
-                    base_name=deployment.base_model_name,
-                )
-                outcome.attempts += verified.attempts
-                if verified.attempts and not verified.attempts[-1][1].ok:
-                    break  # not answering, as below
-                fingerprint_check(
-                    verified,
-                    deployment=deployment,
-                    version_id=served.version_id,
-                    replica=replica,
-                    name=name,
-                )
+            if served.fingerprint_probe is None:
+                unrecorded.add(name)
                 continue
-            probe = _probe(client, name, outcome)
-            if probe is None:
-                # Not answering: its health is the reconcile's business, and each
-                # further probe could wait a whole HTTP timeout out of the claim.
-                break
-            distance = Probe.from_dict(fingerprint.probe).distance(probe)
+            distance = Probe.from_dict(served.fingerprint_probe).distance(probe)
             if distance > tolerance():
-                mismatched.append((name, fingerprint, distance))
-    attempts_record(replica, outcome)
-    Replica.objects.filter(pk=replica.pk).update(fingerprint_checked_through=chosen[-1])
-    replica.fingerprint_checked_through = chosen[-1]
-    for name, fingerprint, distance in mismatched:
-        _repair_weights(deployment, replica, desired[name], fingerprint, distance, worker, report)
+                fingerprint = VersionFingerprint.objects.get(
+                    deployment=deployment, version_id=served.version_id
+                )
+                _repair_weights(deployment, replica, served, fingerprint, distance, worker, report)
+                result.drifted.add(replica.pk)
+    for name in unrecorded:
+        # Served since before fingerprints existed (or verified without a completion
+        # then): a full verification on the first replica that serves it records one.
+        replica = next(r for (r, _), (_, p) in zip(up, answers, strict=True) if name in p)
+        _record_missing(deployment, replica, desired[name], name)
+        result.drifted.add(replica.pk)
+    return result
+
+
+def _record_missing(deployment, replica, served: ServedAdapter, name: str) -> None:
+    with client_for(replica, deployment) as client:
+        verified = verify_serving(
+            client,
+            name,
+            served.served_path,
+            _NO_RETRY,
+            with_completion=True,
+            base_name=deployment.base_model_name,
+        )
+    if verified.ok:
+        fingerprint_check(
+            verified,
+            deployment=deployment,
+            version_id=served.version_id,
+            replica=replica,
+            name=name,
+        )
+    attempts_record(replica, verified)
 
 
 def _probe(client, name: str, outcome: ReplicaOutcome) -> Probe | None:

@@ -48,5 +48,17 @@ def deployment_reconcile_heartbeat(deployment_id: int, owner: str) -> Heartbeat:
     return Heartbeat(RECONCILE_LEASE, deployment_id, owner, claim_seconds())
 
 
-def deployment_reconcile_release(deployment_id: int, owner: str) -> None:
-    RECONCILE_LEASE.release(deployment_id, owner)
+def deployment_reconcile_release(deployment_id: int, owner: str, **also) -> None:
+    RECONCILE_LEASE.release(deployment_id, owner, **also)
+
+
+def served_adapters_claim(served_ids, owner: str) -> set[int]:
+    return SERVED_ADAPTER_LEASE.claim_many(served_ids, owner, claim_seconds())
+
+
+def served_adapters_renew(served_ids, owner: str) -> None:
+    SERVED_ADAPTER_LEASE.renew_many(served_ids, owner, claim_seconds())
+
+
+def served_adapters_release(served_ids, owner: str) -> None:
+    SERVED_ADAPTER_LEASE.release_many(served_ids, owner)

@@ -6,15 +6,28 @@ corrected, retired ones unloaded, unknown ones reported (and unloaded if the
 deployment's policy says so). Every repair is a DriftEvent. A deployment lease
 keeps concurrent beats/workers from reconciling the same deployment at once,
 and each repair also takes the adapter's lease so it never races a rollout.
+
+Built for fleets (50 replicas x 500 adapters): a tick where every replica is in
+sync costs the same few SQL statements whatever the number of adapters or
+replicas (the polls are counted on the replicas in one UPDATE, not stored as
+rows; nothing else is written), a drift seen again is the same event counted,
+and repairs run in parallel threads (bounded in all and per replica) that do
+HTTP only, while the calling thread keeps the claims renewed and writes the
+results in a few bulk statements.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from django.conf import settings
+from django.db.models import F, Max
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from core.claims import LeaseLost
@@ -36,24 +49,32 @@ from serving.replica_ops import (
     ensure_unloaded,
     verify_serving,
 )
-from serving.replicas import client_for, mark_health, replicas_sync
-from serving.services.attempts import attempts_record
-from serving.services.fingerprints import fingerprint_check, fingerprints_sample_check
+from serving.replicas import client_for, health_changes, replicas_sync
+from serving.services.attempts import attempts_record, attempts_record_all
+from serving.services.fingerprints import (
+    fingerprint_check,
+    fingerprint_probe_annotation,
+    fingerprints_sample,
+)
 from serving.services.leases import (
+    claim_seconds,
     deployment_reconcile_claim,
     deployment_reconcile_heartbeat,
     deployment_reconcile_release,
-    served_adapter_claim,
-    served_adapter_release,
+    served_adapters_claim,
+    served_adapters_release,
+    served_adapters_renew,
 )
 from serving.signals import reconcile_finished
 from serving.vllm_client import model_cards, server_version
-from serving.volume import StagingError, stage_version
+from serving.volume import StagingError, stage_versions
 
 logger = logging.getLogger(__name__)
 
 # Reconcile must not wait a rollout's long retry deadline on a dead replica.
 RECONCILE_POLICY = RetryPolicy(deadline_seconds=0, base_delay=0, max_delay=0)
+
+_SERVED_RELATED = ("adapter__department", "version__adapter__department")
 
 
 @dataclass
@@ -63,6 +84,13 @@ class ReconcileReport:
     replicas_up: int = 0
     replicas_down: int = 0
     repairs: list[str] = field(default_factory=list)
+    in_sync: int = 0
+    # Whether HttpAttempt rows were stored (an in-sync tick stores none).
+    attempts_written: bool = False
+    # Where the fingerprint re-check's rotation stopped this tick (None: no sample).
+    fingerprint_cursor: str | None = None
+    # The replicas found up, for what runs after the reconcile (reconcile_finished).
+    up: list[Replica] = field(default_factory=list, repr=False)
 
 
 def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
@@ -76,20 +104,31 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
     try:
         _reconcile(deployment, worker, report, heartbeat)
         ok = True
-        Deployment.objects.filter(pk=deployment.pk).update(last_reconciled_at=timezone.now())
     except LeaseLost:
         # Took longer than the claim and someone else reconciles now: leave it to them.
         logger.warning("reconcile of %s: claim lost, stopping", deployment.name)
         report.skipped = True
     finally:
-        deployment_reconcile_release(deployment.pk, worker)
+        # Sent while the claim is still held: it serialises what observability
+        # writes per deployment too, so those writes need no row locks.
+        with contextlib.suppress(LeaseLost):
+            heartbeat.beat()  # what follows reads every replica's /metrics
         for receiver, error in reconcile_finished.send_robust(
-            sender=Deployment, deployment=deployment, seconds=time.monotonic() - started, ok=ok
+            sender=Deployment,
+            deployment=deployment,
+            seconds=time.monotonic() - started,
+            ok=ok,
+            replicas=report.up if ok else None,
+            attempts_written=report.attempts_written or not ok,
         ):
             if isinstance(error, Exception):
                 logger.error(
                     "after reconcile of %s, %r failed: %s", deployment.name, receiver, error
                 )
+        done = {"last_reconciled_at": timezone.now()} if ok else {}
+        if ok and report.fingerprint_cursor is not None:
+            done["fingerprint_checked_through"] = report.fingerprint_cursor
+        deployment_reconcile_release(deployment.pk, worker, **done)
     return report
 
 
@@ -109,49 +148,348 @@ def _observe(deployment: Deployment, replica: Replica) -> tuple[ReplicaOutcome, 
     return outcome, [c for c in model_cards(listing) if c.is_adapter], version
 
 
+@dataclass
+class _Job:
+    """One repair of one adapter on one replica: HTTP only, run in a thread."""
+
+    tick: _Tick
+    name: str
+    kind: str
+    actual: str = ""
+    served: ServedAdapter | None = None  # None: an unknown adapter, unloaded by policy
+    outcome: ReplicaOutcome | None = None
+    staging_error: str = ""
+
+    @property
+    def replica(self) -> Replica:
+        return self.tick.replica
+
+    @property
+    def loads(self) -> bool:
+        return self.served is not None and self.served.version_id is not None
+
+
+@dataclass
+class _Tick:
+    """Everything one tick decided about one replica."""
+
+    replica: Replica
+    outcome: ReplicaOutcome
+    changes: dict
+    flipped: bool
+    snapshot: dict[str, str | None] = field(default_factory=dict)
+    jobs: list[_Job] = field(default_factory=list)
+    drifted: bool = False
+
+
+def _job_for(tick: _Tick, name: str, served: ServedAdapter, loaded: dict) -> _Job | None:
+    if served.version_id is None:
+        if name in loaded:
+            return _Job(tick, name, DriftKind.RETIRED_UNLOADED, loaded[name] or "", served)
+        return None
+    if name not in loaded:
+        return _Job(tick, name, DriftKind.MISSING_RELOADED, "", served)
+    if loaded[name] != served.served_path:
+        return _Job(tick, name, DriftKind.WRONG_ROOT_CORRECTED, loaded[name] or "", served)
+    return None
+
+
+class _Drifts:
+    """Drift found during a tick, written at its end in a few statements: an
+    event equal to the latest one of the same replica and adapter (same kind,
+    paths and detail) is that event seen again, so it is counted, not repeated."""
+
+    def __init__(self, deployment: Deployment):
+        self.deployment = deployment
+        self.pending: list[DriftEvent] = []
+
+    def add(self, replica, kind, adapter_name="", expected="", actual="", detail="") -> None:
+        self.pending.append(
+            DriftEvent(
+                deployment=self.deployment,
+                replica=replica,
+                kind=kind,
+                adapter_name=adapter_name,
+                expected_root=expected or "",
+                actual_root=actual or "",
+                detail=(detail or "")[:4000],
+            )
+        )
+        logger.info("drift %s on %s: %s %s", kind, replica.base_url, adapter_name, detail)
+
+    def flush(self, now) -> None:
+        if not self.pending:
+            return
+        replica_ids = {e.replica_id for e in self.pending}
+        names = {e.adapter_name for e in self.pending}
+        latest_ids = (
+            DriftEvent.objects.filter(replica_id__in=replica_ids, adapter_name__in=names)
+            .values("replica_id", "adapter_name")
+            .annotate(last=Max("pk"))
+            .values("last")
+        )
+        latest = {
+            (e.replica_id, e.adapter_name): e
+            for e in DriftEvent.objects.filter(pk__in=latest_ids).only(
+                "replica_id", "adapter_name", "kind", "expected_root", "actual_root", "detail"
+            )
+        }
+        repeated, new = [], []
+        for event in self.pending:
+            last = latest.get((event.replica_id, event.adapter_name))
+            same = last is not None and (
+                last.kind,
+                last.expected_root,
+                last.actual_root,
+                last.detail,
+            ) == (event.kind, event.expected_root, event.actual_root, event.detail)
+            if same:
+                repeated.append(last.pk)
+            else:
+                event.last_seen_at = now
+                new.append(event)
+        if repeated:
+            DriftEvent.objects.filter(pk__in=repeated).update(
+                count=F("count") + 1, last_seen_at=now
+            )
+        if new:
+            DriftEvent.objects.bulk_create(new)
+
+
+class _Keeper:
+    """Keeps the deployment's claim and the claimed adapters' claims alive while
+    repairs run (hundreds of loads take longer than a claim lasts)."""
+
+    def __init__(self, heartbeat, worker: str):
+        self.heartbeat, self.worker = heartbeat, worker
+        self.served: set[int] = set()
+        self._renewed = time.monotonic()
+
+    def beat(self) -> None:
+        self.heartbeat.beat()
+        if self.served and time.monotonic() - self._renewed >= claim_seconds() / 3:
+            served_adapters_renew(self.served, self.worker)
+            self._renewed = time.monotonic()
+
+
 def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, heartbeat) -> None:
-    replicas = replicas_sync(deployment)
+    now = timezone.now()
+    replicas = replicas_sync(deployment, with_deferred=True)
+    # Only what telling in sync from drifted needs: a repair re-reads what it claims.
     desired = {
         s.adapter.served_name: s
-        for s in ServedAdapter.objects.filter(deployment=deployment).select_related(
-            "adapter__department", "version__adapter__department"
-        )
+        for s in ServedAdapter.objects.filter(deployment=deployment)
+        .select_related("adapter")
+        .only("adapter_id", "version_id", "served_path", "adapter__served_name")
+        # The fingerprints the sampled re-check compares with, in the same query.
+        .annotate(fingerprint_probe=fingerprint_probe_annotation())
     }
+    keeper = _Keeper(heartbeat, worker)
+    drifts = _Drifts(deployment)
 
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(replicas) or 1))) as pool:
         observations = list(pool.map(lambda replica: _observe(deployment, replica), replicas))
+    keeper.beat()
 
+    ticks: list[_Tick] = []
     for replica, (outcome, cards, version) in zip(replicas, observations, strict=True):
-        heartbeat.beat()
-        attempts_record(replica, outcome)
-        changed = mark_health(replica, up=outcome.ok, error=outcome.error, version=version)
+        changes, flipped = health_changes(
+            replica, up=outcome.ok, error=outcome.error, version=version, now=now
+        )
+        tick = _Tick(replica, outcome, changes, flipped)
+        ticks.append(tick)
         if not outcome.ok:
             report.replicas_down += 1
-            if changed or replica.drift_events.filter(kind=DriftKind.REPLICA_DOWN).count() == 0:
-                _drift(deployment, replica, DriftKind.REPLICA_DOWN, detail=outcome.error)
+            # Every tick while down: the same event, counted (see _Drifts).
+            drifts.add(replica, DriftKind.REPLICA_DOWN, detail=outcome.error)
             continue
         report.replicas_up += 1
-        if changed:
-            _drift(deployment, replica, DriftKind.REPLICA_UP)
-        previous_names = {item.get("id") for item in replica.loaded_adapters or []}
-        snapshot = {c.id: c.root for c in cards}
-        _repair_replica(
-            deployment, replica, cards, desired, previous_names, worker, report, snapshot
+        report.up.append(replica)
+        if flipped:
+            drifts.add(replica, DriftKind.REPLICA_UP)
+            tick.drifted = True
+        tick.snapshot = {c.id: c.root for c in cards}
+        _plan(deployment, tick, desired, drifts)
+
+    jobs = [job for tick in ticks for job in tick.jobs]
+    if jobs:
+        _repair(deployment, worker, jobs, keeper, drifts, report)
+
+    for tick in ticks:
+        if tick.outcome.ok:
+            _after_repairs(deployment, tick, desired, report)
+    keeper.beat()
+    up = [(tick.replica, tick.snapshot) for tick in ticks if tick.outcome.ok]
+    sampled = fingerprints_sample(
+        deployment=deployment, up=up, desired=desired, worker=worker, report=report
+    )
+    for tick in ticks:
+        if tick.replica.pk in sampled.drifted:
+            tick.drifted = True
+    report.fingerprint_cursor = sampled.cursor
+    _write(ticks, drifts, now, report)
+
+
+def _plan(deployment, tick: _Tick, desired: dict, drifts: _Drifts) -> None:
+    """Which repairs the replica needs, from its listing alone (no I/O)."""
+    replica, loaded = tick.replica, dict(tick.snapshot)
+    for name, served in desired.items():
+        job = _job_for(tick, name, served, loaded)
+        if job is not None:
+            tick.jobs.append(job)
+    previous_names = {item.get("id") for item in replica.loaded_adapters or []}
+    for name, root in loaded.items():
+        if name in desired:
+            continue
+        if deployment.unload_unknown_adapters:
+            tick.jobs.append(_Job(tick, name, DriftKind.UNKNOWN_UNLOADED, root or ""))
+        elif name not in previous_names:
+            drifts.add(replica, DriftKind.UNKNOWN_REPORTED, name, actual=root)
+            tick.drifted = True
+
+
+def _repair(deployment, worker, jobs: list[_Job], keeper: _Keeper, drifts, report) -> None:
+    # A rollout holding an adapter's lease is already changing it: leave it alone.
+    wanted = {job.served.pk for job in jobs if job.served is not None}
+    claimed = served_adapters_claim(wanted, worker) if wanted else set()
+    keeper.served = claimed
+    try:
+        # Re-read what we hold: a rollout may have moved the version before we got it.
+        fresh = {
+            s.pk: s
+            for s in ServedAdapter.objects.filter(pk__in=claimed).select_related(*_SERVED_RELATED)
+        }
+        runnable = []
+        for job in jobs:
+            if job.served is None:
+                runnable.append(job)
+                continue
+            served = fresh.get(job.served.pk)
+            if served is None:
+                continue
+            seen = {} if job.kind == DriftKind.MISSING_RELOADED else {job.name: job.actual or None}
+            again = _job_for(job.tick, job.name, served, seen)
+            if again is not None:
+                runnable.append(again)
+        _stage(deployment, [job for job in runnable if job.loads], keeper)
+        _run_parallel(deployment, [job for job in runnable if not job.staging_error], keeper)
+        for job in runnable:
+            _record(job, drifts, report)
+        made = [(job.replica, job.outcome, None) for job in runnable if job.outcome is not None]
+        if made:
+            attempts_record_all(made)
+            report.attempts_written = True
+    finally:
+        if claimed:
+            served_adapters_release(claimed, worker)
+        keeper.served = set()
+
+
+def _stage(deployment, jobs: list[_Job], keeper: _Keeper) -> None:
+    """The folders every load needs, each version once however many replicas
+    miss it; a folder already verified is not read again (serving.volume)."""
+    versions = {job.served.version_id: job.served.version for job in jobs}
+    if not versions:
+        return
+    # The folder may have gone: a new volume, or a replica added later.
+    staged = stage_versions(deployment, list(versions.values()), progress=keeper.beat)
+    for job in jobs:
+        result = staged[job.served.version_id]
+        if isinstance(result, StagingError):
+            job.staging_error = str(result)
+
+
+def _lanes(jobs: list[_Job]) -> list[list[_Job]]:
+    """Each replica's jobs dealt into at most SERVING_RECONCILE_PER_REPLICA lanes
+    run one after another, so no replica gets more loads at once than that."""
+    per_replica = settings.SERVING_RECONCILE_PER_REPLICA
+    by_replica: dict[int, list[_Job]] = {}
+    for job in jobs:
+        by_replica.setdefault(job.replica.pk, []).append(job)
+    lanes = []
+    for mine in by_replica.values():
+        count = min(per_replica, len(mine))
+        lanes += [mine[i::count] for i in range(count)]
+    return lanes
+
+
+def _run_parallel(deployment, jobs: list[_Job], keeper: _Keeper) -> None:
+    """The HTTP of every repair, in threads that touch no database; this thread
+    renews the claims meanwhile and stops the lanes if a claim is lost."""
+    if not jobs:
+        return
+    stop = threading.Event()
+    lanes = _lanes(jobs)
+
+    def run(lane: list[_Job]) -> None:
+        with client_for(lane[0].replica, deployment) as client:
+            for job in lane:
+                if stop.is_set():
+                    return
+                if job.loads:
+                    job.outcome = ensure_loaded(
+                        client,
+                        job.name,
+                        job.served.served_path,
+                        RECONCILE_POLICY,
+                        known_version=job.replica.vllm_version,
+                    )
+                else:
+                    job.outcome = ensure_unloaded(client, job.name, RECONCILE_POLICY)
+
+    workers = max(1, min(settings.SERVING_RECONCILE_CONCURRENCY, len(lanes)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending = {pool.submit(run, lane) for lane in lanes}
+        try:
+            while pending:
+                done, pending = wait(
+                    pending, timeout=claim_seconds() / 6, return_when=FIRST_EXCEPTION
+                )
+                for future in done:
+                    future.result()
+                keeper.beat()
+        except BaseException:
+            stop.set()
+            raise
+
+
+def _record(job: _Job, drifts: _Drifts, report: ReconcileReport) -> None:
+    replica, served = job.replica, job.served
+    expected = served.served_path if served is not None else ""
+    snapshot = job.tick.snapshot
+    if job.staging_error:
+        drifts.add(replica, DriftKind.REPAIR_FAILED, job.name, detail=job.staging_error)
+        return
+    if job.outcome is None:  # stopped before its turn
+        return
+    if not job.outcome.ok:
+        drifts.add(
+            replica,
+            DriftKind.REPAIR_FAILED,
+            job.name,
+            expected=expected,
+            actual=job.actual,
+            detail=job.outcome.error,
         )
-        # What the replica serves after the repairs: the state view reads it, and the
-        # pre-repair listing would show a just-reloaded adapter as missing until next tick.
-        Replica.objects.filter(pk=replica.pk).update(
-            loaded_adapters=[{"id": name, "root": root} for name, root in snapshot.items()]
-        )
-        _complete_deferred(deployment, replica, desired, snapshot, report)
-        fingerprints_sample_check(
-            deployment=deployment,
-            replica=replica,
-            desired=desired,
-            snapshot=snapshot,
-            worker=worker,
-            report=report,
-        )
+        return
+    if job.loads:
+        snapshot[job.name] = served.served_path
+    else:
+        snapshot.pop(job.name, None)
+    drifts.add(replica, job.kind, job.name, expected=expected, actual=job.actual)
+    if job.kind == DriftKind.UNKNOWN_UNLOADED:
+        report.repairs.append(f"{replica.base_url}: unloaded unknown {job.name}")
+    else:
+        report.repairs.append(f"{replica.base_url}: {job.kind} {job.name}")
+
+
+def _after_repairs(deployment, tick: _Tick, desired: dict, report: ReconcileReport) -> None:
+    """Per replica that answered, once its repairs are done and `tick.snapshot`
+    says what it serves now. Work that checks a replica beyond its listing goes
+    here (and sets tick.drifted if it finds something): the deferred steps of
+    rollouts it missed while down; a sampled fingerprint re-check can join them."""
+    if getattr(tick.replica, "has_deferred", True):
+        _complete_deferred(deployment, tick.replica, desired, tick.snapshot, report)
 
 
 def _complete_deferred(deployment, replica, desired, snapshot, report) -> None:
@@ -204,110 +542,44 @@ def _complete_deferred(deployment, replica, desired, snapshot, report) -> None:
             ReplicaRollout.objects.filter(pk=step.pk).update(error=error[:2000])
 
 
-def _repair_replica(
-    deployment, replica, cards, desired, previous_names, worker, report, snapshot
-) -> None:
-    loaded = {card.id: card.root for card in cards}
-    for name, served in desired.items():
-        if served.version_id is None:
-            if name in loaded:
-                _repair(
-                    deployment,
-                    replica,
-                    served,
-                    worker,
-                    report,
-                    snapshot,
-                    DriftKind.RETIRED_UNLOADED,
-                    actual=loaded[name],
-                )
+def _write(ticks: list[_Tick], drifts: _Drifts, now, report: ReconcileReport) -> None:
+    """The tick's writes. A replica up, in sync and as recorded costs nothing of
+    its own: all of them share one UPDATE that counts the poll. Others get their
+    row written, and their poll's attempts stored."""
+    in_sync, quiet_down, attempts = [], [], []
+    for tick in ticks:
+        replica = tick.replica
+        listing = [{"id": name, "root": root} for name, root in tick.snapshot.items()]
+        changes = dict(tick.changes)
+        recorded = {item.get("id"): item.get("root") for item in replica.loaded_adapters or []}
+        # Compared as a mapping: a replica reloaded in another order serves the same.
+        if tick.outcome.ok and tick.snapshot != recorded:
+            # What the replica serves after the repairs: the state view reads it, and the
+            # pre-repair listing would show a just-reloaded adapter as missing until next tick.
+            changes["loaded_adapters"] = listing
+            replica.loaded_adapters = listing
+        if not changes and not tick.jobs and not tick.drifted:
+            # Up and in sync, or down exactly as last tick: its poll is only counted
+            # (in_sync_polls, or the replica_down event's count).
+            (in_sync if tick.outcome.ok else quiet_down).append(replica.pk)
             continue
-        expected = served.served_path
-        if name not in loaded:
-            _repair(
-                deployment, replica, served, worker, report, snapshot, DriftKind.MISSING_RELOADED
-            )
-        elif loaded[name] != expected:
-            _repair(
-                deployment,
-                replica,
-                served,
-                worker,
-                report,
-                snapshot,
-                DriftKind.WRONG_ROOT_CORRECTED,
-                actual=loaded[name],
-            )
-    for name, root in loaded.items():
-        if name in desired:
-            continue
-        if deployment.unload_unknown_adapters:
-            with client_for(replica, deployment) as client:
-                outcome = ensure_unloaded(client, name, RECONCILE_POLICY)
-            attempts_record(replica, outcome)
-            kind = DriftKind.UNKNOWN_UNLOADED if outcome.ok else DriftKind.REPAIR_FAILED
-            if outcome.ok:
-                snapshot.pop(name, None)
-            _drift(deployment, replica, kind, name, actual=root, detail=outcome.error)
-            report.repairs.append(f"{replica.base_url}: unloaded unknown {name}")
-        elif name not in previous_names:
-            _drift(deployment, replica, DriftKind.UNKNOWN_REPORTED, name, actual=root)
-
-
-def _repair(deployment, replica, served, worker, report, snapshot, kind, actual="") -> None:
-    # A rollout holding this adapter's lease is already changing it: leave it alone.
-    if not served_adapter_claim(served.pk, worker):
-        return
-    try:
-        served.refresh_from_db()
-        name = served.adapter.served_name
-        with client_for(replica, deployment) as client:
-            if served.version_id is None:
-                outcome = ensure_unloaded(client, name, RECONCILE_POLICY)
-            else:
-                try:
-                    # The folder may have gone: a new volume, or a replica added later.
-                    stage_version(deployment, served.version)
-                except (StagingError, OSError) as error:
-                    _drift(deployment, replica, DriftKind.REPAIR_FAILED, name, detail=str(error))
-                    return
-                outcome = ensure_loaded(
-                    client,
-                    name,
-                    served.served_path,
-                    RECONCILE_POLICY,
-                    known_version=replica.vllm_version,
-                )
-        attempts_record(replica, outcome)
-        if outcome.ok:
-            if served.version_id is None:
-                snapshot.pop(name, None)
-            else:
-                snapshot[name] = served.served_path
-            _drift(deployment, replica, kind, name, expected=served.served_path, actual=actual)
-            report.repairs.append(f"{replica.base_url}: {kind} {name}")
-        else:
-            _drift(
-                deployment,
-                replica,
-                DriftKind.REPAIR_FAILED,
-                name,
-                expected=served.served_path,
-                actual=actual,
-                detail=outcome.error,
-            )
-    finally:
-        served_adapter_release(served.pk, worker)
-
-
-def _drift(deployment, replica, kind, adapter_name="", expected="", actual="", detail="") -> None:
-    DriftEvent.objects.create(
-        deployment=deployment,
-        replica=replica,
-        kind=kind,
-        adapter_name=adapter_name,
-        expected_root=expected or "",
-        actual_root=actual or "",
-        detail=(detail or "")[:4000],
-    )
-    logger.info("drift %s on %s: %s %s", kind, replica.base_url, adapter_name, detail)
+        attempts.append((replica, tick.outcome, None))
+        extra = {"last_seen_at": now} if tick.outcome.ok else {}
+        Replica.objects.filter(pk=replica.pk).update(
+            **changes, **extra, last_checked_at=now, in_sync_since=None
+        )
+        replica.in_sync_since = None
+    if in_sync:
+        Replica.objects.filter(pk__in=in_sync).update(
+            in_sync_polls=F("in_sync_polls") + 1,
+            in_sync_since=Coalesce(F("in_sync_since"), now),
+            last_checked_at=now,
+            last_seen_at=now,
+        )
+    if quiet_down:
+        Replica.objects.filter(pk__in=quiet_down).update(last_checked_at=now)
+    report.in_sync = len(in_sync)
+    if attempts:
+        attempts_record_all(attempts)
+        report.attempts_written = True
+    drifts.flush(now)

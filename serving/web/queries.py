@@ -240,6 +240,8 @@ def deployment_matrix(actor: Actor, deployment: Deployment) -> dict:
         # vLLM's errors name hosts and paths: the platform's, not a department's.
         replica["last_error"] = record.last_error if selectors.sees_infrastructure(actor) else ""
         replica["loaded_count"] = len(record.loaded_adapters or [])
+        replica["in_sync_polls"] = record.in_sync_polls
+        replica["in_sync_since"] = record.in_sync_since
     return {
         "replicas": replicas,
         "rows": shown,

@@ -76,3 +76,29 @@ def test_a_heartbeat_rides_out_a_database_error_but_never_past_its_claim(deploym
         with pytest.raises(LeaseLost):
             heartbeat.beat(force=True)
     heartbeat.beat(force=True)  # the database is back and the claim still ours
+
+
+def test_many_rows_are_claimed_renewed_and_released_together():
+    rows = [Deployment.objects.create(name=f"many-{i}", base_model_name="tiny") for i in range(4)]
+    ids = [r.pk for r in rows]
+    assert LEASE.claim(ids[0], "other", 30)
+
+    held = LEASE.claim_many(ids, "worker-a", 30)
+
+    assert held == set(ids[1:])  # the row someone else holds is left to them
+    assert LEASE.claim_many(ids, "worker-a", 30) == set(ids[1:])  # ours again: still ours
+    assert LEASE.renew_many(ids, "worker-a", 60) == 3
+    assert LEASE.release_many(ids, "worker-a") == 3
+    assert Deployment.objects.filter(reconcile_lease_owner="").count() == 3
+    assert Deployment.objects.get(pk=ids[0]).reconcile_lease_owner == "other"
+
+
+def test_a_release_can_set_other_columns_in_the_same_update(deployment):
+    from django.utils import timezone
+
+    LEASE.claim(deployment.pk, "worker-a", 30)
+    now = timezone.now()
+    assert not LEASE.release(deployment.pk, "worker-b", last_reconciled_at=now)
+    assert Deployment.objects.get(pk=deployment.pk).last_reconciled_at is None
+    assert LEASE.release(deployment.pk, "worker-a", last_reconciled_at=now)
+    assert Deployment.objects.get(pk=deployment.pk).last_reconciled_at == now

@@ -38,8 +38,9 @@ def test_a_reconcile_reads_each_replicas_lora_metrics(deployment, served, fake_r
     activity = AdapterActivity.objects.get()
     assert activity.adapter == contracts and activity.active_samples == 1
     assert abs(activity.last_active_at.timestamp() - (now - 5)) < 0.01
-    # Each read is an HTTP attempt like every other call to vLLM.
-    assert HttpAttempt.objects.filter(purpose="metrics", status_code=200).count() == 2
+    # A successful read is counted on the state, not stored as an attempt row.
+    assert (first.ok_reads, second.ok_reads) == (1, 1)
+    assert not HttpAttempt.objects.filter(purpose="metrics").exists()
 
 
 def test_an_unchanged_series_is_not_counted_twice(deployment, served, fake_replicas):
@@ -101,14 +102,28 @@ def test_duration_and_outcome_are_kept_per_deployment(deployment, served, fake_r
 
 
 def test_tallies_count_each_attempt_once_and_outlive_housekeeping(
-    deployment, served, fake_replicas
+    settings, deployment, served, fake_replicas
 ):
+    from tests.observability.test_metrics_endpoint import scrape, value
+
+    settings.METRICS_TOKEN, settings.METRICS_ALLOW_ANONYMOUS = "t", False
+    polls = {"deployment": deployment.name, "purpose": "reconcile_models", "status": "200"}
+    reads = {**polls, "purpose": "metrics"}
+    fake_replicas[0].restart()  # a tick with a repair stores its polls as rows
     reconcile_deployment(deployment.pk, "beat")
+    assert AttemptTally.objects.get(purpose="reconcile_models", status="200").count == 2
+    reconcile_deployment(deployment.pk, "beat")  # in sync: counted on the replicas only
+    assert AttemptTally.objects.get(purpose="reconcile_models", status="200").count == 2
+    assert value(scrape("t"), "lora_vllm_http_attempts_total", **polls) == 4
+    for replica in fake_replicas:
+        replica.metrics_text = lora_info(("", "", time.time()))
     reconcile_deployment(deployment.pk, "beat")
-    assert AttemptTally.objects.get(purpose="reconcile_models", status="200").count == 4
     HttpAttempt.objects.filter(replica_rollout__isnull=True).delete()  # what housekeeping prunes
+    fake_replicas[1].restart()
     reconcile_deployment(deployment.pk, "beat")
-    assert AttemptTally.objects.get(purpose="reconcile_models", status="200").count == 6
+    samples = scrape("t")
+    assert value(samples, "lora_vllm_http_attempts_total", **polls) == 8
+    assert value(samples, "lora_vllm_http_attempts_total", **reads) == 4
 
 
 def test_a_failure_to_observe_never_breaks_the_reconcile(

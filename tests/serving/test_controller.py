@@ -444,3 +444,23 @@ def test_a_replica_found_down_is_never_in_sync(lena, root, deployment, approved_
     state = client_for(root).get(f"/api/v1/deployments/{deployment.name}/state/").json()
     by_url = {r["base_url"]: r["adapters"][0]["in_sync"] for r in state["replicas"]}
     assert by_url == {fake_replicas[0].base_url: False, fake_replicas[1].base_url: True}
+
+
+@pytest.mark.django_db
+def test_only_deferred_steps_of_the_served_version_cost_the_reconcile_a_look(
+    lena, deployment, approved_v1, fake_replicas, replicas_known
+):
+    from serving.models import ServedAdapter
+    from serving.replicas import replicas_sync
+
+    up, down = fake_replicas
+    mark_down(down.base_url)
+    rollout_execute(promote(lena, deployment, approved_v1).pk, "w")
+
+    def flagged():
+        return {r.base_url for r in replicas_sync(deployment, with_deferred=True) if r.has_deferred}
+
+    assert flagged() == {down.base_url}
+    # A later version supersedes the step: it stays deferred, as the record, unflagged.
+    ServedAdapter.objects.update(version=None, served_path="")
+    assert flagged() == set()

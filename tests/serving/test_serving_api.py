@@ -413,3 +413,25 @@ def test_a_deployment_limited_to_other_departments_is_not_found_for_members(
     assert as_lena.get(f"/api/v1/deployments/{deployment.name}/").status_code == 404
     assert as_fred.get(f"/api/v1/deployments/{deployment.name}/").status_code == 200
     assert as_root.get(f"/api/v1/deployments/{deployment.name}/").status_code == 200
+
+
+def test_drift_events_carry_their_count_and_last_sighting(
+    as_root, as_lena, lena, deployment, approved_v1, fake_replicas
+):
+    from serving.services.reconcile import reconcile_deployment
+
+    promotion = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
+    rollout_execute(promotion.rollouts.get().pk, "w")
+    fake_replicas[0].restart()
+    fake_replicas[0].fail_load = (500, "LoRA rank 64 is greater than max_lora_rank 16")
+    reconcile_deployment(deployment.pk, "beat")
+    reconcile_deployment(deployment.pk, "beat")
+
+    url = f"/api/v1/deployments/{deployment.name}/drift-events/"
+    (event,) = as_root.get(url).json()["results"]
+    assert event["kind"] == "repair_failed" and event["count"] == 2
+    assert event["last_seen_at"] > event["created_at"]
+    (summary,) = as_lena.get(url).json()["results"]
+    assert summary["count"] == 2 and "replica" not in summary
+    replicas = as_root.get(f"/api/v1/deployments/{deployment.name}/").json()["replicas"]
+    assert sorted(r["in_sync_polls"] for r in replicas) == [0, 1]

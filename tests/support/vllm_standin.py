@@ -118,6 +118,7 @@ def build_app(replica: StandinReplica) -> web.Application:
 
     @routes.get("/version")
     async def version(request):
+        replica.count("version")
         return web.json_response({"version": replica.version})
 
     @routes.get("/v1/models")
@@ -219,6 +220,7 @@ def build_app(replica: StandinReplica) -> web.Application:
 
     @routes.get("/metrics")
     async def metrics(request):
+        replica.count("metrics")
         running = ",".join(name for name, n in replica.running.items() if n > 0)
         text = (
             "# HELP vllm:lora_requests_info Running stats on lora requests.\n"

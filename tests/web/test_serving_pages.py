@@ -234,6 +234,33 @@ def test_the_detail_page_highlights_drift_per_replica(
     assert "mystery" in web_root.get(f"/deployments/{staging.name}/").content.decode()
 
 
+def test_a_repeated_drift_shows_its_count_and_a_replica_its_counted_polls(
+    web_root, staging, approved, fakes
+):
+    from serving.models import DriftEvent
+
+    path = "/volume/legal/contracts/v1"
+    served(staging, approved, path)
+    a, b = (f.base_url for f in fakes)
+    reconciled(staging, {a: [{"id": "contracts", "root": path}], b: []})
+    first, second = Replica.objects.filter(deployment=staging).order_by("base_url")
+    Replica.objects.filter(pk=first.pk).update(in_sync_polls=42, in_sync_since=timezone.now())
+    DriftEvent.objects.create(
+        deployment=staging,
+        replica=second,
+        kind="repair_failed",
+        adapter_name="contracts",
+        detail="rank too big",
+        count=7,
+    )
+
+    page = web_root.get(f"/deployments/{staging.name}/").content.decode()
+
+    assert "7&times;, last" in page
+    assert "42 polls counted" in page
+    assert page.count('data-testid="in-sync-since"') == 1
+
+
 def test_a_missing_adapter_is_drift_but_a_change_newer_than_the_check_is_not(
     web_lena, staging, approved, fakes
 ):
