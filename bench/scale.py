@@ -20,12 +20,15 @@ the contract checked against real vLLM by tests/serving/vllm/test_standin_contra
 `--real N` (N <= 4) adds the same tick and heal on N real vLLM servers (CPU,
 tiny model), to set the stand-in's ratios against.
 
-Other scale sections (bench/scale_promotions.py) plug in through SECTIONS.
+Sections: tick, heal, real (with --real N) and promotions (bench/scale_promotions.py,
+run in its own process); more plug in through SECTIONS.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -303,6 +306,19 @@ def _bare_loads_after_restart(server, served) -> float:
     return _bare_loads(server.base_url, served, 1)
 
 
+@section("promotions")
+def promotions(ctx) -> None:
+    """100 promotions at once on 8 stand-in replicas, until all are served
+    (bench/scale_promotions.py). In a process of its own: it sets Django up with
+    its own VAR_DIR, broker queue and Celery worker, and a fresh database beside
+    the one given."""
+    print("\n== 100 promotions at once (bench.scale_promotions) ==", flush=True)
+    env = dict(os.environ)
+    if ctx.options.database_url:
+        env["DATABASE_URL"] = ctx.options.database_url
+    subprocess.run([sys.executable, "-m", "bench.scale_promotions"], env=env, check=True)
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -315,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heal-replicas", type=int, default=8)
     parser.add_argument("--ticks", type=int, default=5)
     parser.add_argument("--real", type=int, default=0, choices=range(0, 5))
-    parser.add_argument("--sections", default="tick,heal,real")
+    parser.add_argument("--sections", default="tick,heal,real,promotions")
     parser.add_argument("--show-sql", action="store_true")
     options = parser.parse_args(argv)
 
