@@ -79,7 +79,8 @@ def _bare_loads(url: str, served: list, threads: int) -> float:
 
 
 def _calls(fleet) -> int:
-    return sum(sum(r.calls.values()) for r in fleet.replicas)
+    # "completions:<model>" is a per-model tally of the calls "completions" counts.
+    return sum(n for r in fleet.replicas for route, n in r.calls.items() if ":" not in route)
 
 
 class _Ctx:
