@@ -3,6 +3,8 @@ a deployment serves: approve/reject a promotion request, manual rollback, retire
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -14,7 +16,7 @@ from core.errors import ApplicationError, Conflict, NotAuthorized, ValidationFai
 from core.models import Ability
 from core.state import can_move, move
 from registry.models import Adapter, AdapterVersion, VersionStatus
-from serving.gate import GateReport, evaluate_gate
+from serving.gate import GateReport, check_capacity, evaluate_gate
 from serving.models import (
     Deployment,
     Promotion,
@@ -95,6 +97,20 @@ def _start_rollout(
     )
 
 
+def _recheck_capacity_locked(deployment: Deployment, version: AdapterVersion) -> None:
+    """The gate ran before the transaction; two promotions of new adapters at the
+    same moment would each see room for one more. Under the deployment's row lock
+    (held only to the commit, no HTTP inside) the registered-adapter limit is
+    counted again, so concurrent promotions are admitted one at a time."""
+    list(Deployment.objects.select_for_update().filter(pk=deployment.pk).values_list("pk"))
+    check = check_capacity(deployment, version)
+    if not check.ok:
+        raise GateRefused(
+            f"Version {version.number} cannot be promoted to {deployment.name}: {check.message}",
+            details={"checks": [asdict(check)]},
+        )
+
+
 def promotion_create(
     *, actor: Actor, deployment: Deployment, version: AdapterVersion, canary: bool | None = None
 ) -> Promotion:
@@ -112,6 +128,7 @@ def promotion_create(
         )
     department = version.adapter.department  # read now, not under the audit lock
     with transaction.atomic():
+        _recheck_capacity_locked(deployment, version)
         if deployment.requires_promotion_approval:
             if Promotion.objects.filter(
                 deployment=deployment, version=version, status=PromotionStatus.PENDING_APPROVAL
