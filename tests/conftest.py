@@ -17,6 +17,7 @@ from core.models import Ability, Department, Membership, Role
 from core.services.tokens import token_create
 from registry.artifact_store import get_artifact_store
 from tests.support.adapters import AdapterSpec
+from tests.support.pages import signed_in
 
 PASSWORD = "correct-horse-battery"
 
@@ -222,3 +223,28 @@ def requires_postgres():
         connection.vendor != "postgresql",
         reason="needs PostgreSQL: SQLite has no row locks (SELECT ... FOR UPDATE)",
     )
+
+
+@pytest.fixture
+def web_lena(lena):
+    return signed_in(lena)
+
+
+@pytest.fixture
+def web_alex(alex):
+    return signed_in(alex)
+
+
+@pytest.fixture
+def web_paula(paula):
+    return signed_in(paula)
+
+
+@pytest.fixture
+def web_fred(fred):
+    return signed_in(fred)
+
+
+@pytest.fixture
+def web_root(root):
+    return signed_in(root)

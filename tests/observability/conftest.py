@@ -13,7 +13,7 @@ from tests.serving.conftest import (  # noqa: F401 - fixtures
     fake_replicas,
     fast_retries,
 )
-from tests.web.conftest import signed_in
+from tests.support.pages import signed_in
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 import pytest
 
-from tests.web.conftest import bulk_events, query_count
+from tests.support.pages import bulk_events, query_count
 
 pytestmark = pytest.mark.django_db
 

@@ -1,5 +1,6 @@
-"""Web UI tests: the fixed cast signed in through Django's test client, and
-builders for large data sets used to prove query counts stay flat."""
+"""Helpers for page tests: the cast signed in through Django's test client, the
+adapter most page tests look at, and builders for large data sets used to
+prove query counts stay flat."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from django.test.utils import CaptureQueriesContext
 
 from core.models import AuditEvent
 from registry.models import Adapter, AdapterVersion
-from tests.factories import make_adapter, make_version
 
 
 def signed_in(user) -> Client:
@@ -19,38 +19,18 @@ def signed_in(user) -> Client:
     return client
 
 
-@pytest.fixture
-def web_lena(lena):
-    return signed_in(lena)
-
-
-@pytest.fixture
-def web_alex(alex):
-    return signed_in(alex)
-
-
-@pytest.fixture
-def web_paula(paula):
-    return signed_in(paula)
-
-
-@pytest.fixture
-def web_fred(fred):
-    return signed_in(fred)
-
-
-@pytest.fixture
-def web_root(root):
-    return signed_in(root)
-
-
+# Page tests import these two into their conftest (tests/registry/web, tests/serving/web).
 @pytest.fixture
 def contracts(lena, legal):
+    from tests.factories import make_adapter  # it imports tests.conftest, which imports this
+
     return make_adapter(lena, legal, name="contracts", description="Contract clause review.")
 
 
 @pytest.fixture
 def v1(lena, contracts):
+    from tests.factories import make_version
+
     return make_version(lena, contracts)
 
 

@@ -29,7 +29,7 @@ from tests.factories import make_adapter, make_approved_version, make_version
 from tests.serving.conftest import make_deployment
 from tests.support.adapters import AdapterSpec
 from tests.support.fake_vllm import FakeVLLM
-from tests.web.conftest import bulk_adapters, clone_versions, query_count
+from tests.support.pages import bulk_adapters, clone_versions, query_count
 
 pytestmark = pytest.mark.django_db
 

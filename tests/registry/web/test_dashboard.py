@@ -2,7 +2,7 @@ import pytest
 
 from registry.models import VersionStatus
 from tests.factories import make_approved_version, make_version
-from tests.web.conftest import bulk_adapters, bulk_events, clone_versions, query_count
+from tests.support.pages import bulk_adapters, bulk_events, clone_versions, query_count
 
 pytestmark = pytest.mark.django_db
 

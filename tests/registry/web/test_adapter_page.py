@@ -4,7 +4,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from registry.models import AdapterVersion, VersionStatus
 from tests.factories import archive_upload, make_approved_version
 from tests.support.adapters import AdapterSpec, tar_gz_bytes
-from tests.web.conftest import bulk_adapters, clone_versions, query_count
+from tests.support.pages import bulk_adapters, clone_versions, query_count
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ from registry.services.versions import version_transition
 from tests.conftest import actor
 from tests.factories import make_approved_version, make_version
 from tests.support.adapters import AdapterSpec
-from tests.web.conftest import bulk_events, query_count
+from tests.support.pages import bulk_events, query_count
 
 pytestmark = pytest.mark.django_db
 
