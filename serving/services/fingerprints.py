@@ -235,6 +235,7 @@ def fingerprints_sample(
     for (replica, _), (outcome, probes) in zip(up, answers, strict=True):
         if any(not attempt.ok for _, attempt in outcome.attempts):
             attempts_record(replica, outcome)
+            report.attempts_written = True
             result.drifted.add(replica.pk)
         for name, probe in probes.items():
             served = desired[name]
@@ -247,12 +248,14 @@ def fingerprints_sample(
                     deployment=deployment, version_id=served.version_id
                 )
                 _repair_weights(deployment, replica, served, fingerprint, distance, worker, report)
+                report.attempts_written = True
                 result.drifted.add(replica.pk)
     for name in unrecorded:
         # Served since before fingerprints existed (or verified without a completion
         # then): a full verification on the first replica that serves it records one.
         replica = next(r for (r, _), (_, p) in zip(up, answers, strict=True) if name in p)
         _record_missing(deployment, replica, desired[name], name)
+        report.attempts_written = True
         result.drifted.add(replica.pk)
     return result
 
