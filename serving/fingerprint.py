@@ -43,10 +43,16 @@ class Probe:
 
     @classmethod
     def from_dict(cls, data: dict) -> Probe:
-        return cls(tuple(data["tokens"]), tuple(float(v) for v in data["logprobs"]))
+        return cls(
+            tuple(_unescape(t) for t in data["tokens"]),
+            tuple(float(v) for v in data["logprobs"]),
+        )
 
     def as_dict(self) -> dict:
-        return {"tokens": list(self.tokens), "logprobs": list(self.logprobs)}
+        """For a JSON column. The tokens are backslash-escaped: a model may emit any
+        character, and PostgreSQL's jsonb refuses \\u0000 (the tiny test model
+        emits it), which would fail the write of a fingerprint."""
+        return {"tokens": [_escape(t) for t in self.tokens], "logprobs": list(self.logprobs)}
 
     def distance(self, other: Probe) -> float:
         """The largest logprob difference; infinite when the tokens differ."""
@@ -55,6 +61,14 @@ class Probe:
         return max(
             (abs(a - b) for a, b in zip(self.logprobs, other.logprobs, strict=True)), default=0.0
         )
+
+
+def _escape(token: str) -> str:
+    return token.encode("unicode_escape").decode("ascii")
+
+
+def _unescape(text: str) -> str:
+    return text.encode("ascii").decode("unicode_escape")
 
 
 def has_no_effect(adapter: Probe, base: Probe) -> bool:

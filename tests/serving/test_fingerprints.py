@@ -360,3 +360,18 @@ def test_a_replica_that_does_not_answer_the_probe_is_no_drift(
     assert not DriftEvent.objects.exists()
     failed = HttpAttempt.objects.filter(purpose="fingerprint_check", ok=False)
     assert [a.replica.base_url for a in failed] == [fake_replicas[1].base_url]
+
+
+@pytest.mark.django_db
+def test_a_probe_with_any_characters_is_stored_and_read_back_exactly(deployment, approved_v1):
+    """The tiny CPU model emits NUL among its tokens; PostgreSQL's jsonb refuses
+    \\u0000, which failed the fingerprint's write and left the rollout verifying."""
+    probe = Probe(
+        ("", " the", "\x00", "back\\slash", "\u00e9\u4e2d", "\\x00"), (-1.0, -2, -3, -4, -5, -6)
+    )
+    VersionFingerprint.objects.create(
+        deployment=deployment, version=approved_v1, probe=probe.as_dict()
+    )
+    stored = VersionFingerprint.objects.get(deployment=deployment, version=approved_v1)
+    assert Probe.from_dict(stored.probe) == probe
+    assert Probe.from_dict(stored.probe).distance(probe) == 0

@@ -205,7 +205,10 @@ class Platform:
         return self.member.post("/api/v1/promotions/", body, format="json")
 
     def rollout(self, rollout_id: int) -> dict:
-        return ok(self.member.get(f"/api/v1/rollouts/{rollout_id}/"))
+        # As the platform sees it: a member gets replica-N labels and folder names
+        # (tests/serving/api/test_rollout_privacy.py), these tests compare real
+        # paths and URLs.
+        return ok(self.admin.get(f"/api/v1/rollouts/{rollout_id}/"))
 
     def wait_rollout(self, rollout_id: int, timeout: float = ROLLOUT_TIMEOUT) -> dict:
         deadline = time.monotonic() + timeout
