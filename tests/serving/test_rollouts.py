@@ -136,6 +136,20 @@ def test_canary_stops_before_touching_the_other_replicas(
     assert not any(p == "/v1/load_lora_adapter" for _, p, _ in rest.requests)
 
 
+def test_one_answer_like_the_base_model_is_probed_again_before_it_fails_a_replica(
+    lena, deployment, approved_v1, fake_replicas
+):
+    fake_replicas[0].no_effect_once = {"legal-contracts"}
+    _, rollout = promote(lena, deployment, approved_v1)
+    assert rollout_execute(rollout.pk, "w") == "succeeded"
+    probes = [
+        a
+        for a in HttpAttempt.objects.filter(replica_rollout__rollout=rollout)
+        if a.purpose == "verify_completion"
+    ]
+    assert len(probes) == 3  # twice on the replica that answered like the base once
+
+
 def test_an_adapter_that_changes_nothing_fails_verification(
     lena, deployment, approved_v1, fake_replicas
 ):

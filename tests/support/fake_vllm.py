@@ -24,6 +24,8 @@ class FakeVLLM:
         self.fail_completion_for: set[str] = set()
         # Adapters that answer exactly like the base model (zero lora_B).
         self.no_effect: set[str] = set()
+        # Answer like the base model once, then through the adapter (a transient).
+        self.no_effect_once: set[str] = set()
         # GET /metrics body (Prometheus text); None answers 404 like a server without it.
         self.metrics_text: str | None = None
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -109,6 +111,9 @@ class FakeVLLM:
                     # Greedy logprobs that depend on the weights: here, on the path.
                     root = fake.adapters.get(model, "/models/base")
                     if model in fake.no_effect:
+                        root = "/models/base"
+                    elif model in fake.no_effect_once:
+                        fake.no_effect_once.discard(model)
                         root = "/models/base"
                     seed = hashlib.sha256(root.encode()).digest()
                     count = int(body.get("max_tokens") or 1)
