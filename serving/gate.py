@@ -123,10 +123,13 @@ def _registered_with(deployment: Deployment, version: AdapterVersion) -> int:
     arriving = Rollout.objects.filter(deployment=deployment, kind=RolloutKind.PROMOTE).exclude(
         status__in=ROLLOUT_TERMINAL
     )
-    others = (
-        set(served.values_list("adapter_id", flat=True))
-        | set(arriving.values_list("adapter_id", flat=True))
-    ) - {version.adapter_id}
+    # One statement, so one snapshot: as two queries, a rollout that succeeded in
+    # between (served now, terminal now) was in neither, and a burst could pass
+    # the limit by one.
+    both = served.values_list("adapter_id", flat=True).union(
+        arriving.values_list("adapter_id", flat=True)
+    )
+    others = set(both) - {version.adapter_id}
     return len(others) + 1
 
 

@@ -95,10 +95,24 @@ def test_restarted_replica_gets_its_adapters_back_within_one_interval(
         chat_through_openai(restarted.base_url, served_name)
 
     # Replica health events name no adapter: platform admins see them.
-    events = ok(platform.admin.get("/api/v1/deployments/staging-cpu/drift-events/"))["results"]
-    on_restarted = [
-        (e["kind"], e["adapter_name"]) for e in events if e["replica"] == restarted.base_url
-    ]
+    # A tick writes its drift in bulk when it ends, after the repairs' HTTP: the
+    # adapters can answer a moment before their events are in.
+    def drift_on_restarted():
+        events = ok(platform.admin.get("/api/v1/deployments/staging-cpu/drift-events/"))["results"]
+        kinds = [
+            (e["kind"], e["adapter_name"]) for e in events if e["replica"] == restarted.base_url
+        ]
+        return events, kinds
+
+    wait_until(
+        lambda: (
+            ("missing_reloaded", "legal-nda") in drift_on_restarted()[1]
+            and ("missing_reloaded", "legal-contracts") in drift_on_restarted()[1]
+        ),
+        timeout=30,
+        message="the reloads recorded as drift",
+    )
+    events, on_restarted = drift_on_restarted()
     assert ("missing_reloaded", "legal-contracts") in on_restarted
     assert ("missing_reloaded", "legal-nda") in on_restarted
     assert ("replica_down", "") in on_restarted
