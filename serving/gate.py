@@ -126,8 +126,10 @@ def _registered_with(deployment: Deployment, version: AdapterVersion) -> int:
     # One statement, so one snapshot: as two queries, a rollout that succeeded in
     # between (served now, terminal now) was in neither, and a burst could pass
     # the limit by one.
-    both = served.values_list("adapter_id", flat=True).union(
-        arriving.values_list("adapter_id", flat=True)
+    both = (
+        served.order_by()
+        .values_list("adapter_id", flat=True)
+        .union(arriving.order_by().values_list("adapter_id", flat=True))
     )
     others = set(both) - {version.adapter_id}
     return len(others) + 1
