@@ -7,15 +7,9 @@ from serving.services.promotions import promotion_create
 from serving.services.rollouts import rollout_execute
 from tests.conftest import actor, client_for
 from tests.serving.conftest import TINY_IDENTITY
+from tests.support.authorization import CALLERS, caller_client
 
 pytestmark = pytest.mark.django_db
-
-CALLERS = ["anonymous", "outsider", "member", "approver", "token", "admin"]
-
-
-def caller_client(caller, fred, lena, alex, root, legal_token):
-    who = {"anonymous": None, "outsider": fred, "member": lena, "approver": alex, "admin": root}
-    return client_for(who.get(caller, "token"), legal_token)
 
 
 @pytest.mark.parametrize(

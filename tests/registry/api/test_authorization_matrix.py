@@ -10,15 +10,9 @@ import pytest
 
 from registry.models import VersionStatus
 from registry.services.versions import version_transition
-from tests.conftest import actor, client_for
+from tests.conftest import actor
 from tests.factories import archive_upload, make_adapter, make_version
-
-CALLERS = ["anonymous", "outsider", "member", "approver", "token", "admin"]
-
-
-def _statuses(anonymous, outsider, member, approver, token, admin):
-    return dict(zip(CALLERS, [anonymous, outsider, member, approver, token, admin], strict=True))
-
+from tests.support.authorization import CALLERS, assert_status, caller_client, statuses
 
 # name: (method, path template, body builder, version state needed, expected statuses)
 MATRIX = {
@@ -27,158 +21,158 @@ MATRIX = {
         "/api/v1/departments/",
         None,
         None,
-        _statuses(401, 200, 200, 200, 200, 200),
+        statuses(401, 200, 200, 200, 200, 200),
     ),
     "get department": (
         "get",
         "/api/v1/departments/legal/",
         None,
         None,
-        _statuses(401, 404, 200, 200, 200, 200),
+        statuses(401, 404, 200, 200, 200, 200),
     ),
     "create department": (
         "post",
         "/api/v1/departments/",
         lambda c: {"slug": "ops", "name": "Ops"},
         None,
-        _statuses(401, 403, 403, 403, 403, 201),
+        statuses(401, 403, 403, 403, 403, 201),
     ),
     "list memberships": (
         "get",
         "/api/v1/departments/legal/memberships/",
         None,
         None,
-        _statuses(401, 404, 200, 200, 200, 200),
+        statuses(401, 404, 200, 200, 200, 200),
     ),
     "set membership": (
         "post",
         "/api/v1/departments/legal/memberships/",
         lambda c: {"username": "fred", "role": "member"},
         None,
-        _statuses(401, 404, 403, 403, 403, 200),
+        statuses(401, 404, 403, 403, 403, 200),
     ),
     "remove membership": (
         "delete",
         "/api/v1/departments/legal/memberships/paula/",
         None,
         None,
-        _statuses(401, 404, 403, 403, 403, 204),
+        statuses(401, 404, 403, 403, 403, 204),
     ),
     "list adapters": (
         "get",
         "/api/v1/adapters/",
         None,
         None,
-        _statuses(401, 200, 200, 200, 200, 200),
+        statuses(401, 200, 200, 200, 200, 200),
     ),
     "create adapter": (
         "post",
         "/api/v1/adapters/",
         lambda c: {"department": "legal", "name": "nda", "base_model": "tiny-llama"},
         None,
-        _statuses(401, 404, 201, 201, 201, 201),
+        statuses(401, 404, 201, 201, 201, 201),
     ),
     "get adapter": (
         "get",
         "/api/v1/adapters/{adapter}/",
         None,
         None,
-        _statuses(401, 404, 200, 200, 200, 200),
+        statuses(401, 404, 200, 200, 200, 200),
     ),
     "update adapter": (
         "patch",
         "/api/v1/adapters/{adapter}/",
         lambda c: {"description": "new"},
         None,
-        _statuses(401, 404, 200, 200, 200, 200),
+        statuses(401, 404, 200, 200, 200, 200),
     ),
     "list adapter versions": (
         "get",
         "/api/v1/adapters/{adapter}/versions/",
         None,
         None,
-        _statuses(401, 404, 200, 200, 200, 200),
+        statuses(401, 404, 200, 200, 200, 200),
     ),
     "register version": (
         "post_multipart",
         "/api/v1/adapters/{adapter}/versions/",
         lambda c: {"files": [archive_upload()]},
         None,
-        _statuses(401, 404, 201, 201, 201, 201),
+        statuses(401, 404, 201, 201, 201, 201),
     ),
     "list versions": (
         "get",
         "/api/v1/versions/",
         None,
         None,
-        _statuses(401, 200, 200, 200, 200, 200),
+        statuses(401, 200, 200, 200, 200, 200),
     ),
     "get version": (
         "get",
         "/api/v1/versions/{version}/",
         None,
         VersionStatus.REGISTERED,
-        _statuses(401, 404, 200, 200, 200, 200),
+        statuses(401, 404, 200, 200, 200, 200),
     ),
     "submit": (
         "post",
         "/api/v1/versions/{version}/submit/",
         None,
         VersionStatus.REGISTERED,
-        _statuses(401, 404, 200, 200, 200, 200),
+        statuses(401, 404, 200, 200, 200, 200),
     ),
     "approve": (
         "post",
         "/api/v1/versions/{version}/approve/",
         None,
         VersionStatus.PENDING_REVIEW,
-        _statuses(401, 404, 403, 200, 403, 200),
+        statuses(401, 404, 403, 200, 403, 200),
     ),
     "reject": (
         "post",
         "/api/v1/versions/{version}/reject/",
         lambda c: {"comment": "no"},
         VersionStatus.PENDING_REVIEW,
-        _statuses(401, 404, 403, 200, 403, 200),
+        statuses(401, 404, 403, 200, 403, 200),
     ),
     "deprecate": (
         "post",
         "/api/v1/versions/{version}/deprecate/",
         None,
         VersionStatus.APPROVED,
-        _statuses(401, 404, 403, 200, 403, 200),
+        statuses(401, 404, 403, 200, 403, 200),
     ),
     "archive": (
         "post",
         "/api/v1/versions/{version}/archive/",
         None,
         VersionStatus.DEPRECATED,
-        _statuses(401, 404, 403, 200, 403, 200),
+        statuses(401, 404, 403, 200, 403, 200),
     ),
     "list audit events": (
         "get",
         "/api/v1/audit-events/",
         None,
         None,
-        _statuses(401, 200, 200, 200, 200, 200),
+        statuses(401, 200, 200, 200, 200, 200),
     ),
-    "list tokens": ("get", "/api/v1/tokens/", None, None, _statuses(401, 200, 200, 200, 200, 200)),
+    "list tokens": ("get", "/api/v1/tokens/", None, None, statuses(401, 200, 200, 200, 200, 200)),
     "create token": (
         "post",
         "/api/v1/tokens/",
         lambda c: {"department": "legal", "name": "ci2", "abilities": ["versions:register"]},
         None,
-        _statuses(401, 404, 201, 201, 403, 201),
+        statuses(401, 404, 201, 201, 403, 201),
     ),
     "revoke token": (
         "post",
         "/api/v1/tokens/{token}/revoke/",
         None,
         None,
-        _statuses(401, 404, 200, 404, 404, 200),
+        statuses(401, 404, 200, 404, 404, 200),
     ),
-    "openapi schema": ("get", "/api/schema/", None, None, _statuses(200, 200, 200, 200, 200, 200)),
-    "health": ("get", "/healthz", None, None, _statuses(200, 200, 200, 200, 200, 200)),
+    "openapi schema": ("get", "/api/schema/", None, None, statuses(200, 200, 200, 200, 200, 200)),
+    "health": ("get", "/healthz", None, None, statuses(200, 200, 200, 200, 200, 200)),
 }
 
 STEPS = {
@@ -205,12 +199,7 @@ def test_authorization_matrix(
             who = paula if step in {"approve", "deprecate"} else lena
             version = version_transition(actor=actor(who), version=version, action=step)
         context["version"] = version.pk
-    client = client_for(
-        {"anonymous": None, "outsider": fred, "member": lena, "approver": alex, "admin": root}.get(
-            caller, "token"
-        ),
-        legal_token,
-    )
+    client = caller_client(caller, fred, lena, alex, root, legal_token)
     url = template.format(**context)
     data = body(context) if body else None
     if method == "post_multipart":
@@ -218,8 +207,4 @@ def test_authorization_matrix(
     else:
         response = getattr(client, method)(url, data, format="json")
 
-    assert response.status_code == expected[caller], getattr(response, "data", response.content)
-    if response.status_code >= 400:
-        error = response.json()["error"]
-        assert error["status"] == response.status_code
-        assert error["message"]
+    assert_status(response, expected[caller])

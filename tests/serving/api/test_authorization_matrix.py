@@ -21,17 +21,11 @@ import pytest
 from serving.models import Rollout, RolloutStatus
 from serving.services.promotions import promotion_create
 from serving.services.rollouts import rollout_execute
-from tests.conftest import actor, client_for
+from tests.conftest import actor
 from tests.factories import make_approved_version
 from tests.serving.conftest import make_deployment
 from tests.support.adapters import AdapterSpec
-
-CALLERS = ["anonymous", "outsider", "member", "approver", "token", "admin"]
-
-
-def _statuses(anonymous, outsider, member, approver, token, admin):
-    return dict(zip(CALLERS, [anonymous, outsider, member, approver, token, admin], strict=True))
-
+from tests.support.authorization import CALLERS, assert_status, caller_client, statuses
 
 # name: (method, path template, body builder, expected statuses)
 MATRIX = {
@@ -39,13 +33,13 @@ MATRIX = {
         "get",
         "/api/v1/deployments/",
         None,
-        _statuses(401, 200, 200, 200, 200, 200),
+        statuses(401, 200, 200, 200, 200, 200),
     ),
     "get deployment": (
         "get",
         "/api/v1/deployments/staging-cpu/",
         None,
-        _statuses(401, 200, 200, 200, 200, 200),
+        statuses(401, 200, 200, 200, 200, 200),
     ),
     "create deployment": (
         "post",
@@ -57,131 +51,131 @@ MATRIX = {
             "volume_write_path": c["volume"],
             "volume_serve_path": c["volume"],
         },
-        _statuses(401, 403, 403, 403, 403, 201),
+        statuses(401, 403, 403, 403, 403, 201),
     ),
     "update deployment": (
         "patch",
         "/api/v1/deployments/staging-cpu/",
         lambda c: {"description": "changed"},
-        _statuses(401, 403, 403, 403, 403, 200),
+        statuses(401, 403, 403, 403, 403, 200),
     ),
     "delete deployment": (
         "delete",
         "/api/v1/deployments/gated/",
         None,
         # Promotions point at it: the admin is refused with a conflict, nobody else gets that far.
-        _statuses(401, 403, 403, 403, 403, 409),
+        statuses(401, 403, 403, 403, 403, 409),
     ),
     "deployment state": (
         "get",
         "/api/v1/deployments/staging-cpu/state/",
         None,
-        _statuses(401, 200, 200, 200, 200, 200),
+        statuses(401, 200, 200, 200, 200, 200),
     ),
     "deployment drift events": (
         "get",
         "/api/v1/deployments/staging-cpu/drift-events/",
         None,
-        _statuses(401, 200, 200, 200, 200, 200),
+        statuses(401, 200, 200, 200, 200, 200),
     ),
     "deployment kserve manifests": (
         "get",
         "/api/v1/deployments/staging-cpu/kserve/",
         None,
         # They name every promoted adapter: an outsider would learn Legal's.
-        _statuses(401, 403, 200, 200, 200, 200),
+        statuses(401, 403, 200, 200, 200, 200),
     ),
     "gate report": (
         "get",
         "/api/v1/deployments/staging-cpu/gate/?version={v1}",
         None,
         # The version is Legal's: an outsider may not learn it exists.
-        _statuses(401, 404, 200, 200, 200, 200),
+        statuses(401, 404, 200, 200, 200, 200),
     ),
     "roll deployment back": (
         "post",
         "/api/v1/deployments/staging-cpu/rollback/",
         lambda c: {"adapter": c["adapter"]},
-        _statuses(401, 404, 202, 202, 202, 202),
+        statuses(401, 404, 202, 202, 202, 202),
     ),
     "retire from deployment": (
         "post",
         "/api/v1/deployments/staging-cpu/retire/",
         lambda c: {"adapter": c["adapter"]},
-        _statuses(401, 404, 202, 202, 202, 202),
+        statuses(401, 404, 202, 202, 202, 202),
     ),
     "list promotions": (
         "get",
         "/api/v1/promotions/",
         None,
-        _statuses(401, 200, 200, 200, 200, 200),
+        statuses(401, 200, 200, 200, 200, 200),
     ),
     "get promotion": (
         "get",
         "/api/v1/promotions/{pending}/",
         None,
-        _statuses(401, 404, 200, 200, 200, 200),
+        statuses(401, 404, 200, 200, 200, 200),
     ),
     "promote": (
         "post",
         "/api/v1/promotions/",
         lambda c: {"deployment": "staging-cpu", "version": c["v3"]},
-        _statuses(401, 404, 201, 201, 201, 201),
+        statuses(401, 404, 201, 201, 201, 201),
     ),
     "approve promotion": (
         "post",
         "/api/v1/promotions/{pending}/approve/",
         None,
         # paula asked for it; alex is the second pair of eyes.
-        _statuses(401, 404, 403, 200, 403, 200),
+        statuses(401, 404, 403, 200, 403, 200),
     ),
     "reject promotion": (
         "post",
         "/api/v1/promotions/{pending}/reject/",
         lambda c: {"comment": "not yet"},
-        _statuses(401, 404, 403, 200, 403, 200),
+        statuses(401, 404, 403, 200, 403, 200),
     ),
     "list rollouts": (
         "get",
         "/api/v1/rollouts/",
         None,
-        _statuses(401, 200, 200, 200, 200, 200),
+        statuses(401, 200, 200, 200, 200, 200),
     ),
     "get rollout": (
         "get",
         "/api/v1/rollouts/{rollout}/",
         None,
-        _statuses(401, 404, 200, 200, 200, 200),
+        statuses(401, 404, 200, 200, 200, 200),
     ),
     "cancel rollout": (
         "post",
         "/api/v1/rollouts/{unfinished}/cancel/",
         lambda c: {"comment": "stop"},
-        _statuses(401, 404, 403, 200, 403, 200),
+        statuses(401, 404, 403, 200, 403, 200),
     ),
     "roll rollout back": (
         "post",
         "/api/v1/rollouts/{rollout}/rollback/",
         None,
-        _statuses(401, 404, 202, 202, 202, 202),
+        statuses(401, 404, 202, 202, 202, 202),
     ),
     "plan a deployment": (
         "post",
         "/api/v1/planner/",
         lambda c: {"deployment": "staging-cpu", "gpu_memory_bytes": 24 * 2**30},
-        _statuses(401, 200, 200, 200, 200, 200),
+        statuses(401, 200, 200, 200, 200, 200),
     ),
     "version mlflow mirror": (
         "get",
         "/api/v1/versions/{v1}/mlflow-mirror/",
         None,
-        _statuses(401, 404, 200, 200, 200, 200),
+        statuses(401, 404, 200, 200, 200, 200),
     ),
     "adapter mlflow aliases": (
         "get",
         "/api/v1/adapters/{adapter}/mlflow-aliases/",
         None,
-        _statuses(401, 404, 200, 200, 200, 200),
+        statuses(401, 404, 200, 200, 200, 200),
     ),
 }
 
@@ -227,18 +221,9 @@ def world(
 @pytest.mark.parametrize("endpoint,caller", CELLS)
 def test_authorization_matrix(endpoint, caller, world, fred, lena, alex, root, legal_token):
     method, template, body, expected = MATRIX[endpoint]
-    client = client_for(
-        {"anonymous": None, "outsider": fred, "member": lena, "approver": alex, "admin": root}.get(
-            caller, "token"
-        ),
-        legal_token,
-    )
+    client = caller_client(caller, fred, lena, alex, root, legal_token)
     url = template.format(**world)
     data = body(world) if body else None
     response = getattr(client, method)(url, data, format="json")
 
-    assert response.status_code == expected[caller], response.content[:500]
-    if response.status_code >= 400:
-        error = response.json()["error"]
-        assert error["status"] == response.status_code
-        assert error["message"]
+    assert_status(response, expected[caller])
