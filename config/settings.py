@@ -265,6 +265,15 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = cfg.boolean("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# SIGTERM stops a worker within seconds instead of waiting for every task in hand
+# (a rollout can run for minutes): with REMAP_SIGTERM=SIGQUIT in the worker's
+# environment (billiard reads it at import, before this file: the Dockerfile and
+# scripts/run.sh set it), SIGTERM is a cold shutdown that first waits this long for
+# running tasks, then cancels them. Acked late, they are redelivered; a rollout's
+# claim expires and the sweeper resumes it from its recorded state.
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = cfg.number(
+    "CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT", 1.0, minimum=0.0, maximum=60.0
+)
 
 # --- MLflow lineage and mirror (mlflow_bridge/) ---------------------------
 # Empty MLFLOW_TRACKING_URI turns the integration off: lineage fields can still be

@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 BIN=$PWD/.venv/bin
 export DJANGO_DEBUG="${DJANGO_DEBUG:-true}"
 export DJANGO_SECRET_KEY="${DJANGO_SECRET_KEY:-local-demo-secret-key-change-me}"
+# A worker's SIGTERM (Ctrl-C through the supervisor) is a bounded cold shutdown:
+# see CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT in config/settings.py.
+export REMAP_SIGTERM=SIGQUIT
 PORT="${PORT:-8000}"
 VAR="${VAR_DIR:-$PWD/var}"
 LOG="$VAR/log"
