@@ -401,6 +401,10 @@ PLANNER_GPU_MEMORY_UTILIZATION = cfg.number(
     "PLANNER_GPU_MEMORY_UTILIZATION", 0.9, minimum=0.05, maximum=1.0
 )
 PLANNER_CONTEXT_LENGTH = cfg.integer("PLANNER_CONTEXT_LENGTH", 4096, minimum=1)
+# What the planner assumes where a person leaves the field as it is: the page shows
+# these values in its inputs, and the plan uses exactly what the inputs show.
+PLANNER_USE_CASES = cfg.integer("PLANNER_USE_CASES", 10, minimum=1)
+PLANNER_PRICE_PER_GPU_HOUR = cfg.number("PLANNER_PRICE_PER_GPU_HOUR", 2.0, minimum=0.0)
 # --- end observability ----------------------------------------------------------
 
 # --- REST API ---------------------------------------------------------------
