@@ -33,7 +33,7 @@ lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 docs: install
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 bench: install
 	$(BIN)/python -m bench.upload_throughput
