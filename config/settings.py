@@ -1,7 +1,7 @@
 """Settings for the adapter registry and serving control plane.
 
 Everything that differs between a laptop and production comes from the
-environment (see config/env.py and the README's configuration table). The
+environment (see config/env.py and docs/operators/configuration.md). The
 defaults are embedded ones: SQLite, artifacts and the Celery broker on the local
 filesystem under var/ (the broker is a SQLite file there), so `make run` needs no servers.
 """
@@ -122,7 +122,7 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 # --- Sign-in: local passwords and/or OpenID Connect single sign-on (sso/) ----
 # Sets SSO_ENABLED, LOCAL_LOGIN, AUTHENTICATION_BACKENDS and the OIDC_* settings
-# of mozilla-django-oidc; see sso/conf.py and the README's configuration table.
+# of mozilla-django-oidc; see sso/conf.py and docs/operators/configuration.md.
 from sso.conf import from_env as _sso_settings  # noqa: E402
 
 globals().update(_sso_settings())
@@ -243,7 +243,7 @@ if CELERY_BROKER_URL.startswith("sqlite"):
         "polling_interval": cfg.number("CELERY_BROKER_POLL_SECONDS", 0.1, minimum=0.01),
     }
     VAR_DIR.mkdir(parents=True, exist_ok=True)
-# One queue per kind of work, each with its own worker (README, "Workers"), so a
+# One queue per kind of work, each with its own worker (docs/operators/workers.md), so a
 # long rollout never starves the reconcile and a slow MLflow never starves either.
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 CELERY_TASK_QUEUES = [

@@ -27,7 +27,7 @@ if [[ -f scripts/run_vllm.sh && "${RUN_WITHOUT_VLLM:-0}" != "1" ]]; then
   source scripts/run_vllm.sh
 fi
 
-# The worker commands of the README ("Workers"): rollouts never starve the
+# The worker commands of docs/operators/workers.md: rollouts never starve the
 # reconcile, and the MLflow mirror (housekeeping) starves neither.
 programs=(
   --program web "$BIN/python manage.py runserver --noreload 127.0.0.1:$PORT"
