@@ -338,7 +338,7 @@ SERVING_STAGED_REVERIFY_SECONDS = cfg.integer(
 SERVING_RECONCILE_CONCURRENCY = cfg.integer("SERVING_RECONCILE_CONCURRENCY", 32, minimum=1)
 SERVING_RECONCILE_PER_REPLICA = cfg.integer("SERVING_RECONCILE_PER_REPLICA", 4, minimum=1)
 SERVING_ATTEMPT_RETENTION_DAYS = cfg.integer("SERVING_ATTEMPT_RETENTION_DAYS", 14, minimum=1)
-# A replica's probe (serving/fingerprint.py) matches the version's fingerprint when no
+# A replica's probe (serving/probe.py) matches the version's fingerprint when no
 # token's logprob differs by more than this. Measured with bench/fingerprint_spread.py
 # on real vLLM (CPU, tiny float32 model): the same files give exactly 0 across
 # replicas, after a reload, on 2 threads and under traffic; other seeds change the
