@@ -335,6 +335,9 @@ SERVING_RECONCILE_INTERVAL_SECONDS = cfg.number(
     "SERVING_RECONCILE_INTERVAL_SECONDS", 10.0, minimum=1
 )
 SERVING_STAGED_GRACE_SECONDS = cfg.integer("SERVING_STAGED_GRACE_SECONDS", 24 * 3600, minimum=0)
+# A KServe manifest rendered within this many days keeps the staged folders it names
+# (the latest render of each deployment keeps its folders whatever its age).
+SERVING_MANIFEST_PIN_DAYS = cfg.integer("SERVING_MANIFEST_PIN_DAYS", 30, minimum=0)
 # A staged folder whose files' sizes and mtimes are as when it was last hashed is
 # trusted for this long before a repair hashes it again.
 SERVING_STAGED_REVERIFY_SECONDS = cfg.integer(
