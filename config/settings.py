@@ -300,6 +300,12 @@ MLFLOW_MIRROR_MAX_RETRIES = cfg.integer("MLFLOW_MIRROR_MAX_RETRIES", 8, minimum=
 MLFLOW_MIRROR_BACKOFF_SECONDS = cfg.integer("MLFLOW_MIRROR_BACKOFF_SECONDS", 10, minimum=0)
 MLFLOW_MIRROR_BACKOFF_MAX_SECONDS = cfg.integer("MLFLOW_MIRROR_BACKOFF_MAX_SECONDS", 900, minimum=1)
 MLFLOW_MIRROR_CATCH_UP_SECONDS = cfg.integer("MLFLOW_MIRROR_CATCH_UP_SECONDS", 300, minimum=10)
+# MLflow webhooks in (mlflow_bridge/webhooks.py): the secret MLflow signs deliveries
+# with; empty turns the endpoint off (404). A delivery older or newer than the
+# tolerance is refused, so a captured one cannot be replayed later.
+MLFLOW_WEBHOOK_SECRET = cfg.secret("MLFLOW_WEBHOOK_SECRET") or ""
+MLFLOW_WEBHOOK_TOLERANCE_SECONDS = cfg.integer("MLFLOW_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=1)
+MLFLOW_WEBHOOK_MAX_BYTES = cfg.integer("MLFLOW_WEBHOOK_MAX_BYTES", 64 * 1024, minimum=1024)
 # Merged into CELERY_BEAT_SCHEDULE after the serving block, which defines it.
 _MLFLOW_BEAT = {
     "mlflow-mirror-catch-up": {
