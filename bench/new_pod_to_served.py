@@ -60,6 +60,7 @@ def _configure_env(var_dir: Path, interval: float) -> None:
     os.environ["KUBERNETES_WATCH_TIMEOUT_SECONDS"] = "60"
     # Read by the beat process's schedule (and everything else that reads it).
     os.environ["SERVING_RECONCILE_INTERVAL_SECONDS"] = f"{interval:g}"
+    bench_results.seed_sqlite(var_dir)
 
 
 def _wait(condition, timeout: float = 60.0) -> None:
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_results.add_arguments(parser)
     options = parser.parse_args(argv)
     if options.smoke:
-        options.rounds, options.interval = 2, 2.0
+        options.rounds, options.interval = 1, 1.0
 
     var_dir = Path(tempfile.mkdtemp(prefix="bench-new-pod-"))
     _configure_env(var_dir, options.interval)

@@ -33,6 +33,9 @@ def configure_env(var_dir: Path, broker: str | None) -> None:
     os.environ.pop("CELERY_TASK_ALWAYS_EAGER", None)
     if broker:
         os.environ["CELERY_BROKER_URL"] = broker
+    from bench.results import seed_sqlite
+
+    seed_sqlite(var_dir)
 
 
 class ThrowawayPostgres:

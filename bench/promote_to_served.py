@@ -23,7 +23,7 @@ What is timed, each round with a NEW adapter (fresh served name, so no swap):
 
 Replicas are real vLLM (no stand-in, so no latency model to choose).
 --smoke: one replica (--replica-urls with one URL, or one server started
-here), one warm-up and two timed rounds: proves the bench runs (tests/bench).
+here), one timed round: proves the bench runs (tests/bench).
 Each case runs on a deployment of 1 replica and one of 4 replicas (real vLLM
 servers started here from scripts/vllm/serve.sh). The order of cases rotates
 every round. The script also reads the rollout's own records (started_at, every
@@ -197,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     bench_results.add_arguments(parser)
     args = parser.parse_args(argv)
-    if args.smoke:  # one replica, one warm-up and two timed rounds
-        args.rounds, args.warmup = 2, 1
+    if args.smoke:  # one replica, one timed round
+        args.rounds, args.warmup = 1, 0
     existing = [url.strip() for url in args.replica_urls.split(",") if url.strip()]
     replicas = len(existing) or (1 if args.smoke else 4)
     if replicas not in (1, 4):

@@ -34,6 +34,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the figures here (JSON)")
 
 
+def seed_sqlite(var_dir: Path) -> None:
+    """With BENCH_SQLITE_TEMPLATE (a migrated SQLite file; tests/bench makes one
+    per tier), start from a copy, so `migrate` has nothing left to do: the smoke
+    tier pays for the migrations once, not once per bench. Never with DATABASE_URL."""
+    import os
+    import shutil
+
+    template = os.environ.get("BENCH_SQLITE_TEMPLATE")
+    if template and not os.environ.get("DATABASE_URL"):
+        Path(var_dir).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(template, Path(var_dir) / "db.sqlite3")
+
+
 def commit() -> str:
     try:
         head = subprocess.run(

@@ -240,6 +240,7 @@ class RegistryServer:
         return result.stdout
 
     def start(self) -> None:
+        bench_results.seed_sqlite(self.workdir / "var")
         self.manage("migrate", "--noinput")
         self.token = self.manage("shell", "-c", _SETUP).strip().splitlines()[-1]
         self.log = open(self.workdir / "server.log", "wb")  # noqa: SIM115 - closed in stop()
