@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make run    the product on embedded defaults (SQLite, local files, filesystem broker) plus a local vLLM
 #   make test   the whole suite
+#   make docs   the documentation site (mkdocs.yml, docs/) into site/
 #   make figures  re-measure every figure the docs quote (scripts/figures.sh)
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -8,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast install vllm lint bench figures migrate demo clean
+.PHONY: run test test-fast install vllm lint bench figures migrate demo clean docs
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +33,9 @@ test-fast: install
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 bench: install
 	$(BIN)/python -m bench.upload_throughput
 
@@ -41,4 +45,4 @@ figures: install
 	bash scripts/figures.sh
 
 clean:
-	rm -rf var .pytest_cache
+	rm -rf var .pytest_cache site

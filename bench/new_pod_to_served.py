@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     from config.celery import app
     from core.actors import Actor
     from core.models import Department, Membership, Role
-    from registry.ingest.sources import UploadedFiles
+    from registry.ingest.incoming import UploadedFiles
     from registry.services.adapters import adapter_create
     from registry.services.versions import version_register, version_transition
     from serving import tasks

@@ -98,7 +98,7 @@ class Series:
 def bare_on_replica(session, url: str, name: str, folder: Path, base_name: str = "") -> None:
     """`POST /v1/load_lora_adapter`, then one completion through the adapter.
     Given `base_name`, the completion is the product's own verification instead
-    (serving/replica_ops.verify_serving): `/v1/models` lists the adapter at its
+    (serving/replica_calls.verify_serving): `/v1/models` lists the adapter at its
     folder, and the fingerprint probe through it differs from the same probe
     through the base model; so a baseline that verifies does what the product
     does, and the ratio measures the control plane."""
@@ -122,7 +122,7 @@ def bare_on_replica(session, url: str, name: str, folder: Path, base_name: str =
 
 
 def bare_verify(session, url: str, name: str, folder: Path, base_name: str) -> None:
-    from serving.fingerprint import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
+    from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
 
     cards = session.get(url + "/v1/models", timeout=30).json()["data"]
     if not any(c["id"] == name and c.get("root") == str(folder) for c in cards):
@@ -219,7 +219,7 @@ class Cast:
         from django.core.files.uploadedfile import SimpleUploadedFile
 
         from core.actors import Actor
-        from registry.ingest.sources import UploadedFiles
+        from registry.ingest.incoming import UploadedFiles
         from registry.services.adapters import adapter_create
         from registry.services.versions import version_register, version_transition
 

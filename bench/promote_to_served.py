@@ -17,7 +17,7 @@ What is timed, each round with a NEW adapter (fresh served name, so no swap):
            product does: copy the adapter's files into a fresh folder, then on
            each replica `POST /v1/load_lora_adapter`, `GET /v1/models` (listed at
            that folder), and the fingerprint probe through the adapter and through
-           the base model (serving/fingerprint.py: they must differ). "sequential"
+           the base model (serving/probe.py: they must differ). "sequential"
            goes replica after replica; "parallel" does the replicas at once (the
            stricter baseline on 4 replicas).
 

@@ -82,7 +82,7 @@ from bench.product_path import (
 )
 
 BASE = "tiny-llama"  # the stand-in's base model, as the deployment names it
-# The documented rollouts worker (README "Workers", docker-compose, kustomize).
+# The documented rollouts worker (docs/operators/workers.md, docker-compose, kustomize).
 DOCUMENTED_CONCURRENCY = 4
 
 # The tiny Llama of tests/support/adapters.py; only its config is read (the

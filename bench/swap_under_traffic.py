@@ -15,7 +15,7 @@ the swap window, and the throughput before, during and after the swap:
                 re-read from disk every engine step, vLLM #33791)
   baseline      no swap at all in the same window (the run's own noise floor)
 
-The figures are printed as a table; README.md quotes them. Real vLLM (no
+The figures are printed as a table; docs/figures.md quotes them. Real vLLM (no
 stand-in). --smoke: one round, 2 clients, 0.5 s settle; --replica-urls URL uses
 a running server (started with --max-loras 2 --max-cpu-loras 4 --max-lora-rank 16).
 """

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.ingest.sources import SourceRejected, download_s3_prefix
+from registry.ingest.incoming import S3Prefix, SourceRejected, download_s3_prefix
 from registry.storage import (
     LocalArtifactStore,
     ObjectNotFound,
@@ -619,6 +619,16 @@ def test_download_rejects_too_many_files_before_downloading(source, tmp_path):
     assert len(fetch(source, "p/", tmp_path, max_files=6)) == 6
 
 
+def test_an_s3_prefix_is_never_read_without_an_allowed_sources_options(tmp_path):
+    # It once fell back to a helper that no longer existed (an ImportError at
+    # the first registration that reached it); now it refuses plainly.
+    from registry.ingest.staging import IngestLimits
+
+    with pytest.raises(RuntimeError, match="no allowed source's client options"):
+        S3Prefix("s3://bucket/key").stage(tmp_path, IngestLimits())
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.s3
 def test_download_rejects_too_many_bytes_before_downloading(source, tmp_path):
     source("p/a", b"x" * 600)
@@ -634,7 +644,7 @@ def test_download_rejects_too_many_bytes_before_downloading(source, tmp_path):
 def test_download_enforces_the_byte_limit_while_streaming(source, tmp_path, monkeypatch):
     # An object that grows between listing and reading: simulated by a lying listing.
     source("p/a", b"x" * 5000)
-    from registry.ingest import sources as storage
+    from registry.ingest import incoming as storage
 
     real = storage._limited_pages
 
