@@ -245,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{predicted.p95_ms:>10.1f}   from {predicted.samples} loads"
     )
     table.row("cold minus warm, paired", extra_median, extra_p95, "")
+    cold_median, _ = _stats(cold)
+    out.headline(
+        f"{args.adapters} adapters through max_cpu_loras {MAX_CPU_LORAS}",
+        f"{args.adapters} of {args.adapters} answer; cold {cold_median / base_median:.2f}× base",
+        f"base model {base_median:.1f} ms",
+    )
     table.row("gate prediction (load attempts)", predicted.median_ms, predicted.p95_ms, "")
     out.write()
     return 0

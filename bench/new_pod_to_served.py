@@ -266,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(summary)
     out.note(summary)
+    out.headline(
+        "new pod ready → serves its adapters",
+        f"{watch_median * 1000:.0f} ms median",
+        f"a real celery beat every {options.interval:g} s: {beat_median:.1f} s",
+    )
     out.write()
     return 0
 

@@ -378,6 +378,28 @@ def report(args, broker, results, answering, api_calls, breakdowns) -> None:
         verdict = out.verdict("median on 4 replicas", p4_ms, target="< 500 ms", met=p4_ms < 500,
                               unit="ms")  # fmt: skip
         print(f"{'median on 4 replicas':<45}{p4_ms:6.0f} ms (target < 500 ms: {verdict})")
+
+    def state(ratio: float) -> str:
+        return f"{'met' if ratio <= 1.5 else 'MISSED'} ({ratio:.2f}x)"
+
+    for count in sorted(answering, reverse=True):
+        product = median[f"product-{count}"]
+        if count == 4:
+            par, seq = median["bare-par-4"], median["bare-seq-4"]
+            out.headline(
+                "promotion → answering, verified, on 4 real vLLM replicas",
+                f"{product * 1000:.0f} ms median",
+                f"bare verified: sequential {seq * 1000:.0f} ms, parallel {par * 1000:.0f} ms",
+                f"≤ 1.5× bare parallel: {state(product / par)}",
+            )
+        else:
+            bare = median["bare-seq-1"]
+            out.headline(
+                "promotion → answering, verified, on 1 replica",
+                f"{product * 1000:.0f} ms median",
+                f"bare verified {bare * 1000:.0f} ms",
+                f"≤ 1.5×: {state(product / bare)}",
+            )
     print()
     print("where the product's time goes (median ms, from the rollout's own records)")
     keys = ["pickup", "stage", "load", "between", "verify", "record", "total"]

@@ -92,6 +92,7 @@ class Results:
     tables: dict[str, Table] = field(default_factory=dict)
     verdicts: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    headlines: list[dict] = field(default_factory=list)
 
     def table(self, name: str, columns: list[str], title: str = "") -> Table:
         self.tables[name] = Table(title or name, columns)
@@ -105,6 +106,12 @@ class Results:
 
     def note(self, text: str) -> None:
         self.notes.append(text)
+
+    def headline(self, what: str, figure: str, baseline: str, target: str = "") -> None:
+        """A row of the README's summary table (scripts/figures.py, block `summary`)."""
+        self.headlines.append(
+            {"what": what, "figure": figure, "baseline": baseline, "target": target}
+        )
 
     def as_dict(self) -> dict:
         return {
@@ -120,6 +127,7 @@ class Results:
             },
             "verdicts": self.verdicts,
             "notes": self.notes,
+            "headlines": self.headlines,
         }
 
     def write(self) -> None:

@@ -525,6 +525,12 @@ def report(args, engine: str, broker: str, figures: dict, products: dict) -> Non
             f"{product / figures['seq'].median:.2f}x bare sequential, "
             f"{product / figures['par'].median:.2f}x bare parallel"
         )
+        out.headline(
+            f"{n} promotions at once, {r} stand-in replicas ({labels[case].split(', ')[1]})",
+            f"{product:.1f} s",
+            f"bare verified, sequential {figures['seq'].median:.1f} s",
+            f"< {args.target_seconds:g} s: {verdict}",
+        )
         last = runs[-1]
         print(
             f"  last round: POSTs all returned {last['posted']:.2f} s, all {n} answered on "

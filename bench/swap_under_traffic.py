@@ -201,6 +201,14 @@ def main() -> None:
                 f"{strategy:<14}" + "".join(f"{c:>16}" for c in cells) + f"{med['swap_ms']:>10.0f}"
             )
             table.row(strategy, *cells, round(med["swap_ms"]))
+            if strategy == "unload+load":  # the default on vLLM 0.32
+                out.headline(
+                    "version swap under traffic, vLLM 0.32 (unload + load)",
+                    f"{med['failed_during']:.0f} failed requests ({worst} worst)",
+                    "no swap: "
+                    + f"{statistics.median(r['failed_during'] for r in results['baseline']):.0f}",
+                    f"0: {'met' if worst == 0 else 'not met'}",
+                )
         out.write()
     finally:
         if server is not None:

@@ -617,6 +617,17 @@ def write_results(args, ctx: BenchContext, results: list[Measurement]) -> None:
             max(m.rss_growth) / MB,
             max(m.server_rss_growth) / MB if m.server_rss_growth else None,
         )
+    archive = next((m for m in results if m.case == "d" and m.seconds), None)
+    if archive and baseline:
+        ratio = archive.mb_per_s / baseline.mb_per_s
+        rss = max(archive.server_rss_growth) / MB if archive.server_rss_growth else 0.0
+        out.headline(
+            f"{ctx.size / MB:.0f} MiB `.tar.gz` upload into S3",
+            f"{ratio:.2f}× boto3, server RSS +{rss:.0f} MiB",
+            "boto3 `upload_file`",
+            f"≥ 0.70×: {'met' if ratio >= 0.7 else 'MISSED'}; "
+            f"< 64 MiB: {'met' if rss < 64 else 'MISSED'}",
+        )
     out.write()
 
 

@@ -11,9 +11,11 @@ A block is
 
 where NAME is a bench (`promote_to_served`: every table, verdict and note it
 wrote with `--json`, bench/results.py), one of its tables
-(`promote_to_served.cases`), or `faults` (the fault tier's convergence table,
-from test-artifacts/faults.json, written by tests/faults/conftest.py). Each
-block ends with the commit and date of the run it came from. A block whose
+(`promote_to_served.cases`), `faults` (the fault tier's convergence table,
+from test-artifacts/faults.json, written by tests/faults/conftest.py), or
+`summary` (the README's table: each bench's headlines, in SUMMARY order, and
+the fault tier's outcome). Each block ends with the commit and date of the
+run it came from. A block whose
 figures are missing fails the run (exit 1) and is left as it was, unless
 --keep-missing.
 """
@@ -130,7 +132,54 @@ def render_faults(faults: dict) -> list[str]:
     return lines
 
 
+# The benches whose headlines make the README's summary, in its order.
+SUMMARY = [
+    "promote_to_served",
+    "scale",
+    "scale_promotions",
+    "new_pod_to_served",
+    "upload_throughput",
+    "swap_under_traffic",
+    "many_adapters",
+]
+
+
+def render_summary(results: dict[str, dict]) -> list[str] | None:
+    if any(name not in results for name in [*SUMMARY, "faults"]):
+        return None
+    lines = [
+        "| what | figure | baseline, same run | target |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name in SUMMARY:
+        for row in results[name].get("headlines", []):
+            cells = [row["what"], row["figure"], row["baseline"], row["target"]]
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    faults = results["faults"]["faults"]
+    scenarios = faults["scenarios"]
+    late = [r for r in scenarios if r["converged_seconds"] is None]
+    stuck = sum(r["rows_stuck"] for r in scenarios)
+    lost = sum(r["audit_events_lost"] for r in scenarios)
+    figure = (
+        "all converge" if not late else f"**{len(late)} did not converge**"
+    ) + f", {stuck} rows stuck, {lost} audit events lost"
+    met = not late and not stuck and not lost
+    lines.append(
+        f"| fault tier, {len(scenarios)} cases | {figure} | each scenario's limit | "
+        f"{'met' if met else '**MISSED**'} |"
+    )
+    stamps = sorted({results[name]["commit"] for name in SUMMARY} | {faults["run"]["commit"]})
+    dates = sorted(results[name]["date"] for name in SUMMARY)
+    lines += [
+        "",
+        f"_Measured by `make figures` at {', '.join(stamps)}, {dates[0]} to {dates[-1]}._",
+    ]
+    return lines
+
+
 def render(name: str, results: dict[str, dict]) -> list[str] | None:
+    if name == "summary":
+        return render_summary(results)
     bench, _, table = name.partition(".")
     data = results.get(bench)
     if data is None:

@@ -5,13 +5,21 @@
 #
 # Long (most of an hour on 2 cores): each bench starts its own real servers.
 # The fault tier needs PostgreSQL: DATABASE_URL=postgres://… (.ci/run's default
-# is used when unset). FIGURES_BENCHES="a b" runs only those benches;
-# FIGURES_SKIP_FAULTS=1 keeps the last fault figures (test-artifacts/faults.json).
+# is used when unset). A partial run keeps the blocks it did not measure:
+#   FIGURES_BENCHES="a b"   only those benches
+#   FIGURES_SKIP_FAULTS=1   keep the last fault figures (test-artifacts/faults.json)
+# For tests: FIGURES_OUT (the JSON folder), FIGURES_FILES (the markdown files),
+# FIGURES_BENCH_ARGS (extra bench arguments, e.g. --smoke).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
-OUT=test-artifacts/figures
+OUT="${FIGURES_OUT:-test-artifacts/figures}"
 mkdir -p "$OUT"
+render_args=()
+if [[ -n "${FIGURES_BENCHES:-}" || "${FIGURES_SKIP_FAULTS:-0}" == "1" ]]; then
+  render_args+=(--keep-missing)
+fi
+read -r -a bench_args <<<"${FIGURES_BENCH_ARGS:-}"
 
 bash scripts/vllm/install.sh
 benches="${FIGURES_BENCHES:-$(grep -l '^if __name__ == "__main__":' bench/*.py | xargs -n1 basename | sed 's/\.py$//' | sort)}"
@@ -21,7 +29,7 @@ for bench in $benches; do
   extra=()
   # scale's promotions section is bench.scale_promotions, which runs on its own here.
   [[ "$bench" == scale ]] && extra=(--sections tick,heal)
-  if ! "$BIN/python" -m "bench.$bench" --json "$OUT/$bench.json" "${extra[@]}"; then
+  if ! "$BIN/python" -m "bench.$bench" --json "$OUT/$bench.json" "${extra[@]}" "${bench_args[@]}"; then
     failed+=("$bench")
   fi
 done
@@ -32,7 +40,9 @@ if [[ "${FIGURES_SKIP_FAULTS:-0}" != "1" ]]; then
     "$BIN/pytest" tests/faults -q -p no:randomly || failed+=("faults")
 fi
 
-"$BIN/python" scripts/figures.py README.md docs/figures.md || failed+=("figures.py")
+read -r -a files <<<"${FIGURES_FILES:-README.md docs/figures.md}"
+"$BIN/python" scripts/figures.py --results "$OUT" "${render_args[@]}" "${files[@]}" \
+  || failed+=("figures.py")
 if ((${#failed[@]})); then
   echo "make figures: FAILED: ${failed[*]} (their blocks keep the last figures)" >&2
   exit 1

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts.figures import SUMMARY
 from tests.support.vllm_servers import VLLMServer, ensure_tiny_model, ensure_vllm_installed
 
 pytestmark = pytest.mark.bench
@@ -149,4 +150,6 @@ def test_bench_runs_in_smoke_mode_and_prints_figures(name, smoke_runs):
     assert run.figures["smoke"] is True
     tables = run.figures["tables"]
     assert tables and all(table["rows"] for table in tables.values()), tables
+    if name in SUMMARY:  # the README's summary block needs its rows
+        assert run.figures["headlines"], f"bench.{name} wrote no headline for the summary"
     print(f"bench.{name} --smoke: {run.seconds:.0f} s")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,54 @@ def test_docs_figures_page_has_a_block_for_every_bench_and_the_fault_tier():
     text = (REPO / "docs" / "figures.md").read_text()
     for name in [*benches_with_main(), "faults"]:
         assert f"<!-- figures:{name}:start -->" in text and f"<!-- figures:{name}:end -->" in text
+
+
+def test_the_summary_block_takes_each_bench_headlines_and_the_fault_outcome(tmp_path):
+    from scripts.figures import SUMMARY
+
+    for index, name in enumerate(SUMMARY):
+        results = Results(name, argparse.Namespace(json=tmp_path / "results" / f"{name}.json"))
+        results.table("t", ["a"]).row(1)
+        results.headline(f"what {index}", f"{index} ms", "bare", "< 1 s: met")
+        results.write()
+    (tmp_path / "faults.json").write_text(json.dumps(FAULTS))
+    doc = "<!-- figures:summary:start -->\n<!-- figures:summary:end -->\n"
+    (tmp_path / "doc.md").write_text(doc)
+
+    assert render(tmp_path).returncode == 0
+    text = (tmp_path / "doc.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| what ")][1:]
+    assert rows == [f"| what {i} | {i} ms | bare | < 1 s: met |" for i in range(len(SUMMARY))]
+    assert (
+        "| fault tier, 2 cases | **1 did not converge**, 1 rows stuck, 0 audit events lost "
+        "| each scenario's limit | **MISSED** |"
+    ) in text
+
+    (tmp_path / "results" / f"{SUMMARY[0]}.json").unlink()
+    (tmp_path / "doc.md").write_text(doc)
+    assert render(tmp_path).returncode == 1  # a summary with a bench missing is not rendered
+    assert (tmp_path / "doc.md").read_text() == doc
+
+
+def test_make_figures_runs_the_benches_and_renders_their_blocks(tmp_path):
+    """scripts/figures.sh end to end, on one quick bench in smoke mode, into a
+    file of the test's own (a full `make figures` takes most of an hour)."""
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- figures:tensor_values:start -->\n<!-- figures:tensor_values:end -->\n")
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "VAR_DIR"}},
+        "FIGURES_BENCHES": "tensor_values",
+        "FIGURES_SKIP_FAULTS": "1",
+        "FIGURES_OUT": str(tmp_path / "out"),
+        "FIGURES_FILES": str(doc),
+        "FIGURES_BENCH_ARGS": "--smoke",
+    }
+    result = subprocess.run(
+        ["bash", "scripts/figures.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert json.loads((tmp_path / "out" / "tensor_values.json").read_text())["smoke"] is True
+    text = doc.read_text()
+    assert "| sha256 (baseline), staging, 1 MiB chunks |" in text
+    assert "SMOKE mode" in text
