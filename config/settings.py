@@ -425,7 +425,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.StandardPagination",
     "DEFAULT_FILTER_BACKENDS": [
-        "registry.api.filters.StrictFilterBackend",
+        "core.api.filters.StrictFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_SCHEMA_CLASS": "core.api.schema.ApiAutoSchema",

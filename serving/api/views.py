@@ -6,9 +6,9 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from core.api.filters import IntegerFilter, StrictFilterSet
 from core.api.views import ActorMixin, schema_only
 from registry import selectors as registry_selectors
-from registry.api.filters import IntegerFilter, StrictFilterSet
 from serving import kserve, selectors
 from serving.api import serializers as s
 from serving.capacity import tiers_by_deployment
