@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     from serving.services.reconcile import reconcile_deployment
     from serving.services.rollouts import rollout_execute
     from tests.support.adapters import AdapterSpec, adapter_tar_gz
-    from tests.support.fake_vllm import FakeVLLM
     from tests.support.k8s_apiserver import StandInKubeAPIServer
+    from tests.support.vllm_standin import serve_standin
 
     call_command("migrate", verbosity=0)
     users = get_user_model().objects
@@ -127,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     server = StandInKubeAPIServer(bookmark_seconds=5)
     settings.KUBERNETES_AUTH = "kubeconfig"
     settings.KUBERNETES_KUBECONFIG = str(server.write_kubeconfig(var_dir / "kubeconfig"))
-    seed = FakeVLLM()
+    seed = serve_standin()
     port_of = {}
 
-    def add_pod(name: str, fake: FakeVLLM) -> None:
+    def add_pod(name: str, fake) -> None:
         port_of[name] = int(fake.base_url.rsplit(":", 1)[1])
         server.apply_slice(
             "ml",
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     for round_number in range(options.rounds):
         for case in ("watch", "direct", "beat"):
             mode["value"] = case
-            pod = FakeVLLM()
+            pod = serve_standin()
             name = f"pod-{case}-{round_number}"
             beat_thread = None
             if case == "beat":
