@@ -343,9 +343,10 @@ def build_app(replica: StandinReplica) -> web.Application:
     @web.middleware
     async def knobs(request, handler):
         if replica.dead:
-            # Real vLLM's process has exited: nobody answers.
+            # Real vLLM's process has exited: nobody answers. (aiohttp takes a
+            # cancelled handler for a client gone and says nothing.)
             request.transport.close()
-            raise ConnectionResetError("the stand-in's engine is dead")
+            raise asyncio.CancelledError
         replica.requests.append((request.method, request.path, await _json_body(request)))
         if replica.unavailable > 0:
             replica.unavailable -= 1
