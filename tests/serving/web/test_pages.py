@@ -28,8 +28,8 @@ from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version, make_version
 from tests.serving.conftest import make_deployment
 from tests.support.adapters import AdapterSpec
-from tests.support.fake_vllm import FakeVLLM
 from tests.support.pages import bulk_adapters, clone_versions, query_count
+from tests.support.vllm_standin import serve_standin
 
 pytestmark = pytest.mark.django_db
 
@@ -45,7 +45,7 @@ def fast_retries(settings):
 
 @pytest.fixture
 def fakes():
-    replicas = [FakeVLLM(), FakeVLLM()]
+    replicas = [serve_standin(), serve_standin()]
     yield replicas
     for replica in replicas:
         replica.close()
