@@ -441,6 +441,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "core.api.schema.postprocess_forbid_nul",
+    ],
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     # Vendored Swagger UI: no CDN at run time (air-gapped platforms).
     "SWAGGER_UI_DIST": "SIDECAR",
