@@ -36,6 +36,12 @@ from core.errors import Conflict
 from core.state import move
 from registry.models import AdapterVersion
 from registry.storage import ObjectNotFound, StorageError
+from serving.gateway.services import (
+    gateway_drain,
+    gateway_ready,
+    gateway_swaps_one_by_one,
+    gateway_sync,
+)
 from serving.models import (
     Deployment,
     Replica,
@@ -482,10 +488,18 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
     name = rollout.adapter.served_name
 
     groups = [pushed[:1], pushed[1:]] if rollout.canary and len(pushed) > 1 else [pushed]
+    # Behind a front door, a version swap goes one replica at a time: drained
+    # there, swapped, verified, put back (serving/gateway/, docs/gateway.md).
+    swap = gateway_swaps_one_by_one(deployment, served)
+    if swap:
+        groups = [[replica] for replica in pushed]
+    swapped: list[Replica] = []
     for group in groups:
         group_steps = [steps[r.pk] for r in group]
         _set_status(ctx, RolloutStatus.LOADING)
         _set_steps(group_steps, ReplicaStepStatus.LOADING)
+        if swap:
+            gateway_drain(deployment, name, group)
         loaded = _fan_out(
             ctx,
             group,
@@ -493,7 +507,10 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
                 client, name, path, ctx.policy, known_version=replica.vllm_version
             ),
         )
+        if swap and not all(o.ok for o in loaded.values()):
+            gateway_drain(deployment, name, swapped)  # rollback = traffic back to the old at once
         if _failed(ctx, group_steps, loaded, "load"):
+            gateway_sync(deployment, release=name)
             return
         _set_status(ctx, RolloutStatus.VERIFYING)
         _set_steps(group_steps, ReplicaStepStatus.VERIFYING)
@@ -510,10 +527,17 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
             ),
         )
         fingerprints_check_rollout(rollout=rollout, replicas=group, outcomes=verified)
+        if swap and not all(o.ok for o in verified.values()):
+            gateway_drain(deployment, name, swapped)
         if _failed(ctx, group_steps, verified, "verification"):
+            gateway_sync(deployment, release=name)
             return
+        if swap:
+            gateway_ready(deployment, name, group)
+            swapped += group
         _set_steps(group_steps, ReplicaStepStatus.SUCCEEDED)
     _succeed(ctx, served)
+    gateway_sync(deployment, release=name)
 
 
 def _steps_for(rollout: Rollout, replicas: list[Replica]) -> dict[int, ReplicaRollout]:
@@ -677,6 +701,8 @@ def _retire(ctx: _Context) -> None:
     pushed = [ctx.steps[r.pk] for r in ctx.replicas]
     _set_status(ctx, RolloutStatus.LOADING)
     _set_steps(pushed, ReplicaStepStatus.LOADING)
+    # Requests in flight finish before the adapter goes.
+    gateway_drain(ctx.deployment, name, ctx.replicas)
     outcomes = _fan_out(
         ctx, ctx.replicas, lambda client, r: ensure_unloaded(client, name, ctx.policy)
     )
@@ -699,3 +725,4 @@ def _retire(ctx: _Context) -> None:
             sender=Rollout, deployment=ctx.deployment, adapter=ctx.rollout.adapter, version=None
         )
     _note_observed(ctx, name, None, only={r.pk for r in ctx.replicas if r.pk not in errors})
+    gateway_sync(ctx.deployment, release=name)
