@@ -347,6 +347,10 @@ SERVING_FINGERPRINT_SAMPLE = cfg.integer("SERVING_FINGERPRINT_SAMPLE", 2, minimu
 # for a replica's requests in flight to finish before it unloads the adapter there.
 SERVING_GATEWAY_DIR = Path(cfg.env.str("SERVING_GATEWAY_DIR", default=str(VAR_DIR / "gateway")))
 SERVING_GATEWAYS = cfg.env.dict("SERVING_GATEWAYS", default={})
+# Where a front door's HAProxy runs on another host (Kubernetes: its own pod),
+# the host:port of its runtime API per deployment ("prod=gateway-prod:9999"); the
+# master CLI is the next port, and SERVING_GATEWAY_DIR a volume both mount.
+SERVING_GATEWAY_ADMIN = cfg.env.dict("SERVING_GATEWAY_ADMIN", default={})
 SERVING_GATEWAY_DRAIN_SECONDS = cfg.number("SERVING_GATEWAY_DRAIN_SECONDS", 60.0, minimum=0)
 # Kubernetes replica discovery (manage.py watch_replicas). "auto": in-cluster
 # credentials when running in a pod, else the kubeconfig.

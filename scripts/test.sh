@@ -46,6 +46,14 @@ fi
 if command -v kubectl >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1; then
   export REQUIRE_DEPLOY_TOOLS=1  # installed: the deploy tests must run, not skip
 fi
+# The front door (serving/gateway/) is Debian's haproxy; its tests run a real one.
+if ! command -v haproxy >/dev/null 2>&1; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; } \
+    || echo "could not install haproxy: the front door tests will be skipped" >&2
+fi
+if command -v haproxy >/dev/null 2>&1; then
+  export REQUIRE_HAPROXY=1  # installed: the front door tests must run, not skip
+fi
 # The Prometheus tier runs Debian's prometheus (and promtool for the alert rules).
 if [[ ! -x /usr/bin/prometheus || ! -x /usr/bin/promtool ]]; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; } \

@@ -93,6 +93,7 @@ def render_config(
     *,
     listen: str,
     states: dict[tuple[str, str], ServerState] | None = None,
+    admin_port: int | None = None,
 ) -> str:
     """haproxy.cfg for the table. `states` overrides the table's state of
     (backend, server) pairs: what a held route has right now."""
@@ -102,7 +103,12 @@ def render_config(
         f"# Rendered by the control plane for deployment {table.deployment}; do not edit.",
         "global",
         "    master-worker",
-        f"    stats socket {d}/admin.sock mode 600 level admin expose-fd listeners",
+        (
+            # Reachable by the pods of the control plane only (a NetworkPolicy).
+            f"    stats socket ipv4@0.0.0.0:{admin_port} level admin"
+            if admin_port
+            else f"    stats socket {d}/admin.sock mode 660 level admin expose-fd listeners"
+        ),
         f"    tune.bufsize {MAX_BODY_BYTES + 16384}",
         "    log stdout format raw local0",
         "",
@@ -186,17 +192,36 @@ class ServerStatus:
 
 
 class RuntimeAPI:
-    """HAProxy's runtime API (the stats socket, `level admin`)."""
+    """HAProxy's runtime API (the stats socket, `level admin`) or its master
+    CLI: a UNIX socket path, or "host:port" where HAProxy runs in another pod."""
 
-    def __init__(self, path: Path, *, timeout: float = 5.0):
+    def __init__(self, path: Path | str, *, timeout: float = 5.0):
         self.path = path
         self.timeout = timeout
 
+    def _connect(self) -> socket.socket:
+        if isinstance(self.path, Path):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            address = str(self.path)
+        else:
+            host, _, port = self.path.rpartition(":")
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            address = (host, int(port))
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(address)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
     def command(self, line: str) -> str:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(self.timeout)
+        try:
+            sock = self._connect()
+        except OSError as error:
+            raise GatewayError(f"HAProxy at {self.path}: {error}") from error
+        with sock:
             try:
-                sock.connect(str(self.path))
                 sock.sendall(line.encode() + b"\n")
                 chunks = []
                 while chunk := sock.recv(65536):
@@ -258,12 +283,28 @@ def _checked(answer: str, line: str) -> str:
 class HAProxyFrontDoor:
     """A FrontDoor on one HAProxy whose files live in `directory`."""
 
-    def __init__(self, directory: Path | str, *, listen: str, reload_timeout: float = 60.0):
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        listen: str,
+        admin: str = "",
+        reload_timeout: float = 60.0,
+    ):
+        """`admin`: "" for UNIX sockets in `directory` (HAProxy on this host), or
+        the "host:port" of its runtime API on another host (Kubernetes: its own
+        pod; the master CLI is on port + 1, the directory a shared volume)."""
         self.directory = Path(directory)
         self.listen = listen
+        self.admin = admin
         self.reload_timeout = reload_timeout
-        self.runtime = RuntimeAPI(self.directory / "admin.sock")
-        self.master = RuntimeAPI(self.directory / "master.sock")
+        if admin:
+            host, _, port = admin.rpartition(":")
+            self.runtime = RuntimeAPI(admin)
+            self.master = RuntimeAPI(f"{host}:{int(port) + 1}")
+        else:
+            self.runtime = RuntimeAPI(self.directory / "admin.sock")
+            self.master = RuntimeAPI(self.directory / "master.sock")
 
     @property
     def config_path(self) -> Path:
@@ -275,15 +316,11 @@ class HAProxyFrontDoor:
 
     def command_line(self) -> list[str]:
         """How to start this HAProxy (in the foreground, under a supervisor)."""
-        return [
-            "haproxy",
-            "-W",
-            "-db",
-            "-S",
-            f"{self.directory.resolve()}/master.sock,mode,600",
-            "-f",
-            str(self.config_path.resolve()),
-        ]
+        if self.admin:
+            master = f"ipv4@0.0.0.0:{int(self.admin.rpartition(':')[2]) + 1}"
+        else:
+            master = f"{self.directory.resolve()}/master.sock,mode,660"
+        return ["haproxy", "-W", "-db", "-S", master, "-f", str(self.config_path.resolve())]
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -300,7 +337,10 @@ class HAProxyFrontDoor:
         self.directory.mkdir(parents=True, exist_ok=True)
         changed = _write_if_changed(self.directory / "unavailable.http", _unavailable_file())
         changed |= _write_if_changed(self.map_path, render_map(table))
-        config = render_config(table, self.directory, listen=self.listen, states=states)
+        admin_port = int(self.admin.rpartition(":")[2]) if self.admin else None
+        config = render_config(
+            table, self.directory, listen=self.listen, states=states, admin_port=admin_port
+        )
         changed |= _write_if_changed(self.config_path, config)
         return changed
 

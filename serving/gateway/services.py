@@ -30,7 +30,10 @@ def front_door_for(deployment: Deployment) -> FrontDoor | None:
     listen = settings.SERVING_GATEWAYS.get(deployment.name)
     if not listen:
         return None
-    return HAProxyFrontDoor(settings.SERVING_GATEWAY_DIR / deployment.name, listen=listen)
+    admin = settings.SERVING_GATEWAY_ADMIN.get(deployment.name, "")
+    return HAProxyFrontDoor(
+        settings.SERVING_GATEWAY_DIR / deployment.name, listen=listen, admin=admin
+    )
 
 
 def gateway_sync(deployment: Deployment, *, release: str | None = None) -> list[str]:

@@ -107,3 +107,25 @@ def test_the_selector_reads_what_the_rollouts_and_reconcile_recorded(
     assert route.held
     assert route.ready_servers() == [f"r{up.pk}"]
     assert len(built.endpoints) == 2  # the inactive replica is not a server
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy not installed")
+def test_on_kubernetes_the_runtime_api_is_a_tcp_port_and_the_master_cli_the_next(tmp_path):
+    from serving.gateway.haproxy import HAProxyFrontDoor
+
+    door = HAProxyFrontDoor(tmp_path, listen="0.0.0.0:8080", admin="gateway-prod:9999")
+    replicas = [ReplicaView(1, "http://10.0.0.1:8000", down=False, loaded={})]
+    door.write(table(replicas, []))
+    config = door.config_path.read_text()
+    assert "stats socket ipv4@0.0.0.0:9999 level admin\n" in config
+    assert "admin.sock" not in config
+    assert door.command_line()[3:5] == ["-S", "ipv4@0.0.0.0:10000"]
+    assert (door.runtime.path, door.master.path) == ("gateway-prod:9999", "gateway-prod:10000")
+    checked = subprocess.run(
+        ["haproxy", "-c", "-f", str(door.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
