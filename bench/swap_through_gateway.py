@@ -37,7 +37,7 @@ import requests
 
 from serving.gateway.haproxy import HAProxyFrontDoor
 from serving.gateway.routing import ReplicaView, ServedView, routing_table
-from serving.replica_ops import RetryPolicy, ensure_loaded, verify_serving
+from serving.replica_calls import RetryPolicy, ensure_loaded, verify_serving
 from serving.vllm_client import VLLMClient
 from tests.support.adapters import AdapterSpec, write_adapter_dir
 from tests.support.haproxy import retried_requests, running_haproxy, vllm_404s
