@@ -22,9 +22,10 @@ class FrontDoor(Protocol):
         """Makes the routes match the table without dropping a request. Routes
         the table marks `held` (a rollout owns them now) keep their states."""
 
-    def drain(self, model: str, server: str, *, timeout: float) -> list[str]:
+    def drain(self, model: str, server: str, *, timeout: float, keep_one: bool = True) -> list[str]:
         """Sends no new request for `model` to `server`, then waits until the
-        requests it has in flight are done (at most `timeout` seconds)."""
+        requests it has in flight are done (at most `timeout` seconds). With
+        `keep_one`, the last replica that serves `model` is left serving."""
 
     def ready(self, model: str, server: str) -> list[str]:
         """Sends `model`'s requests to `server` again."""

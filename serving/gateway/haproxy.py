@@ -378,11 +378,22 @@ class HAProxyFrontDoor:
             self.write(table, states=held)
             return changes
 
-    def drain(self, model: str, server: str, *, timeout: float) -> list[str]:
+    def drain(self, model: str, server: str, *, timeout: float, keep_one: bool = True) -> list[str]:
         backend = f"m_{model}"
         with self._locked():
-            if (backend, server) not in self.runtime.servers():
+            servers = self.runtime.servers()
+            if (backend, server) not in servers:
                 return []  # nothing is routed there
+            others = [
+                status
+                for (b, name), status in servers.items()
+                if b == backend and name != server and status.state == ServerState.READY
+            ]
+            alone = not others and servers[(backend, server)].state == ServerState.READY
+            if keep_one and alone:
+                # Never leave a model without a replica: the swap happens in place
+                # (its unload-load gap is the cost; docs/gateway.md measures it).
+                return [f"kept {backend}/{server} ready: no other replica serves {model}"]
             changes = [self._set_state(backend, server, ServerState.DRAIN)]
         deadline = time.monotonic() + timeout
         while True:

@@ -58,14 +58,22 @@ def gateway_sync(deployment: Deployment, *, release: str | None = None) -> list[
     return changes
 
 
-def gateway_drain(deployment: Deployment, name: str, replicas: list[Replica]) -> list[str]:
+def gateway_drain(
+    deployment: Deployment, name: str, replicas: list[Replica], *, keep_one: bool = True
+) -> list[str]:
     """No new request for `name` to these replicas; returns once their requests
-    in flight are done (at most SERVING_GATEWAY_DRAIN_SECONDS each)."""
+    in flight are done (at most SERVING_GATEWAY_DRAIN_SECONDS each). With
+    `keep_one` (a swap: make before break), a replica that is the only one
+    serving `name` is left serving and swapped in place."""
     door = front_door_for(deployment)
     if door is None:
         return []
     timeout = settings.SERVING_GATEWAY_DRAIN_SECONDS
-    return _each(deployment, replicas, lambda server: door.drain(name, server, timeout=timeout))
+    return _each(
+        deployment,
+        replicas,
+        lambda server: door.drain(name, server, timeout=timeout, keep_one=keep_one),
+    )
 
 
 def gateway_ready(deployment: Deployment, name: str, replicas: list[Replica]) -> list[str]:

@@ -701,8 +701,10 @@ def _retire(ctx: _Context) -> None:
     pushed = [ctx.steps[r.pk] for r in ctx.replicas]
     _set_status(ctx, RolloutStatus.LOADING)
     _set_steps(pushed, ReplicaStepStatus.LOADING)
-    # Requests in flight finish before the adapter goes.
-    gateway_drain(ctx.deployment, name, ctx.replicas)
+    # The front door answers 404 for it from now on (no route), and the requests
+    # in flight finish before the adapter goes.
+    gateway_sync(ctx.deployment, release=name)
+    gateway_drain(ctx.deployment, name, ctx.replicas, keep_one=False)
     outcomes = _fan_out(
         ctx, ctx.replicas, lambda client, r: ensure_unloaded(client, name, ctx.policy)
     )

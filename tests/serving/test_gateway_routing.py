@@ -129,3 +129,30 @@ def test_on_kubernetes_the_runtime_api_is_a_tcp_port_and_the_master_cli_the_next
         check=False,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy not installed")
+def test_a_drain_never_leaves_a_model_without_a_replica_unless_told_to(tmp_path):
+    """Real HAProxy (its runtime API); the replicas' addresses are never called."""
+    from serving.gateway.haproxy import HAProxyFrontDoor
+    from tests.support.haproxy import running_haproxy
+    from tests.support.vllm_servers import free_port
+
+    door = HAProxyFrontDoor(tmp_path / "gw", listen=f"127.0.0.1:{free_port()}")
+    replicas = [
+        ReplicaView(1, "http://127.0.0.1:9", down=False, loaded={"a": "/p", "b": "/p"}),
+        ReplicaView(2, "http://127.0.0.1:9", down=False, loaded={"b": "/p"}),
+    ]
+    door.write(table(replicas, [ServedView("a", "/p", False), ServedView("b", "/p", False)]))
+    with running_haproxy(door, log=tmp_path / "haproxy.log"):
+        # "a" is on r1 only: make before break keeps it there (an in-place swap).
+        assert door.drain("a", "r1", timeout=1) == ["kept m_a/r1 ready: no other replica serves a"]
+        assert door.runtime.servers()[("m_a", "r1")].state == READY
+        # "b" is on both: r1 drains, and then r2 is the one kept.
+        assert door.drain("b", "r1", timeout=1) == ["set server m_b/r1 state drain"]
+        assert door.runtime.servers()[("m_b", "r1")].state == ServerState.DRAIN
+        assert door.drain("b", "r2", timeout=1)[0].startswith("kept m_b/r2")
+        # A retire drains the last one too.
+        assert door.drain("a", "r1", timeout=1, keep_one=False) == ["set server m_a/r1 state drain"]
+        assert door.ready("b", "r1") == ["set server m_b/r1 state ready"]
+        assert door.runtime.servers()[("m_b", "r1")].state == READY
