@@ -307,6 +307,9 @@ class _Context:
     steps: dict[int, ReplicaRollout]
     policy: RetryPolicy
     watch: _Watch
+    # Behind a front door, the order a rollback goes through the replicas one
+    # at a time, each drained there first (make before break); None: all at once.
+    rollback_order: list[Replica] | None = None
 
 
 _pool_lock = threading.Lock()
@@ -508,7 +511,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
             ),
         )
         if swap and not all(o.ok for o in loaded.values()):
-            gateway_drain(deployment, name, swapped)  # rollback = traffic back to the old at once
+            _switch_back(ctx, name, group, swapped)
         if _failed(ctx, group_steps, loaded, "load"):
             gateway_sync(deployment, release=name)
             return
@@ -528,7 +531,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
         )
         fingerprints_check_rollout(rollout=rollout, replicas=group, outcomes=verified)
         if swap and not all(o.ok for o in verified.values()):
-            gateway_drain(deployment, name, swapped)
+            _switch_back(ctx, name, group, swapped)
         if _failed(ctx, group_steps, verified, "verification"):
             gateway_sync(deployment, release=name)
             return
@@ -538,6 +541,16 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
         _set_steps(group_steps, ReplicaStepStatus.SUCCEEDED)
     _succeed(ctx, served)
     gateway_sync(deployment, release=name)
+
+
+def _switch_back(ctx: _Context, name: str, failed: list[Replica], swapped: list[Replica]):
+    """A swap failed on `failed`: traffic leaves the replicas already on the new
+    version at once (the runtime API, milliseconds) wherever a replica not yet
+    swapped still serves the old one; then the rollback goes one replica at a
+    time, the failed one first, so that one always serves."""
+    gateway_drain(ctx.deployment, name, swapped)
+    rest = [r for r in ctx.replicas if r not in failed and r not in swapped]
+    ctx.rollback_order = [*failed, *swapped, *rest]
 
 
 def _steps_for(rollout: Rollout, replicas: list[Replica]) -> dict[int, ReplicaRollout]:
@@ -592,13 +605,21 @@ def _rollback_everywhere(ctx: _Context, reason: str) -> None:
         except (StagingError, OSError) as error:
             _finish(ctx, RolloutStatus.FAILED, f"{reason}. Rollback staging failed: {error}")
             return
-        outcomes = _fan_out(
-            ctx,
-            ctx.replicas,
-            lambda client, replica: ensure_loaded(
+
+        def load_previous(client, replica):
+            return ensure_loaded(
                 client, name, folder.serve_path, ctx.policy, known_version=replica.vllm_version
-            ),
-        )
+            )
+
+        if ctx.rollback_order:
+            outcomes = {}
+            for replica in ctx.rollback_order:
+                gateway_drain(ctx.deployment, name, [replica])
+                outcomes.update(_fan_out(ctx, [replica], load_previous))
+                if outcomes[replica.pk].ok:
+                    gateway_ready(ctx.deployment, name, [replica])
+        else:
+            outcomes = _fan_out(ctx, ctx.replicas, load_previous)
         restored = f"v{previous.number}"
     else:
         outcomes = _fan_out(

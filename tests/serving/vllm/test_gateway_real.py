@@ -265,3 +265,46 @@ def test_a_version_swap_through_the_front_door_fails_no_request(
         .count("legal-contracts m_legal-contracts")
         == 1
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_swap_that_fails_verification_rolls_back_without_failing_a_request(
+    platform, vllm_servers, celery_worker, settings, tmp_path
+):
+    """The second replica (in the rollout's order) refuses the new version's
+    probe: the first is already on it. Traffic goes back to the old version
+    and the rollback goes one replica at a time; no client sees a failure."""
+    from tests.support.fault_proxy import FaultProxy
+
+    a, b = vllm_servers
+    with FaultProxy(a.base_url) as one, FaultProxy(b.base_url) as other:
+        # The rollout goes through the replicas by URL: the one that sorts second fails.
+        _, faulty = sorted([one, other], key=lambda proxy: proxy.base_url)
+        faulty.fail_probes_only = True
+        urls = sorted([one.base_url, other.base_url])
+        listen = f"127.0.0.1:{free_port()}"
+        settings.SERVING_GATEWAYS = {"gw-fail": listen}
+        settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+        platform.create_deployment("gw-fail", urls)
+        v1 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=3))
+        v2 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=4))
+        from serving.gateway.services import front_door_for, gateway_sync
+
+        deployment = Deployment.objects.get(name="gw-fail")
+        gateway_sync(deployment)
+        log = tmp_path / "haproxy.log"
+        url = f"http://{listen}"
+        with running_haproxy(front_door_for(deployment), log=log):
+            first = platform.promote_and_wait("gw-fail", v1["id"])
+            assert first["status"] == "succeeded", first["error"]
+            faulty.fail_completions_for.add("legal-memos")
+            with Traffic(url, "legal-memos") as traffic:
+                time.sleep(1)
+                swap = platform.promote_and_wait("gw-fail", v2["id"])
+                time.sleep(1)
+            assert swap["status"] == "rolled_back", swap
+            assert traffic.statuses[200] > 10
+            assert traffic.failed() == 0, (traffic.statuses, traffic.bodies[:5])
+            for server in vllm_servers:
+                assert adapters_on(server) == {"legal-memos": first["served_path"]}
+            assert complete(url, "legal-memos").status_code == 200
