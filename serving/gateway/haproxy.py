@@ -18,8 +18,9 @@ What changes at runtime and how:
   sockets, so no connection is refused; the old worker finishes its requests.
 
 Files in the gateway's directory: haproxy.cfg, models.map, admin.sock (runtime
-API), master.sock (master CLI), unavailable.http (the 503 of a model no replica
-serves right now), lock (serialises every writer on this host).
+API), master.sock (master CLI), haproxy.pid (the master's pid), unavailable.http
+(the 503 of a model no replica serves right now), lock (serialises every writer
+on this host).
 """
 
 from __future__ import annotations
@@ -223,6 +224,9 @@ class RuntimeAPI:
         with sock:
             try:
                 sock.sendall(line.encode() + b"\n")
+                # The master CLI keeps a connection open for more commands; the
+                # end of our input tells it (and the worker's socket) we are done.
+                sock.shutdown(socket.SHUT_WR)
                 chunks = []
                 while chunk := sock.recv(65536):
                     chunks.append(chunk)
@@ -320,7 +324,9 @@ class HAProxyFrontDoor:
             master = f"ipv4@0.0.0.0:{int(self.admin.rpartition(':')[2]) + 1}"
         else:
             master = f"{self.directory.resolve()}/master.sock,mode,660"
-        return ["haproxy", "-W", "-db", "-S", master, "-f", str(self.config_path.resolve())]
+        pidfile = str((self.directory / "haproxy.pid").resolve())
+        config = str(self.config_path.resolve())
+        return ["haproxy", "-W", "-db", "-S", master, "-p", pidfile, "-f", config]
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -439,6 +445,29 @@ class HAProxyFrontDoor:
             changes.append(line)
         return changes
 
+    def _master_ready(self, deadline: float) -> None:
+        """Waits until the master answers its CLI: it does once it is back in its
+        loop after a re-execution. A reload asked before that is lost (seen: a
+        SIGUSR2 right after a reload did nothing, a `reload` hung)."""
+        while True:
+            with contextlib.suppress(GatewayError):
+                if "master" in self.master.command("show proc"):
+                    return
+            if time.monotonic() > deadline:
+                raise GatewayError("HAProxy's master CLI does not answer")
+            time.sleep(0.05)
+
+    def _ask_master_to_reload(self, deadline: float) -> None:
+        """`reload` on the master CLI, sent once: the master closes the
+        connection when it re-executes itself, so the answer is not awaited."""
+        self._master_ready(deadline)
+        try:
+            sock = self.master._connect()
+        except OSError as error:
+            raise GatewayError(f"HAProxy's master CLI: {error}") from error
+        with sock:
+            sock.sendall(b"reload\n")
+
     def _reload(self, table: RoutingTable, held: dict) -> str:
         """New backends or servers: a new configuration, hitless. The states a
         held route has now are written into it, so a drained replica stays so."""
@@ -446,19 +475,11 @@ class HAProxyFrontDoor:
         old_pid = self.runtime.worker_pid()
         self.write(table, states=held)
         deadline = started + self.reload_timeout
-        # The master CLI is away while the master re-executes itself (a reload
-        # still under way): ask again until it answers.
-        while True:
-            try:
-                self.master.command("reload")
-                break
-            except GatewayError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        self._ask_master_to_reload(deadline)
         while time.monotonic() < deadline:
             pid = self.runtime.worker_pid()
             if pid is not None and pid != old_pid:
+                self._master_ready(deadline)  # so that the next reload is heard
                 seconds = time.monotonic() - started
                 return f"reload (worker {old_pid} -> {pid}, {seconds:.2f} s)"
             time.sleep(0.05)

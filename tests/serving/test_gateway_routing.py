@@ -120,6 +120,7 @@ def test_on_kubernetes_the_runtime_api_is_a_tcp_port_and_the_master_cli_the_next
     assert "stats socket ipv4@0.0.0.0:9999 level admin\n" in config
     assert "admin.sock" not in config
     assert door.command_line()[3:5] == ["-S", "ipv4@0.0.0.0:10000"]
+    assert door.command_line()[5] == "-p"
     assert (door.runtime.path, door.master.path) == ("gateway-prod:9999", "gateway-prod:10000")
     checked = subprocess.run(
         ["haproxy", "-c", "-f", str(door.config_path)],
