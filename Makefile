@@ -26,7 +26,7 @@ test: install
 	bash scripts/test.sh
 
 test-fast: install
-	$(BIN)/pytest -m "not vllm and not browser and not faults and not contract" -q
+	$(BIN)/pytest -m "not vllm and not browser and not faults and not contract and not conformance" -q
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

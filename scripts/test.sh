@@ -6,6 +6,8 @@ BIN=.venv/bin
 
 if [[ "${SKIP_VLLM:-0}" != "1" ]]; then
   bash scripts/vllm/install.sh
+  # peft for the conformance tier's cases (tests/conformance), into the same venv.
+  bash scripts/conformance/install.sh
 fi
 if [[ "${SKIP_MLFLOW:-0}" != "1" ]]; then
   bash scripts/mlflow/install.sh
