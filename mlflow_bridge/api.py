@@ -15,13 +15,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.views import ActorMixin
-from mlflow_bridge import services
+from mlflow_bridge import lineage, mirror
 from registry import selectors
 from registry.api.serializers import VersionSerializer
 
 
 class FromRunSerializer(serializers.Serializer):
-    run_id = serializers.RegexField(services.RUN_ID_PATTERN, max_length=64)
+    run_id = serializers.RegexField(lineage.RUN_ID_PATTERN, max_length=64)
     artifact_path = serializers.CharField(
         max_length=500, help_text="Where the run logged the adapter, e.g. 'adapter'."
     )
@@ -46,7 +46,7 @@ class VersionFromRunView(ActorMixin, APIView):
         adapter = selectors.adapter_get(self.actor, int(pk))
         data = FromRunSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        result = services.register_from_run(
+        result = lineage.register_from_run(
             actor=self.actor,
             adapter=adapter,
             run_id=data.validated_data["run_id"],
@@ -82,7 +82,7 @@ class AdapterAliasesView(ActorMixin, APIView):
     def get(self, request, pk: int):
         adapter = selectors.adapter_get(self.actor, int(pk))
         rows = adapter.mlflow_aliases.select_related("deployment").order_by("alias")
-        return Response([services.alias_mirror_summary(row) for row in rows])
+        return Response([mirror.alias_mirror_summary(row) for row in rows])
 
 
 _VersionMirrorSerializer = inline_serializer(
@@ -109,7 +109,7 @@ class VersionMirrorView(ActorMixin, APIView):
     )
     def get(self, request, pk: int):
         version = selectors.version_get(self.actor, int(pk))
-        return Response(services.version_mirror_summary(version))
+        return Response(mirror.version_mirror_summary(version))
 
 
 urlpatterns = [
