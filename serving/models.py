@@ -444,7 +444,7 @@ class StagedFolder(models.Model):
 
 
 class VersionFingerprint(models.Model):
-    """What a version's adapter does to the probe (serving/fingerprint.py) on a
+    """What a version's adapter does to the probe (serving/probe.py) on a
     deployment: the first verified replica's answer. Per deployment, because the
     base weights and the hardware that shape the numbers belong to the deployment.
     Every other replica, and every later check by the reconcile, must match it."""
