@@ -335,6 +335,9 @@ SERVING_RECONCILE_INTERVAL_SECONDS = cfg.number(
     "SERVING_RECONCILE_INTERVAL_SECONDS", 10.0, minimum=1
 )
 SERVING_STAGED_GRACE_SECONDS = cfg.integer("SERVING_STAGED_GRACE_SECONDS", 24 * 3600, minimum=0)
+# A KServe manifest rendered within this many days keeps the staged folders it names
+# (the latest render of each deployment keeps its folders whatever its age).
+SERVING_MANIFEST_PIN_DAYS = cfg.integer("SERVING_MANIFEST_PIN_DAYS", 30, minimum=0)
 # A staged folder whose files' sizes and mtimes are as when it was last hashed is
 # trusted for this long before a repair hashes it again.
 SERVING_STAGED_REVERIFY_SECONDS = cfg.integer(
@@ -422,7 +425,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.StandardPagination",
     "DEFAULT_FILTER_BACKENDS": [
-        "registry.api.filters.StrictFilterBackend",
+        "core.api.filters.StrictFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_SCHEMA_CLASS": "core.api.schema.ApiAutoSchema",
@@ -438,6 +441,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "core.api.schema.postprocess_forbid_nul",
+    ],
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     # Vendored Swagger UI: no CDN at run time (air-gapped platforms).
     "SWAGGER_UI_DIST": "SIDECAR",

@@ -177,8 +177,8 @@ def test_memory_is_shown_against_the_gpu_share_when_set(web_lena, staging, appro
     staging.save()
     served(staging, approved)
     page = web_lena.get(f"/deployments/{staging.name}/").content.decode()
-    assert "of 1.0\xa0MB" in page
-    assert "10% of 10.0\xa0MB GPU" in page
+    assert "of 1.0\xa0MiB" in page
+    assert "10% of 10.0\xa0MiB GPU" in page
 
 
 def test_the_dashboard_card_and_the_nav_link_to_deployments(web_lena, staging, fakes):
