@@ -414,6 +414,8 @@ METRICS_TOKEN = cfg.secret("METRICS_TOKEN") or ""
 METRICS_ALLOW_ANONYMOUS = cfg.boolean("METRICS_ALLOW_ANONYMOUS", False)
 # Each reconcile reads every up replica's /metrics (vllm:lora_requests_info).
 OBSERVABILITY_VLLM_METRICS = cfg.boolean("OBSERVABILITY_VLLM_METRICS", True)
+# Read the front door's per-adapter request counters at every reconcile (usage and cost).
+OBSERVABILITY_FRONT_DOOR_USAGE = cfg.boolean("OBSERVABILITY_FRONT_DOOR_USAGE", True)
 OBSERVABILITY_VLLM_METRICS_TIMEOUT_SECONDS = cfg.number(
     "OBSERVABILITY_VLLM_METRICS_TIMEOUT_SECONDS", 3.0, minimum=0.1
 )

@@ -26,6 +26,7 @@ from observability.models import (
     ReconcileStats,
     ReplicaLoraState,
 )
+from observability.usage import front_door_usage_record
 from observability.vllm_metrics import (
     LoraSnapshot,
     MetricsParseError,
@@ -60,6 +61,9 @@ def reconcile_finished(
     if ok and settings.OBSERVABILITY_VLLM_METRICS:
         readings = _guarded(vllm_metrics_observe, deployment, replicas)
         wrote = wrote or readings is None or readings.wrote_attempts
+    if settings.OBSERVABILITY_FRONT_DOOR_USAGE:
+        # Whatever the reconcile's outcome: the front door counted requests anyway.
+        _guarded(front_door_usage_record, deployment)
     _guarded(reconcile_stats_record, deployment, seconds, ok=ok, tally=wrote)
 
 
