@@ -5,13 +5,17 @@ decided by the callers (serving.selectors, registry.selectors)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 
 from django.conf import settings
-from django.db.models import OuterRef, Q, Subquery
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
-from observability.models import AdapterActivity, ReplicaLoraState
+from core.access import require_visible, visible_department_ids
+from core.actors import Actor
+from core.errors import NotFound
+from core.models import Department
+from observability.models import AdapterActivity, DailyUsage, ReplicaLoraState
 from serving.capacity import (
     SHAPE_FIELDS,
     PoolFigures,
@@ -21,6 +25,7 @@ from serving.capacity import (
 )
 from serving.models import Deployment, ServedAdapter
 from serving.planner import (
+    HOURS_PER_MONTH,
     LLAMA_MODULES,
     PlanInput,
     PlannerInputError,
@@ -201,3 +206,104 @@ def lora_residency(sender, deployments, **kwargs) -> dict[int, Residency]:
             observed_at=max(filter(None, (seen.observed_at, observed_at)), default=None),
         )
     return found
+
+
+# -- usage and cost per department (front door counters, observability.usage) ----------
+
+TOKENS_UNAVAILABLE = (
+    "Tokens per adapter are not counted: the front door (HAProxy) does not read "
+    "response bodies, and vLLM 0.32's token counters carry no adapter label."
+)
+
+
+@dataclass(frozen=True)
+class DepartmentCost:
+    """A department's monthly share of the GPUs it uses, against one GPU per use case."""
+
+    department: Department
+    requests: int
+    use_cases: int  # adapters of the department with requests in the period
+    shared_monthly: float
+    dedicated_monthly: float
+
+    @property
+    def saving_monthly(self) -> float:
+        return self.dedicated_monthly - self.shared_monthly
+
+
+def usage_departments(actor: Actor, slug: str | None) -> list[Department]:
+    """The departments whose usage `actor` asked for: the one named (NotFound
+    for outsiders, as for one that does not exist), or every one they see."""
+    if slug:
+        department = Department.objects.filter(slug=slug).first()
+        if department is None:
+            raise NotFound("Department not found.")
+        require_visible(actor, department.pk, "Department")
+        return [department]
+    visible = visible_department_ids(actor)
+    departments = Department.objects.all()
+    if visible is not None:
+        departments = departments.filter(pk__in=visible)
+    return list(departments)
+
+
+def usage_rows(departments: list[Department], start: date, end: date) -> QuerySet[DailyUsage]:
+    """Daily rows of the departments from `start` to `end` (both included)."""
+    return (
+        DailyUsage.objects.filter(department__in=departments, day__gte=start, day__lte=end)
+        .select_related("deployment", "department", "version")
+        .order_by("day", "department__slug", "served_name", "version_number", "deployment__name")
+    )
+
+
+def department_costs(departments: list[Department], start: date, end: date) -> list[DepartmentCost]:
+    """Each department's share of its deployments' monthly GPU cost (active replicas x
+    GPUs per replica x PLANNER_PRICE_PER_GPU_HOUR x 730 h), by its share of each
+    deployment's requests in the period (every department's, seen or not), beside
+    one dedicated one-GPU deployment per use case."""
+    price = settings.PLANNER_PRICE_PER_GPU_HOUR
+    period = DailyUsage.objects.filter(day__gte=start, day__lte=end)
+    mine = list(
+        period.filter(department__in=departments)
+        .values("department_id", "deployment_id")
+        .annotate(n=Sum("requests"))
+    )
+    deployment_ids = {row["deployment_id"] for row in mine}
+    totals = dict(
+        period.filter(deployment_id__in=deployment_ids)
+        .values("deployment_id")
+        .annotate(n=Sum("requests"))
+        .values_list("deployment_id", "n")
+    )
+    gpus = {
+        d.pk: d.live_replicas * d.gpus
+        for d in Deployment.objects.filter(pk__in=deployment_ids).annotate(
+            live_replicas=Count("replicas", filter=Q(replicas__active=True))
+        )
+    }
+    use_cases = dict(
+        period.filter(department__in=departments, requests__gt=0)
+        .values("department_id")
+        .annotate(n=Count("adapter_id", distinct=True))
+        .values_list("department_id", "n")
+    )
+    costs = []
+    for department in departments:
+        rows = [r for r in mine if r["department_id"] == department.pk]
+        shared = sum(
+            gpus[r["deployment_id"]] * price * HOURS_PER_MONTH * r["n"] / totals[r["deployment_id"]]
+            for r in rows
+            if totals.get(r["deployment_id"])
+        )
+        costs.append(
+            DepartmentCost(
+                department=department,
+                requests=sum(r["n"] for r in rows),
+                use_cases=use_cases.get(department.pk, 0),
+                shared_monthly=round(shared, 2),
+                dedicated_monthly=round(
+                    use_cases.get(department.pk, 0) * price * HOURS_PER_MONTH, 2
+                ),
+            )
+        )
+    return costs

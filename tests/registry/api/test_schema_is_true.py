@@ -226,3 +226,11 @@ def test_request_bodies_are_documented_as_json_and_uploads_as_multipart(schema):
             assert content == {"multipart/form-data", "application/json"}
         elif content:
             assert content == {"application/json"}, (method, path)
+
+
+def test_usage_documents_its_csv_and_the_404_of_an_unseen_department(schema):
+    operation = schema["paths"]["/api/v1/usage/"]["get"]
+    assert set(operation["responses"]["200"]["content"]) == {"application/json", "text/csv"}
+    assert {"400", "401", "403", "404"} <= set(operation["responses"])
+    names = {p["name"] for p in operation["parameters"]}
+    assert names == {"department", "from", "to", "format"}

@@ -1,4 +1,4 @@
-"""The serving, planner, MLflow and metrics endpoints x every kind of caller,
+"""The serving, planner, usage, MLflow and metrics endpoints x every kind of caller,
 each cell asserting the exact status (the registry's own matrix is
 tests/registry/api/test_authorization_matrix.py).
 
@@ -163,6 +163,18 @@ MATRIX = {
         "post",
         "/api/v1/planner/",
         lambda c: {"deployment": "staging-cpu", "gpu_memory_bytes": 24 * 2**30},
+        statuses(401, 200, 200, 200, 200, 200),
+    ),
+    "usage of a department": (
+        "get",
+        "/api/v1/usage/?department=legal",
+        None,
+        statuses(401, 404, 200, 200, 200, 200),
+    ),
+    "usage as csv": (
+        "get",
+        "/api/v1/usage/?format=csv",
+        None,
         statuses(401, 200, 200, 200, 200, 200),
     ),
     "version mlflow mirror": (
