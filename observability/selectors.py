@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
 from core.access import require_visible, visible_department_ids
@@ -86,6 +86,10 @@ def deployment_plan_input(deployment: Deployment, **overrides) -> PlanInput:
     return PlanInput(**values)
 
 
+# The adapter page's usage panel counts requests over this many days (today included).
+USAGE_PANEL_DAYS = 30
+
+
 @dataclass(frozen=True)
 class Usage:
     """How an adapter is used on one deployment, for the pages."""
@@ -96,6 +100,10 @@ class Usage:
     served_since: datetime | None
     active_now: bool
     idle: bool
+    # Counted at the front door in the last USAGE_PANEL_DAYS days; None: nothing counted
+    # (no front door, or no request).
+    requests: int | None = None
+    errors: int | None = None
 
     @property
     def idle_since(self) -> datetime | None:
@@ -117,15 +125,29 @@ def adapter_usage(adapter) -> list[Usage]:
     served = ServedAdapter.objects.filter(
         deployment=OuterRef("pk"), adapter=adapter, version__isnull=False
     )
+    counted = (
+        DailyUsage.objects.filter(
+            deployment=OuterRef("pk"),
+            adapter=adapter,
+            day__gte=now.date() - timedelta(days=USAGE_PANEL_DAYS - 1),
+        )
+        .values("adapter")
+        .annotate(
+            n=Sum("requests"),
+            e=Sum(F("errors_4xx") + F("errors_5xx")),
+        )
+    )
     rows = list(
         Deployment.objects.annotate(
             since=Subquery(served.values("updated_at")[:1]),
             last=Subquery(activity.values("last_active_at")[:1]),
             samples=Subquery(activity.values("active_samples")[:1]),
+            requests=Subquery(counted.values("n")[:1]),
+            errors=Subquery(counted.values("e")[:1]),
         )
         .filter(Q(since__isnull=False) | Q(last__isnull=False))
         .order_by("name")
-        .values("name", "since", "last", "samples")
+        .values("name", "since", "last", "samples", "requests", "errors")
     )
     seen = {row["name"] for row in rows if row["last"]}
     running_now = _running_now(seen, adapter.served_name) if seen else set()
@@ -137,6 +159,8 @@ def adapter_usage(adapter) -> list[Usage]:
             served_since=row["since"],
             active_now=row["name"] in running_now,
             idle=row["since"] is not None and (row["last"] or row["since"]) < threshold,
+            requests=row["requests"],
+            errors=row["errors"],
         )
         for row in rows
     ]

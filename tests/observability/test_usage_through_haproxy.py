@@ -112,3 +112,9 @@ def test_requests_through_the_front_door_show_on_the_usage_page(
     assert 'data-testid="errors-4xx">1<' in cells and 'data-testid="errors-5xx">2<' in cells
     (api_row,) = as_lena.get("/api/v1/usage/?department=legal").json()["rows"]
     assert (api_row["requests"], api_row["errors_4xx"], api_row["errors_5xx"]) == (12, 1, 2)
+    # The adapter page's usage panel says the same, per deployment.
+    panel = web_lena.get(f"/adapters/{approved_v1.adapter_id}/").content.decode()
+    start = panel.index(f'data-testid="requests-{deployment.name}"')
+    assert panel[start : panel.index("</td>", start)].endswith(
+        '>12 <span class="small reason">(3 errors)</span>'
+    )
