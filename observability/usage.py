@@ -20,6 +20,7 @@ from django.db import connection
 from django.utils import timezone
 
 from observability.models import DailyUsage, FrontDoorReading
+from serving.gateway.haproxy import GatewayError
 from serving.gateway.services import front_door_for
 from serving.models import Deployment, ServedAdapter
 
@@ -53,9 +54,13 @@ def front_door_usage_record(deployment: Deployment) -> int:
     door = front_door_for(deployment)
     if door is None:
         return 0
-    current = {
-        name: (c.requests, c.errors_4xx, c.errors_5xx) for name, c in door.model_counters().items()
-    }
+    try:
+        counters = door.model_counters()
+    except GatewayError as error:
+        # Down or reloading: the counts wait for the next reading (a reset is handled).
+        logger.warning("usage of %s not read: %s", deployment.name, error)
+        return 0
+    current = {name: (c.requests, c.errors_4xx, c.errors_5xx) for name, c in counters.items()}
     reading = FrontDoorReading.objects.filter(deployment=deployment).first()
     previous = reading.counters if reading is not None else {}
     if reading is not None and previous == {k: list(v) for k, v in current.items()}:

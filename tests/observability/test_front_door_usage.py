@@ -112,6 +112,17 @@ def test_no_front_door_costs_no_statement(deployment, settings):
 
 
 @pytest.mark.django_db
+def test_a_front_door_that_does_not_answer_is_skipped_until_the_next_tick(
+    deployment, served, settings, tmp_path, caplog
+):
+    settings.SERVING_GATEWAYS = {deployment.name: "127.0.0.1:9"}
+    settings.SERVING_GATEWAY_DIR = tmp_path  # no admin.sock: HAProxy is not running
+    assert front_door_usage_record(deployment) == 0
+    assert f"usage of {deployment.name} not read" in caplog.text
+    assert not FrontDoorReading.objects.exists()
+
+
+@pytest.mark.django_db
 def test_a_front_door_that_fails_does_not_fail_the_reconcile(deployment, monkeypatch, caplog):
     def broken(deployment):
         raise OSError("socket gone")
