@@ -54,6 +54,8 @@ if [[ "${SKIP_VLLM:-0}" == "1" ]]; then
   cannot_run vllm "SKIP_VLLM=1"
 else
   bash scripts/vllm/install.sh || cannot_run vllm "scripts/vllm/install.sh failed"
+  # peft for the conformance tier's cases (tests/conformance), into the same venv.
+  bash scripts/conformance/install.sh || cannot_run conformance "scripts/conformance/install.sh failed"
 fi
 if [[ "${SKIP_MLFLOW:-0}" == "1" ]]; then
   cannot_run mlflow "SKIP_MLFLOW=1"
