@@ -79,6 +79,12 @@ if ! command -v redis-server >/dev/null; then
   apt_install redis-server || true
   command -v redis-server >/dev/null || cannot_run faults "redis-server could not be installed"
 fi
+# Scenario 6a of the fault tier holds vLLM inside an adapter read with strace
+# (tests/support/slow_reads.py), to kill the replica while it reads.
+if ! command -v strace >/dev/null; then
+  apt_install strace || true
+  command -v strace >/dev/null || cannot_run faults "strace could not be installed"
+fi
 # The SSO tier runs npm's oidc-provider (tests/support/oidc/) with Node.js >= 20;
 # its npm packages are installed by the test fixture (npm ci, once per lockfile).
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
