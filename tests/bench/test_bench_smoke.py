@@ -37,7 +37,7 @@ TIMEOUT = 420  # seconds per bench: generous, the machine is shared and loaded
 # Which lane each bench runs in. A bench with a __main__ that is in none fails
 # test_every_bench_has_a_smoke_run (so a new bench cannot be left out).
 SHARED_VLLM = ["promote_to_served", "many_adapters", "swap_under_traffic", "fingerprint_spread"]
-OWN_VLLM = ["lora_pool_memory"]
+OWN_VLLM = ["lora_pool_memory", "swap_through_gateway"]
 NO_VLLM = ["tensor_values", "scale", "scale_promotions"]
 NO_VLLM_2 = ["new_pod_to_served", "upload_throughput"]
 EVERY = SHARED_VLLM + OWN_VLLM + NO_VLLM + NO_VLLM_2
