@@ -29,17 +29,17 @@ from registry.ingest.streamed import install_streaming_handler
 from registry.models import Adapter, AdapterVersion, ArtifactSource
 from registry.request_digest import install_digest_handler, request_digest
 from registry.services.adapters import adapter_create, adapter_update
+from registry.services.artifact_sources import (
+    artifact_source_create,
+    artifact_source_delete,
+    artifact_source_update,
+)
 from registry.services.idempotency import (
     idempotency_bind,
     idempotency_claim,
     idempotency_complete,
     idempotency_release,
     idempotency_result,
-)
-from registry.services.artifact_sources import (
-    artifact_source_create,
-    artifact_source_delete,
-    artifact_source_update,
 )
 from registry.services.versions import (
     Lineage,
