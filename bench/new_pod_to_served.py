@@ -21,7 +21,7 @@ runs until that replica has the promoted adapter loaded.
           Its rounds run after the others, while beat and worker run.
   direct  the reconcile's own cost: called as soon as the replica row exists.
 
-The replicas are tests/support/fake_vllm.FakeVLLM: no load latency of its own
+The replicas are tests/support/vllm_standin.serve_standin: no load latency of its own
 (latency model: zero), in every case alike. SQLite in a throwaway VAR_DIR.
 """
 
@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     from serving.services.reconcile import reconcile_deployment
     from serving.services.rollouts import rollout_execute
     from tests.support.adapters import AdapterSpec, adapter_tar_gz
-    from tests.support.fake_vllm import FakeVLLM
     from tests.support.k8s_apiserver import StandInKubeAPIServer
+    from tests.support.vllm_standin import serve_standin
 
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     route_to_queue(app, queue)
@@ -153,10 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     server = StandInKubeAPIServer(bookmark_seconds=5)
     settings.KUBERNETES_AUTH = "kubeconfig"
     settings.KUBERNETES_KUBECONFIG = str(server.write_kubeconfig(var_dir / "kubeconfig"))
-    seed = FakeVLLM()
+    seed = serve_standin()
     port_of = {}
 
-    def add_pod(name: str, fake: FakeVLLM) -> None:
+    def add_pod(name: str, fake) -> None:
         port_of[name] = int(fake.base_url.rsplit(":", 1)[1])
         server.apply_slice(
             "ml",
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         while reconciles:
             reconciles.pop().join()
         mode["value"] = case
-        pod = FakeVLLM()
+        pod = serve_standin()
         name = f"pod-{case}-{round_number}"
         if case == "beat":  # a random phase of the beat's period
             time.sleep(random.uniform(0, options.interval))
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     out = bench_results.Results("new_pod_to_served", options)
     heading = f"new pod ready -> adapter loaded on it, {options.rounds} rounds, ms"
     print(heading)
-    out.note(heading + "; replicas: FakeVLLM (latency model: zero, in every case)")
+    out.note(heading + "; replicas: the vLLM stand-in (latency model: zero, in every case)")
     table = out.table("cases", ["case", "median ms", "p95 ms", "max ms"], heading)
     print(f"{'case':<8}{'median':>10}{'p95':>10}{'max':>10}")
     for case, label in (

@@ -300,6 +300,12 @@ MLFLOW_MIRROR_MAX_RETRIES = cfg.integer("MLFLOW_MIRROR_MAX_RETRIES", 8, minimum=
 MLFLOW_MIRROR_BACKOFF_SECONDS = cfg.integer("MLFLOW_MIRROR_BACKOFF_SECONDS", 10, minimum=0)
 MLFLOW_MIRROR_BACKOFF_MAX_SECONDS = cfg.integer("MLFLOW_MIRROR_BACKOFF_MAX_SECONDS", 900, minimum=1)
 MLFLOW_MIRROR_CATCH_UP_SECONDS = cfg.integer("MLFLOW_MIRROR_CATCH_UP_SECONDS", 300, minimum=10)
+# MLflow webhooks in (mlflow_bridge/webhooks.py): the secret MLflow signs deliveries
+# with; empty turns the endpoint off (404). A delivery older or newer than the
+# tolerance is refused, so a captured one cannot be replayed later.
+MLFLOW_WEBHOOK_SECRET = cfg.secret("MLFLOW_WEBHOOK_SECRET") or ""
+MLFLOW_WEBHOOK_TOLERANCE_SECONDS = cfg.integer("MLFLOW_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=1)
+MLFLOW_WEBHOOK_MAX_BYTES = cfg.integer("MLFLOW_WEBHOOK_MAX_BYTES", 64 * 1024, minimum=1024)
 # Merged into CELERY_BEAT_SCHEDULE after the serving block, which defines it.
 _MLFLOW_BEAT = {
     "mlflow-mirror-catch-up": {
@@ -329,6 +335,9 @@ SERVING_RECONCILE_INTERVAL_SECONDS = cfg.number(
     "SERVING_RECONCILE_INTERVAL_SECONDS", 10.0, minimum=1
 )
 SERVING_STAGED_GRACE_SECONDS = cfg.integer("SERVING_STAGED_GRACE_SECONDS", 24 * 3600, minimum=0)
+# A KServe manifest rendered within this many days keeps the staged folders it names
+# (the latest render of each deployment keeps its folders whatever its age).
+SERVING_MANIFEST_PIN_DAYS = cfg.integer("SERVING_MANIFEST_PIN_DAYS", 30, minimum=0)
 # A staged folder whose files' sizes and mtimes are as when it was last hashed is
 # trusted for this long before a repair hashes it again.
 SERVING_STAGED_REVERIFY_SECONDS = cfg.integer(
@@ -416,7 +425,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.StandardPagination",
     "DEFAULT_FILTER_BACKENDS": [
-        "registry.api.filters.StrictFilterBackend",
+        "core.api.filters.StrictFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_SCHEMA_CLASS": "core.api.schema.ApiAutoSchema",
@@ -432,6 +441,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "core.api.schema.postprocess_forbid_nul",
+    ],
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     # Vendored Swagger UI: no CDN at run time (air-gapped platforms).
     "SWAGGER_UI_DIST": "SIDECAR",

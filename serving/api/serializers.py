@@ -3,7 +3,6 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from core.models import Department
 from serving.capacity import Tiers, deployment_tiers
 from serving.models import (
     Deployment,
@@ -97,11 +96,19 @@ class TiersMixin(serializers.Serializer):
         return tiers_data(tiers)
 
 
+class DepartmentSlugsField(serializers.ListField):
+    child = serializers.SlugField()
+
+    def to_representation(self, departments):
+        return [department.slug for department in departments.all()]
+
+
 class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
     replicas = ReplicaSerializer(many=True, read_only=True)
-    allowed_departments = serializers.SlugRelatedField(
-        slug_field="slug", many=True, queryset=Department.objects.all(), required=False
-    )
+    # Slugs, resolved by the view: one that names no department is a 404, like
+    # every other name a request refers to (a 400 here would be a schema-valid
+    # request refused for a reason the schema cannot state).
+    allowed_departments = DepartmentSlugsField(required=False)
     vllm_api_key = serializers.CharField(
         write_only=True, required=False, allow_blank=True, style={"input_type": "password"}
     )
