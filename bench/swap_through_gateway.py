@@ -1,6 +1,7 @@
 """Version swaps through the front door, under continuous traffic, on 2 real vLLM replicas.
 
-    .venv/bin/python -m bench.swap_through_gateway [--swaps 10] [--clients 4] [--smoke] [--json]
+    .venv/bin/python -m bench.swap_through_gateway [--swaps 10] [--clients 4]
+        [--smoke] [--json PATH]
 
 Two real vLLM 0.32 servers (CPU, tiny model) behind a real HAProxy front door
 (serving/gateway/haproxy.py). Clients keep sending one-token completions with
@@ -25,7 +26,6 @@ send again to another replica), target 0.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import threading
@@ -35,6 +35,7 @@ from pathlib import Path
 
 import requests
 
+from bench import results as bench_results
 from serving.gateway.haproxy import HAProxyFrontDoor
 from serving.gateway.routing import ReplicaView, ServedView, routing_table
 from serving.replica_calls import RetryPolicy, ensure_loaded, verify_serving
@@ -257,17 +258,14 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--steady", type=float, default=8.0, help="seconds of steady state")
     parser.add_argument("--pause", type=float, default=1.0, help="seconds between swaps")
-    parser.add_argument("--smoke", action="store_true", help="2 swaps, short phases")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    bench_results.add_arguments(parser)  # --smoke: 2 swaps, short phases; --json PATH
     args = parser.parse_args()
     if args.smoke:
         args.swaps, args.steady, args.pause = 2, 3.0, 0.5
     with tempfile.TemporaryDirectory(prefix="swap-gateway-") as work:
         result = run(args.swaps, args.clients, args.steady, args.pause, Path(work))
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return
     g, s, r = result["gateway"], result["steady"], result["raw_unload_load"]
+    write_results(args, result)
     print(f"{result['swaps']} swaps, {result['clients']} clients, 2 real vLLM replicas")
     print(f"  steady state through the front door: {s['rps']} req/s, {s['failed']} failed")
     print(
@@ -288,6 +286,38 @@ def main() -> None:
         f"  baseline, raw unload+load, clients on the replica: {r['failed']} failed of "
         f"{r['requests']} ({r['failed_per_swap']} per swap)"
     )
+
+
+def write_results(args, result: dict) -> None:
+    out = bench_results.Results("swap_through_gateway", args)
+    out.data = result  # every figure of the run, ratio_per_swap_median included
+    g, s, r = result["gateway"], result["steady"], result["raw_unload_load"]
+    out.note(
+        f"{result['swaps']} swaps, {result['clients']} clients, 2 real vLLM 0.32 replicas "
+        "behind a real HAProxy (no stand-in)"
+    )
+    table = out.table(
+        "swaps",
+        ["case", "failed", "requests", "req/s", "reached a replica without the adapter"],
+        "swaps under traffic through the front door",
+    )
+    table.row("steady state, front door (no swap)", s["failed"], s.get("requests"), s["rps"], "")
+    table.row(
+        "swaps through the front door (drain, swap, verify, ready)", g["failed"], g["requests"],
+        g["rps_in_swap_windows"], f"{g['misrouted_vllm_404']} (+{g['retried_by_haproxy']} retried)",
+    )  # fmt: skip
+    table.row(
+        "baseline: raw unload+load, clients on the replica", r["failed"], r["requests"],
+        r["rps_in_swap_windows"], "",
+    )  # fmt: skip
+    ratio = g["ratio_in_swap_windows"]
+    out.verdict(
+        "throughput in the swap windows / steady", ratio, target=">= 0.9x", met=ratio >= 0.9
+    )
+    misrouted = g["misrouted_vllm_404"] + g["retried_by_haproxy"]
+    out.verdict("requests that reached a replica without the adapter", misrouted, target="0",
+                met=misrouted == 0, unit="")  # fmt: skip
+    out.write()
 
 
 if __name__ == "__main__":
