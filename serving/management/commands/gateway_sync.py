@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 from serving.gateway.routing import routing_table
 from serving.gateway.services import front_door_for, gateway_sync
 from serving.models import Deployment
-from serving.replicas import replicas_sync
+from serving.replica_rows import replicas_sync
 
 
 class Command(BaseCommand):
