@@ -114,10 +114,10 @@ def start_standin(
             str(replicas),
             "--max-cpu-loras",
             str(max_cpu_loras),
-            "--load-ms",
-            f"{load_ms:g}",
-            "--cold-load-ms",
-            f"{cold_load_ms:g}",
+            "--load-seconds",
+            f"{load_ms / 1000:g}",
+            "--cold-read-seconds",
+            f"{cold_load_ms / 1000:g}",
         ],  # fmt: skip
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
@@ -485,7 +485,7 @@ def report(args, engine: str, broker: str, figures: dict, products: dict) -> Non
     out = bench_results.Results("scale_promotions", args)
     latency = (
         f"stand-in latency model: {args.standin_load_ms:g} ms per load, "
-        f"{args.standin_cold_load_ms:g} ms per cold load"
+        f"{args.standin_cold_load_ms:g} ms per cold re-read"
         + (" (zero: no sleeps)" if not (args.standin_load_ms or args.standin_cold_load_ms) else "")
         + ", product and bare alike"
         if not args.replica_urls

@@ -338,6 +338,11 @@ SERVING_STAGED_GRACE_SECONDS = cfg.integer("SERVING_STAGED_GRACE_SECONDS", 24 * 
 # A KServe manifest rendered within this many days keeps the staged folders it names
 # (the latest render of each deployment keeps its folders whatever its age).
 SERVING_MANIFEST_PIN_DAYS = cfg.integer("SERVING_MANIFEST_PIN_DAYS", 30, minimum=0)
+# Folders besides a deployment's adapter volume that the control plane may read
+# adapters from when adopting one already served there (serving/services/adoptions.py).
+SERVING_ADOPTION_ROOTS = [
+    str(Path(p).resolve()) for p in cfg.env.list("SERVING_ADOPTION_ROOTS", default=[]) if p
+]
 # A staged folder whose files' sizes and mtimes are as when it was last hashed is
 # trusted for this long before a repair hashes it again.
 SERVING_STAGED_REVERIFY_SECONDS = cfg.integer(
@@ -358,6 +363,18 @@ SERVING_FINGERPRINT_TOLERANCE = cfg.number("SERVING_FINGERPRINT_TOLERANCE", 1e-3
 # Adapters whose weights the reconcile checks on each replica each tick (one greedy
 # completion each), rotating through the replica's adapters; 0 turns the check off.
 SERVING_FINGERPRINT_SAMPLE = cfg.integer("SERVING_FINGERPRINT_SAMPLE", 2, minimum=0)
+# The front door (serving/gateway/, docs/gateway.md): one HAProxy per deployment
+# named in SERVING_GATEWAYS ("local-cpu=127.0.0.1:8200,prod=0.0.0.0:8080": where
+# each listens), its files in SERVING_GATEWAY_DIR/<deployment>/. Empty: no front
+# door, clients call the replicas. A swap waits at most SERVING_GATEWAY_DRAIN_SECONDS
+# for a replica's requests in flight to finish before it unloads the adapter there.
+SERVING_GATEWAY_DIR = Path(cfg.env.str("SERVING_GATEWAY_DIR", default=str(VAR_DIR / "gateway")))
+SERVING_GATEWAYS = cfg.env.dict("SERVING_GATEWAYS", default={})
+# Where a front door's HAProxy runs on another host (Kubernetes: its own pod),
+# the host:port of its runtime API per deployment ("prod=gateway-prod:9999"); the
+# master CLI is the next port, and SERVING_GATEWAY_DIR a volume both mount.
+SERVING_GATEWAY_ADMIN = cfg.env.dict("SERVING_GATEWAY_ADMIN", default={})
+SERVING_GATEWAY_DRAIN_SECONDS = cfg.number("SERVING_GATEWAY_DRAIN_SECONDS", 60.0, minimum=0)
 # Kubernetes replica discovery (manage.py watch_replicas). "auto": in-cluster
 # credentials when running in a pod, else the kubeconfig.
 KUBERNETES_AUTH = cfg.choice("KUBERNETES_AUTH", "auto", {"auto", "in-cluster", "kubeconfig"})

@@ -105,7 +105,7 @@ def test_register_local_deployment_reads_the_facts_from_the_live_replica(root, t
     replica = serve_standin()
     try:
         replica.metrics_text = lora_info(("", "", 1.0), max_lora=3)
-        call_command("register_local_deployment", url=replica.base_url, volume=str(tmp_path))
+        call_command("register_local_deployment", url=[replica.base_url], volume=str(tmp_path))
     finally:
         replica.close()
     deployment = Deployment.objects.get(name="local-cpu")
