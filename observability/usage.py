@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from observability.models import DailyUsage, FrontDoorReading
@@ -66,13 +66,16 @@ def front_door_usage_record(deployment: Deployment) -> int:
     if reading is not None and previous == {k: list(v) for k, v in current.items()}:
         return 0
     grown = counters_increase(previous, current)
-    if grown:
-        _usage_add(deployment, grown)
     now = timezone.now()
-    if reading is None:
-        FrontDoorReading.objects.create(deployment=deployment, counters=current, read_at=now)
-    else:
-        FrontDoorReading.objects.filter(pk=reading.pk).update(counters=current, read_at=now)
+    # The counts and the reading they came from, together or not at all: a death
+    # between the two would otherwise count the same requests again next tick.
+    with transaction.atomic():
+        if grown:
+            _usage_add(deployment, grown)
+        if reading is None:
+            FrontDoorReading.objects.create(deployment=deployment, counters=current, read_at=now)
+        else:
+            FrontDoorReading.objects.filter(pk=reading.pk).update(counters=current, read_at=now)
     return sum(step[0] for step in grown.values())
 
 
