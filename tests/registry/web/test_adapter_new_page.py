@@ -42,9 +42,8 @@ def test_unknown_owners_are_named(web_lena, lena):
         "/adapters/new/",
         {"department": "legal", "name": "x", "base_model": "m", "owners": "lena, ghost"},
     )
-    # A name that names nobody is not found, as in the API (owner_not_found); the
-    # form is shown again with the message.
-    assert response.status_code == 404
+    # The API answers 404 owner_not_found; on the form it is the field's error.
+    assert response.status_code == 400
     assert b"Unknown owners: ghost." in response.content
 
 
