@@ -78,7 +78,7 @@ FAST = {
 
 
 def _longest_claim_seconds() -> float:
-    from mlflow_bridge.services import CLAIM_SECONDS as MIRROR_CLAIM_SECONDS
+    from mlflow_bridge.mirror import CLAIM_SECONDS as MIRROR_CLAIM_SECONDS
 
     return max(float(FAST["SERVING_CLAIM_SECONDS"]), float(MIRROR_CLAIM_SECONDS))
 
