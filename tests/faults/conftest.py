@@ -13,7 +13,7 @@ ends, the rows left in a non-terminal state (claims still held included), and
 the audit events missing (its own count, and `manage.py audit_verify` on the
 hash chain), and asserts all three. The figures land in $FAULT_FIGURES_JSON
 (default test-artifacts/faults.json; docs/faults.md gives the shape), from
-which `make figures` renders the README's "Fault suite" table.
+which `make figures` renders the "faults" block of docs/figures.md.
 """
 
 from __future__ import annotations
