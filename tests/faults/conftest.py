@@ -735,8 +735,9 @@ def fault_figures() -> Iterator[None]:
 def markdown_table(run: dict, rows: list[dict]) -> str:
     """The fault table of docs/figures.md, from one run's figures."""
     lines = [
-        "| scenario | converged after the fault ended | rows left stuck | audit events lost |",
-        "| --- | --- | --- | --- |",
+        "| scenario | converged after the fault ended | rows left stuck | audit events lost "
+        "| audit chain |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for row in sorted(rows, key=lambda r: r["scenario"]):
         seconds = row["converged_seconds"]
@@ -745,8 +746,10 @@ def markdown_table(run: dict, rows: list[dict]) -> str:
             if seconds is not None
             else f"**not within {row['limit_seconds']:.0f} s**"
         )
+        chain = {True: "verified", False: "**broken**"}.get(row.get("chain_ok"), "not checked")
         lines.append(
-            f"| {row['scenario']} | {shown} | {row['rows_stuck']} | {row['audit_events_lost']} |"
+            f"| {row['scenario']} | {shown} | {row['rows_stuck']} | {row['audit_events_lost']} "
+            f"| {chain} |"
         )
     lines.append("")
     lines.append(
