@@ -16,7 +16,7 @@ from django.http import Http404
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from core.actors import actor_from_request
-from core.errors import ApplicationError, NotFound
+from core.errors import ApplicationError, NotFound, ReferenceNotFound
 
 
 def page(view):
@@ -55,6 +55,9 @@ def errors_on(form):
     outcome = FormOutcome()
     try:
         yield outcome
+    except ReferenceNotFound as error:
+        form.add_error(None, error.message)
+        outcome.failed, outcome.status = True, error.status
     except NotFound:
         raise
     except ApplicationError as error:

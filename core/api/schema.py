@@ -22,6 +22,7 @@ ERROR_DESCRIPTIONS = {
     409: "Conflicts with the current state (e.g. an invalid transition, a duplicate).",
     413: "Too large (an upload over INGEST_MAX_BYTES, or too many entries).",
     415: "Unsupported media type or upload type.",
+    422: "The compatibility gate refused the version for the deployment (`details.checks`).",
     503: "A dependency (artifact store, MLflow) is unavailable or not configured.",
 }
 UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}

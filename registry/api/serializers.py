@@ -3,6 +3,7 @@ handed to services."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -37,6 +38,8 @@ class DepartmentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Department
         fields = ["id", "slug", "name", "created_at"]
+        # A taken slug is department_create's 409 (a conflict), not a 400.
+        extra_kwargs = {"slug": {"validators": []}}
 
 
 class MembershipSerializer(serializers.ModelSerializer):
@@ -209,6 +212,21 @@ class TransitionSerializer(serializers.Serializer):
     comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=5000)
 
 
+# Text with something in it: DRF trims the ends, and a reject's comment must
+# still say something. A blank one reaches the service, whose 400 names the rule
+# (comment_required); the schema states it as a pattern.
+@extend_schema_field(
+    {"type": "string", "minLength": 1, "maxLength": 5000, "pattern": r"^[^\x00]*\S[^\x00]*$"}
+)
+class RequiredCommentField(serializers.CharField):
+    def __init__(self, **kwargs):
+        super().__init__(max_length=5000, allow_blank=True, **kwargs)
+
+
+class RejectSerializer(serializers.Serializer):
+    comment = RequiredCommentField()
+
+
 class AuditEventSerializer(serializers.ModelSerializer):
     # null for platform-wide events (a deployment changed, a department created).
     department = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
@@ -264,6 +282,12 @@ class TokenCreateSerializer(serializers.Serializer):
         child=serializers.ChoiceField(choices=Ability.choices), allow_empty=False, min_length=1
     )
     expires_in_days = serializers.IntegerField(required=False, min_value=1)
+
+    def get_fields(self):
+        # The bound is a setting; the schema states it (token_create enforces it).
+        fields = super().get_fields()
+        fields["expires_in_days"].max_value = settings.API_TOKEN_MAX_DAYS
+        return fields
 
 
 class TokenCreatedSerializer(TokenSerializer):

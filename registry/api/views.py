@@ -278,8 +278,10 @@ def _artifact_source(uploads, values, streaming):
 
 
 def _transition_action(name: str, doc: str):
+    body = s.RejectSerializer if name == "reject" else s.TransitionSerializer
+
     def handler(self, request, pk=None):
-        data = s.TransitionSerializer(data=request.data)
+        data = body(data=request.data)
         data.is_valid(raise_exception=True)
         version = version_transition(
             actor=self.actor,
@@ -292,9 +294,7 @@ def _transition_action(name: str, doc: str):
     # DRF maps HTTP methods to the function's name, so it must be set before @action.
     handler.__name__ = name
     handler = action(detail=True, methods=["post"], url_path=name, url_name=name)(handler)
-    return extend_schema(
-        request=s.TransitionSerializer, responses=s.VersionSerializer, description=doc
-    )(handler)
+    return extend_schema(request=body, responses=s.VersionSerializer, description=doc)(handler)
 
 
 class VersionViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):

@@ -217,3 +217,14 @@ def test_request_bodies_are_documented_as_json_and_uploads_as_multipart(schema):
             assert content == {"multipart/form-data", "application/json"}
         elif content:
             assert content == {"application/json"}, (method, path)
+
+
+def test_every_operation_that_runs_the_compatibility_gate_documents_its_422(schema):
+    gated = [
+        "/api/v1/promotions/",
+        "/api/v1/promotions/{id}/approve/",
+        "/api/v1/deployments/{name}/rollback/",
+        "/api/v1/rollouts/{id}/rollback/",
+    ]
+    for path in gated:
+        assert "422" in schema["paths"][path]["post"]["responses"], path
