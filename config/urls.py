@@ -3,13 +3,14 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from core.api.errors import api_not_found
+from core.api.views import HealthView
 from observability.urls import metrics_urlpatterns
-from registry.api.views import HealthView
 from sso import views as sso_views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("registry.api.urls")),
+    path("api/v1/", include("core.api.urls")),
     path("api/v1/", include("serving.api.urls")),
     path("api/v1/", include("mlflow_bridge.api")),
     path("api/v1/", include("observability.api.urls")),

@@ -178,6 +178,10 @@ class Replica(models.Model):
     # replica per tick is most of the table at fleet scale).
     in_sync_polls = models.PositiveBigIntegerField(default=0)
     in_sync_since = models.DateTimeField(null=True, blank=True)
+    # What the replica itself says it serves, read by reconcile (serving.replica_facts):
+    # {"base_model": served name, "root": model path} from /v1/models' base card and
+    # {"max_lora": n} from the max_lora label of vllm:lora_requests_info.
+    reported_facts = models.JSONField(default=dict, blank=True)
 
     class Meta:
         constraints = [
@@ -385,6 +389,7 @@ class DriftKind(models.TextChoices):
     REPLICA_DOWN = "replica_down", "Replica down"
     REPLICA_UP = "replica_up", "Replica back up"
     FINGERPRINT_MISMATCH = "fingerprint_mismatch", "Stale weights (fingerprint mismatch)"
+    FACT_DISPUTED = "fact_disputed", "Replica disagrees with the deployment record"
 
 
 class DriftEvent(models.Model):
@@ -444,7 +449,7 @@ class StagedFolder(models.Model):
 
 
 class VersionFingerprint(models.Model):
-    """What a version's adapter does to the probe (serving/fingerprint.py) on a
+    """What a version's adapter does to the probe (serving/probe.py) on a
     deployment: the first verified replica's answer. Per deployment, because the
     base weights and the hardware that shape the numbers belong to the deployment.
     Every other replica, and every later check by the reconcile, must match it."""
@@ -476,3 +481,24 @@ class VersionFingerprint(models.Model):
 
     def __str__(self) -> str:
         return f"fingerprint of {self.version_id} on {self.deployment_id}"
+
+
+class ManifestRender(models.Model):
+    """A KServe export someone downloaded: the versions its --lora-modules name. The
+    volume GC keeps their staged folders (serving/volume.py): a pod started from
+    that manifest reads them, whether or not the control plane still serves them."""
+
+    deployment = models.ForeignKey(
+        Deployment, on_delete=models.CASCADE, related_name="manifest_renders"
+    )
+    version_ids = models.JSONField(default=list)
+    rendered_by = models.ForeignKey(
+        "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    rendered_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-rendered_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} manifest at {self.rendered_at:%Y-%m-%d %H:%M}"

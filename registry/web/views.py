@@ -19,6 +19,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from core import selectors as core_selectors
 from core.access import can_contribute
 from core.actors import Actor
 from core.csrf import csrf_before_body
@@ -28,7 +29,7 @@ from core.services.tokens import token_create, token_revoke
 from core.web import errors_on, page, paginate, safe_next
 from registry import selectors
 from registry.artifact_store import get_artifact_store
-from registry.ingest.sources import UploadedFiles
+from registry.ingest.incoming import UploadedFiles
 from registry.ingest.streamed import install_streaming_handler
 from registry.lineage import run_ui_url
 from registry.models import AdapterVersion
@@ -69,7 +70,7 @@ def dashboard(request, actor: Actor):
         "departments": departments,
         "adapters": adapters,
         "pending_count": selectors.pending_reviews_for(actor).count(),
-        "activity": selectors.audit_events_for(actor)[:8],
+        "activity": core_selectors.audit_events_for(actor)[:8],
     }
     return render(request, "registry/dashboard.html", context)
 
@@ -77,7 +78,7 @@ def dashboard(request, actor: Actor):
 @require_GET
 @page
 def activity(request, actor: Actor):
-    events = paginate(request, selectors.audit_events_for(actor), 50)
+    events = paginate(request, core_selectors.audit_events_for(actor), 50)
     return render(request, "registry/activity.html", {"events": events})
 
 
@@ -96,7 +97,7 @@ def adapter_new(request, actor: Actor):
             with errors_on(form) as outcome:
                 adapter = adapter_create(
                     actor=actor,
-                    department=selectors.department_get(actor, data["department"]),
+                    department=core_selectors.department_get(actor, data["department"]),
                     name=data["name"],
                     base_model=data["base_model"],
                     description=data["description"],
@@ -327,7 +328,7 @@ def tokens(request, actor: Actor):
             with errors_on(form) as outcome:
                 token, secret = token_create(
                     actor=actor,
-                    department=selectors.department_get(actor, data["department"]),
+                    department=core_selectors.department_get(actor, data["department"]),
                     name=data["name"],
                     abilities=data["abilities"],
                     expires_in_days=data["expires_in_days"],
@@ -340,7 +341,7 @@ def tokens(request, actor: Actor):
                     form=TokenCreateForm(departments=departments),
                 )
                 status = 201
-    context["tokens"] = paginate(request, selectors.tokens_for(actor), 20)
+    context["tokens"] = paginate(request, core_selectors.tokens_for(actor), 20)
     response = render(request, "registry/tokens.html", context, status=status)
     # The secret is on this page once; keep it out of every cache.
     response["Cache-Control"] = "no-store"
@@ -350,7 +351,7 @@ def tokens(request, actor: Actor):
 @require_POST
 @page
 def token_revoke_view(request, actor: Actor, pk: int):
-    token = selectors.token_get(actor, pk)
+    token = core_selectors.token_get(actor, pk)
     try:
         token_revoke(actor=actor, token=token)
     except NotFound:

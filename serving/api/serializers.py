@@ -13,6 +13,7 @@ from serving.models import (
     ReplicaRollout,
     Rollout,
 )
+from serving.replica_facts import disputes as fact_disputes
 from serving.selectors import rollout_replica_summary
 
 
@@ -31,7 +32,17 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "last_error",
             "in_sync_polls",
             "in_sync_since",
+            "reported_facts",
         ]
+
+
+class FactDisputeSerializer(serializers.Serializer):
+    replica = serializers.CharField()
+    fact = serializers.CharField(help_text="base model, base model path or max_loras.")
+    recorded = serializers.JSONField(help_text="What the deployment record says.")
+    reported = serializers.JSONField(help_text="What the replica reports.")
+    fix = serializers.CharField()
+    message = serializers.CharField()
 
 
 class TierUseSerializer(serializers.Serializer):
@@ -113,6 +124,10 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
         write_only=True, required=False, allow_blank=True, style={"input_type": "password"}
     )
     has_api_key = serializers.SerializerMethodField()
+    fact_disputes = serializers.SerializerMethodField(
+        help_text="Where a replica reports other facts than this record (drift): promotions "
+        "are refused with 409 replica_facts_disputed until the record or the replica is fixed."
+    )
     base_model_path = serializers.CharField(
         write_only=True,
         required=False,
@@ -169,6 +184,7 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
             "require_all_replicas",
             "last_reconciled_at",
             "replicas",
+            "fact_disputes",
             "tiers",
             "created_at",
             "updated_at",
@@ -179,6 +195,14 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
 
     def get_has_api_key(self, deployment) -> bool:
         return bool(deployment.vllm_api_key)
+
+    @extend_schema_field(FactDisputeSerializer(many=True))
+    def get_fact_disputes(self, deployment) -> list[dict]:
+        active = [r for r in deployment.replicas.all() if r.active]
+        return [
+            {**dispute.__dict__, "message": dispute.message}
+            for dispute in fact_disputes(deployment, active)
+        ]
 
 
 class DeploymentSummarySerializer(TiersMixin, serializers.ModelSerializer):

@@ -12,11 +12,11 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from core.access import require_platform_admin
+from core.api.filters import IntegerFilter, StrictFilterSet
 from core.api.views import ActorMixin, schema_only
 from core.errors import ReferenceNotFound
 from core.models import Department
 from registry import selectors as registry_selectors
-from registry.api.filters import IntegerFilter, StrictFilterSet
 from registry.api.serializers import RejectSerializer
 from serving import kserve, selectors
 from serving.api import serializers as s
@@ -24,6 +24,7 @@ from serving.capacity import tiers_by_deployment
 from serving.gate import evaluate_gate
 from serving.models import Deployment, Promotion, Rollout
 from serving.services.deployments import deployment_create, deployment_delete, deployment_update
+from serving.services.manifests import kserve_export
 from serving.services.promotions import promotion_create, promotion_review, retire, rollback_to
 from serving.services.rollouts import rollout_cancel
 
@@ -133,7 +134,8 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
         """The ServingRuntime and InferenceService that run this deployment on
         KServe with every promoted adapter in --lora-modules (YAML)."""
         deployment = self.get_object()
-        return kserve.yaml_download(selectors.kserve_manifests(self.actor, deployment), deployment)
+        text = kserve_export(actor=self.actor, deployment=deployment)
+        return kserve.yaml_download(text, deployment)
 
     @extend_schema(parameters=[OpenApiParameter("version", int, required=True)], responses=dict)
     @action(detail=True, methods=["get"])
