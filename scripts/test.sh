@@ -79,6 +79,12 @@ if ! command -v redis-server >/dev/null; then
   apt_install redis-server || true
   command -v redis-server >/dev/null || cannot_run faults "redis-server could not be installed"
 fi
+# tests/docs/test_walkthrough.py runs docs/walkthrough.md as written: curl and jq.
+if ! command -v jq >/dev/null || ! command -v curl >/dev/null; then
+  apt_install jq curl || true
+  command -v jq >/dev/null && command -v curl >/dev/null \
+    || cannot_run walkthrough "jq or curl could not be installed"
+fi
 # The SSO tier runs npm's oidc-provider (tests/support/oidc/) with Node.js >= 20;
 # its npm packages are installed by the test fixture (npm ci, once per lockfile).
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions as drf_exceptions
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
@@ -132,9 +133,12 @@ class AdapterViewSet(
     def versions(self, request, pk=None):
         adapter = self.get_object()
         if request.method == "GET":
-            rows = VersionFilter(
+            found = VersionFilter(
                 request.query_params, selectors.versions_for(self.actor).filter(adapter=adapter)
-            ).qs
+            )
+            if not found.is_valid():  # as the filter backend does for /versions/
+                raise drf_exceptions.ValidationError(found.errors)
+            rows = found.qs
             page = self.paginate_queryset(rows)
             return self.get_paginated_response(s.VersionSerializer(page, many=True).data)
         # Checked before the body is read: loose files are streamed into the

@@ -26,6 +26,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -310,6 +311,10 @@ def test_the_page_is_a_script_the_test_can_run():
     assert not output_matches([], "something")
 
 
+@pytest.mark.skipif(
+    not (shutil.which("jq") and shutil.which("curl")),
+    reason="the walkthrough needs curl and jq (scripts/test.sh installs them)",
+)
 def test_the_walkthrough_runs_as_written(tmp_path):
     page, moved_env = moved(PAGE.read_text(), tmp_path)
     env = clean_env(moved_env)
