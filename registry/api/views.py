@@ -23,7 +23,7 @@ from registry.api.filters import AdapterFilter, VersionFilter
 from registry.artifact_store import get_artifact_store
 from registry.ingest.incoming import S3Prefix, UploadedFiles
 from registry.ingest.streamed import install_streaming_handler
-from registry.models import Adapter, AdapterVersion, ArtifactSource
+from registry.models import Adapter, AdapterVersion, ArtifactSource, VersionStatus
 from registry.request_digest import install_digest_handler, request_digest
 from registry.services.adapters import adapter_create, adapter_update
 from registry.services.artifact_sources import (
@@ -107,7 +107,7 @@ class AdapterViewSet(
     @extend_schema(
         methods=["GET"],
         responses=s.VersionSerializer(many=True),
-        parameters=[OpenApiParameter("status", str, many=True)],
+        parameters=[OpenApiParameter("status", str, many=True, enum=VersionStatus.values)],
     )
     @extend_schema(
         methods=["POST"],
