@@ -42,8 +42,8 @@ def test_unknown_owners_are_named(web_lena, lena):
         "/adapters/new/",
         {"department": "legal", "name": "x", "base_model": "m", "owners": "lena, ghost"},
     )
-    # The page answers with the service's status, as the API does: nobody is ghost.
-    assert response.status_code == 404
+    # The API answers 404 owner_not_found; on the form it is the field's error.
+    assert response.status_code == 400
     assert b"Unknown owners: ghost." in response.content
 
 
