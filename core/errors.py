@@ -31,6 +31,14 @@ class NotFound(ApplicationError):
     code = "not_found"
 
 
+class ReferenceNotFound(NotFound):
+    """A name the request's body gives (an owner, a department) names nothing:
+    a 404 in the API, like the object of the URL; on a page, an error on the
+    form that named it, not the 404 page."""
+
+    code = "reference_not_found"
+
+
 class Conflict(ApplicationError):
     status = 409
     code = "conflict"

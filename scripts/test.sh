@@ -79,6 +79,12 @@ if ! command -v redis-server >/dev/null; then
   apt_install redis-server || true
   command -v redis-server >/dev/null || cannot_run faults "redis-server could not be installed"
 fi
+# tests/docs/test_walkthrough.py runs docs/walkthrough.md as written: curl and jq.
+if ! command -v jq >/dev/null || ! command -v curl >/dev/null; then
+  apt_install jq curl || true
+  command -v jq >/dev/null && command -v curl >/dev/null \
+    || cannot_run walkthrough "jq or curl could not be installed"
+fi
 # Scenario 6a of the fault tier holds vLLM inside an adapter read with strace
 # (tests/support/slow_reads.py), to kill the replica while it reads.
 if ! command -v strace >/dev/null; then

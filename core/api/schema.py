@@ -22,6 +22,7 @@ ERROR_DESCRIPTIONS = {
     409: "Conflicts with the current state (e.g. an invalid transition, a duplicate).",
     413: "Too large (an upload over INGEST_MAX_BYTES, or too many entries).",
     415: "Unsupported media type or upload type.",
+    422: "The compatibility gate refused the version for the deployment (`details.checks`).",
     503: "A dependency (artifact store, MLflow) is unavailable or not configured.",
 }
 UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
@@ -104,8 +105,11 @@ class ApiAutoSchema(AutoSchema):
 
 
 # Every DRF CharField (and django-filter's CharFilter) refuses "\x00" in a value;
-# without this pattern the schema would call such strings valid.
+# without this pattern the schema would call such strings valid. DRF also trims
+# the ends before it checks a required text is not blank, so one that must not
+# be empty must hold something other than whitespace.
 NO_NUL = "^[^\\x00]*$"
+NOT_BLANK = "^[^\\x00]*[^\\s\\x00][^\\x00]*$"
 
 
 def _forbid_nul(schema) -> None:
@@ -116,7 +120,7 @@ def _forbid_nul(schema) -> None:
     if not isinstance(schema, dict):
         return
     if schema.get("type") == "string" and not ({"pattern", "enum", "format"} & schema.keys()):
-        schema["pattern"] = NO_NUL
+        schema["pattern"] = NOT_BLANK if schema.get("minLength", 0) >= 1 else NO_NUL
     for key in ("properties", "additionalProperties", "items", "allOf", "anyOf", "oneOf"):
         if key == "properties":
             for value in schema.get(key, {}).values():
@@ -134,6 +138,7 @@ def postprocess_forbid_nul(result, generator, request, public):
     for item in result.get("paths", {}).values():
         for operation in item.values():
             for parameter in operation.get("parameters", []):
-                if parameter.get("in") == "query":
+                # DRF's OrderingFilter ignores what it cannot order by, NUL included.
+                if parameter.get("in") == "query" and parameter.get("name") != "ordering":
                     _forbid_nul(parameter.get("schema"))
     return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from rest_framework import serializers
 
 from core.models import Ability, ApiToken, AuditEvent, Department, Membership, Role
@@ -11,6 +12,8 @@ class DepartmentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Department
         fields = ["id", "slug", "name", "created_at"]
+        # A taken slug is department_create's 409 (a conflict), not a 400.
+        extra_kwargs = {"slug": {"validators": []}}
 
 
 class MembershipSerializer(serializers.ModelSerializer):
@@ -81,6 +84,12 @@ class TokenCreateSerializer(serializers.Serializer):
         child=serializers.ChoiceField(choices=Ability.choices), allow_empty=False, min_length=1
     )
     expires_in_days = serializers.IntegerField(required=False, min_value=1)
+
+    def get_fields(self):
+        # The bound is a setting; the schema states it (token_create enforces it).
+        fields = super().get_fields()
+        fields["expires_in_days"].max_value = settings.API_TOKEN_MAX_DAYS
+        return fields
 
 
 class TokenCreatedSerializer(TokenSerializer):

@@ -16,7 +16,10 @@ UNCHANGED = object()
 def department_create(*, actor: Actor, slug: str, name: str) -> Department:
     require_platform_admin(actor)
     department = Department(slug=slug, name=name)
-    department.full_clean()
+    # A duplicate is a conflict (409), not bad input: checked here and by the database.
+    department.full_clean(validate_unique=False)
+    if Department.objects.filter(slug=slug).exists():
+        raise Conflict(f"A department {slug!r} already exists.", code="duplicate_slug")
     with transaction.atomic():
         department.save()
         audit_record(

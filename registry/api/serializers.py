@@ -6,6 +6,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from core.errors import ValidationFailed
 from registry.lineage import run_ui_url
 from registry.models import SERVED_NAME_PATTERN, Adapter, AdapterVersion, ArtifactSource
 from registry.source_policy import S3_URI_PATTERN
@@ -186,6 +187,26 @@ class VersionFromS3Serializer(_LineageFields):
 
 class TransitionSerializer(serializers.Serializer):
     comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=5000)
+
+
+# Text with something in it: DRF trims the ends, and a reject's comment must
+# still say something. The schema states it as a pattern; a blank one is the
+# same 400 the services give (comment_required), not DRF's generic "blank".
+@extend_schema_field(
+    {"type": "string", "minLength": 1, "maxLength": 5000, "pattern": r"^[^\x00]*[^\s\x00][^\x00]*$"}
+)
+class RequiredCommentField(serializers.CharField):
+    def __init__(self, **kwargs):
+        super().__init__(max_length=5000, **kwargs)
+
+    def run_validation(self, data=serializers.empty):
+        if isinstance(data, str) and not data.strip():
+            raise ValidationFailed("A comment is required to reject.", code="comment_required")
+        return super().run_validation(data)
+
+
+class RejectSerializer(serializers.Serializer):
+    comment = RequiredCommentField()
 
 
 class ArtifactSourceSerializer(serializers.ModelSerializer):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions as drf_exceptions
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
@@ -22,7 +23,7 @@ from registry.api.filters import AdapterFilter, VersionFilter
 from registry.artifact_store import get_artifact_store
 from registry.ingest.incoming import S3Prefix, UploadedFiles
 from registry.ingest.streamed import install_streaming_handler
-from registry.models import Adapter, AdapterVersion, ArtifactSource
+from registry.models import Adapter, AdapterVersion, ArtifactSource, VersionStatus
 from registry.request_digest import install_digest_handler, request_digest
 from registry.services.adapters import adapter_create, adapter_update
 from registry.services.artifact_sources import (
@@ -106,7 +107,7 @@ class AdapterViewSet(
     @extend_schema(
         methods=["GET"],
         responses=s.VersionSerializer(many=True),
-        parameters=[OpenApiParameter("status", str, many=True)],
+        parameters=[OpenApiParameter("status", str, many=True, enum=VersionStatus.values)],
     )
     @extend_schema(
         methods=["POST"],
@@ -132,9 +133,12 @@ class AdapterViewSet(
     def versions(self, request, pk=None):
         adapter = self.get_object()
         if request.method == "GET":
-            rows = VersionFilter(
+            found = VersionFilter(
                 request.query_params, selectors.versions_for(self.actor).filter(adapter=adapter)
-            ).qs
+            )
+            if not found.is_valid():  # as the filter backend does for /versions/
+                raise drf_exceptions.ValidationError(found.errors)
+            rows = found.qs
             page = self.paginate_queryset(rows)
             return self.get_paginated_response(s.VersionSerializer(page, many=True).data)
         # Checked before the body is read: loose files are streamed into the
@@ -206,8 +210,10 @@ def _artifact_source(uploads, values, streaming):
 
 
 def _transition_action(name: str, doc: str):
+    body = s.RejectSerializer if name == "reject" else s.TransitionSerializer
+
     def handler(self, request, pk=None):
-        data = s.TransitionSerializer(data=request.data)
+        data = body(data=request.data)
         data.is_valid(raise_exception=True)
         version = version_transition(
             actor=self.actor,
@@ -220,9 +226,7 @@ def _transition_action(name: str, doc: str):
     # DRF maps HTTP methods to the function's name, so it must be set before @action.
     handler.__name__ = name
     handler = action(detail=True, methods=["post"], url_path=name, url_name=name)(handler)
-    return extend_schema(
-        request=s.TransitionSerializer, responses=s.VersionSerializer, description=doc
-    )(handler)
+    return extend_schema(request=body, responses=s.VersionSerializer, description=doc)(handler)
 
 
 class VersionViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):

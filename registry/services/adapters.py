@@ -7,7 +7,7 @@ from django.db import IntegrityError, transaction
 from core.access import require_contributor
 from core.actors import Actor
 from core.audit import audit_record
-from core.errors import Conflict, NotFound, ValidationFailed
+from core.errors import Conflict, ReferenceNotFound, ValidationFailed
 from core.models import Ability, Department, Membership
 from registry.models import Adapter
 
@@ -24,7 +24,9 @@ def _owners_in_department(department: Department, usernames: list[str]) -> list:
     if missing:
         # Like every other name a request refers to (its department, a deployment):
         # one that names nobody is not found.
-        raise NotFound(f"Unknown owners: {', '.join(sorted(missing))}.", code="owner_not_found")
+        raise ReferenceNotFound(
+            f"Unknown owners: {', '.join(sorted(missing))}.", code="owner_not_found"
+        )
     members = set(
         Membership.objects.filter(department=department, user__in=users).values_list(
             "user__username", flat=True

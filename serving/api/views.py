@@ -14,9 +14,10 @@ from rest_framework.response import Response
 from core.access import require_platform_admin
 from core.api.filters import IntegerFilter, StrictFilterSet
 from core.api.views import ActorMixin, schema_only
-from core.errors import NotFound
+from core.errors import NotFound, ReferenceNotFound
 from core.models import Department
 from registry import selectors as registry_selectors
+from registry.api.serializers import RejectSerializer
 from serving import kserve, selectors
 from serving.api import serializers as s
 from serving.capacity import tiers_by_deployment
@@ -43,7 +44,7 @@ def _departments(slugs: list[str] | None) -> list[Department] | None:
     found = {d.slug: d for d in Department.objects.filter(slug__in=slugs)}
     missing = sorted(set(slugs) - set(found))
     if missing:
-        raise NotFound(
+        raise ReferenceNotFound(
             f"No department {', '.join(missing)}.",
             code="department_not_found",
             details={"allowed_departments": missing},
@@ -65,8 +66,9 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
     lookup_field = "name"
     ordering_fields = ["name", "environment"]
     filterset_fields = ["environment"]
-    # KServe manifests need the deployment's volume claims set (kserve_incomplete).
-    error_statuses = {"kserve": (409,)}
+    # KServe manifests need the deployment's volume claims set (kserve_incomplete);
+    # a rollback runs the compatibility gate again (compatibility_gate_failed).
+    error_statuses = {"kserve": (409,), "rollback": (422,)}
 
     def get_queryset(self):
         if schema_only(self):
@@ -230,6 +232,8 @@ class PromotionViewSet(
     queryset = Promotion.objects.none()
     filterset_fields = ["status"]
     ordering_fields = ["created_at"]
+    # Promoting, and approving a promotion, run the compatibility gate.
+    error_statuses = {"create": (422,), "approve": (422,)}
 
     def get_queryset(self):
         if schema_only(self):
@@ -254,7 +258,7 @@ class PromotionViewSet(
         return Response(s.PromotionSerializer(promotion).data, status=status.HTTP_201_CREATED)
 
     def _review(self, request, approve: bool) -> Response:
-        data = s.ReviewSerializer(data=request.data)
+        data = (s.ReviewSerializer if approve else RejectSerializer)(data=request.data)
         data.is_valid(raise_exception=True)
         promotion = promotion_review(
             actor=self.actor,
@@ -270,7 +274,7 @@ class PromotionViewSet(
         """Four-eyes: an approver of the department or a platform admin, not the requester."""
         return self._review(request, approve=True)
 
-    @extend_schema(request=s.ReviewSerializer, responses=s.PromotionSerializer)
+    @extend_schema(request=RejectSerializer, responses=s.PromotionSerializer)
     @action(detail=True, methods=["post"])
     def reject(self, request, pk=None):
         """A comment is required."""
@@ -295,6 +299,8 @@ class RolloutViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     queryset = Rollout.objects.none()
     filterset_class = RolloutFilter
     ordering_fields = ["created_at", "finished_at"]
+    # Rolling back runs the compatibility gate again.
+    error_statuses = {"rollback": (422,)}
 
     def get_queryset(self):
         if schema_only(self):

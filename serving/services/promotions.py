@@ -12,7 +12,7 @@ from django.utils import timezone
 from core.access import require_approver, require_contributor
 from core.actors import Actor
 from core.audit import audit_record
-from core.errors import ApplicationError, Conflict, NotAuthorized, ValidationFailed
+from core.errors import ApplicationError, Conflict, NotAuthorized, NotFound, ValidationFailed
 from core.models import Ability
 from core.state import can_move, move
 from registry.models import Adapter, AdapterVersion, VersionStatus
@@ -281,7 +281,8 @@ def rollback_to(
             )
         version = last.previous_version
     if version.adapter_id != adapter.pk:
-        raise ValidationFailed("That version belongs to another adapter.", code="wrong_adapter")
+        # Like any name that names nothing: this adapter has no such version.
+        raise NotFound("That version belongs to another adapter.", code="wrong_adapter")
     if served and served.version_id == version.pk:
         raise Conflict(f"Version {version.number} is already served.", code="already_served")
     if not served_before(deployment, adapter).filter(pk=version.pk).exists():

@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
+from core.models import Ability
+from core.services.tokens import token_create
 from registry.models import VersionStatus
 from registry.services.versions import version_transition
 from serving.services.deployments import deployment_create
@@ -32,7 +34,9 @@ from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version, make_version
 from tests.support.adapters import AdapterSpec
 
-pytestmark = [pytest.mark.contract, pytest.mark.django_db(transaction=True)]
+# reset_sequences: every caller's run finds the cast under the same ids, the
+# ones schemathesis.toml's dictionaries name.
+pytestmark = [pytest.mark.contract, pytest.mark.django_db(transaction=True, reset_sequences=True)]
 
 HERE = Path(__file__).resolve().parent
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
@@ -62,7 +66,18 @@ def cast(legal, finance, lena, alex, fred, root, legal_token, settings, tmp_path
     version_transition(actor=actor(lena), version=pending, action="submit")
     make_approved_version(lena, alex, contracts, AdapterSpec(seed=3))
     make_adapter(fred, finance, name="invoices")
+    make_adapter(lena, legal, name="clauses")
     assert contracts.versions.filter(status=VersionStatus.APPROVED).exists()
+    # The member's own token is id 1, which the toml's dictionaries leave out
+    # (revoking it would end the run); 2 is legal's, 3 finance's.
+    assert legal_token.pk == 1
+    for department, owner in ((legal, lena), (finance, fred)):
+        token_create(
+            actor=actor(owner),
+            department=department,
+            name="other",
+            abilities=[Ability.REGISTER_VERSIONS],
+        )
     # One deployment legal may use (members read its summary) and one it may
     # not (a 404 for them); their replica is a refused loopback port.
     for name, department in (("legal-cpu", legal), ("finance-cpu", finance)):

@@ -234,3 +234,14 @@ def test_usage_documents_its_csv_and_the_404_of_an_unseen_department(schema):
     assert {"400", "401", "403", "404"} <= set(operation["responses"])
     names = {p["name"] for p in operation["parameters"]}
     assert names == {"department", "from", "to", "format"}
+
+
+def test_every_operation_that_runs_the_compatibility_gate_documents_its_422(schema):
+    gated = [
+        "/api/v1/promotions/",
+        "/api/v1/promotions/{id}/approve/",
+        "/api/v1/deployments/{name}/rollback/",
+        "/api/v1/rollouts/{id}/rollback/",
+    ]
+    for path in gated:
+        assert "422" in schema["paths"][path]["post"]["responses"], path
