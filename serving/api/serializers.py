@@ -15,6 +15,7 @@ from serving.models import (
     Rollout,
 )
 from serving.selectors import rollout_replica_summary
+from serving.services.deployments import IDENTITY_FIELDS
 
 
 class ReplicaSerializer(serializers.ModelSerializer):
@@ -122,13 +123,7 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
             "base_model_name",
             "base_model_aliases",
             "base_model_path",
-            "architecture",
-            "hidden_size",
-            "intermediate_size",
-            "num_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "vocab_size",
+            *IDENTITY_FIELDS,
             "revision",
             "module_dims",
             "replica_urls",
@@ -191,13 +186,7 @@ class DeploymentSummarySerializer(TiersMixin, serializers.ModelSerializer):
             "description",
             "base_model_name",
             "base_model_aliases",
-            "architecture",
-            "hidden_size",
-            "intermediate_size",
-            "num_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "vocab_size",
+            *IDENTITY_FIELDS,
             "revision",
             "module_dims",
             "max_loras",
