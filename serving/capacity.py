@@ -18,6 +18,7 @@ from django.db.models.functions import RowNumber
 
 from serving.models import Deployment, HttpAttempt, ServedAdapter
 from serving.planner import ModelShape, lora_pool_bytes, lora_slot_bytes
+from serving.sync_state import loaded_adapters
 
 # Fields of Deployment the pool model needs.
 SHAPE_FIELDS = (
@@ -292,9 +293,7 @@ def tiers_by_deployment(deployments: list[Deployment]) -> dict[int, Tiers]:
     cold = cold_loads(deployments)
     result = {}
     for d in deployments:
-        loaded = max(
-            (len(r.loaded_adapters or []) for r in d.replicas.all() if r.active), default=0
-        )
+        loaded = max((len(loaded_adapters(r)) for r in d.replicas.all() if r.active), default=0)
         result[d.pk] = tiers_of(
             d,
             registered=registered.get(d.pk, 0),

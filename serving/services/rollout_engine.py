@@ -58,6 +58,7 @@ from serving.services.leases import (
     served_adapter_release,
 )
 from serving.signals import served_version_changed
+from serving.sync_state import as_listing, loaded_adapters
 from serving.transitions import (
     REPLICA_STEP_TRANSITIONS,
     ROLLOUT_TERMINAL,
@@ -486,10 +487,11 @@ def _note_observed(
             Replica.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk")
         )
         for replica in rows:
-            loaded = [item for item in replica.loaded_adapters or [] if item.get("id") != name]
+            loaded = loaded_adapters(replica)
+            loaded.pop(name, None)
             if root is not None:
-                loaded.append({"id": name, "root": root})
-            replica.loaded_adapters = loaded
+                loaded[name] = root
+            replica.loaded_adapters = as_listing(loaded)
         Replica.objects.bulk_update(rows, ["loaded_adapters"])
 
 
