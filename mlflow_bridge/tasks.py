@@ -58,4 +58,26 @@ def sync_alias_mirror(self, alias_id: int) -> str:
 
 @shared_task(name="mlflow_bridge.catch_up", acks_late=True, ignore_result=True)
 def catch_up() -> dict:
-    return mirror.mirror_catch_up()
+    from mlflow_bridge import webhooks
+
+    return {**mirror.mirror_catch_up(), "webhooks": webhooks.webhook_catch_up()}
+
+
+@shared_task(
+    name="mlflow_bridge.handle_webhook",
+    bind=True,
+    acks_late=True,
+    max_retries=8,
+)
+def handle_webhook(self, delivery_id: int) -> str:
+    """Registers what an accepted MLflow webhook delivery names (mlflow_bridge/webhooks.py).
+    MLflow unreachable: retried with backoff; the delivery stays accepted meanwhile."""
+    from mlflow_bridge import webhooks
+
+    try:
+        return webhooks.webhook_handle(delivery_id=delivery_id)
+    except Exception as error:
+        if self.request.is_eager or self.request.retries >= self.max_retries:
+            raise
+        logger.info("MLflow webhook delivery %s: %s; retrying", delivery_id, error)
+        raise self.retry(countdown=backoff_seconds(self.request.retries)) from error
