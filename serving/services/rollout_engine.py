@@ -206,9 +206,13 @@ def rollout_execute(rollout_id: int, worker: str) -> str:
         raise LeaseBusy(
             f"{rollout.adapter} on {rollout.deployment} is being pushed by another worker"
         )
+    finished = False
     try:
         served.refresh_from_db()
         _run(rollout, served, _Watch(rollout.pk, served.pk, worker))
+        # Every status it reached was a compare-and-swap on this instance: what it
+        # holds is what the row says (one SELECT less on the critical path).
+        finished = rollout.status in ROLLOUT_TERMINAL
     except Stopped as stop:
         logger.warning("rollout %s: stopped (%s)", rollout.pk, stop)
     except DatabaseError:
@@ -250,7 +254,8 @@ def rollout_execute(rollout_id: int, worker: str) -> str:
             served_adapter_release(served.pk, worker)
         except DatabaseError:
             logger.warning("rollout %s: could not release the claim; it expires", rollout.pk)
-    rollout.refresh_from_db()
+    if not finished:  # stopped, or left waiting: someone else may have moved it
+        rollout.refresh_from_db()
     return rollout.status
 
 
