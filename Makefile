@@ -28,7 +28,7 @@ test: install
 	bash scripts/test.sh
 
 test-fast: install
-	$(BIN)/pytest -m "not vllm and not browser and not faults and not contract and not bench" -q
+	$(BIN)/pytest -m "not vllm and not browser and not faults and not contract and not bench and not conformance" -q
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -18,7 +18,8 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     # Last of the API routes; a path without its trailing slash still gets
     # CommonMiddleware's redirect, since Django tries the slashed path first.
-    re_path(r"^api/.*/$", api_not_found),
+    # [\s\S], not ".": a path with a newline in it is an API path too.
+    re_path(r"^api/[\s\S]*/$", api_not_found),
     path("healthz", HealthView.as_view(), name="health"),
     *metrics_urlpatterns,
     path("api-auth/", include("rest_framework.urls")),

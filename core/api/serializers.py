@@ -28,7 +28,8 @@ class MembershipInputSerializer(serializers.Serializer):
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
-    department = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    # null for platform-wide events (a deployment changed, a department created).
+    department = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
     actor = serializers.CharField(source="actor_label", read_only=True)
 
     class Meta:
@@ -77,7 +78,7 @@ class TokenCreateSerializer(serializers.Serializer):
     department = serializers.SlugField()
     name = serializers.CharField(max_length=100)
     abilities = serializers.ListField(
-        child=serializers.ChoiceField(choices=Ability.choices), allow_empty=False
+        child=serializers.ChoiceField(choices=Ability.choices), allow_empty=False, min_length=1
     )
     expires_in_days = serializers.IntegerField(required=False, min_value=1)
 

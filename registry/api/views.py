@@ -12,9 +12,10 @@ from rest_framework.response import Response
 
 from core import selectors as core_selectors
 from core.access import require_contributor, require_platform_admin
+from core.api.filters import IntegerFilter, StrictFilterSet
 from core.api.views import ActorMixin, schema_only
 from core.errors import NotFound
-from core.models import Ability
+from core.models import Ability, Department
 from registry import selectors
 from registry.api import serializers as s
 from registry.api.filters import AdapterFilter, VersionFilter
@@ -110,8 +111,8 @@ class AdapterViewSet(
     @extend_schema(
         methods=["POST"],
         request={
-            "multipart/form-data": s.VersionRegisterSerializer,
-            "application/json": s.VersionRegisterSerializer,
+            "multipart/form-data": s.VersionUploadSerializer,
+            "application/json": s.VersionFromS3Serializer,
         },
         parameters=[
             OpenApiParameter(
@@ -248,6 +249,16 @@ class VersionViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     archive = _transition_action("archive", "deprecated → archived.")
 
 
+class ArtifactSourceFilter(StrictFilterSet):
+    # By id, not a model choice: an unknown id matches nothing (an empty page),
+    # as every other id filter does, instead of a 400 the schema cannot predict.
+    department = IntegerFilter(field_name="department_id")
+
+    class Meta:
+        model = ArtifactSource
+        fields = ["department"]
+
+
 class ArtifactSourceViewSet(ActorMixin, viewsets.ModelViewSet):
     """Where each department may register from S3 (and MLflow runs stored in
     S3): platform admins only. Secrets are write-only."""
@@ -255,7 +266,7 @@ class ArtifactSourceViewSet(ActorMixin, viewsets.ModelViewSet):
     serializer_class = s.ArtifactSourceSerializer
     # For the schema generator only; rows always come from the selectors.
     queryset = ArtifactSource.objects.none()
-    filterset_fields = ["department"]
+    filterset_class = ArtifactSourceFilter
     ordering_fields = ["uri_prefix", "created_at"]
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
@@ -273,7 +284,11 @@ class ArtifactSourceViewSet(ActorMixin, viewsets.ModelViewSet):
         require_platform_admin(self.actor)
         data = s.ArtifactSourceSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        source = artifact_source_create(actor=self.actor, **data.validated_data)
+        values = dict(data.validated_data)
+        values["department"] = Department.objects.filter(slug=values["department"]).first()
+        if values["department"] is None:
+            raise NotFound("No such department.", code="department_not_found")
+        source = artifact_source_create(actor=self.actor, **values)
         return Response(s.ArtifactSourceSerializer(source).data, status=status.HTTP_201_CREATED)
 
     def partial_update(self, request, pk=None):
