@@ -44,19 +44,28 @@ class FormOutcome:
 
 
 @contextmanager
-def errors_on(form):
+def errors_on(form, field_codes: dict[str, str] | None = None):
     """Runs a service call; an ApplicationError becomes a form error and the
-    response status (a NotFound still becomes the 404 page).
+    response status (a NotFound still becomes the 404 page: the page's object may
+    be out of the person's reach).
 
-        with errors_on(form) as outcome:
+    `field_codes` maps error codes to the form field they are about: a name typed
+    into that field that names nobody (a NotFound of that code) is the field's
+    error, shown on the form with a 400, not a 404 page.
+
+        with errors_on(form, {"owner_not_found": "owners"}) as outcome:
             adapter = adapter_create(...)
         if not outcome.failed: ...
     """
     outcome = FormOutcome()
     try:
         yield outcome
-    except NotFound:
-        raise
+    except NotFound as error:
+        field = (field_codes or {}).get(error.code)
+        if field is None:
+            raise
+        form.add_error(field, error.message)
+        outcome.failed, outcome.status = True, 400
     except ApplicationError as error:
         form.add_error(None, error.message)
         outcome.failed, outcome.status = True, error.status

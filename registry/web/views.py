@@ -94,7 +94,7 @@ def adapter_new(request, actor: Actor):
     if request.method == "POST":
         if form.is_valid():
             data = form.cleaned_data
-            with errors_on(form) as outcome:
+            with errors_on(form, {"owner_not_found": "owners"}) as outcome:
                 adapter = adapter_create(
                     actor=actor,
                     department=core_selectors.department_get(actor, data["department"]),

@@ -42,6 +42,7 @@ def test_unknown_owners_are_named(web_lena, lena):
         "/adapters/new/",
         {"department": "legal", "name": "x", "base_model": "m", "owners": "lena, ghost"},
     )
+    # The API answers 404 owner_not_found; on the form it is the field's error.
     assert response.status_code == 400
     assert b"Unknown owners: ghost." in response.content
 
