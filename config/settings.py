@@ -239,8 +239,11 @@ CELERY_BROKER_URL = cfg.url_with_scheme(
 if CELERY_BROKER_URL.startswith("sqlite"):
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         # kombu polls the table when every queue is empty, by default every 1 s: on
-        # average 0.5 s before a worker even sees a rollout.
-        "polling_interval": cfg.number("CELERY_BROKER_POLL_SECONDS", 0.1, minimum=0.01),
+        # average 0.5 s before a worker even sees a rollout. At 0.1 s the wait was
+        # still the largest part of promote-to-served on one replica (50 ms of
+        # ~200, docs/internals/rollout-speed.md); an empty poll is one indexed
+        # SELECT per queue, so 50 a second cost a worker well under 1% of a core.
+        "polling_interval": cfg.number("CELERY_BROKER_POLL_SECONDS", 0.02, minimum=0.01),
     }
     VAR_DIR.mkdir(parents=True, exist_ok=True)
 # One queue per kind of work, each with its own worker (docs/operators/workers.md), so a

@@ -211,9 +211,10 @@ def deployment_usage(deployment: Deployment, names: list[str]) -> dict[str, Usag
     return result
 
 
-def lora_residency(sender, deployments, **kwargs) -> dict[int, Residency]:
-    """Receiver of serving.signals.lora_residency_wanted: the busiest replica's last
-    good reading of vLLM's LoRA metrics, per deployment, in one query."""
+def lora_residency(deployments) -> dict[int, Residency]:
+    """The residency provider of serving.capacity (registered in ready()): the
+    busiest replica's last good reading of vLLM's LoRA metrics, per deployment,
+    in one query."""
     rows = ReplicaLoraState.objects.filter(
         replica__deployment__in=[d.pk for d in deployments], replica__active=True, ok=True
     ).values_list(

@@ -15,7 +15,6 @@ from serving.models import (
     DriftEvent,
     HttpAttempt,
     Promotion,
-    ReplicaHealth,
     ReplicaRollout,
     ReplicaStepStatus,
     Rollout,
@@ -23,6 +22,7 @@ from serving.models import (
     ServedAdapter,
     VersionFingerprint,
 )
+from serving.sync_state import SyncState, classify, loaded_adapters
 
 
 def deployments_for(actor: Actor) -> QuerySet[Deployment]:
@@ -196,18 +196,20 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
     for replica in deployment.replicas.all():
         if not replica.active:
             continue
-        answered = replica.health != ReplicaHealth.DOWN
-        loaded = {item["id"]: item.get("root") for item in replica.loaded_adapters or []}
+        loaded = loaded_adapters(replica)
         adapters = []
         for s in served:
             actual = loaded.get(s.adapter.served_name)
             desired = s.served_path if s.version_id else None
+            state = classify(desired, actual, replica.health)
             adapters.append(
                 {
                     "served_name": s.adapter.served_name,
                     "desired_root": desired,
                     "actual_root": actual,
-                    "in_sync": answered and desired == actual,
+                    "in_sync": state == SyncState.IN_SYNC,
+                    # Decided on the full roots; a member's view shows folder names only.
+                    "state": state.value,
                 }
             )
         unknown = [

@@ -11,18 +11,12 @@ from core.actors import Actor
 from core.audit import audit_record
 from core.errors import Conflict, ValidationFailed
 from serving.base_models import identity_from_path, module_dims_for
+from serving.capacity import SHAPE_FIELDS
 from serving.discovery.kubernetes import label_selector_problem, namespace_problem
 from serving.models import Deployment, VersionFingerprint
 
-IDENTITY_FIELDS = (
-    "architecture",
-    "hidden_size",
-    "intermediate_size",
-    "num_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "vocab_size",
-)
+# The base model's identity: its architecture and the shape the pool model needs.
+IDENTITY_FIELDS = ("architecture", *SHAPE_FIELDS)
 # Never echoed into audit details.
 SECRET_FIELDS = {"vllm_api_key"}
 

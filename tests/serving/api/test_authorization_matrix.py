@@ -20,7 +20,7 @@ import pytest
 
 from serving.models import Rollout, RolloutStatus
 from serving.services.promotions import promotion_create
-from serving.services.rollouts import rollout_execute
+from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.factories import make_approved_version
 from tests.serving.conftest import make_deployment
