@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.views import ActorMixin
+from core.redaction import redact
 from mlflow_bridge import services
 from registry import selectors
 from registry.api.serializers import VersionSerializer
@@ -61,6 +62,13 @@ class VersionFromRunView(ActorMixin, APIView):
         )
 
 
+def _shown(actor, summary: dict) -> dict:
+    # MLflow's error texts name the tracking server; members get them redacted.
+    if "last_error" in summary and not actor.is_platform_admin:
+        summary = {**summary, "last_error": redact(summary["last_error"])}
+    return summary
+
+
 _AliasSerializer = inline_serializer(
     "MlflowAliasMirror",
     {
@@ -82,7 +90,7 @@ class AdapterAliasesView(ActorMixin, APIView):
     def get(self, request, pk: int):
         adapter = selectors.adapter_get(self.actor, int(pk))
         rows = adapter.mlflow_aliases.select_related("deployment").order_by("alias")
-        return Response([services.alias_mirror_summary(row) for row in rows])
+        return Response([_shown(self.actor, services.alias_mirror_summary(row)) for row in rows])
 
 
 _VersionMirrorSerializer = inline_serializer(
@@ -109,7 +117,7 @@ class VersionMirrorView(ActorMixin, APIView):
     )
     def get(self, request, pk: int):
         version = selectors.version_get(self.actor, int(pk))
-        return Response(services.version_mirror_summary(version))
+        return Response(_shown(self.actor, services.version_mirror_summary(version)))
 
 
 urlpatterns = [

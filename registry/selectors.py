@@ -3,16 +3,17 @@ joins they need, so list pages run a constant number of queries."""
 
 from __future__ import annotations
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Prefetch, Q, QuerySet
 
 from core.access import (
     approver_department_ids,
     require_visible,
+    token_may,
     visible_department_ids,
 )
 from core.actors import Actor
 from core.errors import NotFound
-from core.models import ApiToken, AuditEvent, Department, Membership
+from core.models import Ability, ApiToken, AuditEvent, Department, Membership
 from registry.models import Adapter, AdapterVersion, VersionStatus
 
 
@@ -35,6 +36,8 @@ def department_get(actor: Actor, slug: str) -> Department:
 
 
 def memberships_for(actor: Actor) -> QuerySet[Membership]:
+    if not token_may(actor, Ability.READ_AUDIT):
+        return Membership.objects.none()
     return _restrict(
         Membership.objects.select_related("user", "department"), actor, "department_id"
     )
@@ -88,6 +91,8 @@ def current_approved_version(adapter: Adapter) -> AdapterVersion | None:
 
 
 def audit_events_for(actor: Actor) -> QuerySet[AuditEvent]:
+    if not token_may(actor, Ability.READ_AUDIT):
+        return AuditEvent.objects.none()
     queryset = AuditEvent.objects.select_related("department", "actor", "actor_token")
     ids = visible_department_ids(actor)
     if ids is None:
@@ -102,7 +107,11 @@ def tokens_for(actor: Actor) -> QuerySet[ApiToken]:
         return queryset
     if actor.token is not None:
         return queryset.none()
-    return queryset.filter(created_by=actor.user)
+    # A service account's tokens belong to its department: its approvers see them all.
+    departments = approver_department_ids(actor) or set()
+    return queryset.filter(
+        Q(created_by=actor.user) | Q(service_account__isnull=False, department_id__in=departments)
+    )
 
 
 def token_get(actor: Actor, token_id: int) -> ApiToken:

@@ -29,6 +29,7 @@ from registry.storage import parse_s3_uri
 
 class SourceNotAllowed(NotAuthorized):
     code = "source_not_allowed"
+    public = True  # names the caller's URI and their department's own prefixes
 
 
 def normalize_s3_uri(uri: str, *, folder: bool = False) -> str:

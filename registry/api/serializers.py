@@ -194,6 +194,9 @@ class TokenSerializer(serializers.ModelSerializer):
     created_by = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True
     )
+    service_account = serializers.StringRelatedField(
+        read_only=True, help_text="department/name when the token acts as a service account"
+    )
 
     class Meta:
         model = ApiToken
@@ -202,6 +205,7 @@ class TokenSerializer(serializers.ModelSerializer):
             "name",
             "prefix",
             "department",
+            "service_account",
             "abilities",
             "created_by",
             "created_at",

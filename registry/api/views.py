@@ -4,22 +4,19 @@ service or selector with the Actor, and serializes the result."""
 from __future__ import annotations
 
 from django.conf import settings
-from django.db import connection
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
-from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from core.access import require_contributor, require_platform_admin
+from core.access import require_contributor, require_platform_admin, require_token_ability
 from core.api.views import ActorMixin, schema_only
+from core.body_limit import accepts_large_body
 from core.errors import NotFound
 from core.models import Ability, ApiToken, AuditEvent, Department
 from core.services.departments import department_create, membership_remove, membership_set
 from core.services.tokens import token_create, token_revoke
-from core.signals import health_check
 from registry import selectors
 from registry.api import serializers as s
 from registry.api.filters import AdapterFilter, AuditEventFilter, VersionFilter
@@ -48,7 +45,6 @@ from registry.services.versions import (
     version_register,
     version_transition,
 )
-from registry.storage import StorageError
 
 
 class DepartmentViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
@@ -76,6 +72,7 @@ class DepartmentViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     @extend_schema(responses=s.MembershipSerializer(many=True))
     @action(detail=True, methods=["get"])
     def memberships(self, request, slug=None):
+        require_token_ability(self.actor, Ability.READ_AUDIT)
         department = self.get_object()
         rows = (
             selectors.memberships_for(self.actor)
@@ -194,6 +191,7 @@ class AdapterViewSet(
         ],
         responses={201: s.VersionSerializer, 200: s.VersionSerializer},
     )
+    @accepts_large_body
     @action(detail=True, methods=["get", "post"])
     def versions(self, request, pk=None):
         adapter = self.get_object()
@@ -325,6 +323,7 @@ class AuditEventViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         if schema_only(self):
             return AuditEvent.objects.none()
+        require_token_ability(self.actor, Ability.READ_AUDIT)
         return selectors.audit_events_for(self.actor)
 
 
@@ -406,32 +405,3 @@ class ArtifactSourceViewSet(ActorMixin, viewsets.ModelViewSet):
     def destroy(self, request, pk=None):
         artifact_source_delete(actor=self.actor, source=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
-
-
-class HealthView(APIView):
-    """For probes: 200 when the database and the artifact store answer, else 503."""
-
-    authentication_classes: list = []
-    permission_classes = [AllowAny]
-
-    @extend_schema(responses={200: dict, 503: dict})
-    def get(self, request):
-        checks = {}
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
-            checks["database"] = {"ok": True}
-        except Exception as error:  # any driver error means "not ready"
-            checks["database"] = {"ok": False, "error": type(error).__name__}
-        try:
-            get_artifact_store().check()
-            checks["artifact_store"] = {"ok": True}
-        except StorageError as error:
-            checks["artifact_store"] = {"ok": False, "error": str(error)}
-        for _receiver, (name, result) in health_check.send(sender=self.__class__):
-            checks[name] = result
-        healthy = all(c.get("ok", True) or c.get("optional") for c in checks.values())
-        return Response(
-            {"status": "ok" if healthy else "unavailable", "checks": checks},
-            status=status.HTTP_200_OK if healthy else status.HTTP_503_SERVICE_UNAVAILABLE,
-        )

@@ -1,0 +1,20 @@
+"""The registry's part of /readyz (core.health): the artifact store answers."""
+
+from __future__ import annotations
+
+
+def _artifact_store(sender, **kwargs):
+    from registry.artifact_store import get_artifact_store
+    from registry.storage import StorageError
+
+    try:
+        get_artifact_store().check()
+    except StorageError as error:
+        return "artifact_store", {"ok": False, "error": str(error)}
+    return "artifact_store", {"ok": True}
+
+
+def connect() -> None:
+    from core.signals import health_check
+
+    health_check.connect(_artifact_store, dispatch_uid="registry.artifact_store")
