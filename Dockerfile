@@ -3,7 +3,8 @@
 # Kubernetes can verify runAsNonRoot) and with a read-only root filesystem:
 # static files are collected at build time; only VAR_DIR and /tmp are written.
 FROM python:3.11-slim
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+# REMAP_SIGTERM: a worker's SIGTERM is a bounded cold shutdown (CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT).
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 REMAP_SIGTERM=SIGQUIT \
     VAR_DIR=/var/lib/registry DJANGO_STATIC_ROOT=/app/staticfiles
 WORKDIR /app
 COPY requirements.txt .

@@ -1,13 +1,14 @@
 # Two commands do all set-up on a fresh machine:
 #   make run    the product on embedded defaults (SQLite, local files, filesystem broker) plus a local vLLM
 #   make test   the whole suite
+#   make docs   the documentation site (mkdocs.yml, docs/) into site/
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast install vllm lint bench migrate demo clean
+.PHONY: run test test-fast install vllm lint bench migrate demo clean docs
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,8 +32,11 @@ test-fast: install
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 bench: install
 	$(BIN)/python -m bench.upload_throughput
 
 clean:
-	rm -rf var .pytest_cache
+	rm -rf var .pytest_cache site

@@ -53,7 +53,7 @@ def _setup(server_url: str, volume: Path, model_dir: Path, count: int, scale: fl
 
     from core.actors import Actor
     from core.models import Department, Membership, Role
-    from registry.ingest.sources import UploadedFiles
+    from registry.ingest.incoming import UploadedFiles
     from registry.services.adapters import adapter_create
     from registry.services.versions import version_register, version_transition
     from serving.services.deployments import deployment_create

@@ -180,7 +180,7 @@ class Cast:
         from django.core.files.uploadedfile import SimpleUploadedFile
 
         from core.actors import Actor
-        from registry.ingest.sources import UploadedFiles
+        from registry.ingest.incoming import UploadedFiles
         from registry.services.adapters import adapter_create
         from registry.services.versions import version_register, version_transition
 

@@ -125,7 +125,6 @@ class Product(Cast):
                 model_dir,
                 max_loras=2,
                 max_cpu_loras=4,
-                max_lora_rank=16,
             )
 
     def failed_check(self, rollout_id: int):

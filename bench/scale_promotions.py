@@ -74,7 +74,7 @@ from bench.product_path import (
     wait_worker_ready,
 )
 
-# The documented rollouts worker (README "Workers", docker-compose, kustomize).
+# The documented rollouts worker (docs/operators/workers.md, docker-compose, kustomize).
 DOCUMENTED_CONCURRENCY = 4
 
 # The tiny Llama of tests/support/adapters.py; only its config is read (the

@@ -15,7 +15,7 @@ the swap window, and the throughput before, during and after the swap:
                 re-read from disk every engine step, vLLM #33791)
   baseline      no swap at all in the same window (the run's own noise floor)
 
-The figures are printed as a table; README.md quotes them.
+The figures are printed as a table; docs/figures.md quotes them.
 """
 
 from __future__ import annotations

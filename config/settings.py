@@ -1,7 +1,7 @@
 """Settings for the adapter registry and serving control plane.
 
 Everything that differs between a laptop and production comes from the
-environment (see config/env.py and the README's configuration table). The
+environment (see config/env.py and docs/operators/configuration.md). The
 defaults are embedded ones: SQLite, artifacts and the Celery broker on the local
 filesystem under var/ (the broker is a SQLite file there), so `make run` needs no servers.
 """
@@ -123,7 +123,7 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 # --- Sign-in: local passwords and/or OpenID Connect single sign-on (sso/) ----
 # Sets SSO_ENABLED, LOCAL_LOGIN, AUTHENTICATION_BACKENDS and the OIDC_* settings
-# of mozilla-django-oidc; see sso/conf.py and the README's configuration table.
+# of mozilla-django-oidc; see sso/conf.py and docs/operators/configuration.md.
 from sso.conf import from_env as _sso_settings  # noqa: E402
 
 globals().update(_sso_settings())
@@ -258,7 +258,7 @@ if CELERY_BROKER_URL.startswith("sqlite"):
         "polling_interval": cfg.number("CELERY_BROKER_POLL_SECONDS", 0.1, minimum=0.01),
     }
     VAR_DIR.mkdir(parents=True, exist_ok=True)
-# One queue per kind of work, each with its own worker (README, "Workers"), so a
+# One queue per kind of work, each with its own worker (docs/operators/workers.md), so a
 # long rollout never starves the reconcile and a slow MLflow never starves either.
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 CELERY_TASK_QUEUES = [
@@ -280,6 +280,15 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = cfg.boolean("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# SIGTERM stops a worker within seconds instead of waiting for every task in hand
+# (a rollout can run for minutes): with REMAP_SIGTERM=SIGQUIT in the worker's
+# environment (billiard reads it at import, before this file: the Dockerfile and
+# scripts/run.sh set it), SIGTERM is a cold shutdown that first waits this long for
+# running tasks, then cancels them. Acked late, they are redelivered; a rollout's
+# claim expires and the sweeper resumes it from its recorded state.
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = cfg.number(
+    "CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT", 1.0, minimum=0.0, maximum=60.0
+)
 
 # --- MLflow lineage and mirror (mlflow_bridge/) ---------------------------
 # Empty MLFLOW_TRACKING_URI turns the integration off: lineage fields can still be
@@ -306,6 +315,12 @@ MLFLOW_MIRROR_MAX_RETRIES = cfg.integer("MLFLOW_MIRROR_MAX_RETRIES", 8, minimum=
 MLFLOW_MIRROR_BACKOFF_SECONDS = cfg.integer("MLFLOW_MIRROR_BACKOFF_SECONDS", 10, minimum=0)
 MLFLOW_MIRROR_BACKOFF_MAX_SECONDS = cfg.integer("MLFLOW_MIRROR_BACKOFF_MAX_SECONDS", 900, minimum=1)
 MLFLOW_MIRROR_CATCH_UP_SECONDS = cfg.integer("MLFLOW_MIRROR_CATCH_UP_SECONDS", 300, minimum=10)
+# MLflow webhooks in (mlflow_bridge/webhooks.py): the secret MLflow signs deliveries
+# with; empty turns the endpoint off (404). A delivery older or newer than the
+# tolerance is refused, so a captured one cannot be replayed later.
+MLFLOW_WEBHOOK_SECRET = cfg.secret("MLFLOW_WEBHOOK_SECRET") or ""
+MLFLOW_WEBHOOK_TOLERANCE_SECONDS = cfg.integer("MLFLOW_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=1)
+MLFLOW_WEBHOOK_MAX_BYTES = cfg.integer("MLFLOW_WEBHOOK_MAX_BYTES", 64 * 1024, minimum=1024)
 # Merged into CELERY_BEAT_SCHEDULE after the serving block, which defines it.
 _MLFLOW_BEAT = {
     "mlflow-mirror-catch-up": {
@@ -335,6 +350,9 @@ SERVING_RECONCILE_INTERVAL_SECONDS = cfg.number(
     "SERVING_RECONCILE_INTERVAL_SECONDS", 10.0, minimum=1
 )
 SERVING_STAGED_GRACE_SECONDS = cfg.integer("SERVING_STAGED_GRACE_SECONDS", 24 * 3600, minimum=0)
+# A KServe manifest rendered within this many days keeps the staged folders it names
+# (the latest render of each deployment keeps its folders whatever its age).
+SERVING_MANIFEST_PIN_DAYS = cfg.integer("SERVING_MANIFEST_PIN_DAYS", 30, minimum=0)
 # A staged folder whose files' sizes and mtimes are as when it was last hashed is
 # trusted for this long before a repair hashes it again.
 SERVING_STAGED_REVERIFY_SECONDS = cfg.integer(
@@ -344,7 +362,7 @@ SERVING_STAGED_REVERIFY_SECONDS = cfg.integer(
 SERVING_RECONCILE_CONCURRENCY = cfg.integer("SERVING_RECONCILE_CONCURRENCY", 32, minimum=1)
 SERVING_RECONCILE_PER_REPLICA = cfg.integer("SERVING_RECONCILE_PER_REPLICA", 4, minimum=1)
 SERVING_ATTEMPT_RETENTION_DAYS = cfg.integer("SERVING_ATTEMPT_RETENTION_DAYS", 14, minimum=1)
-# A replica's probe (serving/fingerprint.py) matches the version's fingerprint when no
+# A replica's probe (serving/probe.py) matches the version's fingerprint when no
 # token's logprob differs by more than this. Measured with bench/fingerprint_spread.py
 # on real vLLM (CPU, tiny float32 model): the same files give exactly 0 across
 # replicas, after a reload, on 2 threads and under traffic; other seeds change the
@@ -407,6 +425,10 @@ PLANNER_GPU_MEMORY_UTILIZATION = cfg.number(
     "PLANNER_GPU_MEMORY_UTILIZATION", 0.9, minimum=0.05, maximum=1.0
 )
 PLANNER_CONTEXT_LENGTH = cfg.integer("PLANNER_CONTEXT_LENGTH", 4096, minimum=1)
+# What the planner assumes where a person leaves the field as it is: the page shows
+# these values in its inputs, and the plan uses exactly what the inputs show.
+PLANNER_USE_CASES = cfg.integer("PLANNER_USE_CASES", 10, minimum=1)
+PLANNER_PRICE_PER_GPU_HOUR = cfg.number("PLANNER_PRICE_PER_GPU_HOUR", 2.0, minimum=0.0)
 # --- end observability ----------------------------------------------------------
 
 # --- REST API ---------------------------------------------------------------

@@ -30,8 +30,9 @@ class MembershipInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 @admin.register(Department)
 class DepartmentAdmin(ServiceAdminMixin, admin.ModelAdmin):
-    list_display = ["slug", "name", "created_at"]
+    list_display = ["slug", "name", "artifact_retention_days", "created_at"]
     search_fields = ["slug", "name"]
+    fields = ["slug", "name", "artifact_retention_days"]
     inlines = [MembershipInline]
 
     def get_readonly_fields(self, request, obj=None):
@@ -43,11 +44,22 @@ class DepartmentAdmin(ServiceAdminMixin, admin.ModelAdmin):
         return False
 
     def service_save(self, actor, obj, form, change):
+        retention = form.cleaned_data.get("artifact_retention_days")
         if change:
-            return department_update(actor=actor, department=obj, name=form.cleaned_data["name"])
-        return department_create(
+            return department_update(
+                actor=actor,
+                department=obj,
+                name=form.cleaned_data["name"],
+                artifact_retention_days=retention,
+            )
+        department = department_create(
             actor=actor, slug=form.cleaned_data["slug"], name=form.cleaned_data["name"]
         )
+        if retention is not None:
+            department = department_update(
+                actor=actor, department=department, artifact_retention_days=retention
+            )
+        return department
 
 
 @admin.register(Membership)

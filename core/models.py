@@ -15,6 +15,12 @@ from django.utils import timezone
 class Department(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
+    artifact_retention_days = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Archived versions' artifacts are deleted from the store this many days "
+        "after they were archived (audited). Empty keeps them forever.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

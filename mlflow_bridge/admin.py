@@ -5,8 +5,14 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from core.admin_mixins import ReadOnlyAdminMixin
-from mlflow_bridge.models import MlflowAliasMirror, MlflowVersionMirror
+from core.admin_mixins import ReadOnlyAdminMixin, ServiceAdminMixin
+from mlflow_bridge.models import (
+    MlflowAliasMirror,
+    MlflowVersionMirror,
+    WebhookDelivery,
+    WebhookRule,
+)
+from mlflow_bridge.webhooks import RULE_FIELDS, webhook_rule_delete, webhook_rule_save
 
 
 class _ReadOnly(ReadOnlyAdminMixin, admin.ModelAdmin):
@@ -35,3 +41,33 @@ class MlflowAliasMirrorAdmin(_ReadOnly):
     list_filter = ["state"]
     list_select_related = ["adapter__department", "version__adapter__department"]
     search_fields = ["alias", "deployment__name", "last_error"]
+
+
+@admin.register(WebhookRule)
+class WebhookRuleAdmin(ServiceAdminMixin, admin.ModelAdmin):
+    """Which MLflow webhook events register versions for a department (audited)."""
+
+    fields = ["department", *RULE_FIELDS]
+    list_display = ["department", "event", "alias", "submit", "enabled", "created_by"]
+    list_filter = ["event", "enabled", "department"]
+    list_select_related = ["department", "created_by"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["department"] if obj is not None else []
+
+    def service_save(self, actor, obj, form, change):
+        values = {name: form.cleaned_data[name] for name in RULE_FIELDS}
+        if change:
+            return webhook_rule_save(actor=actor, rule=WebhookRule.objects.get(pk=obj.pk), **values)
+        return webhook_rule_save(actor=actor, department=obj.department, **values)
+
+    def service_delete(self, actor, obj):
+        webhook_rule_delete(actor=actor, rule=obj)
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(_ReadOnly):
+    list_display = ["received_at", "delivery_id", "event", "model_name", "status", "version"]
+    list_filter = ["status", "event"]
+    list_select_related = ["version__adapter__department"]
+    search_fields = ["delivery_id", "model_name", "detail"]

@@ -3,26 +3,31 @@
 POST /api/v1/adapters/{id}/versions/from-mlflow-run/   register from a run
 GET  /api/v1/adapters/{id}/mlflow-aliases/             alias mirror state
 GET  /api/v1/versions/{id}/mlflow-mirror/              version mirror state
+POST /api/v1/mlflow/webhooks/                          MLflow's signed webhook deliveries
 """
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.urls import path
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.actors import client_address_of
 from core.api.views import ActorMixin
+from core.errors import ApplicationError, NotFound
 from core.redaction import redact
-from mlflow_bridge import services
+from mlflow_bridge import lineage, mirror, webhooks
 from registry import selectors
 from registry.api.serializers import VersionSerializer
 
 
 class FromRunSerializer(serializers.Serializer):
-    run_id = serializers.RegexField(services.RUN_ID_PATTERN, max_length=64)
+    run_id = serializers.RegexField(lineage.RUN_ID_PATTERN, max_length=64)
     artifact_path = serializers.CharField(
         max_length=500, help_text="Where the run logged the adapter, e.g. 'adapter'."
     )
@@ -47,7 +52,7 @@ class VersionFromRunView(ActorMixin, APIView):
         adapter = selectors.adapter_get(self.actor, int(pk))
         data = FromRunSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        result = services.register_from_run(
+        result = lineage.register_from_run(
             actor=self.actor,
             adapter=adapter,
             run_id=data.validated_data["run_id"],
@@ -90,7 +95,7 @@ class AdapterAliasesView(ActorMixin, APIView):
     def get(self, request, pk: int):
         adapter = selectors.adapter_get(self.actor, int(pk))
         rows = adapter.mlflow_aliases.select_related("deployment").order_by("alias")
-        return Response([_shown(self.actor, services.alias_mirror_summary(row)) for row in rows])
+        return Response([_shown(self.actor, mirror.alias_mirror_summary(row)) for row in rows])
 
 
 _VersionMirrorSerializer = inline_serializer(
@@ -117,10 +122,58 @@ class VersionMirrorView(ActorMixin, APIView):
     )
     def get(self, request, pk: int):
         version = selectors.version_get(self.actor, int(pk))
-        return Response(_shown(self.actor, services.version_mirror_summary(version)))
+        return Response(_shown(self.actor, mirror.version_mirror_summary(version)))
+
+
+class PayloadTooLarge(ApplicationError):
+    status = 413
+    code = "too_large"
+
+
+class WebhookView(APIView):
+    """MLflow signs the delivery; there is no user or token to authenticate."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    error_statuses = {"*": (401, 404, 413)}
+
+    @extend_schema(
+        request=None,
+        responses={
+            202: inline_serializer(
+                "WebhookAccepted",
+                {"delivery": serializers.IntegerField(), "status": serializers.CharField()},
+            )
+        },
+        description=(
+            "Where MLflow 3 delivers webhooks (create one with `MlflowClient.create_webhook`, "
+            "events `model_version.created` and `model_version_alias.created`, and the "
+            "registry's MLFLOW_WEBHOOK_SECRET as its secret). 202: verified and recorded; "
+            "the version is registered by a worker, for the departments and events a "
+            "platform admin set rules for. 401: bad signature, stale timestamp or a replay "
+            "(recorded and audited). 404: webhooks are off (no MLFLOW_WEBHOOK_SECRET)."
+        ),
+    )
+    def post(self, request):
+        if not webhooks.enabled():
+            raise NotFound("MLflow webhooks are not enabled on this registry.")
+        length = request.META.get("CONTENT_LENGTH") or "0"
+        limit = settings.MLFLOW_WEBHOOK_MAX_BYTES
+        if not length.isdigit() or int(length) > limit:
+            raise PayloadTooLarge(f"A webhook body is at most {limit} bytes.")
+        # The raw bytes: the signature is over them, not over a parsed copy.
+        delivery = webhooks.webhook_receive(
+            headers=request.headers,
+            body=request.body,
+            client_address=client_address_of(request),
+        )
+        return Response(
+            {"delivery": delivery.pk, "status": delivery.status}, status=status.HTTP_202_ACCEPTED
+        )
 
 
 urlpatterns = [
+    path("mlflow/webhooks/", WebhookView.as_view(), name="mlflow-webhooks"),
     path(
         "versions/<int:pk>/mlflow-mirror/",
         VersionMirrorView.as_view(),

@@ -87,3 +87,95 @@ class MlflowAliasMirror(MirrorRow):
 
     def __str__(self) -> str:
         return f"MLflow alias {self.alias} of adapter {self.adapter_id}: {self.state}"
+
+
+class WebhookEvent(models.TextChoices):
+    """The MLflow 3 webhook events the registry acts on (entity.action)."""
+
+    VERSION_CREATED = "model_version.created", "A model version is created"
+    ALIAS_CREATED = "model_version_alias.created", "An alias is set on a model version"
+
+
+class WebhookRule(models.Model):
+    """Which MLflow events register a version for a department's adapters, set by a
+    platform admin (Django admin, audited). An event acts only through a rule."""
+
+    department = models.ForeignKey(
+        "core.Department", on_delete=models.CASCADE, related_name="mlflow_webhook_rules"
+    )
+    event = models.CharField(max_length=40, choices=WebhookEvent.choices)
+    alias = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="For alias events: the alias that registers (e.g. 'candidate'). "
+        "Aliases the registry mirrors for deployments never do.",
+    )
+    artifact_path = models.CharField(
+        max_length=500,
+        default="adapter",
+        help_text="Where runs log the adapter, when the model version's source does not say.",
+    )
+    submit = models.BooleanField(
+        default=False, help_text="Also submit the registered version for review."
+    )
+    enabled = models.BooleanField(default=True)
+    created_by = models.ForeignKey(
+        "auth.User", on_delete=models.PROTECT, related_name="mlflow_webhook_rules"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["department", "event", "alias"], name="one_webhook_rule_per_event"
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(event="model_version_alias.created", alias=""),
+                name="alias_rule_names_its_alias",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        alias = f" {self.alias!r}" if self.alias else ""
+        return f"{self.department.slug}: {self.event}{alias}"
+
+
+class DeliveryStatus(models.TextChoices):
+    ACCEPTED = "accepted", "Accepted, waiting for the worker"
+    REGISTERED = "registered", "Registered a version"
+    IGNORED = "ignored", "Ignored (no rule, no adapter, or the registry's own change)"
+    FAILED = "failed", "Failed"
+    REFUSED = "refused", "Refused (signature, timestamp or replay)"
+
+
+class WebhookDelivery(models.Model):
+    """One delivery MLflow made, refused ones included: the audit trail of what
+    arrived, and the replay guard (an accepted delivery id is never accepted twice)."""
+
+    delivery_id = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=DeliveryStatus.choices)
+    event = models.CharField(max_length=80, blank=True)
+    model_name = models.CharField(max_length=256, blank=True)
+    model_version = models.CharField(max_length=32, blank=True)
+    alias = models.CharField(max_length=200, blank=True)
+    payload = models.JSONField(default=dict, blank=True)
+    detail = models.TextField(blank=True)
+    rule = models.ForeignKey(WebhookRule, null=True, blank=True, on_delete=models.SET_NULL)
+    version = models.ForeignKey(
+        "registry.AdapterVersion", null=True, blank=True, on_delete=models.SET_NULL
+    )
+    received_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-received_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["delivery_id"],
+                condition=~models.Q(status="refused"),
+                name="a_delivery_is_accepted_once",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.delivery_id} {self.event} ({self.status})"

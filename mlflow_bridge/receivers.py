@@ -5,26 +5,27 @@ from __future__ import annotations
 
 
 def _after_registered(sender, *, version, **kwargs) -> None:
-    from mlflow_bridge import services
+    from mlflow_bridge.lineage import record_run_lineage
+    from mlflow_bridge.mirror import mirror_version_request
 
-    services.record_run_lineage(version)
-    services.mirror_version_request(version)
+    record_run_lineage(version)
+    mirror_version_request(version)
 
 
 def _after_transition(sender, *, version, previous, **kwargs) -> None:
-    from mlflow_bridge import services
+    from mlflow_bridge.mirror import mirror_version_request
 
-    services.mirror_version_request(version)
+    mirror_version_request(version)
 
 
 def _health(sender, **kwargs):
-    from mlflow_bridge import services
+    from mlflow_bridge.mirror import mlflow_health
 
-    return "mlflow", services.mlflow_health()
+    return "mlflow", mlflow_health()
 
 
 def _served_version_changed(sender, *, deployment, adapter, version, **kwargs) -> None:
-    from mlflow_bridge.services import mirror_alias_clear, mirror_alias_set
+    from mlflow_bridge.mirror import mirror_alias_clear, mirror_alias_set
 
     # MLflow answers "what is in production?" with what the deployment serves.
     if version is None:

@@ -10,7 +10,7 @@ from celery import shared_task
 from django.conf import settings
 
 from core.backoff import backoff_delay
-from mlflow_bridge import services
+from mlflow_bridge import mirror
 from mlflow_bridge.client import MlflowCallError
 from mlflow_bridge.models import MlflowAliasMirror, MlflowVersionMirror
 
@@ -41,21 +41,43 @@ def _run(task, model, pk: int, sync, argument: str) -> str:
                 countdown=backoff_seconds(task.request.retries),
                 max_retries=settings.MLFLOW_MIRROR_MAX_RETRIES,
             ) from None
-        services.mirror_mark_failed(model, pk, error.message)
+        mirror.mirror_mark_failed(model, pk, error.message)
         logger.warning("MLflow mirror %s %s failed: %s", model.__name__, pk, error.message)
         return "failed"
 
 
 @shared_task(name="mlflow_bridge.sync_version", bind=True, acks_late=True, max_retries=None)
 def sync_version_mirror(self, mirror_id: int) -> str:
-    return _run(self, MlflowVersionMirror, mirror_id, services.mirror_version_sync, "mirror_id")
+    return _run(self, MlflowVersionMirror, mirror_id, mirror.mirror_version_sync, "mirror_id")
 
 
 @shared_task(name="mlflow_bridge.sync_alias", bind=True, acks_late=True, max_retries=None)
 def sync_alias_mirror(self, alias_id: int) -> str:
-    return _run(self, MlflowAliasMirror, alias_id, services.mirror_alias_sync, "alias_id")
+    return _run(self, MlflowAliasMirror, alias_id, mirror.mirror_alias_sync, "alias_id")
 
 
 @shared_task(name="mlflow_bridge.catch_up", acks_late=True, ignore_result=True)
 def catch_up() -> dict:
-    return services.mirror_catch_up()
+    from mlflow_bridge import webhooks
+
+    return {**mirror.mirror_catch_up(), "webhooks": webhooks.webhook_catch_up()}
+
+
+@shared_task(
+    name="mlflow_bridge.handle_webhook",
+    bind=True,
+    acks_late=True,
+    max_retries=8,
+)
+def handle_webhook(self, delivery_id: int) -> str:
+    """Registers what an accepted MLflow webhook delivery names (mlflow_bridge/webhooks.py).
+    MLflow unreachable: retried with backoff; the delivery stays accepted meanwhile."""
+    from mlflow_bridge import webhooks
+
+    try:
+        return webhooks.webhook_handle(delivery_id=delivery_id)
+    except Exception as error:
+        if self.request.is_eager or self.request.retries >= self.max_retries:
+            raise
+        logger.info("MLflow webhook delivery %s: %s; retrying", delivery_id, error)
+        raise self.retry(countdown=backoff_seconds(self.request.retries)) from error

@@ -34,7 +34,7 @@ from observability.vllm_metrics import (
 )
 from registry.models import Adapter
 from serving.models import Deployment, HttpAttempt, Replica, ReplicaHealth
-from serving.replica_ops import ReplicaOutcome
+from serving.replica_calls import ReplicaOutcome
 from serving.services.attempts import attempts_record_all
 
 logger = logging.getLogger(__name__)

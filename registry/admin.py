@@ -15,7 +15,7 @@ from core.errors import ApplicationError
 from registry.lineage import run_ui_url
 from registry.models import Adapter, AdapterVersion, ArtifactSource, VersionStatus
 from registry.services.adapters import adapter_update
-from registry.services.sources import (
+from registry.services.artifact_sources import (
     artifact_source_create,
     artifact_source_delete,
     artifact_source_update,
@@ -71,7 +71,7 @@ class ArtifactSourceForm(forms.ModelForm):
 
 @admin.register(ArtifactSource)
 class ArtifactSourceAdmin(ServiceAdminMixin, admin.ModelAdmin):
-    """Where each department may register from S3; see registry.sources."""
+    """Where each department may register from S3; see registry.source_policy."""
 
     form = ArtifactSourceForm
     list_display = ["uri_prefix", "department", "endpoint_url", "access_key_id", "updated_at"]

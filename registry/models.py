@@ -149,6 +149,9 @@ class AdapterVersion(models.Model):
     run_tags = models.JSONField(default=dict, blank=True)
     lineage_warnings = models.JSONField(default=list, blank=True)
 
+    # Set when the retention period of an archived version ran out and its files were
+    # deleted from the artifact store (registry/services/retention.py); the row stays.
+    artifacts_deleted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

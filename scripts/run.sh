@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 BIN=$PWD/.venv/bin
 export DJANGO_DEBUG="${DJANGO_DEBUG:-true}"
 export DJANGO_SECRET_KEY="${DJANGO_SECRET_KEY:-local-demo-secret-key-change-me}"
+# A worker's SIGTERM (Ctrl-C through the supervisor) is a bounded cold shutdown:
+# see CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT in config/settings.py.
+export REMAP_SIGTERM=SIGQUIT
 PORT="${PORT:-8000}"
 VAR="${VAR_DIR:-$PWD/var}"
 LOG="$VAR/log"
@@ -24,7 +27,7 @@ if [[ -f scripts/run_vllm.sh && "${RUN_WITHOUT_VLLM:-0}" != "1" ]]; then
   source scripts/run_vllm.sh
 fi
 
-# The worker commands of the README ("Workers"): rollouts never starve the
+# The worker commands of docs/operators/workers.md: rollouts never starve the
 # reconcile, and the MLflow mirror (housekeeping) starves neither.
 programs=(
   --program web "$BIN/python manage.py runserver --noreload 127.0.0.1:$PORT"

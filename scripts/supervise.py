@@ -23,9 +23,18 @@ rollouts, resumed by the sweeper.
 
 Each program runs in its own process group, so Ctrl-C reaches only the
 supervisor, which stops the programs in order (SIGTERM, then SIGKILL after
---grace seconds: a Celery worker finishes its task first). The standard library
-is enough here; supervisord would add a daemon, a config file and a control
-socket to `make run` for the same four behaviours.
+--grace seconds; a Celery worker stops within seconds, see
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT). The standard library is enough here;
+supervisord would add a daemon, a config file and a control socket to
+`make run` for the same four behaviours.
+
+No program outlives the supervisor, however it ends (a second Ctrl-C, a closed
+terminal, SIGKILL): a watchdog process, in a session of its own, holds the read
+end of a pipe and learns each program's group from it. When the pipe closes
+without the supervisor's "all stopped", the supervisor is gone: the watchdog
+stops every group it knows (SIGTERM, SIGKILL after the grace) and exits.
+PR_SET_PDEATHSIG would reach only the direct children, not a worker's pool or
+vLLM's engine process.
 """
 
 from __future__ import annotations
@@ -95,6 +104,75 @@ class Program:
         return age if age > max_age else None
 
 
+class Watchdog:
+    """The supervisor's side of the watchdog (see the module's docstring)."""
+
+    ALL_STOPPED = "stopped"
+
+    def __init__(self, grace: float) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--watchdog", str(grace)],
+            stdin=subprocess.PIPE,
+            start_new_session=True,
+        )
+
+    def _tell(self, line: str) -> None:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            self.process.stdin.write(f"{line}\n".encode())
+            self.process.stdin.flush()
+
+    def watch(self, pgid: int) -> None:
+        self._tell(f"+{pgid}")
+
+    def forget(self, pgid: int) -> None:
+        # A group that ended may be reused by an unrelated process later.
+        self._tell(f"-{pgid}")
+
+    def release(self) -> None:
+        self._tell(self.ALL_STOPPED)
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+
+
+def watchdog_main(grace: float) -> int:
+    """The watchdog process: reads +pgid / -pgid lines until the pipe closes."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    groups: set[int] = set()
+    for line in sys.stdin:
+        line = line.strip()
+        if line == Watchdog.ALL_STOPPED:
+            return 0
+        if line[:1] == "+":
+            groups.add(int(line[1:]))
+        elif line[:1] == "-":
+            groups.discard(int(line[1:]))
+    # The pipe closed without "stopped": the supervisor died. Stop what it ran.
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while groups and time.monotonic() < deadline:
+        groups = {pgid for pgid in groups if _group_exists(pgid)}
+        time.sleep(0.1)
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    return 0
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class Supervisor:
     def __init__(
         self,
@@ -108,6 +186,12 @@ class Supervisor:
         self.liveness_max_age, self.liveness_grace = liveness_max_age, liveness_grace
         self.log = log.open("a", buffering=1)
         self.stopping = False
+        self.watchdog: Watchdog | None = None
+
+    def _start(self, program: Program) -> None:
+        program.start()
+        if self.watchdog is not None:
+            self.watchdog.watch(program.process.pid)
 
     def say(self, message: str) -> None:
         line = f"{datetime.now(UTC).isoformat(timespec='seconds')} supervise: {message}"
@@ -115,8 +199,9 @@ class Supervisor:
         self.log.write(line + "\n")
 
     def run(self) -> int:
+        self.watchdog = Watchdog(self.grace)
         for program in self.programs:
-            program.start()
+            self._start(program)
             self.say(f"started {program.name} (pid {program.process.pid})")
         while not self.stopping:
             now = time.monotonic()
@@ -124,7 +209,7 @@ class Supervisor:
                 if program.restart_at is not None:
                     if now >= program.restart_at:
                         program.restarts += 1
-                        program.start()
+                        self._start(program)
                         self.say(
                             f"restarted {program.name} (pid {program.process.pid}, "
                             f"restart {program.restarts})"
@@ -143,6 +228,8 @@ class Supervisor:
                     )
                     _signal_group(program.process, signal.SIGKILL)
                     code = program.process.wait()
+                if self.watchdog is not None:
+                    self.watchdog.forget(program.process.pid)
                 ran = now - program.started_at
                 program.failures_in_a_row = (
                     0 if ran >= STABLE_AFTER_SECONDS else program.failures_in_a_row + 1
@@ -176,6 +263,8 @@ class Supervisor:
         for program in self.programs:
             for handle in program.handles:
                 handle.close()
+        if self.watchdog is not None:
+            self.watchdog.release()
         self.say("every program stopped")
         return 0
 
@@ -192,6 +281,9 @@ def _describe(code: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--watchdog"]:
+        return watchdog_main(float(argv[1]))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--log-dir", type=Path, required=True)
     parser.add_argument("--grace", type=float, default=30.0, help="seconds before SIGKILL")

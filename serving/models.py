@@ -452,7 +452,7 @@ class StagedFolder(models.Model):
 
 
 class VersionFingerprint(models.Model):
-    """What a version's adapter does to the probe (serving/fingerprint.py) on a
+    """What a version's adapter does to the probe (serving/probe.py) on a
     deployment: the first verified replica's answer. Per deployment, because the
     base weights and the hardware that shape the numbers belong to the deployment.
     Every other replica, and every later check by the reconcile, must match it."""
@@ -484,3 +484,24 @@ class VersionFingerprint(models.Model):
 
     def __str__(self) -> str:
         return f"fingerprint of {self.version_id} on {self.deployment_id}"
+
+
+class ManifestRender(models.Model):
+    """A KServe export someone downloaded: the versions its --lora-modules name. The
+    volume GC keeps their staged folders (serving/volume.py): a pod started from
+    that manifest reads them, whether or not the control plane still serves them."""
+
+    deployment = models.ForeignKey(
+        Deployment, on_delete=models.CASCADE, related_name="manifest_renders"
+    )
+    version_ids = models.JSONField(default=list)
+    rendered_by = models.ForeignKey(
+        "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    rendered_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-rendered_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} manifest at {self.rendered_at:%Y-%m-%d %H:%M}"

@@ -59,10 +59,17 @@ def reconcile_all() -> int:
 
 @shared_task(name="serving.housekeeping", acks_late=True)
 def housekeeping() -> dict:
+    from registry.services.retention import retention_apply
+
     deleted = collect_garbage()
+    artifacts_deleted = retention_apply()
     cutoff = timezone.now() - timedelta(days=settings.SERVING_ATTEMPT_RETENTION_DAYS)
     # Rollout attempts are history worth keeping; reconcile polls are not.
     pruned, _ = HttpAttempt.objects.filter(
         replica_rollout__isnull=True, started_at__lt=cutoff
     ).delete()
-    return {"deleted_folders": deleted, "pruned_attempts": pruned}
+    return {
+        "deleted_folders": deleted,
+        "pruned_attempts": pruned,
+        "versions_artifacts_deleted": artifacts_deleted,
+    }

@@ -18,12 +18,13 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from registry.artifact_store import get_artifact_store
 from registry.models import AdapterVersion
-from serving.models import Deployment, ServedAdapter, StagedFolder
+from serving.models import Deployment, ManifestRender, Rollout, ServedAdapter, StagedFolder
+from serving.transitions import ROLLOUT_TERMINAL
 
 CHUNK = 1024 * 1024
 
@@ -210,21 +211,52 @@ def mark_unreferenced(deployment: Deployment) -> None:
 
 
 def collect_garbage(now=None) -> list[str]:
-    """Deletes folders unreferenced for longer than the grace period."""
+    """Deletes folders unreferenced for longer than the grace period, except those
+    something may still read: a served adapter, a rollout under way (its target and
+    the version it would roll back to), or a KServe manifest someone rendered (the
+    latest of each deployment, and any from the last SERVING_MANIFEST_PIN_DAYS)."""
     now = now or timezone.now()
     grace = timedelta(seconds=settings.SERVING_STAGED_GRACE_SECONDS)
     deleted = []
     candidates = StagedFolder.objects.filter(
         deleted_at__isnull=True, unreferenced_since__lt=now - grace
     )
+    served = set(
+        ServedAdapter.objects.filter(version__isnull=False).values_list(
+            "deployment_id", "version_id"
+        )
+    )
+    pinned = _pinned(now)
     for folder in candidates:
-        still_served = ServedAdapter.objects.filter(
-            Q(version_id=folder.version_id), deployment_id=folder.deployment_id
-        ).exists()
-        if still_served:
+        key = (folder.deployment_id, folder.version_id)
+        if key in served:
             StagedFolder.objects.filter(pk=folder.pk).update(unreferenced_since=None)
+            continue
+        if key in pinned:  # kept for now; collected once nothing pins it any more
             continue
         shutil.rmtree(folder.write_path, ignore_errors=True)
         StagedFolder.objects.filter(pk=folder.pk).update(deleted_at=now)
         deleted.append(folder.write_path)
     return deleted
+
+
+def _pinned(now) -> set[tuple[int, int]]:
+    """(deployment id, version id) of the folders a rollout under way or a rendered
+    manifest may still read, though nothing serves them."""
+    named: set[tuple[int, int]] = set()
+    for rollout in Rollout.objects.exclude(status__in=ROLLOUT_TERMINAL).values(
+        "deployment_id", "target_version_id", "previous_version_id"
+    ):
+        for version_id in (rollout["target_version_id"], rollout["previous_version_id"]):
+            if version_id is not None:
+                named.add((rollout["deployment_id"], version_id))
+    pinned_since = now - timedelta(days=settings.SERVING_MANIFEST_PIN_DAYS)
+    latest = ManifestRender.objects.filter(deployment_id=OuterRef("deployment_id")).order_by(
+        "-rendered_at", "-id"
+    )
+    renders = ManifestRender.objects.filter(
+        Q(rendered_at__gte=pinned_since) | Q(pk=Subquery(latest.values("pk")[:1]))
+    )
+    for deployment_id, version_ids in renders.values_list("deployment_id", "version_ids"):
+        named.update((deployment_id, version_id) for version_id in version_ids)
+    return named

@@ -1,5 +1,5 @@
-"""Settings of single sign-on, read from the environment (see the README's
-configuration table). config/settings.py merges what `from_env()` returns.
+"""Settings of single sign-on, read from the environment (see
+docs/operators/configuration.md). config/settings.py merges what `from_env()` returns.
 
 SSO is on when a client id and either OIDC_ISSUER or the explicit endpoints are
 set; half a configuration stops start-up naming what is missing.

@@ -7,7 +7,7 @@ import itertools
 
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from registry.ingest.sources import UploadedFiles
+from registry.ingest.incoming import UploadedFiles
 from registry.models import Adapter, AdapterVersion
 from registry.services.adapters import adapter_create
 from registry.services.versions import version_register, version_transition

@@ -9,6 +9,9 @@ from core.audit import audit_record
 from core.errors import Conflict, NotFound, ValidationFailed
 from core.models import Department, Membership, Role
 
+# department_update: a field not given is left as it is (None is a value: keep forever).
+UNCHANGED = object()
+
 
 def department_create(*, actor: Actor, slug: str, name: str) -> Department:
     require_platform_admin(actor)
@@ -25,22 +28,41 @@ def department_create(*, actor: Actor, slug: str, name: str) -> Department:
     return department
 
 
-def department_update(*, actor: Actor, department: Department, name: str) -> Department:
-    """The slug is identity (storage prefixes, URLs); only the display name changes."""
+def department_update(
+    *,
+    actor: Actor,
+    department: Department,
+    name: str | None = None,
+    artifact_retention_days: int | None | object = UNCHANGED,
+) -> Department:
+    """The slug is identity (storage prefixes, URLs); the display name and the
+    retention of archived artifacts change, audited."""
     require_platform_admin(actor)
     with transaction.atomic():
         locked = Department.objects.select_for_update().get(pk=department.pk)
-        if locked.name == name:
+        changes = {}
+        if name is not None and name != locked.name:
+            changes["name"] = [locked.name, name]
+            locked.name = name
+        if (
+            artifact_retention_days is not UNCHANGED
+            and artifact_retention_days != locked.artifact_retention_days
+        ):
+            changes["artifact_retention_days"] = [
+                locked.artifact_retention_days,
+                artifact_retention_days,
+            ]
+            locked.artifact_retention_days = artifact_retention_days
+        if not changes:
             return locked
-        previous, locked.name = locked.name, name
         locked.full_clean()
-        locked.save(update_fields=["name"])
+        locked.save(update_fields=list(changes))
         audit_record(
             actor=actor,
             action="department.updated",
             obj=locked,
             department=locked,
-            details={"name": [previous, name]},
+            details=changes,
         )
     return locked
 

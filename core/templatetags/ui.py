@@ -6,7 +6,6 @@ from datetime import datetime
 
 from django import template
 from django.contrib.humanize.templatetags.humanize import naturaltime
-from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
@@ -34,7 +33,18 @@ def status_badge(status: str, label: str | None = None) -> str:
 
 @register.filter
 def size(value: int | None) -> str:
-    return "—" if value is None else filesizeformat(value)
+    """Bytes in binary units, labelled as such: Django's filesizeformat divides by
+    1024 but prints "GB", which made 40 GiB of GPU memory read as 40 GB."""
+    if value is None:
+        return "—"
+    if abs(value) < 1024:
+        return f"{value} bytes"
+    amount = float(value)
+    for unit in ("KiB", "MiB", "GiB"):
+        amount /= 1024
+        if abs(amount) < 1024:
+            return f"{amount:.1f} {unit}"
+    return f"{amount / 1024:.1f} TiB"
 
 
 @register.filter

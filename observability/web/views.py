@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET
 from core.actors import Actor
 from core.web import page
 from observability.api.serializers import GPU_MEMORY, PlannerInputSerializer
-from observability.planning import OVERRIDES, plan_for
+from observability.planning import OVERRIDES, form_defaults, plan_for
 from observability.selectors import observed_concurrency
 from serving import selectors as serving_selectors
 from serving.planner import DTYPE_BYTES, VALID_LORA_RANKS, PlannerInputError
@@ -52,8 +52,13 @@ def _plan_context(request, deployment=None) -> dict:
     data, errors = _query(request)
     if deployment is not None:
         data["deployment"] = deployment.name
+    defaults = form_defaults(deployment)
+    form = {**request.GET.dict()}
+    for name, value in defaults.items():
+        if not form.get(name, "").strip():
+            form[name] = value
     context = {
-        "form": {**request.GET.dict()},
+        "form": form,
         "gpus": GPU_MEMORY,
         "dtypes": sorted(DTYPE_BYTES),
         "ranks": VALID_LORA_RANKS,

@@ -21,22 +21,22 @@ from registry import selectors
 from registry.api import serializers as s
 from registry.api.filters import AdapterFilter, AuditEventFilter, VersionFilter
 from registry.artifact_store import get_artifact_store
-from registry.ingest.sources import S3Prefix, UploadedFiles
+from registry.ingest.incoming import S3Prefix, UploadedFiles
 from registry.ingest.streamed import install_streaming_handler
 from registry.models import Adapter, AdapterVersion, ArtifactSource
 from registry.request_digest import install_digest_handler, request_digest
 from registry.services.adapters import adapter_create, adapter_update
+from registry.services.artifact_sources import (
+    artifact_source_create,
+    artifact_source_delete,
+    artifact_source_update,
+)
 from registry.services.idempotency import (
     idempotency_bind,
     idempotency_claim,
     idempotency_complete,
     idempotency_release,
     idempotency_result,
-)
-from registry.services.sources import (
-    artifact_source_create,
-    artifact_source_delete,
-    artifact_source_update,
 )
 from registry.services.versions import (
     Lineage,

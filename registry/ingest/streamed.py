@@ -110,7 +110,7 @@ class StreamedUpload(UploadedFile):
 
 @dataclass
 class StreamedArtifact:
-    """The ArtifactSource of a streamed upload: files already in the store under
+    """The IncomingArtifact of a streamed upload: files already in the store under
     `prefix`; `staged.root` is the local folder of sparse copies that
     inspect_adapter reads."""
 

@@ -26,11 +26,11 @@ from registry import signals
 from registry.artifact_store import discard_stored, get_artifact_store, store_unavailable
 from registry.ingest.adapter_validation import AdapterMetadata, inspect_adapter
 from registry.ingest.errors import ArtifactRejected
-from registry.ingest.sources import ArtifactSource, S3Prefix
+from registry.ingest.incoming import IncomingArtifact, S3Prefix
 from registry.ingest.staging import IngestLimits, StagedArtifact
 from registry.models import Adapter, AdapterVersion, IdempotencyClaim
 from registry.services.idempotency import idempotency_complete, require_valid_key
-from registry.sources import s3_options_for, source_for_s3_uri
+from registry.source_policy import s3_options_for, source_for_s3_uri
 from registry.storage import StorageError
 from registry.transitions import TRANSITIONS, allowed_actions_from
 
@@ -81,14 +81,14 @@ def version_register(
     *,
     actor: Actor,
     adapter: Adapter,
-    source: ArtifactSource | None,
+    source: IncomingArtifact | None,
     idempotency_key: str | None = None,
     idempotency_claim: IdempotencyClaim | None = None,
     lineage: Lineage = Lineage(),
 ) -> RegistrationResult:
     """Validates an untrusted artifact, stores it, and records version N+1.
 
-    `source` is one of registry.ingest.sources (None: the request named no
+    `source` is one of registry.ingest.incoming (None: the request named no
     artifact, refused with `no_artifact` unless it replays an earlier one).
     Nothing is kept unless everything succeeds: the staging folder is always
     removed, and stored objects are deleted if the row cannot be written. A

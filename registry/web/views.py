@@ -30,7 +30,7 @@ from core.services.tokens import token_create, token_revoke
 from core.web import errors_on, page, paginate, safe_next
 from registry import selectors
 from registry.artifact_store import get_artifact_store
-from registry.ingest.sources import UploadedFiles
+from registry.ingest.incoming import UploadedFiles
 from registry.ingest.streamed import install_streaming_handler
 from registry.lineage import run_ui_url
 from registry.models import AdapterVersion

@@ -15,6 +15,7 @@ from serving.capacity import tiers_by_deployment
 from serving.gate import evaluate_gate
 from serving.models import Deployment, Promotion, Rollout
 from serving.services.deployments import deployment_create, deployment_delete, deployment_update
+from serving.services.manifests import kserve_export
 from serving.services.promotions import promotion_create, promotion_review, retire, rollback_to
 from serving.services.rollouts import rollout_cancel
 
@@ -87,7 +88,8 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
         """The ServingRuntime and InferenceService that run this deployment on
         KServe with every promoted adapter in --lora-modules (YAML)."""
         deployment = self.get_object()
-        return kserve.yaml_download(selectors.kserve_manifests(self.actor, deployment), deployment)
+        text = kserve_export(actor=self.actor, deployment=deployment)
+        return kserve.yaml_download(text, deployment)
 
     @extend_schema(parameters=[OpenApiParameter("version", int, required=True)], responses=dict)
     @action(detail=True, methods=["get"])

@@ -10,7 +10,7 @@ deployment's reconcile after commit, so a new or restarted pod gets the
 promoted adapters within seconds instead of at the next beat.
 
 Workers and beat never talk to the API: they read the Replica rows
-(serving.replicas.replicas_sync), so only the watch process needs RBAC
+(serving.replica_rows.replicas_sync), so only the watch process needs RBAC
 (get, list, watch on endpointslices in the namespaces used).
 """
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from serving.models import HttpAttempt, Replica, ReplicaRollout
-from serving.replica_ops import ReplicaOutcome
+from serving.replica_calls import ReplicaOutcome
 
 
 def attempts_record(

@@ -1,7 +1,7 @@
 """Fingerprints: proof that every replica serves the same weights for a version.
 
 The first replica to pass verification records what the version's adapter does
-to the probe (serving/fingerprint.py) as the version's fingerprint on that
+to the probe (serving/probe.py) as the version's fingerprint on that
 deployment. Every other replica, in the rollout and in the reconcile's deferred
 steps, must match it within SERVING_FINGERPRINT_TOLERANCE. The reconcile also
 re-probes a few adapters per replica on every tick, rotating through them, so
@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db.models import JSONField, OuterRef, Subquery
 
-from serving.fingerprint import PROBE_PROMPT, PROBE_TOKENS, Probe
 from serving.models import (
     Deployment,
     DriftEvent,
@@ -32,7 +31,8 @@ from serving.models import (
     ServedAdapter,
     VersionFingerprint,
 )
-from serving.replica_ops import (
+from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
+from serving.replica_calls import (
     ReplicaOutcome,
     RetryPolicy,
     call_with_retry,
@@ -40,7 +40,7 @@ from serving.replica_ops import (
     ensure_unloaded,
     verify_serving,
 )
-from serving.replicas import client_for
+from serving.replica_rows import client_for
 from serving.services.attempts import attempts_record
 from serving.services.leases import served_adapter_claim, served_adapter_release
 from serving.volume import StagingError, stage_version

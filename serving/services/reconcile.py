@@ -41,7 +41,7 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
-from serving.replica_ops import (
+from serving.replica_calls import (
     ReplicaOutcome,
     RetryPolicy,
     call_with_retry,
@@ -49,7 +49,7 @@ from serving.replica_ops import (
     ensure_unloaded,
     verify_serving,
 )
-from serving.replicas import client_for, health_changes, replicas_sync
+from serving.replica_rows import client_for, health_changes, replicas_sync
 from serving.services.attempts import attempts_record, attempts_record_all
 from serving.services.fingerprints import (
     fingerprint_check,

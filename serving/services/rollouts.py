@@ -47,7 +47,7 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
-from serving.replica_ops import (
+from serving.replica_calls import (
     ReplicaOutcome,
     RetryPolicy,
     RetryStopped,
@@ -55,7 +55,7 @@ from serving.replica_ops import (
     ensure_unloaded,
     verify_serving,
 )
-from serving.replicas import client_for, replicas_sync
+from serving.replica_rows import client_for, replicas_sync
 from serving.services.attempts import attempts_record_all
 from serving.services.fingerprints import fingerprints_check_rollout
 from serving.services.leases import (

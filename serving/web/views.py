@@ -28,6 +28,7 @@ from registry.web.views import version_page_context
 from serving import kserve, selectors
 from serving.gate import evaluate_gate
 from serving.models import PromotionStatus, Rollout, RolloutStatus, ServedAdapter
+from serving.services.manifests import kserve_export
 from serving.services.promotions import (
     _require_may_deploy,
     promotion_create,
@@ -124,7 +125,7 @@ def deployment_detail(request, actor: Actor, name: str):
 def deployment_kserve(request, actor: Actor, name: str):
     deployment = selectors.deployment_get(actor, name)
     try:
-        text = selectors.kserve_manifests(actor, deployment)
+        text = kserve_export(actor=actor, deployment=deployment)
     except ApplicationError as error:
         return HttpResponse(error.message, status=error.status, content_type="text/plain")
     return kserve.yaml_download(text, deployment)

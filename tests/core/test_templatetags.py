@@ -2,7 +2,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from core.templatetags.ui import compact, event_label, http_url, when
+from core.templatetags.ui import compact, event_label, http_url, size, when
 
 
 def test_when_puts_the_exact_time_in_the_title():
@@ -23,3 +23,11 @@ def test_small_formatters():
     assert compact(999) == "999"
     assert event_label("version.approve") == "approved"
     assert event_label("something.new") == "something.new"
+
+
+def test_sizes_are_binary_and_say_so():
+    assert size(None) == "—"
+    assert size(512) == "512 bytes"
+    assert size(1536) == "1.5 KiB"
+    assert size(48 * 1024**3) == "48.0 GiB"
+    assert size(3 * 1024**4) == "3.0 TiB"

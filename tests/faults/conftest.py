@@ -11,7 +11,7 @@ this machine), one of them behind tests/support/fault_proxy.py.
 Each scenario measures how long the system takes to converge after the fault
 ends, the rows left in a non-terminal state, and the audit events missing,
 and asserts all three. The figures land in test-artifacts/faults.json, and in
-the README's "Fault suite" table from a real run.
+the "faults" block of docs/figures.md from a real run.
 """
 
 from __future__ import annotations
@@ -646,7 +646,7 @@ def fault_figures() -> Iterator[None]:
 
 
 def markdown_table(run: dict, rows: list[dict]) -> str:
-    """The README's "Fault suite" table, from one run's figures."""
+    """The fault table of docs/figures.md, from one run's figures."""
     lines = [
         "| scenario | converged after the fault ended | rows left stuck | audit events lost |",
         "| --- | --- | --- | --- |",

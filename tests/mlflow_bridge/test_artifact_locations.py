@@ -1,5 +1,5 @@
 """A run's artifact location decides whether the registry may read it at all
-(registry.sources): against the real MLflow server, with the real S3 (moto)
+(registry.source_policy): against the real MLflow server, with the real S3 (moto)
 store behind the registry. Each refusal is a 4xx naming the rule, and nothing
 is stored."""
 
@@ -106,7 +106,7 @@ def test_http_locations_are_read_only_from_the_tracking_server(settings, legal):
     # The real server refuses to create http(s) artifact locations unless told to
     # (MLFLOW_ALLOWED_HOST_ADDRESSED_ARTIFACT_SCHEMES), so this rule is checked directly.
     from core.errors import NotAuthorized
-    from registry.sources import require_mlflow_artifact_location
+    from registry.source_policy import require_mlflow_artifact_location
 
     settings.MLFLOW_TRACKING_URI = "https://mlflow.internal:5000"
     require_mlflow_artifact_location(legal, "https://mlflow.internal:5000/api/x/1", "adapter")

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 from django.core.management import call_command
 
-from mlflow_bridge.models import MirrorState, MlflowAliasMirror, MlflowVersionMirror
-from mlflow_bridge.services import (
+from mlflow_bridge.mirror import (
     alias_name,
     mirror_alias_clear,
     mirror_alias_set,
     registered_model_name,
 )
+from mlflow_bridge.models import MirrorState, MlflowAliasMirror, MlflowVersionMirror
 from registry.services.versions import version_transition
 from tests.conftest import actor
 from tests.factories import make_version

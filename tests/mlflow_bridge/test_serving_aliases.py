@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlflow_bridge.services import registered_model_name
+from mlflow_bridge.mirror import registered_model_name
 from serving.services.promotions import promotion_create, retire, rollback_to
 from tests.conftest import actor
 from tests.factories import make_approved_version

@@ -119,6 +119,31 @@ def test_the_planner_page_plans_a_pasted_config(web_lena):
     assert "One pod per use case" in page and "below the advised 10–15%" in page
 
 
+def test_the_planner_page_shows_the_values_it_plans_with(web_lena, settings):
+    """Left as they are, the inputs mean what they show: no placeholder that the
+    plan then ignores ("1 use case", cost 0.00)."""
+    settings.PLANNER_USE_CASES, settings.PLANNER_PRICE_PER_GPU_HOUR = 12, 3.5
+    blank = web_lena.get("/planner/").content.decode()
+    assert 'id="use_cases" name="use_cases" inputmode="numeric" value="12"' in blank
+    assert 'id="price_per_gpu_hour" name="price_per_gpu_hour" value="3.50"' in blank
+    assert 'placeholder="10"' not in blank and 'placeholder="2.00"' not in blank
+
+    # Submitting the form as shown, and leaving the two fields out, plan the same.
+    shown = {"config": json.dumps(LLAMA_3_8B), "gpu_type": "L40S"}
+    for query in (shown, {**shown, "use_cases": "12", "price_per_gpu_hour": "3.50"}):
+        page = web_lena.get("/planner/", query).content.decode()
+        assert "<h3>12 use cases</h3>" in page, page
+        # 12 dedicated GPUs at 3.50 an hour, 730 hours a month.
+        assert f"{12 * 3.5 * 730:.2f}" in page
+
+
+def test_memory_is_labelled_in_the_binary_units_it_is_counted_in(web_lena):
+    page = web_lena.get(
+        "/planner/", {"config": json.dumps(LLAMA_3_8B), "gpu_type": "L40S"}
+    ).content.decode()
+    assert "48.0 GiB (L40S)" in page and " GB" not in page
+
+
 def test_the_planner_page_names_bad_fields(web_lena):
     page = web_lena.get("/planner/", {"config": "{not json", "gpu_type": "L40S"}).content.decode()
     assert "Not JSON" in page and 'data-testid="plan-pool"' not in page

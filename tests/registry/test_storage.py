@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.ingest.sources import SourceRejected, download_s3_prefix
+from registry.ingest.incoming import S3Prefix, SourceRejected, download_s3_prefix
 from registry.storage import (
     LocalArtifactStore,
     ObjectNotFound,
@@ -274,16 +274,68 @@ def test_local_check_fails_for_a_root_that_is_a_file(tmp_path):
         LocalArtifactStore(tmp_path / "file").check()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores permission bits")
-def test_local_check_fails_for_a_read_only_root(tmp_path):
-    root = tmp_path / "ro"
-    root.mkdir()
-    root.chmod(0o500)
-    try:
-        with pytest.raises(StorageError, match="not writable"):
+NOBODY = 65534
+
+
+def check_as_unprivileged_user(root: Path) -> str:
+    """LocalArtifactStore(root).check() by a user without privileges: the error
+    it raises, or "" if none. Root ignores permission bits (CAP_DAC_OVERRIDE),
+    so as root the check runs in a forked child that has become `nobody`."""
+    if os.geteuid() != 0:
+        try:
             LocalArtifactStore(root).check()
-    finally:
-        root.chmod(0o700)
+        except StorageError as exc:
+            return str(exc)
+        return ""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        message = b"no error"
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            LocalArtifactStore(root).check()
+        except StorageError as exc:
+            message = str(exc).encode()
+        except BaseException as exc:  # any other failure is reported too
+            message = f"unexpected {exc!r}".encode()
+        os.write(write_end, message)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        message = pipe.read().decode()
+    os.waitpid(child, 0)
+    return "" if message == "no error" else message
+
+
+@pytest.fixture
+def shared_tmp():
+    """A folder an unprivileged user can reach (pytest's own is root's, 0700)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="storage-check-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_local_check_fails_for_a_read_only_root(shared_tmp):
+    root = shared_tmp / "ro"
+    root.mkdir(mode=0o500)
+    if os.geteuid() == 0:
+        os.chown(root, NOBODY, NOBODY)  # its owner may read and enter, not write
+    assert check_as_unprivileged_user(root) == f"artifact root {root} is not writable"
+
+
+def test_local_check_passes_for_a_root_its_user_may_write(shared_tmp):
+    """The other side of the read-only check, by the same unprivileged user."""
+    root = shared_tmp / "rw"
+    root.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(root, NOBODY, NOBODY)
+    assert check_as_unprivileged_user(root) == ""
 
 
 def test_local_check_creates_a_missing_root(tmp_path):
@@ -567,6 +619,16 @@ def test_download_rejects_too_many_files_before_downloading(source, tmp_path):
     assert len(fetch(source, "p/", tmp_path, max_files=6)) == 6
 
 
+def test_an_s3_prefix_is_never_read_without_an_allowed_sources_options(tmp_path):
+    # It once fell back to a helper that no longer existed (an ImportError at
+    # the first registration that reached it); now it refuses plainly.
+    from registry.ingest.staging import IngestLimits
+
+    with pytest.raises(RuntimeError, match="no allowed source's client options"):
+        S3Prefix("s3://bucket/key").stage(tmp_path, IngestLimits())
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.s3
 def test_download_rejects_too_many_bytes_before_downloading(source, tmp_path):
     source("p/a", b"x" * 600)
@@ -582,7 +644,7 @@ def test_download_rejects_too_many_bytes_before_downloading(source, tmp_path):
 def test_download_enforces_the_byte_limit_while_streaming(source, tmp_path, monkeypatch):
     # An object that grows between listing and reading: simulated by a lying listing.
     source("p/a", b"x" * 5000)
-    from registry.ingest import sources as storage
+    from registry.ingest import incoming as storage
 
     real = storage._limited_pages
 

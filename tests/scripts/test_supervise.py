@@ -83,6 +83,51 @@ def test_sigint_stops_every_program(supervisor):
     assert "every program stopped" in log.read_text()
 
 
+# A program with a child of its own in its group (as a Celery worker has its pool
+# and vLLM its engine process): the shell forks a sleeper, then waits.
+WITH_A_CHILD = "sh -c 'sleep 600 & wait'"
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGHUP])
+def test_no_program_outlives_the_supervisor_however_it_ends(tmp_path, how):
+    """A second Ctrl-C, a closed terminal or SIGKILL: the programs and their own
+    children stop too (the supervisor's watchdog)."""
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "supervise.py"), "--log-dir", str(tmp_path),
+         "--grace", "3", "--program", "worker", WITH_A_CHILD, "--program", "web", SLEEPER],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    log = tmp_path / "supervisor.log"
+    try:
+        pids = _wait_for(lambda: len(_pids(log)) == 2 and _pids(log), 10, "both programs")
+        groups = [found[0] for found in pids.values()]
+        members = _wait_for(
+            lambda: len(_group_members(groups[0])) == 2 and _group_members(groups[0]),
+            10, "the worker's own child",
+        )  # fmt: skip
+        everyone = [*members, pids["web"][0]]
+        process.send_signal(how)
+        process.wait(timeout=10)
+        _wait_for(lambda: not any(_alive(pid) for pid in everyone), 10, "every program to stop")
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert not any(_group_members(group) for group in groups)
+
+
 # Touches its liveness file (as a worker does each time it consumes its ping)
 # for about a second, then stays alive without touching it: a deaf worker.
 GOES_DEAF = (

@@ -328,7 +328,7 @@ def mark_down(replica_url: str) -> None:
 
 @pytest.fixture
 def replicas_known(deployment):
-    from serving.replicas import replicas_sync
+    from serving.replica_rows import replicas_sync
 
     replicas_sync(deployment)
 
@@ -451,7 +451,7 @@ def test_only_deferred_steps_of_the_served_version_cost_the_reconcile_a_look(
     lena, deployment, approved_v1, fake_replicas, replicas_known
 ):
     from serving.models import ServedAdapter
-    from serving.replicas import replicas_sync
+    from serving.replica_rows import replicas_sync
 
     up, down = fake_replicas
     mark_down(down.base_url)

@@ -14,9 +14,9 @@ import pytest
 import requests
 from django.db import connections
 
-from serving.fingerprint import PROBE_PROMPT, PROBE_TOKENS, Probe
 from serving.models import DriftEvent, Replica, ReplicaRollout, VersionFingerprint
-from serving.replicas import replicas_sync
+from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
+from serving.replica_rows import replicas_sync
 from serving.services.fingerprints import fingerprint_compare, next_in_rotation
 from serving.services.promotions import promotion_create
 from serving.services.reconcile import reconcile_deployment

@@ -132,7 +132,7 @@ def test_replicas_another_worker_just_discovered_are_taken_not_created_twice(dep
     """Two first rollouts of a deployment (a burst of promotions) sync its replicas
     at once: each read the replicas before the other created them."""
     from serving.models import Deployment, Replica
-    from serving.replicas import replicas_sync
+    from serving.replica_rows import replicas_sync
 
     stale = Deployment.objects.prefetch_related("replicas").get(pk=deployment.pk)
     assert list(stale.replicas.all()) == []
@@ -147,7 +147,7 @@ def test_replicas_another_worker_just_discovered_are_taken_not_created_twice(dep
 def test_dns_discovery_makes_one_replica_per_a_record(deployment, monkeypatch):
     import socket
 
-    from serving.replicas import replicas_sync
+    from serving.replica_rows import replicas_sync
 
     def fake_getaddrinfo(host, port, family, kind):
         assert host == "vllm-headless.ml.svc.cluster.local" and port == 8000

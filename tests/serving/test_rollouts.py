@@ -265,7 +265,7 @@ def test_replica_rows_another_worker_just_made_are_found_not_made_again(deployme
     """The first rollouts of a new deployment start together: each reads no rows,
     and all but the first find the rows another one just made."""
     from serving.models import Deployment
-    from serving.replicas import replicas_sync
+    from serving.replica_rows import replicas_sync
 
     made = replicas_sync(deployment)
 

@@ -237,7 +237,7 @@ def test_the_vllm_api_key_is_encrypted_at_rest_and_sent_to_replicas(
     from django.db import connection
 
     from serving.models import Deployment
-    from serving.replicas import client_for
+    from serving.replica_rows import client_for
     from tests.support.fake_vllm import FakeVLLM
 
     fake = FakeVLLM()
@@ -274,7 +274,7 @@ def test_the_vllm_api_key_is_encrypted_at_rest_and_sent_to_replicas(
 
 
 def _replica(deployment):
-    from serving.replicas import replicas_sync
+    from serving.replica_rows import replicas_sync
 
     return replicas_sync(deployment)[0]
 

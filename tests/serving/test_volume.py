@@ -96,3 +96,52 @@ def test_retired_adapters_folders_are_collected_after_the_grace(lena, deployment
     collect_garbage(now=timezone.now() + timedelta(days=2))
     folder.refresh_from_db()
     assert folder.deleted_at is not None and not Path(folder.write_path).exists()
+
+
+def test_a_folder_a_rendered_manifest_names_is_kept_while_that_manifest_may_be_applied(
+    settings, lena, root, deployment, approved_v1, approved_v2
+):
+    """A pod started from a KServe export reads the folders in its --lora-modules,
+    whatever the control plane serves by then."""
+    from serving.services.manifests import kserve_export
+
+    settings.SERVING_STAGED_GRACE_SECONDS = 0
+    settings.SERVING_MANIFEST_PIN_DAYS = 30
+    from serving.models import Deployment
+
+    Deployment.objects.filter(pk=deployment.pk).update(base_model_pvc="models", adapter_pvc="lora")
+    deployment.refresh_from_db()
+    serve(lena, deployment, approved_v1)
+    kserve_export(actor=actor(root), deployment=deployment)  # names v1
+    serve(lena, deployment, approved_v2)
+    v1_folder = StagedFolder.objects.get(version=approved_v1)
+    later = timezone.now() + timedelta(hours=1)
+
+    assert collect_garbage(now=later) == []  # the latest manifest names v1
+    assert Path(v1_folder.write_path).is_dir()
+
+    kserve_export(actor=actor(root), deployment=deployment)  # now names v2 only
+    StagedFolder.objects.filter(pk=v1_folder.pk).update(unreferenced_since=timezone.now())
+    assert collect_garbage(now=later) == []  # the older manifest is within its 30 days
+    assert collect_garbage(now=timezone.now() + timedelta(days=31)) == [v1_folder.write_path]
+    assert not Path(v1_folder.write_path).exists()
+    assert Path(StagedFolder.objects.get(version=approved_v2).write_path).is_dir()
+
+
+def test_a_rollout_under_way_keeps_the_folder_it_would_roll_back_to(
+    settings, lena, deployment, approved_v1, approved_v2
+):
+    settings.SERVING_STAGED_GRACE_SECONDS = 0
+    from serving.models import Rollout, ServedAdapter
+
+    serve(lena, deployment, approved_v1)
+    promotion = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v2)
+    # Mid-swap, as a worker that died while loading leaves it: v1 no longer recorded as
+    # served, the rollout (for the sweeper to resume) names v1 as its way back.
+    Rollout.objects.filter(pk=promotion.rollouts.get().pk).update(
+        status="loading", previous_version=approved_v1
+    )
+    ServedAdapter.objects.filter(deployment=deployment).update(version=None)
+    StagedFolder.objects.filter(version=approved_v1).update(unreferenced_since=timezone.now())
+    assert collect_garbage(now=timezone.now() + timedelta(days=2)) == []
+    assert Path(StagedFolder.objects.get(version=approved_v1).write_path).is_dir()

@@ -79,6 +79,10 @@ class MlflowServer:
         # The job runner (huey consumers for GenAI evaluation jobs) is not needed
         # here and roughly doubles start-up time on a small machine.
         env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+        # Webhook deliveries to the registry under test on loopback (MLflow refuses
+        # private addresses by default, as it should in production).
+        env["MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS"] = "true"
+        env["MLFLOW_WEBHOOK_ALLOWED_SCHEMES"] = "https,http"
         started = time.monotonic()
         with open(self.log_path, "ab") as log:
             # Its own session: stop() ends the whole tree (mlflow → uvicorn → workers).

@@ -7,7 +7,7 @@ duplicated. Safe to run from cron; exits non-zero when something failed.
 from django.core.management.base import BaseCommand, CommandError
 
 from core.errors import ApplicationError
-from mlflow_bridge.services import mirror_resync
+from mlflow_bridge.mirror import mirror_resync
 
 
 class Command(BaseCommand):

@@ -1,5 +1,5 @@
 """Server-side reads from S3 only where a platform admin allowed the department
-to read (registry.sources), with that source's credentials; never from the
+to read (registry.source_policy), with that source's credentials; never from the
 registry's own store. Against the moto server over HTTP."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from django.db import connection
 
 from core.models import AuditEvent
 from registry.models import AdapterVersion, ArtifactSource
-from registry.services.sources import artifact_source_create
+from registry.services.artifact_sources import artifact_source_create
 from tests.conftest import actor
 from tests.factories import make_adapter
 from tests.support.adapters import AdapterSpec

@@ -253,7 +253,7 @@ def test_register_from_s3_uri_copies_into_own_store(
 ):
     import boto3
 
-    from registry.services.sources import artifact_source_create
+    from registry.services.artifact_sources import artifact_source_create
     from tests.conftest import actor
     from tests.support.s3_server import make_bucket
 
@@ -291,7 +291,7 @@ def test_register_from_s3_uri_copies_into_own_store(
 
 
 def test_s3_uri_that_does_not_exist_is_400(as_lena, root, contracts, s3_store):
-    from registry.services.sources import artifact_source_create
+    from registry.services.artifact_sources import artifact_source_create
     from tests.conftest import actor
 
     artifact_source_create(

@@ -15,8 +15,8 @@ import pytest
 from django.conf import settings
 from safetensors.numpy import save as save_safetensors
 
-from serving.fingerprint import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect, matches
 from serving.models import DriftEvent, VersionFingerprint
+from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect, matches
 from serving.services.promotions import promotion_create
 from serving.services.reconcile import reconcile_deployment
 from serving.services.rollouts import rollout_execute

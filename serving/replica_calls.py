@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 
 from core.backoff import backoff_delay
-from serving.fingerprint import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
+from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
 from serving.vllm_client import (
     AttemptResult,
     VLLMClient,
@@ -173,7 +173,7 @@ def verify_serving(
     """`GET /v1/models` lists `name` with root == path; then, with_completion,
     a greedy probe through the adapter answers, and (given the base model's
     served name) differs from the same probe through the base model: an adapter
-    whose output equals the base model's has no effect (serving/fingerprint.py).
+    whose output equals the base model's has no effect (serving/probe.py).
     The adapter's probe is kept on the outcome for the version's fingerprint."""
     outcome = ReplicaOutcome()
     listing = call_with_retry(client.list_models, "verify_models", outcome, policy)

@@ -1,4 +1,4 @@
-"""Where a new version's files come from: one `ArtifactSource` per way in.
+"""Where a new version's files come from: one `IncomingArtifact` per way in.
 
 `version_register` takes exactly one source. A source stages its files into a
 folder under the registration's work directory, with the same name rules and
@@ -28,7 +28,7 @@ from .errors import ArtifactRejected, SourceRejected
 from .staging import IngestLimits, StagedArtifact, UploadSource, stage_directory, stage_upload
 
 __all__ = [
-    "ArtifactSource",
+    "IncomingArtifact",
     "LocalFolder",
     "MlflowRunArtifact",
     "S3Prefix",
@@ -38,7 +38,10 @@ __all__ = [
 ]
 
 
-class ArtifactSource(Protocol):
+class IncomingArtifact(Protocol):
+    """A new version's files on their way in (not registry.models.ArtifactSource,
+    the S3 prefix a department may register from)."""
+
     # Recorded on the version as where it came from ("" for uploads).
     source_uri: str
 
@@ -108,8 +111,9 @@ class MlflowRunArtifact(LocalFolder):
 class S3Prefix(_Staged):
     """A user-given `s3://bucket/key` (one object) or `s3://bucket/folder/`.
 
-    `client_options` are make_s3_client's; by default the registry's own S3
-    endpoint and credentials (registry.artifact_store.s3_source_options).
+    `client_options` are make_s3_client's: the allowed source's endpoint and
+    credentials (registry.source_policy.s3_options_for), which version_register
+    sets once the location has been checked against the department's sources.
     """
 
     def __init__(self, uri: str, client_options: dict[str, Any] | None = None):
@@ -118,18 +122,17 @@ class S3Prefix(_Staged):
         self.client_options = client_options
 
     def stage(self, workdir: Path, limits: IngestLimits) -> StagedArtifact:
+        if self.client_options is None:
+            # Never read with the server's own credentials by default: only a
+            # location checked against the department's allowed sources is read.
+            raise RuntimeError(f"{self.uri}: no allowed source's client options were set.")
         download = workdir / "download"
         download.mkdir()
         self._download(download, limits)
         return _stage_folder(download, self._dest(workdir), limits)
 
     def _download(self, dest: Path, limits: IngestLimits) -> None:
-        options = self.client_options
-        if options is None:
-            from registry.artifact_store import s3_source_options
-
-            options = s3_source_options()
-        options = dict(options)
+        options = dict(self.client_options)
         options.pop("multipart_chunk_mb", None)
         options.pop("max_concurrency", None)
         try:

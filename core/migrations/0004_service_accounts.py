@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('core', '0002_audit_hash_chain_no_truncate'),
+        ('core', '0003_artifact_retention'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

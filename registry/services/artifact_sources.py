@@ -10,7 +10,7 @@ from core.audit import audit_record
 from core.errors import Conflict, ValidationFailed
 from core.models import Department
 from registry.models import ArtifactSource
-from registry.sources import normalize_s3_uri, overlaps_registry_store
+from registry.source_policy import normalize_s3_uri, overlaps_registry_store
 
 FIELDS = ("uri_prefix", "endpoint_url", "region", "access_key_id", "secret_access_key")
 

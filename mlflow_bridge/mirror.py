@@ -1,23 +1,18 @@
-"""MLflow lineage both ways: register a version from a training run, and mirror
-adapters, versions, their status and per-deployment aliases into the MLflow
-Model Registry.
+"""The registry mirrored into the MLflow Model Registry: adapters, versions,
+their status and per-deployment aliases.
 
-The mirror never blocks the registry: services only record the desired state
-and enqueue a task after commit; tasks push it to MLflow, retrying with backoff,
-and the catch-up task and `mlflow_resync` command pick up whatever was missed.
+An outbox: the mirror never blocks the registry. Services only record the
+desired state (a row per version or alias, its generation bumped) and enqueue a
+task after commit; tasks push it to MLflow, retrying with backoff, and the
+catch-up task and `mlflow_resync` command pick up whatever was missed.
 """
 
 from __future__ import annotations
 
-import contextvars
 import logging
-import posixpath
 import re
-import shutil
-import tempfile
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
@@ -25,17 +20,12 @@ from django.db.models import F
 from django.utils import timezone
 from django.utils.text import slugify
 
-from core.access import require_contributor
-from core.actors import Actor
 from core.backoff import backoff_delay
 from core.claims import Lease
 from core.errors import (
-    Conflict,
     DependencyUnavailable,
-    NotFound,
     ValidationFailed,
 )
-from core.models import Ability
 from mlflow_bridge import client as mlc
 from mlflow_bridge.client import (
     MlflowCallError,
@@ -44,227 +34,16 @@ from mlflow_bridge.client import (
     MlflowUnavailable,
 )
 from mlflow_bridge.models import MirrorState, MlflowAliasMirror, MlflowVersionMirror
-from mlflow_bridge.runs import (
-    RunLineage,
-    download_artifact,
-    find_artifact,
-    read_run,
-    walk_artifacts,
-)
-from registry.ingest.sources import MlflowRunArtifact
 from registry.models import Adapter, AdapterVersion
-from registry.services.versions import Lineage, RegistrationResult, version_register
-from registry.sources import require_mlflow_artifact_location
 from serving.models import Deployment
 
 logger = logging.getLogger(__name__)
 
-RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 # Longer than one push round (a few HTTP calls, each bounded by MLFLOW_HTTP_TIMEOUT);
 # renewed every round.
 CLAIM_SECONDS = 60
 REGISTRY_TAG = "managed_by"
 REGISTRY_TAG_VALUE = "lora-adapter-registry"
-
-# ---------------------------------------------------------------------------
-# From a run to a version
-# ---------------------------------------------------------------------------
-
-# The run being registered in this context. version_register knows only the
-# basic lineage fields; the after_version_registered hook writes the rest
-# (snapshot, warnings) in the same transaction as the new row.
-_run_being_registered: contextvars.ContextVar[RunLineage | None] = contextvars.ContextVar(
-    "run_being_registered", default=None
-)
-
-
-def register_from_run(
-    *, actor: Actor, adapter: Adapter, run_id: str, artifact_path: str
-) -> RegistrationResult:
-    """Registers the adapter that run `run_id` logged under `artifact_path`.
-
-    The same run registered again returns the existing version without asking
-    MLflow, so a pipeline's retry succeeds even while MLflow is down.
-    """
-    require_contributor(actor, adapter.department_id, Ability.REGISTER_VERSIONS, "Adapter")
-    if not re.match(RUN_ID_PATTERN, run_id or ""):
-        raise ValidationFailed("run_id must be an MLflow run id.", code="bad_run_id")
-    artifact_path = _clean_artifact_path(artifact_path)
-    existing = adapter.versions.filter(mlflow_run_id=run_id).first()
-    if existing:
-        if existing.mlflow_artifact_path and existing.mlflow_artifact_path != artifact_path:
-            raise Conflict(
-                f"Run {run_id} is already registered as version {existing.number} "
-                f"from artifact path {existing.mlflow_artifact_path!r}.",
-                code="run_already_registered",
-                details={
-                    "version": existing.number,
-                    "artifact_path": existing.mlflow_artifact_path,
-                },
-            )
-        return RegistrationResult(version=existing, created=False)
-    if not mlc.is_enabled():
-        raise DependencyUnavailable(
-            "MLflow is not configured on this registry (MLFLOW_TRACKING_URI is empty).",
-            code="mlflow_not_configured",
-        )
-
-    staging_root = Path(settings.INGEST_STAGING_DIR)
-    staging_root.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="mlflow-", dir=staging_root))
-    try:
-        with _mlflow_errors(run_id):
-            client = mlc.get_client()
-            run = read_run(client, run_id)
-            _check_run(run)
-            require_mlflow_artifact_location(adapter.department, run.artifact_uri, artifact_path)
-            source_dir = _download(client, run, artifact_path, workdir)
-        token = _run_being_registered.set(run)
-        try:
-            result = version_register(
-                actor=actor,
-                adapter=adapter,
-                source=MlflowRunArtifact(source_dir),
-                lineage=Lineage(
-                    mlflow_run_id=run.run_id,
-                    mlflow_run_uri=f"runs:/{run.run_id}/{artifact_path}",
-                    source_commit=run.source_commit[:100],
-                    dataset=run.dataset_name[:300],
-                ),
-            )
-        finally:
-            _run_being_registered.reset(token)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    if result.created:
-        result.warnings.extend(result.version.lineage_warnings)
-    return result
-
-
-def _clean_artifact_path(path: str) -> str:
-    cleaned = (path or "").strip().strip("/")
-    parts = cleaned.split("/")
-    if not cleaned or any(part in ("", ".", "..") for part in parts) or "\\" in cleaned:
-        raise ValidationFailed(
-            "artifact_path must be a relative path inside the run, like 'adapter'.",
-            code="bad_artifact_path",
-        )
-    return posixpath.normpath(cleaned)
-
-
-class _mlflow_errors:
-    """Maps MLflow failures while reading a run to the registry's HTTP errors."""
-
-    def __init__(self, run_id: str):
-        self.run_id = run_id
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, error, traceback):
-        if not isinstance(error, MlflowCallError):
-            return False
-        if isinstance(error, MlflowUnavailable):
-            raise DependencyUnavailable(
-                f"{error.message}. Nothing was registered; try again when MLflow is back.",
-                code="mlflow_unavailable",
-            ) from None
-        if isinstance(error, MlflowNotFound) or error.error_code == "INVALID_PARAMETER_VALUE":
-            raise NotFound(f"MLflow has no run {self.run_id!r}.", code="run_not_found") from None
-        raise DependencyUnavailable(
-            f"MLflow refused the request: {error.message}", code="mlflow_error"
-        ) from None
-
-
-def _check_run(run: RunLineage) -> None:
-    if run.is_deleted:
-        raise NotFound(f"MLflow run {run.run_id} is deleted.", code="run_not_found")
-    if not run.is_finished:
-        raise Conflict(
-            f"MLflow run {run.run_id} is {run.status}; only FINISHED runs can be registered.",
-            code="run_not_finished",
-            details={"run_status": run.status},
-        )
-
-
-def _download(client, run: RunLineage, artifact_path: str, workdir: Path) -> Path:
-    """Downloads the artifact into `workdir` after checking that it exists and
-    fits the ingest limits, so an oversized run is refused before any byte moves."""
-    entry = find_artifact(client, run.run_id, artifact_path)
-    if entry is None:
-        contents = [
-            e.path + ("/" if e.is_dir else "") for e in walk_artifacts(client, run.run_id, limit=50)
-        ]
-        listing = ", ".join(contents) if contents else "no artifacts at all"
-        raise ValidationFailed(
-            f"Run {run.run_id} has no artifact at {artifact_path!r}. It contains: {listing}.",
-            code="artifact_path_not_found",
-            details={"run_contents": contents},
-        )
-    if entry.is_dir:
-        limit = settings.INGEST_MAX_ENTRIES
-        files = [e for e in walk_artifacts(client, run.run_id, artifact_path, limit=limit + 1)]
-        files = [e for e in files if not e.is_dir]
-    else:
-        files = [entry]
-    if len(files) > settings.INGEST_MAX_ENTRIES:
-        _too_large(f"more than {settings.INGEST_MAX_ENTRIES} files")
-    total = sum(e.size for e in files)
-    if total > settings.INGEST_MAX_BYTES:
-        _too_large(f"{total} bytes, over the limit of {settings.INGEST_MAX_BYTES}")
-    dest = workdir / "download"
-    dest.mkdir()
-    local = Path(download_artifact(client, run.run_id, artifact_path, str(dest)))
-    # A single archive file is staged like an uploaded archive: hand over its folder.
-    return local if local.is_dir() else local.parent
-
-
-def _too_large(what: str) -> None:
-    error = ValidationFailed(f"The run's artifact is too large: {what}.", code="artifact_too_large")
-    error.status = 413
-    raise error
-
-
-def record_run_lineage(version: AdapterVersion) -> None:
-    """after_version_registered hook: completes the lineage of a version being
-    registered from a run, inside the registration transaction."""
-    run = _run_being_registered.get()
-    if run is None or run.run_id != version.mlflow_run_id:
-        return
-    fields = {
-        "mlflow_experiment_id": run.experiment_id[:64],
-        "mlflow_experiment_name": run.experiment_name[:500],
-        "mlflow_artifact_path": version.mlflow_run_uri.split("/", 2)[-1][:500]
-        if version.mlflow_run_uri.startswith("runs:/")
-        else "",
-        "dataset_digest": run.dataset_digest[:100],
-        "run_base_model": run.base_model[:300],
-        "run_metrics": run.metrics,
-        "run_params": run.params,
-        "run_tags": run.tags,
-        "lineage_warnings": _lineage_warnings(run, version),
-    }
-    AdapterVersion.objects.filter(pk=version.pk).update(**fields)
-    for name, value in fields.items():
-        setattr(version, name, value)
-
-
-def _lineage_warnings(run: RunLineage, version: AdapterVersion) -> list[str]:
-    warnings = []
-    stated = version.base_model_name_or_path or version.adapter.base_model
-    if run.base_model and stated and run.base_model != stated:
-        warnings.append(
-            f"The run says its base model is {run.base_model!r}, but the adapter's "
-            f"base_model_name_or_path is {stated!r}."
-        )
-    if not run.source_commit:
-        warnings.append("The run records no source commit (mlflow.source.git.commit).")
-    return warnings
-
-
-# ---------------------------------------------------------------------------
-# From the registry back to MLflow
-# ---------------------------------------------------------------------------
 
 
 def registered_model_name(adapter: Adapter) -> str:

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('serving', '0008_reconcile_at_scale'),
+        ('serving', '0009_manifest_renders'),
     ]
 
     operations = [

@@ -1,0 +1,100 @@
+"""A worker stops within 5 s of SIGTERM, even with a long task in hand, and the
+task is not lost: acked late, it is delivered again to the next worker (a rollout
+would also be resumed by the sweeper once its claim expires)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import REPO_ROOT, RedisServer, _Group
+
+
+class _Worker(_Group):
+    def start(self, env: dict[str, str]) -> _Worker:
+        command = [
+            sys.executable, "-m", "celery", "-A", "config", "worker",
+            "-I", "tests.support.slow_task", "-Q", "celery", "-n", "shutdown@%h",
+            "--pool", "prefork", "--concurrency", "1", "--loglevel=INFO",
+            "--without-gossip", "--without-mingle",
+        ]  # fmt: skip
+        self._spawn(command, env, REPO_ROOT)
+        return self
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.fixture(params=["embedded", "redis"])
+def broker_url(request, tmp_path):
+    """The embedded broker of `make run`, and Redis as in production (a server of the
+    test's own: nothing else consumes or publishes there)."""
+    if request.param == "embedded":
+        yield f"sqlite:///{tmp_path / 'broker.sqlite3'}"
+        return
+    redis = RedisServer(tmp_path / "redis").start()
+    try:
+        yield redis.url()
+    finally:
+        redis.kill()
+
+
+@pytest.fixture
+def worker_env(tmp_path, broker_url) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "DJANGO_DEBUG": "true",
+        "DJANGO_SECRET_KEY": "worker-shutdown-test",
+        "VAR_DIR": str(tmp_path / "var"),
+        "CELERY_BROKER_URL": broker_url,
+        "REMAP_SIGTERM": "SIGQUIT",  # as the Dockerfile and scripts/run.sh set it
+    }
+    env.pop("DATABASE_URL", None)
+    return env
+
+
+def _send_hold(env: dict[str, str], seconds: float, started: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "config", "call", "tests.hold_worker",
+         "--args", f"[{seconds}, \"{started}\"]"],
+        env=env, cwd=REPO_ROOT, check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_sigterm_stops_a_busy_worker_within_five_seconds_and_the_task_is_delivered_again(
+    tmp_path, worker_env
+):
+    started = tmp_path / "started"
+    worker = _Worker(tmp_path / "worker.log").start(worker_env)
+    try:
+        _send_hold(worker_env, 120, started)
+        _wait_for(started.exists, 90, f"the task to start:\n{worker.log_tail()}")
+
+        signalled = time.monotonic()
+        worker._signal(signal.SIGTERM)  # what Kubernetes and the supervisor send
+        stopped = worker._wait_gone(10)
+        assert stopped, f"the worker still runs 10 s after SIGTERM:\n{worker.log_tail()}"
+        took = time.monotonic() - signalled
+        assert took < 5, f"the worker took {took:.1f} s to stop (limit 5 s)"
+    finally:
+        worker.kill()
+
+    # The task in hand was cancelled, not acked: the next worker gets it again.
+    started.unlink()
+    second = _Worker(tmp_path / "worker-2.log").start(worker_env)
+    try:
+        _wait_for(started.exists, 90, f"the task to be delivered again:\n{second.log_tail()}")
+    finally:
+        second.kill()
