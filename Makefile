@@ -2,13 +2,14 @@
 #   make run    the product on embedded defaults (SQLite, local files, filesystem broker) plus a local vLLM
 #   make test   the whole suite
 #   make docs   the documentation site (mkdocs.yml, docs/) into site/
+#   make figures  re-measure every figure the docs quote (scripts/figures.sh)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast install vllm lint bench migrate demo clean docs
+.PHONY: run test test-fast install vllm lint bench figures migrate demo clean docs
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +28,7 @@ test: install
 	bash scripts/test.sh
 
 test-fast: install
-	$(BIN)/pytest -m "not vllm and not browser and not faults and not contract" -q
+	$(BIN)/pytest -m "not vllm and not browser and not faults and not contract and not bench and not conformance" -q
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
@@ -37,6 +38,11 @@ docs: install
 
 bench: install
 	$(BIN)/python -m bench.upload_throughput
+
+# Re-run every bench (full mode) and the fault tier; rewrite the figure blocks
+# of README.md and docs/figures.md from their output (long: most of an hour).
+figures: install
+	bash scripts/figures.sh
 
 clean:
 	rm -rf var .pytest_cache site

@@ -16,7 +16,9 @@ the tokens differ). Measured:
                       same seed with every weight scaled by 1% (a near miss)
 
 A tolerance must sit above everything in "same files" and below everything in
-"different weights".
+"different weights". Real vLLM (no stand-in). --replica-urls uses running
+servers (1 to 3; the cases that need another replica, or one on 2 threads, are
+left out with fewer); --smoke: 2 repeats.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 
 import requests
 
+from bench import results as bench_results
 from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
 from tests.support.adapters import AdapterSpec, write_adapter_dir
 from tests.support.vllm_servers import ensure_tiny_model, ensure_vllm_installed, start_servers
@@ -103,74 +106,102 @@ def fmt(value: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--replica-urls", default="", help="1-3 running vLLM servers")
+    bench_results.add_arguments(parser)
     args = parser.parse_args()
-    ensure_vllm_installed()
-    model = ensure_tiny_model()
+    if args.smoke:
+        args.repeats = 2
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
-        options = {
-            "model_dir": model,
-            "served_name": SERVED_BASE,
-            "max_loras": 2,
-            "max_cpu_loras": 4,
-            "max_lora_rank": 16,
-            "log_dir": root / "logs",
-            "timeout": 300,
-        }
-        servers = start_servers(2, names=["spread-a", "spread-b"], **options)
-        # Another thread count splits the sums differently: float32 rounding shows.
-        servers += start_servers(1, names=["spread-2-threads"], threads=2, **options)
+        servers = []
+        urls = [url.strip() for url in args.replica_urls.split(",") if url.strip()]
+        if not urls:
+            ensure_vllm_installed()
+            options = {
+                "model_dir": ensure_tiny_model(),
+                "served_name": SERVED_BASE,
+                "max_loras": 2,
+                "max_cpu_loras": 4,
+                "max_lora_rank": 16,
+                "log_dir": root / "logs",
+                "timeout": 300,
+            }
+            servers = start_servers(2, names=["spread-a", "spread-b"], **options)
+            # Another thread count splits the sums differently: float32 rounding shows.
+            servers += start_servers(1, names=["spread-2-threads"], threads=2, **options)
+            urls = [s.base_url for s in servers]
         try:
-            a, b, c = (s.base_url for s in servers)
-
-            def repeat(url: str, model: str) -> list[Probe]:
-                return [probe(url, model) for _ in range(args.repeats)]
-
-            right = write_adapter_dir(root / "right", AdapterSpec(seed=2, scale=0.05))
-            other = write_adapter_dir(root / "other", AdapterSpec(seed=9, scale=0.05))
-            for url in (a, b, c):
-                load(url, "contracts", right)
-                load(url, "other", other)
-            for url in (a, b, c):
-                probe(url, SERVED_BASE)  # warm-up
-            base = probe(a, SERVED_BASE)
-            rows = [("baseline: base model again", spread(repeat(a, SERVED_BASE), base))]
-            reference = probe(a, "contracts")
-            rows.append(("same files, same replica", spread(repeat(a, "contracts"), reference)))
-            rows.append(("same files, other replica", spread(repeat(b, "contracts"), reference)))
-            rows.append(
-                ("same files, replica on 2 threads", spread(repeat(c, "contracts"), reference))
-            )
-            unload(b, "contracts")
-            load(b, "contracts", right)
-            after = spread(repeat(b, "contracts"), reference)
-            rows.append(("same files, after unload + load", after))
-            busy = spread(under_traffic(b, "contracts", "other", args.repeats), reference)
-            rows.append(("same files, under traffic", busy))
-
-            different = []
-            variants = [(f"seed {s}", AdapterSpec(seed=s, scale=0.05)) for s in (3, 4, 5, 6)]
-            variants += [
-                ("seed 2, weights x1.01", AdapterSpec(seed=2, scale=0.0505)),
-                ("seed 2, weights x1.001", AdapterSpec(seed=2, scale=0.05005)),
-            ]
-            for label, spec in variants:
-                path = write_adapter_dir(root / label.replace(" ", "-").replace(",", ""), spec)
-                unload(b, "contracts")
-                load(b, "contracts", path)
-                distance = reference.distance(probe(b, "contracts"))
-                different.append(distance)
-                rows.append((f"different weights: {label}", distance))
+            rows, different = measure(root, urls, args.repeats)
         finally:
             for server in servers:
                 server.stop()
 
+    out = bench_results.Results("fingerprint_spread", args)
+    out.note(f"real vLLM 0.32 (no stand-in), {len(urls)} replica(s), {args.repeats} repeats")
+    table = out.table("spread", ["case", "largest logprob difference"], "fingerprint spread")
     width = max(len(label) for label, _ in rows)
     print(f"\n{'case':<{width}}  largest logprob difference")
     for label, value in rows:
         print(f"{label:<{width}}  {fmt(value)}")
+        table.row(label, fmt(value))
     same = max(value for label, value in rows if label.startswith("same files"))
-    print(f"\nsame files, worst: {fmt(same)}; different weights, closest: {fmt(min(different))}")
+    summary = f"same files, worst: {fmt(same)}; different weights, closest: {fmt(min(different))}"
+    print("\n" + summary)
+    out.note(summary)
+    out.write()
+
+
+def measure(root: Path, urls: list[str], repeats: int):
+    a = urls[0]
+    b = urls[1] if len(urls) > 1 else a  # the replica that is reloaded
+    c = urls[2] if len(urls) > 2 else None  # the one on 2 threads
+
+    def repeat(url: str, model: str) -> list[Probe]:
+        return [probe(url, model) for _ in range(repeats)]
+
+    right = write_adapter_dir(root / "right", AdapterSpec(seed=2, scale=0.05))
+    other = write_adapter_dir(root / "other", AdapterSpec(seed=9, scale=0.05))
+    for url in dict.fromkeys(urls):
+        unload(url, "contracts")  # a shared server may hold them from an earlier run
+        unload(url, "other")
+        load(url, "contracts", right)
+        load(url, "other", other)
+        probe(url, SERVED_BASE)  # warm-up
+    try:
+        base = probe(a, SERVED_BASE)
+        rows = [("baseline: base model again", spread(repeat(a, SERVED_BASE), base))]
+        reference = probe(a, "contracts")
+        rows.append(("same files, same replica", spread(repeat(a, "contracts"), reference)))
+        if b != a:
+            rows.append(("same files, other replica", spread(repeat(b, "contracts"), reference)))
+        if c:
+            rows.append(
+                ("same files, replica on 2 threads", spread(repeat(c, "contracts"), reference))
+            )
+        unload(b, "contracts")
+        load(b, "contracts", right)
+        rows.append(("same files, after unload + load", spread(repeat(b, "contracts"), reference)))
+        busy = spread(under_traffic(b, "contracts", "other", repeats), reference)
+        rows.append(("same files, under traffic", busy))
+
+        different = []
+        variants = [(f"seed {s}", AdapterSpec(seed=s, scale=0.05)) for s in (3, 4, 5, 6)]
+        variants += [
+            ("seed 2, weights x1.01", AdapterSpec(seed=2, scale=0.0505)),
+            ("seed 2, weights x1.001", AdapterSpec(seed=2, scale=0.05005)),
+        ]
+        for label, spec in variants:
+            path = write_adapter_dir(root / label.replace(" ", "-").replace(",", ""), spec)
+            unload(b, "contracts")
+            load(b, "contracts", path)
+            distance = reference.distance(probe(b, "contracts"))
+            different.append(distance)
+            rows.append((f"different weights: {label}", distance))
+    finally:
+        for url in dict.fromkeys(urls):
+            unload(url, "contracts")
+            unload(url, "other")
+    return rows, different
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ No adapter is loaded: the pool does not depend on registered adapters. On the
 tiny model the rank-16 pool (2.4 MiB for 7 slots) is about the size of the noise
 between two identical starts; `--model wide` (hidden 512, intermediate 1024, 4
 layers, 8 heads, same tokenizer) makes the pool ~30 times the noise.
+
+--smoke: rank 16, max_loras 1 and 2, one start each, shorter settling, no noise
+pair: two real starts (the pool cannot be measured on a shared server).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from bench import results as bench_results  # noqa: E402
 from serving.planner import ModelShape, lora_slot_bytes  # noqa: E402
 from tests.support.vllm_servers import (  # noqa: E402
     VLLMServer,
@@ -61,6 +65,9 @@ def ensure_wide_model() -> Path:
     return target
 
 
+SETTLE = {"seconds": 3.0, "samples": 5}
+
+
 def measure(model_dir: Path, max_loras: int, rank: int, log_dir: Path) -> int:
     """Median RSS (bytes) of one freshly started server, idle after start-up."""
     server = VLLMServer(
@@ -79,9 +86,9 @@ def measure(model_dir: Path, max_loras: int, rank: int, log_dir: Path) -> int:
     server.start()
     try:
         server.wait_ready(timeout=600)
-        time.sleep(3)  # let start-up allocations settle
+        time.sleep(SETTLE["seconds"])  # let start-up allocations settle
         samples = []
-        for _ in range(5):
+        for _ in range(SETTLE["samples"]):
             samples.append(server.rss_bytes())
             time.sleep(1)
         return int(statistics.median(samples))
@@ -95,7 +102,12 @@ def main() -> int:
     parser.add_argument("--slots", type=int, nargs=2, default=[1, 8], metavar=("LOW", "HIGH"))
     parser.add_argument("--repeats", type=int, default=1, help="runs per configuration")
     parser.add_argument("--model", choices=["tiny", "wide"], default="tiny")
+    bench_results.add_arguments(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.ranks, args.slots, args.repeats = [16], [1, 2], 1
+        SETTLE.update(seconds=1.0, samples=2)
+    out = bench_results.Results("lora_pool_memory", args)
 
     model_dir = ensure_tiny_model() if args.model == "tiny" else ensure_wide_model()
     config = json.loads((model_dir / "config.json").read_text())
@@ -108,13 +120,22 @@ def main() -> int:
         f"{args.model} model: hidden {shape.hidden_size}, intermediate {shape.intermediate_size}, "
         f"{shape.num_layers} layers, vocab {shape.vocab_size}, float32"
     )
-    noise = [measure(model_dir, low, args.ranks[0], log_dir) for _ in range(2)]
-    print(
-        f"noise: two identical starts (max_loras {low}, rank {args.ranks[0]}): "
-        f"{noise[0] / MIB:.1f} and {noise[1] / MIB:.1f} MiB, "
-        f"difference {abs(noise[0] - noise[1]) / MIB:.2f} MiB"
-    )
+    out.note(f"{args.model} model on real vLLM 0.32 (no stand-in), float32")
+    if not args.smoke:
+        noise = [measure(model_dir, low, args.ranks[0], log_dir) for _ in range(2)]
+        line = (
+            f"noise: two identical starts (max_loras {low}, rank {args.ranks[0]}): "
+            f"{noise[0] / MIB:.1f} and {noise[1] / MIB:.1f} MiB, "
+            f"difference {abs(noise[0] - noise[1]) / MIB:.2f} MiB"
+        )
+        print(line)
+        out.note(line)
     print()
+    columns = [
+        "rank", f"RSS, max_loras {low} (baseline) MiB", f"RSS, max_loras {high} MiB",
+        f"measured pool of {high - low} slots MiB", "planner MiB", "error",
+    ]  # fmt: skip
+    table = out.table("pool", columns, "LoRA pool memory")
     print(
         f"| rank | RSS, max_loras {low} (baseline) | RSS, max_loras {high} | measured pool of "
         f"{high - low} slots | planner | error |"
@@ -131,6 +152,11 @@ def main() -> int:
             f"{statistics.median(wide) / MIB:.1f} MiB | {measured / MIB:.2f} MiB | "
             f"{predicted / MIB:.2f} MiB | {error:+.1%} |"
         )
+        table.row(
+            rank, statistics.median(base) / MIB, statistics.median(wide) / MIB,
+            measured / MIB, predicted / MIB, f"{error:+.1%}",
+        )  # fmt: skip
+    out.write()
     return 0
 
 

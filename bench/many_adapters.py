@@ -20,6 +20,8 @@ each timed on the client:
 The gate's prediction for the next adapter (median, p95 of the replicas' recent
 successful loads, serving.capacity.cold_load) is printed beside the measurement.
 Everything lives in a throwaway VAR_DIR (SQLite) unless DATABASE_URL is set.
+Real vLLM (no stand-in). --smoke: 5 adapters, one sweep; --replica-urls URL
+uses a running server (started with --max-loras 2 --max-cpu-loras 4).
 """
 
 from __future__ import annotations
@@ -27,16 +29,18 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from bench.promote_to_served import (
-    _configure_env,
+from bench import results as bench_results
+from bench.product_path import (
+    configure_env,
     percentile,
+    route_to_queue,
     start_worker,
+    stop_process,
     wait_worker_ready,
 )
 
@@ -125,12 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=0.05, help="adapter weight scale")
     parser.add_argument("--broker", default=None)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--replica-urls", default="", help="one running vLLM server (default: start one)"
+    )
+    bench_results.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.adapters, args.sweeps = MAX_CPU_LORAS + 1, 1
     if args.adapters <= MAX_CPU_LORAS:
         parser.error(f"--adapters must exceed max_cpu_loras {MAX_CPU_LORAS}")
 
     var_dir = Path(tempfile.mkdtemp(prefix="bench-many-"))
-    _configure_env(var_dir, args.broker)
+    configure_env(var_dir, args.broker)
     import django
 
     django.setup()
@@ -142,23 +152,27 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support.vllm_servers import ensure_tiny_model, start_servers, stop_all
 
     queue = f"bench-{uuid.uuid4().hex[:8]}"
-    app.conf.task_default_queue = queue
-    app.conf.task_routes = {"*": {"queue": queue}}
+    route_to_queue(app, queue)
     log_dir = var_dir / "log"
     log_dir.mkdir(parents=True)
     call_command("migrate", verbosity=0)
     model_dir = ensure_tiny_model()
-    (server,) = start_servers(
-        1, model_dir=model_dir, log_dir=log_dir, max_loras=MAX_LORAS, max_cpu_loras=MAX_CPU_LORAS
-    )
+    if args.replica_urls:
+        server_url = args.replica_urls.split(",")[0].strip()
+    else:
+        (server,) = start_servers(
+            1, model_dir=model_dir, log_dir=log_dir, max_loras=MAX_LORAS,
+            max_cpu_loras=MAX_CPU_LORAS,
+        )  # fmt: skip
+        server_url = server.base_url
     worker_log = log_dir / "worker.log"
-    worker = start_worker(var_dir, queue, worker_log)
+    worker = start_worker(queue, worker_log)
     try:
         wait_worker_ready(worker_log)
         volume = var_dir / "volume"
         volume.mkdir()
         member, deployment, versions = _setup(
-            server.base_url, volume, model_dir, args.adapters, args.scale
+            server_url, volume, model_dir, args.adapters, args.scale
         )
         promote_seconds = _promote_all(member, deployment, versions)
         names = [v.adapter.served_name for v in versions]
@@ -167,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         def completion_ms(model: str) -> float:
             body = {"model": model, "prompt": "The contract says", "max_tokens": 1}
             t0 = time.perf_counter()
-            response = session.post(server.base_url + "/v1/completions", json=body, timeout=60)
+            response = session.post(server_url + "/v1/completions", json=body, timeout=60)
             elapsed = (time.perf_counter() - t0) * 1000
             if response.status_code != 200:
                 raise RuntimeError(f"{model}: {response.status_code} {response.text[:300]}")
@@ -191,11 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         args.keep = True
         raise
     finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        stop_process(worker)
         stop_all()
         if not args.keep:
             shutil.rmtree(var_dir, ignore_errors=True)
@@ -210,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"tiers: {tiers.registered.used}/{tiers.registered.limit} registered, host cache "
           f"{tiers.host.used}/{tiers.host.limit}, batch limit {tiers.batch.limit}")  # fmt: skip
+    out = bench_results.Results("many_adapters", args)
+    out.note(
+        f"{args.adapters} adapters on one real vLLM 0.32 replica (no stand-in), max_loras "
+        f"{MAX_LORAS}, max_cpu_loras {MAX_CPU_LORAS}, {len(cold)} requests per case"
+    )
+    table = out.table("latency", ["case", "median ms", "p95 ms", "vs base"], "many adapters")
     print(f"{'case':<44}{'median ms':>10}{'p95 ms':>10}{'vs base':>9}")
     base_median, _ = _stats(base)
     for label, values in (
@@ -220,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         median, p95 = _stats(values)
         print(f"{label:<44}{median:>10.1f}{p95:>10.1f}{median / base_median:>8.2f}x")
+        table.row(label, median, p95, f"{median / base_median:.2f}x")
     extra = [c - w for c, w in zip(cold, warm, strict=True)]
     extra_median, extra_p95 = _stats(extra)
     print(f"{'cold minus warm, paired':<44}{extra_median:>10.1f}{extra_p95:>10.1f}")
@@ -227,6 +244,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{'gate prediction (load attempts)':<44}{predicted.median_ms:>10.1f}"
         f"{predicted.p95_ms:>10.1f}   from {predicted.samples} loads"
     )
+    table.row("cold minus warm, paired", extra_median, extra_p95, "")
+    cold_median, _ = _stats(cold)
+    out.headline(
+        f"{args.adapters} adapters through max_cpu_loras {MAX_CPU_LORAS}",
+        f"{args.adapters} of {args.adapters} answer; cold {cold_median / base_median:.2f}× base",
+        f"base model {base_median:.1f} ms",
+    )
+    table.row("gate prediction (load attempts)", predicted.median_ms, predicted.p95_ms, "")
+    out.write()
     return 0
 
 

@@ -14,11 +14,15 @@ runs until that replica has the promoted adapter loaded.
           the reconcile at once in a thread (a stand-in for an idle worker: no
           broker hop, which adds a few ms on Redis).
   beat    the baseline, as before this change (static or DNS discovery): the
-          same reconcile, run by a beat every --interval seconds (the default
-          SERVING_RECONCILE_INTERVAL_SECONDS), pods appearing at random phases.
+          same reconcile, run by the product's real `celery beat` process
+          (serving.reconcile_all every --interval seconds, the default
+          SERVING_RECONCILE_INTERVAL_SECONDS) and a real `celery worker` process
+          on the bench's own queue, pods appearing at random phases of the beat.
+          Its rounds run after the others, while beat and worker run.
   direct  the reconcile's own cost: called as soon as the replica row exists.
 
-SQLite in a throwaway VAR_DIR.
+The replicas are tests/support/vllm_standin.serve_standin: no load latency of its own
+(latency model: zero), in every case alike. SQLite in a throwaway VAR_DIR.
 """
 
 from __future__ import annotations
@@ -31,12 +35,22 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
+
+from bench import results as bench_results
+from bench.product_path import (
+    route_to_queue,
+    start_beat,
+    start_worker,
+    stop_process,
+    wait_worker_ready,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _configure_env(var_dir: Path) -> None:
+def _configure_env(var_dir: Path, interval: float) -> None:
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
     os.environ["VAR_DIR"] = str(var_dir)
     os.environ.pop("DATABASE_URL", None)
@@ -44,6 +58,9 @@ def _configure_env(var_dir: Path) -> None:
     os.environ["DJANGO_SECRET_KEY"] = "bench-only-secret-key"
     os.environ["LOG_LEVEL"] = "WARNING"
     os.environ["KUBERNETES_WATCH_TIMEOUT_SECONDS"] = "60"
+    # Read by the beat process's schedule (and everything else that reads it).
+    os.environ["SERVING_RECONCILE_INTERVAL_SECONDS"] = f"{interval:g}"
+    bench_results.seed_sqlite(var_dir)
 
 
 def _wait(condition, timeout: float = 60.0) -> None:
@@ -58,10 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--interval", type=float, default=10.0)
+    bench_results.add_arguments(parser)
     options = parser.parse_args(argv)
+    if options.smoke:
+        options.rounds, options.interval = 1, 1.0
 
     var_dir = Path(tempfile.mkdtemp(prefix="bench-new-pod-"))
-    _configure_env(var_dir)
+    _configure_env(var_dir, options.interval)
     sys.path.insert(0, str(REPO_ROOT))
     import django
 
@@ -71,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     from django.core.files.uploadedfile import SimpleUploadedFile
     from django.core.management import call_command
 
+    from config.celery import app
     from core.actors import Actor
     from core.models import Department, Membership, Role
+    from registry.ingest.incoming import UploadedFiles
     from registry.services.adapters import adapter_create
     from registry.services.versions import version_register, version_transition
     from serving import tasks
@@ -83,9 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     from serving.services.reconcile import reconcile_deployment
     from serving.services.rollouts import rollout_execute
     from tests.support.adapters import AdapterSpec, adapter_tar_gz
-    from tests.support.fake_vllm import FakeVLLM
     from tests.support.k8s_apiserver import StandInKubeAPIServer
+    from tests.support.vllm_standin import serve_standin
 
+    queue = f"bench-{uuid.uuid4().hex[:8]}"
+    route_to_queue(app, queue)
     call_command("migrate", verbosity=0)
     users = get_user_model().objects
     admin = Actor(user=users.create_user("admin", is_staff=True, is_superuser=True))
@@ -121,17 +145,19 @@ def main(argv: list[str] | None = None) -> int:
         served_name="legal-contracts",
     )
     upload = SimpleUploadedFile("a.tar.gz", adapter_tar_gz(AdapterSpec(seed=1)))
-    version = version_register(actor=Actor(user=member), adapter=adapter, uploads=[upload]).version
+    version = version_register(
+        actor=Actor(user=member), adapter=adapter, source=UploadedFiles([upload])
+    ).version
     version_transition(actor=Actor(user=member), version=version, action="submit")
     version = version_transition(actor=Actor(user=approver), version=version, action="approve")
 
     server = StandInKubeAPIServer(bookmark_seconds=5)
     settings.KUBERNETES_AUTH = "kubeconfig"
     settings.KUBERNETES_KUBECONFIG = str(server.write_kubeconfig(var_dir / "kubeconfig"))
-    seed = FakeVLLM()
+    seed = serve_standin()
     port_of = {}
 
-    def add_pod(name: str, fake: FakeVLLM) -> None:
+    def add_pod(name: str, fake) -> None:
         port_of[name] = int(fake.base_url.rsplit(":", 1)[1])
         server.apply_slice(
             "ml",
@@ -147,11 +173,15 @@ def main(argv: list[str] | None = None) -> int:
 
     mode = {"value": "watch"}
 
+    reconciles: list[threading.Thread] = []
+
     def enqueue(deployment_id: int) -> None:
         if mode["value"] == "watch":
-            threading.Thread(
+            thread = threading.Thread(
                 target=reconcile_deployment, args=(deployment_id, "bench-worker")
-            ).start()
+            )
+            reconciles.append(thread)
+            thread.start()
 
     tasks.reconcile_one.delay = enqueue
     watch = EndpointSliceWatch(WatchTarget.of(deployment), api_client())
@@ -164,63 +194,89 @@ def main(argv: list[str] | None = None) -> int:
     _wait(lambda: "legal-contracts" in seed.adapters)
 
     results: dict[str, list[float]] = {"watch": [], "beat": [], "direct": []}
-    beat_stop = threading.Event()
 
-    def beat() -> None:
-        time.sleep(random.uniform(0, options.interval))
-        while not beat_stop.is_set():
-            reconcile_deployment(deployment.pk, "bench-beat")
-            beat_stop.wait(options.interval)
+    def one_round(case: str, round_number: int) -> None:
+        # The last round's pod removal enqueued a reconcile too: one still
+        # running holds the deployment, and the next would skip it.
+        while reconciles:
+            reconciles.pop().join()
+        mode["value"] = case
+        pod = serve_standin()
+        name = f"pod-{case}-{round_number}"
+        if case == "beat":  # a random phase of the beat's period
+            time.sleep(random.uniform(0, options.interval))
+        started = time.monotonic()
+        add_pod(name, pod)
+        if case == "direct":
+            _wait(lambda: Replica.objects.filter(base_url=pod.base_url, active=True).exists())
+            started = time.monotonic()
+            reconcile_deployment(deployment.pk, "bench-direct")
+        _wait(lambda: "legal-contracts" in pod.adapters, timeout=options.interval * 3 + 30)
+        results[case].append(time.monotonic() - started)
+        server.delete_slice("ml", name)
+        _wait(lambda: not Replica.objects.filter(base_url=pod.base_url, active=True).exists())
+        pod.close()
 
     for round_number in range(options.rounds):
-        for case in ("watch", "direct", "beat"):
-            mode["value"] = case
-            pod = FakeVLLM()
-            name = f"pod-{case}-{round_number}"
-            beat_thread = None
-            if case == "beat":
-                beat_stop.clear()
-                beat_thread = threading.Thread(target=beat, daemon=True)
-                beat_thread.start()
-            started = time.monotonic()
-            add_pod(name, pod)
-            if case == "direct":
-                _wait(
-                    lambda pod=pod: Replica.objects.filter(
-                        base_url=pod.base_url, active=True
-                    ).exists()
-                )
-                started = time.monotonic()
-                reconcile_deployment(deployment.pk, "bench-direct")
-            _wait(lambda pod=pod: "legal-contracts" in pod.adapters, timeout=options.interval * 3)
-            results[case].append(time.monotonic() - started)
-            if beat_thread is not None:
-                beat_stop.set()
-                beat_thread.join()
-            server.delete_slice("ml", name)
-            _wait(
-                lambda pod=pod: (
-                    not Replica.objects.filter(base_url=pod.base_url, active=True).exists()
-                )
-            )
-            pod.close()
+        for case in ("watch", "direct"):
+            one_round(case, round_number)
+
+    # The baseline: the product's beat and a worker, real processes, running
+    # only now (so no tick of theirs ever helped the watch).
+    log_dir = var_dir / "log"
+    log_dir.mkdir(exist_ok=True)
+    mode["value"] = "beat"
+    worker = start_worker(queue, log_dir / "worker.log", concurrency=1)
+    beat_process = None
+    try:
+        wait_worker_ready(log_dir / "worker.log")
+        beat_process = start_beat(queue, log_dir / "beat.log", var_dir / "beat-schedule")
+        for round_number in range(options.rounds):
+            try:
+                one_round("beat", round_number)
+            except RuntimeError:
+                alive = beat_process.poll() is None and worker.poll() is None
+                raise RuntimeError(
+                    f"the beat baseline timed out (beat and worker alive: {alive}); see {log_dir}"
+                ) from None
+    finally:
+        if beat_process is not None:
+            stop_process(beat_process)
+        stop_process(worker)
 
     watch.stop()
     server.close()
     seed.close()
 
-    print(f"new pod ready -> adapter loaded on it, {options.rounds} rounds, ms")
+    out = bench_results.Results("new_pod_to_served", options)
+    heading = f"new pod ready -> adapter loaded on it, {options.rounds} rounds, ms"
+    print(heading)
+    out.note(heading + "; replicas: the vLLM stand-in (latency model: zero, in every case)")
+    table = out.table("cases", ["case", "median ms", "p95 ms", "max ms"], heading)
     print(f"{'case':<8}{'median':>10}{'p95':>10}{'max':>10}")
-    for case, label in (("watch", "watch"), ("beat", "beat"), ("direct", "direct")):
+    for case, label in (
+        ("watch", "watch (product)"),
+        ("beat", f"beat every {options.interval:g} s (baseline: celery beat + worker)"),
+        ("direct", "direct (the reconcile alone)"),
+    ):
         values = sorted(v * 1000 for v in results[case])
         p95 = values[min(len(values) - 1, int(round(0.95 * len(values) + 0.4999)) - 1)]
-        print(f"{label:<8}{statistics.median(values):>10.1f}{p95:>10.1f}{values[-1]:>10.1f}")
+        print(f"{case:<8}{statistics.median(values):>10.1f}{p95:>10.1f}{values[-1]:>10.1f}")
+        table.row(label, statistics.median(values), p95, values[-1])
     watch_median = statistics.median(results["watch"])
     beat_median = statistics.median(results["beat"])
-    print(
+    summary = (
         f"watch is {beat_median / watch_median:.0f}x faster than the beat "
         f"(interval {options.interval:g} s) at the median"
     )
+    print(summary)
+    out.note(summary)
+    out.headline(
+        "new pod ready → serves its adapters",
+        f"{watch_median * 1000:.0f} ms median",
+        f"a real celery beat every {options.interval:g} s: {beat_median:.1f} s",
+    )
+    out.write()
     return 0
 
 

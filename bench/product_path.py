@@ -33,6 +33,9 @@ def configure_env(var_dir: Path, broker: str | None) -> None:
     os.environ.pop("CELERY_TASK_ALWAYS_EAGER", None)
     if broker:
         os.environ["CELERY_BROKER_URL"] = broker
+    from bench.results import seed_sqlite
+
+    seed_sqlite(var_dir)
 
 
 class ThrowawayPostgres:
@@ -92,8 +95,13 @@ class Series:
 # -- the bare sequence ---------------------------------------------------------------
 
 
-def bare_on_replica(session, url: str, name: str, folder: Path) -> None:
-    """`POST /v1/load_lora_adapter`, then one completion through the adapter."""
+def bare_on_replica(session, url: str, name: str, folder: Path, base_name: str = "") -> None:
+    """`POST /v1/load_lora_adapter`, then one completion through the adapter.
+    Given `base_name`, the completion is the product's own verification instead
+    (serving/replica_calls.verify_serving): `/v1/models` lists the adapter at its
+    folder, and the fingerprint probe through it differs from the same probe
+    through the base model; so a baseline that verifies does what the product
+    does, and the ratio measures the control plane."""
     loaded = session.post(
         url + "/v1/load_lora_adapter",
         json={"lora_name": name, "lora_path": str(folder)},
@@ -101,6 +109,9 @@ def bare_on_replica(session, url: str, name: str, folder: Path) -> None:
     )
     if loaded.status_code != 200:
         raise RuntimeError(f"bare load on {url}: {loaded.status_code} {loaded.text[:300]}")
+    if base_name:
+        bare_verify(session, url, name, folder, base_name)
+        return
     answer = session.post(
         url + "/v1/completions",
         json={"model": name, "prompt": "Hello", "max_tokens": 1, "temperature": 0},
@@ -108,6 +119,34 @@ def bare_on_replica(session, url: str, name: str, folder: Path) -> None:
     )
     if answer.status_code != 200:
         raise RuntimeError(f"bare completion on {url}: {answer.status_code}")
+
+
+def bare_verify(session, url: str, name: str, folder: Path, base_name: str) -> None:
+    from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
+
+    cards = session.get(url + "/v1/models", timeout=30).json()["data"]
+    if not any(c["id"] == name and c.get("root") == str(folder) for c in cards):
+        raise RuntimeError(f"bare verify on {url}: {name} is not listed at {folder}")
+
+    def probe(model: str) -> Probe:
+        answer = session.post(
+            url + "/v1/completions",
+            json={
+                "model": model,
+                "prompt": PROBE_PROMPT,
+                "max_tokens": PROBE_TOKENS,
+                "temperature": 0,
+                "logprobs": 1,
+            },
+            timeout=30,
+        )
+        found = Probe.from_body(answer.json()) if answer.status_code == 200 else None
+        if found is None:
+            raise RuntimeError(f"bare probe of {model} on {url}: {answer.status_code}")
+        return found
+
+    if has_no_effect(probe(name), probe(base_name)):
+        raise RuntimeError(f"bare verify on {url}: {name} answers like the base model")
 
 
 def bare_copy(source: Path, volume: Path, name: str) -> Path:
@@ -282,6 +321,29 @@ app.conf.task_routes = {"*": {"queue": sys.argv[1]}}
 app.worker_main(["worker", "-Q", sys.argv[1], "-n", sys.argv[1] + "@%h",
                  "--concurrency=" + sys.argv[2], "--loglevel=INFO"])
 """
+
+
+# The product's `celery beat`, its every task sent to the bench's queue.
+_BEAT = """
+import sys
+from config.celery import app
+app.conf.task_default_queue = sys.argv[1]
+app.conf.task_routes = {"*": {"queue": sys.argv[1]}}
+app.start(["beat", "--schedule", sys.argv[2], "--loglevel=INFO"])
+"""
+
+
+def start_beat(queue: str, log: Path, schedule_file: Path) -> subprocess.Popen:
+    """A real `celery beat` process with the product's CELERY_BEAT_SCHEDULE
+    (intervals from the environment, e.g. SERVING_RECONCILE_INTERVAL_SECONDS)."""
+    handle = open(log, "ab")  # noqa: SIM115 - lives as long as the beat
+    return subprocess.Popen(
+        [sys.executable, "-c", _BEAT, queue, str(schedule_file)],
+        cwd=REPO_ROOT,
+        env=dict(os.environ),
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def route_to_queue(app, queue: str) -> None:

@@ -15,8 +15,11 @@ heal  One replica that held every adapter restarts (vLLM forgets them all):
       SERVING_RECONCILE_PER_REPLICA threads.
 
 Replicas are the vLLM stand-in (tests/support/vllm_standin.py: one asyncio
-process, one port per replica, 5 ms per load plus 20 ms to make it resident,
-the contract checked against real vLLM by tests/serving/vllm/test_standin_contract.py).
+process, one port per replica, the contract checked against real vLLM by
+tests/serving/vllm/test_standin_contract.py). Its latency model: zero by
+default (no sleep per load or cold load), in the product's run and in the
+bare baseline alike; --standin-load-ms / --standin-cold-load-ms set others,
+and the output says which was used.
 `--real N` (N <= 4) adds the same tick and heal on N real vLLM servers (CPU,
 tiny model), to set the stand-in's ratios against.
 
@@ -37,6 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 
 SECTIONS: dict = {}
+# The stand-in's sleeps (tests/support/vllm_standin.StandinReplica), from the options.
+STANDIN: dict = {"load_ms": 0.0, "cold_load_ms": 0.0}
 
 
 def section(name: str):
@@ -87,6 +92,9 @@ class _Ctx:
     def __init__(self, cast, options):
         self.cast, self.options = cast, options
         self.results: dict = {}
+        from bench import results as bench_results
+
+        self.out = bench_results.Results("scale", options)
 
 
 @section("tick")
@@ -108,7 +116,7 @@ def tick_section(ctx: _Ctx) -> None:
         f"{'SQL':>5} {'HTTP':>5} {'bare HTTP':>9}"
     )
     for replicas in options.replicas:
-        with standin_fleet(replicas) as fleet:
+        with standin_fleet(replicas, **STANDIN) as fleet:
             deployment = deployment_for(ctx.cast, f"tick-{replicas}", fleet.urls)
             served: list = []
             for adapters in options.adapters:
@@ -146,11 +154,31 @@ def tick_section(ctx: _Ctx) -> None:
                     "bare_http": replicas,
                 }
                 ctx.results[("tick", replicas, adapters)] = row
+                if "tick" not in ctx.out.tables:
+                    ctx.out.table(
+                        "tick",
+                        ["replicas", "adapters", "tick ms", "bare ms", "bare+metrics ms", "SQL",
+                         "HTTP", "bare HTTP"],
+                        "in-sync reconcile tick (stand-in replicas)",
+                    )  # fmt: skip
+                ctx.out.tables["tick"].row(
+                    replicas, adapters, row["tick_ms"], row["bare_ms"], row["bare_metrics_ms"],
+                    row["sql"], row["http"], row["bare_http"],
+                )  # fmt: skip
                 print(
                     f"{replicas:>8} {adapters:>8} {row['tick_ms']:>9.1f} {row['bare_ms']:>9.1f} "
                     f"{row['bare_metrics_ms']:>12.1f} {row['sql']:>5} {row['http']:>5} "
                     f"{row['bare_http']:>9}"
                 )
+    big = max((k for k in ctx.results if k[0] == "tick"), key=lambda k: (k[1] * k[2], k))
+    row = ctx.results[big]
+    met = row["tick_ms"] < 1000 and row["sql"] <= 10
+    ctx.out.headline(
+        f"in-sync reconcile tick, {big[1]} replicas × {big[2]} adapters",
+        f"{row['tick_ms']:.0f} ms, {row['sql']} SQL",
+        f"bare listing {row['bare_ms']:.0f} ms",
+        f"< 1 s, ≤ 10 SQL: {'met' if met else 'MISSED'}",
+    )
     _growth(ctx)
 
 
@@ -195,7 +223,7 @@ def heal_section(ctx: _Ctx) -> None:
     adapters = max(ctx.options.adapters)
     replicas = ctx.options.heal_replicas
     print(f"\n== Heal: one of {replicas} replicas restarts, it held {adapters} adapters ==")
-    with standin_fleet(replicas) as fleet:
+    with standin_fleet(replicas, **STANDIN) as fleet:
         deployment = deployment_for(ctx.cast, f"heal-{replicas}", fleet.urls)
         served = served_adapters_clone(deployment, ctx.cast.version, adapters, prefix="heal")
         for replica in fleet.replicas:
@@ -221,6 +249,18 @@ def heal_section(ctx: _Ctx) -> None:
             f"  bare loads: {sequential:.2f} s one after another, "
             f"{parallel:.2f} s from {lanes} threads ({adapters} POSTs)\n"
             f"  the next tick: {after.seconds * 1000:.0f} ms, {after.statements} SQL"
+        )
+        ctx.out.table(
+            "heal",
+            ["replicas", "adapters", "heal s", "SQL", "HTTP", "bare sequential s",
+             f"bare parallel ({lanes} threads) s"],
+            "heal: one replica restarts (stand-in replicas)",
+        ).row(replicas, adapters, m.seconds, m.statements, http, sequential, parallel)  # fmt: skip
+        ctx.out.headline(
+            f"heal a restarted replica holding {adapters} adapters",
+            f"{m.seconds:.2f} s",
+            f"{adapters} bare loads {sequential:.2f} s ({lanes} threads: {parallel:.2f} s)",
+            f"< 10 s: {'met' if m.seconds < 10 else 'MISSED'}",
         )
         ctx.results["heal"] = {
             "seconds": m.seconds,
@@ -273,7 +313,7 @@ def real_section(ctx: _Ctx) -> None:
     # The same on as many stand-in replicas, for the ratios.
     from tests.support.fleet import standin_fleet
 
-    with standin_fleet(count) as fleet:
+    with standin_fleet(count, **STANDIN) as fleet:
         deployment = deployment_for(ctx.cast, f"real-standin-{count}", fleet.urls)
         served = served_adapters_clone(deployment, ctx.cast.version, adapters, prefix="rs")
         s_heal = measure(lambda: reconcile_deployment(deployment.pk, "bench"))
@@ -317,7 +357,10 @@ def promotions(ctx) -> None:
     env = dict(os.environ)
     if ctx.options.database_url:
         env["DATABASE_URL"] = ctx.options.database_url
-    subprocess.run([sys.executable, "-m", "bench.scale_promotions"], env=env, check=True)
+    command = [sys.executable, "-m", "bench.scale_promotions"]
+    command += ["--standin-load-ms", f"{STANDIN['load_ms']:g}"]
+    command += ["--standin-cold-load-ms", f"{STANDIN['cold_load_ms']:g}"]
+    subprocess.run(command, env=env, check=True)
 
 
 def _ints(text: str) -> list[int]:
@@ -334,17 +377,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real", type=int, default=0, choices=range(0, 5))
     parser.add_argument("--sections", default="tick,heal,real,promotions")
     parser.add_argument("--show-sql", action="store_true")
+    parser.add_argument("--standin-load-ms", type=float, default=0.0)
+    parser.add_argument("--standin-cold-load-ms", type=float, default=0.0)
+    from bench import results as bench_results
+
+    bench_results.add_arguments(parser)
     options = parser.parse_args(argv)
+    if options.smoke:  # bench.scale_promotions has a smoke of its own
+        options.replicas, options.adapters, options.heal_replicas = [1, 2], [5, 10], 2
+        options.ticks, options.sections = 1, "tick,heal"
+    STANDIN.update(load_ms=options.standin_load_ms, cold_load_ms=options.standin_cold_load_ms)
 
     from bench.scale_support import setup
 
     cast = setup("scale", options.database_url or None)
     from django.db import connection
 
-    print(f"database: {connection.vendor}; stand-in replicas")
+    latency = (
+        f"stand-in latency model: {STANDIN['load_ms']:g} ms per load, "
+        f"{STANDIN['cold_load_ms']:g} ms per cold load"
+        + (" (zero: no sleeps)" if not any(STANDIN.values()) else "")
+        + ", in the product's run and the baseline alike"
+    )
+    print(f"database: {connection.vendor}; stand-in replicas; {latency}")
     ctx = _Ctx(cast, options)
+    ctx.out.note(f"database {connection.vendor}; {latency}")
     for name in options.sections.split(","):
         SECTIONS[name](ctx)
+    ctx.out.write()
     return 0
 
 

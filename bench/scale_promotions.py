@@ -24,11 +24,17 @@ What is timed:
            independent poller (asyncio, one request per pending adapter every
            --poll-ms) watches the replicas.
   bare     what a person with shell access would do by hand, for 100 other
-           adapters: copy the files into a fresh folder, then
-           `POST /v1/load_lora_adapter` and one completion on each replica.
+           adapters, verifying as the product does: copy the files into a fresh
+           folder, then on each replica `POST /v1/load_lora_adapter`,
+           `GET /v1/models`, and the fingerprint probe through the adapter and
+           through the base model (bench/product_path.bare_verify).
            "sequential": adapter after adapter, replica after replica;
            "parallel": the 100 adapters at once on --post-threads threads, the
            replicas of one adapter at once.
+
+The stand-in's latency model is zero by default (no sleep per load or cold
+load), the same for the product and the bare cases; --standin-load-ms and
+--standin-cold-load-ms set others, and the output says which was used.
 
 It also reads the rollouts' own records (enqueued/started/finished, every
 HTTP attempt) to say where the time goes and how many rollouts ran at once.
@@ -56,6 +62,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
+from bench import results as bench_results
 from bench.product_path import (
     REPO_ROOT,
     Cast,
@@ -74,6 +81,7 @@ from bench.product_path import (
     wait_worker_ready,
 )
 
+BASE = "tiny-llama"  # the stand-in's base model, as the deployment names it
 # The documented rollouts worker (docs/operators/workers.md, docker-compose, kustomize).
 DOCUMENTED_CONCURRENCY = 4
 
@@ -94,7 +102,9 @@ TINY_CONFIG = {
 # -- replicas ----------------------------------------------------------------------
 
 
-def start_standin(replicas: int, max_cpu_loras: int, log: Path) -> tuple[subprocess.Popen, list]:
+def start_standin(
+    replicas: int, max_cpu_loras: int, log: Path, load_ms: float, cold_load_ms: float
+) -> tuple[subprocess.Popen, list]:
     process = subprocess.Popen(
         [
             sys.executable,
@@ -104,7 +114,11 @@ def start_standin(replicas: int, max_cpu_loras: int, log: Path) -> tuple[subproc
             str(replicas),
             "--max-cpu-loras",
             str(max_cpu_loras),
-        ],
+            "--load-ms",
+            f"{load_ms:g}",
+            "--cold-load-ms",
+            f"{cold_load_ms:g}",
+        ],  # fmt: skip
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=open(log, "ab"),  # noqa: SIM115 - lives as long as the stand-in
@@ -254,11 +268,13 @@ def run_bare(sources, volume: Path, urls: list[str], parallel: bool, threads: in
         mine = sessions()
         if replica_pool is None:
             for session, url in zip(mine, urls, strict=True):
-                bare_on_replica(session, url, names[index], folder)
+                bare_on_replica(session, url, names[index], folder, base_name=BASE)
         else:
             list(
                 replica_pool.map(
-                    lambda i: bare_on_replica(mine[i], urls[i], names[index], folder),
+                    lambda i: bare_on_replica(
+                        mine[i], urls[i], names[index], folder, base_name=BASE
+                    ),
                     range(len(urls)),
                 )
             )
@@ -341,7 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--replica-urls", default="", help="running stand-in replicas")
     parser.add_argument("--keep", action="store_true", help="keep the VAR_DIR and logs")
+    parser.add_argument("--standin-load-ms", type=float, default=0.0)
+    parser.add_argument("--standin-cold-load-ms", type=float, default=0.0)
+    bench_results.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.adapters, args.replicas, args.rounds, args.post_threads = 4, 2, 1, 4
+        args.poll_ms = 50.0
 
     var_dir = Path(tempfile.mkdtemp(prefix="bench-scale-promotions-"))
     configure_env(var_dir, args.broker)
@@ -391,7 +413,10 @@ def _main(args, var_dir: Path) -> int:
         if args.replica_urls:
             urls = [u.strip().rstrip("/") for u in args.replica_urls.split(",")]
         else:
-            standin, urls = start_standin(args.replicas, room, log_dir / "standin.log")
+            standin, urls = start_standin(
+                args.replicas, room, log_dir / "standin.log",
+                args.standin_load_ms, args.standin_cold_load_ms,
+            )  # fmt: skip
             stack.callback(stop_process, standin)
         model_dir = var_dir / "tiny-llama"
         model_dir.mkdir()
@@ -457,12 +482,27 @@ def product_case(cast, deployment, files, seed, urls, args, queue, log_dir, conc
 
 def report(args, engine: str, broker: str, figures: dict, products: dict) -> None:
     n, r = args.adapters, args.replicas
-    print()
-    print(
+    out = bench_results.Results("scale_promotions", args)
+    latency = (
+        f"stand-in latency model: {args.standin_load_ms:g} ms per load, "
+        f"{args.standin_cold_load_ms:g} ms per cold load"
+        + (" (zero: no sleeps)" if not (args.standin_load_ms or args.standin_cold_load_ms) else "")
+        + ", product and bare alike"
+        if not args.replica_urls
+        else "stand-in latency model: that of the running replicas given (--replica-urls)"
+    )
+    heading = (
         f"{n} promotions at once on {r} stand-in replicas, {args.rounds} round(s); "
         f"database {engine}, broker {broker.split('://')[0]}, {args.post_threads} client "
-        f"threads, adapter r={args.rank} q_proj+v_proj, watch every {args.poll_ms:g} ms"
+        f"threads, adapter r={args.rank} q_proj+v_proj, watch every {args.poll_ms:g} ms; " + latency
     )
+    print()
+    print(heading)
+    out.note(heading)
+    table = out.table(
+        "cases", ["case (until all are served on all replicas)", "median s", "worst s"],
+        f"{n} promotions at once on {r} stand-in replicas",
+    )  # fmt: skip
     labels = {
         "seq": "bare, sequential",
         "par": f"bare, parallel ({args.post_threads} threads)",
@@ -472,14 +512,24 @@ def report(args, engine: str, broker: str, figures: dict, products: dict) -> Non
     print(f"{'case (until all are served on all replicas)':<48}{'median s':>10}{'worst s':>10}")
     for case, series in figures.items():
         print(f"{labels[case]:<48}{series.median:10.2f}{max(series.seconds):10.2f}")
+        table.row(labels[case], series.median, max(series.seconds))
     print()
     for case, runs in products.items():
         product = figures[case].median
-        verdict = "met" if product < args.target_seconds else "MISSED"
+        verdict = out.verdict(
+            labels[case], product, target=f"< {args.target_seconds:g} s",
+            met=product < args.target_seconds, unit="s",
+        )  # fmt: skip
         print(
             f"{labels[case]}: {product:.2f} s (target < {args.target_seconds:g} s: {verdict}); "
             f"{product / figures['seq'].median:.2f}x bare sequential, "
             f"{product / figures['par'].median:.2f}x bare parallel"
+        )
+        out.headline(
+            f"{n} promotions at once, {r} stand-in replicas ({labels[case].split(', ')[1]})",
+            f"{product:.1f} s",
+            f"bare verified, sequential {figures['seq'].median:.1f} s",
+            f"< {args.target_seconds:g} s: {verdict}",
         )
         last = runs[-1]
         print(
@@ -509,6 +559,7 @@ def report(args, engine: str, broker: str, figures: dict, products: dict) -> Non
         "call; load: the load calls on every replica; verify: models + probe through the "
         "adapter and the base; record: last call -> recorded succeeded."
     )
+    out.write()
 
 
 if __name__ == "__main__":

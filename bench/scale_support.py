@@ -47,6 +47,9 @@ def setup(prefix: str, database_url: str | None) -> Cast:
     else:
         os.environ.pop("DATABASE_URL", None)
     sys.path.insert(0, str(REPO_ROOT))
+    from bench.results import seed_sqlite
+
+    seed_sqlite(var_dir)
     import django
 
     django.setup()

@@ -15,7 +15,9 @@ the swap window, and the throughput before, during and after the swap:
                 re-read from disk every engine step, vLLM #33791)
   baseline      no swap at all in the same window (the run's own noise floor)
 
-The figures are printed as a table; docs/figures.md quotes them.
+The figures are printed as a table; docs/figures.md quotes them. Real vLLM (no
+stand-in). --smoke: one round, 2 clients, 0.5 s settle; --replica-urls URL uses
+a running server (started with --max-loras 2 --max-cpu-loras 4 --max-lora-rank 16).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 
 import requests
 
+from bench import results as bench_results
 from tests.support.adapters import AdapterSpec, write_adapter_dir
 from tests.support.vllm_servers import ensure_tiny_model, ensure_vllm_installed, start_servers
 
@@ -132,21 +135,31 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--settle", type=float, default=2.0, help="seconds before and after")
-    args = parser.parse_args()
-
-    ensure_vllm_installed()
-    model = ensure_tiny_model()
-    work = Path(tempfile.mkdtemp(prefix="swap-bench-"))
-    (server,) = start_servers(
-        1,
-        model_dir=model,
-        served_name=SERVED_BASE,
-        max_loras=2,
-        max_cpu_loras=4,
-        max_lora_rank=16,
-        log_dir=work / "logs",
-        timeout=300,
+    parser.add_argument(
+        "--replica-urls", default="", help="one running vLLM server (default: start one)"
     )
+    bench_results.add_arguments(parser)
+    args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.clients, args.settle = 1, 2, 0.5
+
+    work = Path(tempfile.mkdtemp(prefix="swap-bench-"))
+    server = None
+    if args.replica_urls:
+        url = args.replica_urls.split(",")[0].strip()
+    else:
+        ensure_vllm_installed()
+        (server,) = start_servers(
+            1,
+            model_dir=ensure_tiny_model(),
+            served_name=SERVED_BASE,
+            max_loras=2,
+            max_cpu_loras=4,
+            max_lora_rank=16,
+            log_dir=work / "logs",
+            timeout=300,
+        )
+        url = server.base_url
     try:
         strategies = ["baseline", "unload+load", "load_inplace"]
         results: dict[str, list[dict]] = {s: [] for s in strategies}
@@ -163,14 +176,16 @@ def main() -> None:
                     )
                     for n in (1, 2)
                 ]
-                results[strategy].append(
-                    one_round(server.base_url, strategy, paths, args.clients, args.settle)
-                )
-        print(
-            f"\nSwap under traffic: real vLLM {server.base_url}, {args.clients} clients, "
+                results[strategy].append(one_round(url, strategy, paths, args.clients, args.settle))
+        heading = (
+            f"Swap under traffic: real vLLM {url}, {args.clients} clients, "
             f"{args.rounds} rounds (medians; worst round in brackets)"
         )
+        print("\n" + heading)
+        out = bench_results.Results("swap_under_traffic", args)
+        out.note(heading)
         columns = ["failed in swap", "failed total", "rps before", "rps during", "rps after"]
+        table = out.table("strategies", ["strategy", *columns, "swap ms"], "swap under traffic")
         print(f"{'strategy':<14}" + "".join(f"{c:>16}" for c in columns) + f"{'swap ms':>10}")
         for strategy, rows in results.items():
             med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
@@ -185,8 +200,21 @@ def main() -> None:
             print(
                 f"{strategy:<14}" + "".join(f"{c:>16}" for c in cells) + f"{med['swap_ms']:>10.0f}"
             )
+            table.row(strategy, *cells, round(med["swap_ms"]))
+            if strategy == "unload+load":  # the default on vLLM 0.32
+                out.headline(
+                    "version swap under traffic, vLLM 0.32 (unload + load)",
+                    f"{med['failed_during']:.0f} failed requests ({worst} worst)",
+                    "no swap: "
+                    + f"{statistics.median(r['failed_during'] for r in results['baseline']):.0f}",
+                    f"0: {'met' if worst == 0 else 'not met'}",
+                )
+        out.write()
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
+        else:  # a shared server: leave it without the load_inplace adapter (it sticks)
+            _post(url, "/v1/unload_lora_adapter", {"lora_name": NAME})
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import tracemalloc
 
 import numpy as np
 
+from bench import results as bench_results
 from registry.ingest.tensor_values import TensorValues
 
 RANK, HIDDEN = 16, 4096
@@ -70,10 +71,18 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=256)
     parser.add_argument("--dtype", default="F32", choices=sorted(ITEM))
     parser.add_argument("--rounds", type=int, default=5)
+    bench_results.add_arguments(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.mb, args.rounds = 8, 1
+    out = bench_results.Results("tensor_values", args)
+    table = out.table("throughput", ["case", "median MB/s", "min s", "max s"], "tensor value scan")
     data = make_file(args.mb, args.dtype)
     mb = len(data) / 1024**2
-    print(f"{mb:.0f} MiB safetensors, {args.dtype}, rank {RANK} x {HIDDEN}, {args.rounds} rounds")
+    heading = f"{mb:.0f} MiB safetensors, {args.dtype}, rank {RANK} x {HIDDEN}"
+    heading += f", {args.rounds} rounds"
+    print(heading)
+    out.note(heading)
     print(f"{'case':<44} {'median MB/s':>12} {'min..max s':>14}")
     for label, size in (("staging, 1 MiB chunks", 1024**2), ("streamed upload, 64 KiB", 64 * 1024)):
 
@@ -90,6 +99,7 @@ def main() -> None:
 
         for name, run in ((f"sha256 (baseline), {label}", sha), (f"value scan, {label}", scan)):
             times = timed(run, args.rounds)
+            table.row(name, mb / statistics.median(times), min(times), max(times))
             print(
                 f"{name:<44} {mb / statistics.median(times):>12.0f} "
                 f"{min(times):>6.2f}..{max(times):.2f}"
@@ -102,6 +112,8 @@ def main() -> None:
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     print(f"value scan peak traced memory: {peak / 1024**2:.2f} MiB (file {mb:.0f} MiB)")
+    out.note(f"value scan peak traced memory: {peak / 1024**2:.2f} MiB (file {mb:.0f} MiB)")
+    out.write()
 
 
 if __name__ == "__main__":

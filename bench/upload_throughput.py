@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from bench import results as bench_results
 from registry.storage import S3ArtifactStore
 from tests.support import s3_server
 
@@ -204,6 +205,11 @@ class RegistryServer:
             **{k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "DJANGO_"))},
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "DJANGO_SECRET_KEY": "bench-only-" + uuid.uuid4().hex,
+            # DEBUG stays off (production's code paths), so the HTTPS redirect
+            # would be on; this server speaks plain http on loopback.
+            "DJANGO_SECURE_SSL_REDIRECT": "false",
+            "DJANGO_SECURE_COOKIES": "false",
+            "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
             "VAR_DIR": str(workdir / "var"),
             "INGEST_STAGING_DIR": str(workdir / "staging"),
             "ARTIFACT_STORE_URL": f"s3://{ctx.bucket}/bench/registry",
@@ -234,6 +240,7 @@ class RegistryServer:
         return result.stdout
 
     def start(self) -> None:
+        bench_results.seed_sqlite(self.workdir / "var")
         self.manage("migrate", "--noinput")
         self.token = self.manage("shell", "-c", _SETUP).strip().splitlines()[-1]
         self.log = open(self.workdir / "server.log", "wb")  # noqa: SIM115 - closed in stop()
@@ -543,7 +550,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--bucket", default="bench", help="bucket, created if missing")
     parser.add_argument("--workdir", type=Path, help="where to write the test file (tmp)")
+    bench_results.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.smoke:  # every case, a file of a few parts
+        args.mb, args.chunk_mb, args.repeat = 8, 5, 1
 
     with ExitStack() as stack:
         if args.endpoint:
@@ -577,7 +587,48 @@ def main(argv: list[str] | None = None) -> int:
         )
         results = run(ctx, args.repeat, args.cases)
         print_table(ctx, results, args.repeat)
+        write_results(args, ctx, results)
     return 0
+
+
+def write_results(args, ctx: BenchContext, results: list[Measurement]) -> None:
+    out = bench_results.Results("upload_throughput", args)
+    out.note(
+        f"file {ctx.size / MB:.0f} MiB, part {ctx.chunk_mb} MiB, concurrency {ctx.concurrency}, "
+        f"{args.repeat} run(s) each, endpoint {'moto server' if not args.endpoint else 'given'}"
+    )
+    table = out.table(
+        "cases",
+        ["case", "seconds", "MB/s", "range", "vs a", "client CPU s", "RSS +MiB", "server RSS +MiB"],
+        "uploads to S3",
+    )
+    baseline = next((m for m in results if m.case == "a" and m.seconds), None)
+    for m in results:
+        if not m.seconds:
+            table.row(f"{m.case}  {m.label}", None, None, m.skipped, None, None, None, None)
+            continue
+        table.row(
+            f"{m.case}  {m.label}",
+            statistics.median(m.seconds),
+            m.mb_per_s,
+            m.spread,
+            f"{m.mb_per_s / baseline.mb_per_s:.2f}" if baseline else "-",
+            statistics.median(m.cpu_seconds),
+            max(m.rss_growth) / MB,
+            max(m.server_rss_growth) / MB if m.server_rss_growth else None,
+        )
+    archive = next((m for m in results if m.case == "d" and m.seconds), None)
+    if archive and baseline:
+        ratio = archive.mb_per_s / baseline.mb_per_s
+        rss = max(archive.server_rss_growth) / MB if archive.server_rss_growth else 0.0
+        out.headline(
+            f"{ctx.size / MB:.0f} MiB `.tar.gz` upload into S3",
+            f"{ratio:.2f}× boto3, server RSS +{rss:.0f} MiB",
+            "boto3 `upload_file`",
+            f"≥ 0.70×: {'met' if ratio >= 0.7 else 'MISSED'}; "
+            f"< 64 MiB: {'met' if rss < 64 else 'MISSED'}",
+        )
+    out.write()
 
 
 if __name__ == "__main__":

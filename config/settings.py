@@ -373,6 +373,18 @@ SERVING_FINGERPRINT_TOLERANCE = cfg.number("SERVING_FINGERPRINT_TOLERANCE", 1e-3
 # Adapters whose weights the reconcile checks on each replica each tick (one greedy
 # completion each), rotating through the replica's adapters; 0 turns the check off.
 SERVING_FINGERPRINT_SAMPLE = cfg.integer("SERVING_FINGERPRINT_SAMPLE", 2, minimum=0)
+# The front door (serving/gateway/, docs/gateway.md): one HAProxy per deployment
+# named in SERVING_GATEWAYS ("local-cpu=127.0.0.1:8200,prod=0.0.0.0:8080": where
+# each listens), its files in SERVING_GATEWAY_DIR/<deployment>/. Empty: no front
+# door, clients call the replicas. A swap waits at most SERVING_GATEWAY_DRAIN_SECONDS
+# for a replica's requests in flight to finish before it unloads the adapter there.
+SERVING_GATEWAY_DIR = Path(cfg.env.str("SERVING_GATEWAY_DIR", default=str(VAR_DIR / "gateway")))
+SERVING_GATEWAYS = cfg.env.dict("SERVING_GATEWAYS", default={})
+# Where a front door's HAProxy runs on another host (Kubernetes: its own pod),
+# the host:port of its runtime API per deployment ("prod=gateway-prod:9999"); the
+# master CLI is the next port, and SERVING_GATEWAY_DIR a volume both mount.
+SERVING_GATEWAY_ADMIN = cfg.env.dict("SERVING_GATEWAY_ADMIN", default={})
+SERVING_GATEWAY_DRAIN_SECONDS = cfg.number("SERVING_GATEWAY_DRAIN_SECONDS", 60.0, minimum=0)
 # Kubernetes replica discovery (manage.py watch_replicas). "auto": in-cluster
 # credentials when running in a pod, else the kubeconfig.
 KUBERNETES_AUTH = cfg.choice("KUBERNETES_AUTH", "auto", {"auto", "in-cluster", "kubeconfig"})
@@ -440,7 +452,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.StandardPagination",
     "DEFAULT_FILTER_BACKENDS": [
-        "registry.api.filters.StrictFilterBackend",
+        "core.api.filters.StrictFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_SCHEMA_CLASS": "core.api.schema.ApiAutoSchema",
@@ -456,6 +468,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "core.api.schema.postprocess_forbid_nul",
+    ],
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     # Vendored Swagger UI: no CDN at run time (air-gapped platforms).
     "SWAGGER_UI_DIST": "SIDECAR",

@@ -10,6 +10,7 @@ from sso import views as sso_views
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("registry.api.urls")),
+    path("api/v1/", include("core.api.urls")),
     path("api/v1/", include("serving.api.urls")),
     path("api/v1/", include("mlflow_bridge.api")),
     path("api/v1/", include("observability.api.urls")),
@@ -18,7 +19,8 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     # Last of the API routes; a path without its trailing slash still gets
     # CommonMiddleware's redirect, since Django tries the slashed path first.
-    re_path(r"^api/.*/$", api_not_found),
+    # [\s\S], not ".": a path with a newline in it is an API path too.
+    re_path(r"^api/[\s\S]*/$", api_not_found),
     path("livez", LivenessView.as_view(), name="livez"),
     path("readyz", ReadinessView.as_view(), name="readyz"),
     *metrics_urlpatterns,

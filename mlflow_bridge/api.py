@@ -47,7 +47,8 @@ class VersionFromRunView(ActorMixin, APIView):
         responses={201: VersionSerializer, 200: VersionSerializer},
         description=(
             "Registers the adapter a FINISHED MLflow run logged at `artifact_path`. "
-            "The same run again returns the existing version (200). 404: unknown run; "
+            "The same run again returns the existing version (200). 404: unknown run, or "
+            "no MLflow on this registry (mlflow_not_configured); "
             "400: no such artifact path (the message lists the run's artifacts); "
             "503: MLflow unreachable, nothing registered."
         ),

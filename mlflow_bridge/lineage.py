@@ -84,7 +84,9 @@ def register_from_run(
             )
         return RegistrationResult(version=existing, created=False)
     if not mlc.is_enabled():
-        raise DependencyUnavailable(
+        # Not an outage (503, retry later) but a registry without the feature:
+        # the operation is not there, as its schema says (404).
+        raise NotFound(
             "MLflow is not configured on this registry (MLFLOW_TRACKING_URI is empty).",
             code="mlflow_not_configured",
         )

@@ -36,6 +36,7 @@ from registry.models import Adapter
 from serving.models import Deployment, HttpAttempt, Replica, ReplicaHealth
 from serving.replica_calls import ReplicaOutcome
 from serving.services.attempts import attempts_record_all
+from serving.services.replica_facts import replica_max_lora_report
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +193,11 @@ def vllm_metrics_observe(
         _state_apply(deployment, states[replica.pk], snapshot, outcome, now)
         result.snapshots[replica.pk] = snapshot
     _update_rows(ReplicaLoraState, list(states.values()), _STATE_FIELDS, before)
+    # The replica's real --max-loras, for the deployment record's check (written
+    # only where it changed).
+    for replica, (_, snapshot) in zip(replicas, readings, strict=True):
+        if snapshot is not None and snapshot.max_lora is not None:
+            replica_max_lora_report(deployment, replica, snapshot.max_lora)
     return result
 
 

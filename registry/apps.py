@@ -5,7 +5,7 @@ class RegistryConfig(AppConfig):
     name = "registry"
     verbose_name = "Adapter registry"
 
-    def ready(self) -> None:
-        from registry import health
+    def ready(self):
+        from registry import receivers
 
-        health.connect()
+        receivers.connect()

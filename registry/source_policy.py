@@ -27,6 +27,16 @@ from core.models import Department
 from registry.models import ArtifactSource
 from registry.storage import parse_s3_uri
 
+# normalize_s3_uri's rules as one regular expression, for the OpenAPI schema: a
+# bucket S3 accepts (3-63 of a-z 0-9 . _ -, no ".."), then a key of segments that
+# are not empty, "." or "..", without "%", whitespace or control characters.
+_CHAR, _NOT_DOT = r"[^/%\s\x00-\x1f]", r"[^/%\s\x00-\x1f.]"
+_SEGMENT = rf"(?:{_NOT_DOT}{_CHAR}*|\.{_NOT_DOT}{_CHAR}*|\.\.{_CHAR}+)"
+S3_URI_PATTERN = (
+    r"^s3://(?![^/]*\.\.)[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]"
+    rf"(?:/(?:{_SEGMENT}/)*{_SEGMENT}?)?$"
+)
+
 
 class SourceNotAllowed(NotAuthorized):
     code = "source_not_allowed"

@@ -22,7 +22,26 @@ $BIN/python manage.py migrate --noinput
 $BIN/python manage.py collectstatic --noinput >/dev/null
 $BIN/python manage.py seed_demo
 
+# The front door (docs/gateway.md): one HAProxy for the demo deployment, the
+# client URL. The control plane keeps its routes (the runtime API on a socket in
+# $VAR/gateway/local-cpu/).
+GATEWAY_PORT="${GATEWAY_PORT:-8200}"
+export SERVING_GATEWAYS="${SERVING_GATEWAYS:-local-cpu=127.0.0.1:$GATEWAY_PORT}"
+export SERVING_GATEWAY_DIR="${SERVING_GATEWAY_DIR:-$VAR/gateway}"
+GATEWAY_CMD=""
+if ! command -v haproxy >/dev/null 2>&1; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; } \
+    >>"$LOG/install.log" 2>&1 || true
+fi
+if command -v haproxy >/dev/null 2>&1; then
+  $BIN/python manage.py gateway_sync local-cpu --base-model tiny-llama >/dev/null
+  GATEWAY_CMD="$($BIN/python manage.py gateway_sync local-cpu --print-command)"
+else
+  echo "run: haproxy is not installed (apt-get install haproxy): no front door" >&2
+fi
+
 DEMO_VLLM_CMD=""
+DEMO_VLLM_CMD_B=""
 if [[ -f scripts/run_vllm.sh && "${RUN_WITHOUT_VLLM:-0}" != "1" ]]; then
   source scripts/run_vllm.sh
 fi
@@ -38,6 +57,12 @@ programs=(
 )
 if [[ -n "$DEMO_VLLM_CMD" ]]; then
   programs+=(--program vllm "$DEMO_VLLM_CMD")
+fi
+if [[ -n "$DEMO_VLLM_CMD_B" ]]; then
+  programs+=(--program vllm-b "$DEMO_VLLM_CMD_B")
+fi
+if [[ -n "$GATEWAY_CMD" ]]; then
+  programs+=(--program gateway "$GATEWAY_CMD")
 fi
 
 # Each worker must also keep consuming its liveness ping (config/celery_liveness.py):
@@ -66,9 +91,15 @@ cat <<MSG
   Logs: $LOG/ (restarts in supervisor.log)   Stop with Ctrl-C.
 
 MSG
+if [[ -n "$GATEWAY_CMD" ]]; then
+  cat <<MSG
+  Front door (OpenAI API for clients, routes by "model"): http://127.0.0.1:$GATEWAY_PORT/v1
+
+MSG
+fi
 if [[ -n "${DEMO_VLLM_URL:-}" ]]; then
   cat <<MSG
-  vLLM for the demo deployment local-cpu: $DEMO_VLLM_URL
+  vLLM replicas of the demo deployment local-cpu: $DEMO_VLLM_URL ${DEMO_VLLM_URL_B:-}
   Upload, approve, promote and query the demo adapters: docs/walkthrough.md
 
 MSG

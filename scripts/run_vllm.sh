@@ -1,12 +1,14 @@
-# Sourced by scripts/run.sh (`make run`), after seed_demo: one local vLLM (CPU
-# build, tiny generated model) registered as the demo deployment "local-cpu".
-# With VLLM_URL set, that server is registered instead.
+# Sourced by scripts/run.sh (`make run`), after seed_demo: two local vLLM
+# replicas (CPU build, tiny generated model) registered as the demo deployment
+# "local-cpu", behind its front door (HAProxy, started by run.sh).
+# With VLLM_URL set, that one server is registered instead.
 #
-# Sourcing installs what is needed and sets DEMO_VLLM_CMD (empty with VLLM_URL):
-# run.sh hands it to its supervisor with the other programs, then calls
-# demo_vllm_register, which waits until vLLM answers and registers it.
+# Sourcing installs what is needed and sets DEMO_VLLM_CMD and DEMO_VLLM_CMD_B
+# (empty with VLLM_URL): run.sh hands them to its supervisor with the other
+# programs, then calls demo_vllm_register, which waits until both answer and
+# registers them.
 #
-#   DEMO_VLLM_PORT (8100)     port of the local vLLM
+#   DEMO_VLLM_PORT (8100)     port of the first local vLLM; the second is the next port
 #   VLLM_URL                  use this running vLLM instead of starting one
 #   VLLM_BASE_MODEL_PATH      with VLLM_URL: a folder with the base model's
 #                             config.json (else read from /v1/models if local)
@@ -40,11 +42,14 @@ if [[ -n "${VLLM_URL:-}" ]]; then
   fi
 else
   DEMO_VLLM_URL="http://127.0.0.1:$DEMO_VLLM_PORT"
-  if curl -fsS -m 2 "$DEMO_VLLM_URL/health" >/dev/null 2>&1; then
-    echo "run: something already answers on $DEMO_VLLM_URL; stop it, set DEMO_VLLM_PORT," >&2
-    echo "     or use it with VLLM_URL=$DEMO_VLLM_URL" >&2
-    exit 1
-  fi
+  DEMO_VLLM_URL_B="http://127.0.0.1:$((DEMO_VLLM_PORT + 1))"
+  for url in "$DEMO_VLLM_URL" "$DEMO_VLLM_URL_B"; do
+    if curl -fsS -m 2 "$url/health" >/dev/null 2>&1; then
+      echo "run: something already answers on $url; stop it, set DEMO_VLLM_PORT," >&2
+      echo "     or use it with VLLM_URL=$url" >&2
+      exit 1
+    fi
+  done
   echo "run: installing vLLM (CPU) into .venv-vllm if needed; the first time takes a few minutes"
   if ! bash scripts/vllm/install.sh >>var/log/vllm-install.log 2>&1; then
     echo "run: vLLM install failed; see var/log/vllm-install.log" >&2
@@ -56,22 +61,29 @@ else
   # No inherited VLLM_API_KEY: the demo server runs without one.
   DEMO_VLLM_CMD="env -u VLLM_API_KEY bash scripts/vllm/serve.sh --port $DEMO_VLLM_PORT \
     --model $DEMO_MODEL_DIR --name tiny-llama --max-loras 4 --max-cpu-loras 8 --max-lora-rank 16"
-  register_args=(--url "$DEMO_VLLM_URL" --base-model-path "$DEMO_MODEL_DIR")
+  # The second replica: the front door then has a choice, and a swap drains one
+  # replica while the other serves.
+  DEMO_VLLM_CMD_B="env -u VLLM_API_KEY bash scripts/vllm/serve.sh --port $((DEMO_VLLM_PORT + 1)) \
+    --model $DEMO_MODEL_DIR --name tiny-llama --max-loras 4 --max-cpu-loras 8 --max-lora-rank 16"
+  register_args=(--url "$DEMO_VLLM_URL" --url "$DEMO_VLLM_URL_B" --base-model-path "$DEMO_MODEL_DIR")
 fi
 
 demo_vllm_register() {
   if [[ -n "${DEMO_VLLM_CMD:-}" ]]; then
-    echo "run: starting vLLM on $DEMO_VLLM_URL (log: var/log/vllm.log, about 30 s)"
-    for _ in $(seq 1 360); do
-      _vllm_ready "$DEMO_VLLM_URL" && break
-      sleep 0.5
+    echo "run: starting vLLM on $DEMO_VLLM_URL and $DEMO_VLLM_URL_B (logs: vllm.log, vllm-b.log, about 30 s)"
+    for url in "$DEMO_VLLM_URL" "$DEMO_VLLM_URL_B"; do
+      for _ in $(seq 1 480); do
+        _vllm_ready "$url" && break
+        sleep 0.5
+      done
+      if ! _vllm_ready "$url"; then
+        echo "run: vLLM at $url not ready after 240 s; see $LOG/vllm.log and vllm-b.log" >&2
+        return 1
+      fi
     done
-    if ! _vllm_ready "$DEMO_VLLM_URL"; then
-      echo "run: vLLM not ready after 180 s; see var/log/vllm.log" >&2
-      tail -n 30 var/log/vllm.log >&2
-      return 1
-    fi
   fi
   $BIN/python manage.py register_local_deployment --name local-cpu --environment local \
     --max-loras 4 --max-cpu-loras 8 --max-lora-rank 16 "${register_args[@]}"
+  # Route through the front door at once, not at the first reconcile.
+  $BIN/python manage.py gateway_sync local-cpu
 }

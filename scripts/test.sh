@@ -47,13 +47,15 @@ if ((strict)); then
   fi
   # Set before looking for the tools, so a tier whose tool vanishes later (or
   # whose check in the tests disagrees with this script's) fails instead of skipping.
-  export REQUIRE_MLFLOW=1 REQUIRE_OIDC=1 REQUIRE_DEPLOY_TOOLS=1
+  export REQUIRE_MLFLOW=1 REQUIRE_OIDC=1 REQUIRE_DEPLOY_TOOLS=1 REQUIRE_HAPROXY=1
 fi
 
 if [[ "${SKIP_VLLM:-0}" == "1" ]]; then
   cannot_run vllm "SKIP_VLLM=1"
 else
   bash scripts/vllm/install.sh || cannot_run vllm "scripts/vllm/install.sh failed"
+  # peft for the conformance tier's cases (tests/conformance), into the same venv.
+  bash scripts/conformance/install.sh || cannot_run conformance "scripts/conformance/install.sh failed"
 fi
 if [[ "${SKIP_MLFLOW:-0}" == "1" ]]; then
   cannot_run mlflow "SKIP_MLFLOW=1"
@@ -98,6 +100,15 @@ if command -v kubectl >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>
   export REQUIRE_DEPLOY_TOOLS=1 # installed: the deploy tests must run, not skip
 else
   cannot_run deploy "kubectl and docker-compose could not be installed"
+fi
+# The front door (serving/gateway/) is Debian's haproxy; its tests run a real one.
+if ! command -v haproxy >/dev/null 2>&1; then
+  apt_install haproxy || true
+fi
+if command -v haproxy >/dev/null 2>&1; then
+  export REQUIRE_HAPROXY=1 # installed: the front door tests must run, not skip
+else
+  cannot_run gateway "haproxy could not be installed"
 fi
 # The Prometheus tier runs Debian's prometheus (and promtool for the alert rules).
 if [[ ! -x /usr/bin/prometheus || ! -x /usr/bin/promtool ]]; then

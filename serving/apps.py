@@ -7,8 +7,12 @@ class ServingConfig(AppConfig):
 
     def ready(self):
         from registry import signals as registry_signals
-        from serving import receivers
+        from serving import receivers, signals
+        from serving.gateway import receivers as gateway_receivers
 
         registry_signals.version_transitioned.connect(
             receivers.retire_when_deprecated, dispatch_uid="serving.retire_when_deprecated"
+        )
+        signals.reconcile_finished.connect(
+            gateway_receivers.sync_after_reconcile, dispatch_uid="serving.gateway.sync"
         )

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db.models import Count, F, Window
 from django.db.models.functions import RowNumber
 
+from serving.base_models import EMBEDDING_MODULES
 from serving.models import Deployment, HttpAttempt, ServedAdapter
 from serving.planner import ModelShape, lora_pool_bytes, lora_slot_bytes
 
@@ -37,7 +38,9 @@ def deployment_shape(deployment: Deployment) -> ModelShape | None:
     modules = {
         name: (int(dims[0]), int(dims[1]))
         for name, dims in (deployment.module_dims or {}).items()
-        if isinstance(dims, list | tuple) and len(dims) == 2
+        # The planner's modules are one decoder layer's; it sizes the embedding and
+        # the head itself, from vocab_size.
+        if isinstance(dims, list | tuple) and len(dims) == 2 and name not in EMBEDDING_MODULES
     }
     return ModelShape(
         hidden_size=values["hidden_size"],

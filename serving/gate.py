@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from registry.models import AdapterVersion
+from serving.base_models import EMBEDDING_MODULES, KNOWN_ARCHITECTURES
 from serving.capacity import cold_load, pool_figures
 from serving.models import Deployment, Rollout, RolloutKind, ServedAdapter
 from serving.transitions import ROLLOUT_TERMINAL
@@ -84,11 +85,21 @@ def check_target_modules(deployment: Deployment, version: AdapterVersion) -> Gat
             f"{deployment.architecture or 'unknown'}; enter module_dims for it.",
         )
     missing = sorted(set(version.target_modules) - known)
+    embeddings = [m for m in missing if m in EMBEDDING_MODULES]
+    if embeddings and deployment.architecture in KNOWN_ARCHITECTURES:
+        return GateCheck(
+            "target_modules",
+            False,
+            f"The adapter adapts {', '.join(embeddings)}, but vLLM serves no LoRA on the "
+            f"embeddings or the output head of {deployment.architecture}. Retrain without "
+            f"{', '.join(embeddings)} in target_modules.",
+        )
     if missing:
         return GateCheck(
             "target_modules",
             False,
-            f"Target modules {', '.join(missing)} do not exist in {deployment.architecture}.",
+            f"Target modules {', '.join(missing)} do not exist in {deployment.architecture}. "
+            "Retrain with target_modules the base model has.",
         )
     return GateCheck("target_modules", True, "Every target module exists in the architecture.")
 

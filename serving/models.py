@@ -186,6 +186,10 @@ class Replica(models.Model):
     # replica per tick is most of the table at fleet scale).
     in_sync_polls = models.PositiveBigIntegerField(default=0)
     in_sync_since = models.DateTimeField(null=True, blank=True)
+    # What the replica itself says it serves, read by reconcile (serving.replica_facts):
+    # {"base_model": served name, "root": model path} from /v1/models' base card and
+    # {"max_lora": n} from the max_lora label of vllm:lora_requests_info.
+    reported_facts = models.JSONField(default=dict, blank=True)
 
     class Meta:
         constraints = [
@@ -393,6 +397,7 @@ class DriftKind(models.TextChoices):
     REPLICA_DOWN = "replica_down", "Replica down"
     REPLICA_UP = "replica_up", "Replica back up"
     FINGERPRINT_MISMATCH = "fingerprint_mismatch", "Stale weights (fingerprint mismatch)"
+    FACT_DISPUTED = "fact_disputed", "Replica disagrees with the deployment record"
 
 
 class DriftEvent(models.Model):

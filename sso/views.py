@@ -21,7 +21,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from mozilla_django_oidc import views as oidc_views
 
-from registry.web.forms import SignInForm
+from core.forms import SignInForm
 from sso import discovery
 from sso.backends import TOKEN_EXPIRES_AT
 from sso.conf import OIDC_BACKEND

@@ -42,6 +42,14 @@ class ErrorEnvelopeSerializer(serializers.Serializer):
 
 
 class ApiAutoSchema(AutoSchema):
+    def map_parsers(self):
+        # Request bodies are documented as JSON. The parsers also take form and
+        # multipart bodies (the browsable API, old scripts), but those cannot say
+        # null, an empty list or a nested object, so a schema offering them would
+        # offer requests it cannot keep. Uploads name their content types
+        # explicitly (multipart for files, JSON for s3_uri).
+        return ["application/json"]
+
     def _get_response_bodies(self, direction="response"):
         responses = super()._get_response_bodies(direction)
         for code in sorted(self.error_statuses()):
@@ -93,3 +101,39 @@ class ApiAutoSchema(AutoSchema):
             p.get("in") == "query"
             for p in self._get_parameters()  # extend_schema parameters, filters, pagination
         )
+
+
+# Every DRF CharField (and django-filter's CharFilter) refuses "\x00" in a value;
+# without this pattern the schema would call such strings valid.
+NO_NUL = "^[^\\x00]*$"
+
+
+def _forbid_nul(schema) -> None:
+    if isinstance(schema, list):
+        for item in schema:
+            _forbid_nul(item)
+        return
+    if not isinstance(schema, dict):
+        return
+    if schema.get("type") == "string" and not ({"pattern", "enum", "format"} & schema.keys()):
+        schema["pattern"] = NO_NUL
+    for key in ("properties", "additionalProperties", "items", "allOf", "anyOf", "oneOf"):
+        if key == "properties":
+            for value in schema.get(key, {}).values():
+                _forbid_nul(value)
+        elif key in schema:
+            _forbid_nul(schema[key])
+
+
+def postprocess_forbid_nul(result, generator, request, public):
+    """drf-spectacular postprocessing hook: the NUL rule on every string a
+    request carries (request bodies' components, query parameters)."""
+    for name, component in result.get("components", {}).get("schemas", {}).items():
+        if name.endswith("Request"):  # COMPONENT_SPLIT_REQUEST: request-only components
+            _forbid_nul(component)
+    for item in result.get("paths", {}).values():
+        for operation in item.values():
+            for parameter in operation.get("parameters", []):
+                if parameter.get("in") == "query":
+                    _forbid_nul(parameter.get("schema"))
+    return result

@@ -37,14 +37,15 @@ def size(value: int | None) -> str:
     1024 but prints "GB", which made 40 GiB of GPU memory read as 40 GB."""
     if value is None:
         return "—"
+    # A no-break space, as filesizeformat had: a figure never wraps apart from its unit.
     if abs(value) < 1024:
-        return f"{value} bytes"
+        return f"{value}\xa0bytes"
     amount = float(value)
     for unit in ("KiB", "MiB", "GiB"):
         amount /= 1024
         if abs(amount) < 1024:
-            return f"{amount:.1f} {unit}"
-    return f"{amount / 1024:.1f} TiB"
+            return f"{amount:.1f}\xa0{unit}"
+    return f"{amount / 1024:.1f}\xa0TiB"
 
 
 @register.filter

@@ -23,7 +23,8 @@ class PlannerInputSerializer(serializers.Serializer):
     its configuration); any other field given overrides what the deployment says."""
 
     deployment = serializers.SlugField(required=False, help_text="Plan for this deployment.")
-    config = serializers.JSONField(
+    # An object in the schema, as planning needs (a config.json is one).
+    config = serializers.DictField(
         required=False,
         help_text="The base model's config.json (hidden_size, num_hidden_layers, …).",
     )

@@ -1,46 +1,7 @@
 import django_filters
-from django import forms
-from django_filters.rest_framework import DjangoFilterBackend
-from drf_spectacular.utils import extend_schema_field
 
-from core.models import AuditEvent
+from core.api.filters import IntegerFilter, StrictFilterSet
 from registry.models import Adapter, AdapterVersion, VersionStatus
-
-MAX_ID = 2**63 - 1  # a database integer; a larger one was a 500 (overflow), not a 400
-
-
-class StrictFilterSet(django_filters.FilterSet):
-    """django-filter skips a parameter given empty (`?status=`, `?until=`) as if
-    it were absent; the schema says it is an enum / a date-time, so it is a 400.
-    An empty text filter is a valid string and still matches as before."""
-
-    def is_valid(self):
-        valid = super().is_valid()
-        for name, value in self.data.items():
-            declared = self.filters.get(name)
-            if value == "" and declared and not isinstance(declared, django_filters.CharFilter):
-                self.form.add_error(name, "Give a value or leave the parameter out.")
-                valid = False
-        return valid
-
-
-class StrictFilterBackend(DjangoFilterBackend):
-    # Also the base of the FilterSets built from a view's `filterset_fields`.
-    filterset_base = StrictFilterSet
-
-
-class _IntegerField(forms.IntegerField):
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("min_value", 1)
-        kwargs.setdefault("max_value", MAX_ID)
-        super().__init__(*args, **kwargs)
-
-
-@extend_schema_field({"type": "integer", "minimum": 1, "maximum": MAX_ID})
-class IntegerFilter(django_filters.NumberFilter):
-    # NumberFilter parses a decimal, so ?number=0.5 matched nothing instead of
-    # being refused as the integer the schema declares.
-    field_class = _IntegerField
 
 
 class AdapterFilter(StrictFilterSet):
@@ -64,16 +25,3 @@ class VersionFilter(StrictFilterSet):
     class Meta:
         model = AdapterVersion
         fields = ["department", "adapter", "status", "number", "mlflow_run_id"]
-
-
-class AuditEventFilter(StrictFilterSet):
-    department = django_filters.CharFilter(field_name="department__slug")
-    action = django_filters.CharFilter()
-    action_prefix = django_filters.CharFilter(field_name="action", lookup_expr="startswith")
-    actor = django_filters.CharFilter(field_name="actor__username")
-    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
-
-    class Meta:
-        model = AuditEvent
-        fields = ["department", "action", "object_type", "object_id", "request_id"]

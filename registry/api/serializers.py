@@ -3,32 +3,33 @@ handed to services."""
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from core.models import Ability, ApiToken, AuditEvent, Department, Membership, Role
 from registry.lineage import run_ui_url
-from registry.models import Adapter, AdapterVersion, ArtifactSource
+from registry.models import SERVED_NAME_PATTERN, Adapter, AdapterVersion, ArtifactSource
+from registry.source_policy import S3_URI_PATTERN
 from registry.transitions import allowed_actions_from
 
 
-class DepartmentSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = Department
-        fields = ["id", "slug", "name", "created_at"]
+@extend_schema_field({"type": "string", "maxLength": 1000, "pattern": S3_URI_PATTERN})
+class S3UriField(serializers.CharField):
+    """Checked (and normalized) by registry.sources, whose error names the rule
+    broken; the schema states the same rules as a pattern."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_length=1000, **kwargs)
 
 
-class MembershipSerializer(serializers.ModelSerializer):
-    username = serializers.CharField(source="user.username")
-    department = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-
-    class Meta:
-        model = Membership
-        fields = ["id", "username", "department", "role", "created_at"]
+@extend_schema_field({"type": "string", "maxLength": 500, "pattern": r"^https?://"})
+class EndpointUrlField(serializers.CharField):
+    def __init__(self, **kwargs):
+        super().__init__(max_length=500, **kwargs)
 
 
-class MembershipInputSerializer(serializers.Serializer):
-    username = serializers.CharField(max_length=150)
-    role = serializers.ChoiceField(choices=Role.choices)
+class DepartmentSlugField(serializers.SlugField):
+    def to_representation(self, department):
+        return department.slug
 
 
 class AdapterSerializer(serializers.ModelSerializer):
@@ -56,7 +57,8 @@ class AdapterCreateSerializer(serializers.Serializer):
     name = serializers.SlugField(max_length=100)
     description = serializers.CharField(required=False, allow_blank=True, default="")
     base_model = serializers.CharField(max_length=300)
-    served_name = serializers.CharField(max_length=128, required=False)
+    # The model's validator, here so that the schema states it (pattern, length).
+    served_name = serializers.RegexField(SERVED_NAME_PATTERN, max_length=128, required=False)
     owners = serializers.ListField(child=serializers.CharField(), required=False)
 
 
@@ -154,85 +156,43 @@ class VersionRegisterSerializer(serializers.Serializer):
     files = serializers.ListField(
         child=serializers.FileField(allow_empty_file=True), required=False
     )
-    s3_uri = serializers.CharField(required=False, max_length=1000)
+    s3_uri = S3UriField(required=False)
     mlflow_run_id = serializers.CharField(required=False, allow_blank=True, max_length=64)
     mlflow_run_uri = serializers.CharField(required=False, allow_blank=True, max_length=1000)
     source_commit = serializers.CharField(required=False, allow_blank=True, max_length=100)
     dataset = serializers.CharField(required=False, allow_blank=True, max_length=300)
 
 
+class _LineageFields(serializers.Serializer):
+    mlflow_run_id = serializers.CharField(required=False, allow_blank=True, max_length=64)
+    mlflow_run_uri = serializers.CharField(required=False, allow_blank=True, max_length=1000)
+    source_commit = serializers.CharField(required=False, allow_blank=True, max_length=100)
+    dataset = serializers.CharField(required=False, allow_blank=True, max_length=300)
+
+
+class VersionUploadSerializer(_LineageFields):
+    """The schema of a multipart registration: the artifact is its files (one
+    archive, or the adapter's files). Parsed by VersionRegisterSerializer."""
+
+    files = serializers.ListField(child=serializers.FileField(), min_length=1)
+
+
+class VersionFromS3Serializer(_LineageFields):
+    """The schema of a JSON registration: the artifact is under `s3_uri`, inside
+    one of the department's artifact sources. Parsed by VersionRegisterSerializer."""
+
+    s3_uri = S3UriField()
+
+
 class TransitionSerializer(serializers.Serializer):
     comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=5000)
 
 
-class AuditEventSerializer(serializers.ModelSerializer):
-    department = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    actor = serializers.CharField(source="actor_label", read_only=True)
-
-    class Meta:
-        model = AuditEvent
-        fields = [
-            "id",
-            "created_at",
-            "actor",
-            "action",
-            "department",
-            "object_type",
-            "object_id",
-            "object_repr",
-            "from_state",
-            "to_state",
-            "comment",
-            "request_id",
-            "client_address",
-            "details",
-        ]
-
-
-class TokenSerializer(serializers.ModelSerializer):
-    department = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    created_by = serializers.SlugRelatedField(
-        slug_field="username", read_only=True, allow_null=True
-    )
-    service_account = serializers.StringRelatedField(
-        read_only=True, help_text="department/name when the token acts as a service account"
-    )
-
-    class Meta:
-        model = ApiToken
-        fields = [
-            "id",
-            "name",
-            "prefix",
-            "department",
-            "service_account",
-            "abilities",
-            "created_by",
-            "created_at",
-            "expires_at",
-            "revoked_at",
-            "last_used_at",
-        ]
-
-
-class TokenCreateSerializer(serializers.Serializer):
-    department = serializers.SlugField()
-    name = serializers.CharField(max_length=100)
-    abilities = serializers.ListField(
-        child=serializers.ChoiceField(choices=Ability.choices), allow_empty=False
-    )
-    expires_in_days = serializers.IntegerField(required=False, min_value=1)
-
-
-class TokenCreatedSerializer(TokenSerializer):
-    secret = serializers.CharField(read_only=True, help_text="Shown once. Store it now.")
-
-    class Meta(TokenSerializer.Meta):
-        fields = TokenSerializer.Meta.fields + ["secret"]
-
-
 class ArtifactSourceSerializer(serializers.ModelSerializer):
-    department = serializers.SlugRelatedField(slug_field="slug", queryset=Department.objects.all())
+    # A slug the view resolves: one that names no department is a 404.
+    department = DepartmentSlugField()
+    uri_prefix = S3UriField()
+    endpoint_url = EndpointUrlField(required=False, allow_blank=True)
     secret_access_key = serializers.CharField(
         write_only=True, required=False, allow_blank=True, style={"input_type": "password"}
     )

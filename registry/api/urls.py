@@ -3,11 +3,8 @@ from rest_framework.routers import DefaultRouter
 from registry.api import views
 
 router = DefaultRouter()
-router.register("departments", views.DepartmentViewSet, basename="department")
 router.register("adapters", views.AdapterViewSet, basename="adapter")
 router.register("versions", views.VersionViewSet, basename="version")
-router.register("audit-events", views.AuditEventViewSet, basename="audit-event")
-router.register("tokens", views.TokenViewSet, basename="token")
 router.register("artifact-sources", views.ArtifactSourceViewSet, basename="artifact-source")
 
 urlpatterns = router.urls

@@ -4,22 +4,22 @@ service or selector with the Actor, and serializes the result."""
 from __future__ import annotations
 
 from django.conf import settings
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
-from core.access import require_contributor, require_platform_admin, require_token_ability
+from core import selectors as core_selectors
+from core.access import require_contributor, require_platform_admin
+from core.api.filters import IntegerFilter, StrictFilterSet
 from core.api.views import ActorMixin, schema_only
 from core.body_limit import accepts_large_body
 from core.errors import NotFound
-from core.models import Ability, ApiToken, AuditEvent, Department
-from core.services.departments import department_create, membership_remove, membership_set
-from core.services.tokens import token_create, token_revoke
+from core.models import Ability, Department
 from registry import selectors
 from registry.api import serializers as s
-from registry.api.filters import AdapterFilter, AuditEventFilter, VersionFilter
+from registry.api.filters import AdapterFilter, VersionFilter
 from registry.artifact_store import get_artifact_store
 from registry.ingest.incoming import S3Prefix, UploadedFiles
 from registry.ingest.streamed import install_streaming_handler
@@ -45,68 +45,6 @@ from registry.services.versions import (
     version_register,
     version_transition,
 )
-
-
-class DepartmentViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
-    serializer_class = s.DepartmentSerializer
-    # For the schema generator only; rows always come from the selectors.
-    queryset = Department.objects.none()
-    lookup_field = "slug"
-    ordering_fields = ["slug", "name"]
-
-    def get_queryset(self):
-        if schema_only(self):
-            return Department.objects.none()
-        return selectors.departments_for(self.actor)
-
-    def get_object(self):
-        return selectors.department_get(self.actor, self.kwargs["slug"])
-
-    @extend_schema(request=s.DepartmentSerializer, responses={201: s.DepartmentSerializer})
-    def create(self, request):
-        data = s.DepartmentSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        department = department_create(actor=self.actor, **data.validated_data)
-        return Response(s.DepartmentSerializer(department).data, status=status.HTTP_201_CREATED)
-
-    @extend_schema(responses=s.MembershipSerializer(many=True))
-    @action(detail=True, methods=["get"])
-    def memberships(self, request, slug=None):
-        require_token_ability(self.actor, Ability.READ_AUDIT)
-        department = self.get_object()
-        rows = (
-            selectors.memberships_for(self.actor)
-            .filter(department=department)
-            .order_by("user__username")
-        )
-        # Paginated like every other list (the schema said so; the body was a bare list).
-        page = self.paginate_queryset(rows)
-        return self.get_paginated_response(s.MembershipSerializer(page, many=True).data)
-
-    @extend_schema(request=s.MembershipInputSerializer, responses=s.MembershipSerializer)
-    @memberships.mapping.post
-    def set_membership(self, request, slug=None):
-        department = self.get_object()
-        data = s.MembershipInputSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        membership = membership_set(actor=self.actor, department=department, **data.validated_data)
-        return Response(s.MembershipSerializer(membership).data, status=status.HTTP_200_OK)
-
-    @extend_schema(request=None, responses={204: None})
-    @action(detail=True, methods=["delete"], url_path=r"memberships/(?P<username>[^/]+)")
-    def remove_membership(self, request, slug=None, username=None):
-        department = self.get_object()
-        membership = (
-            selectors.memberships_for(self.actor)
-            .filter(department=department, user__username=username)
-            .first()
-        )
-        if membership is None:
-            from core.errors import NotFound
-
-            raise NotFound("Membership not found.")
-        membership_remove(actor=self.actor, membership=membership)
-        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class AdapterViewSet(
@@ -145,7 +83,7 @@ class AdapterViewSet(
         data = s.AdapterCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
-        department = selectors.department_get(self.actor, values.pop("department"))
+        department = core_selectors.department_get(self.actor, values.pop("department"))
         adapter = adapter_create(actor=self.actor, department=department, **values)
         return Response(s.AdapterSerializer(adapter).data, status=status.HTTP_201_CREATED)
 
@@ -174,8 +112,8 @@ class AdapterViewSet(
     @extend_schema(
         methods=["POST"],
         request={
-            "multipart/form-data": s.VersionRegisterSerializer,
-            "application/json": s.VersionRegisterSerializer,
+            "multipart/form-data": s.VersionUploadSerializer,
+            "application/json": s.VersionFromS3Serializer,
         },
         parameters=[
             OpenApiParameter(
@@ -313,56 +251,14 @@ class VersionViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     archive = _transition_action("archive", "deprecated → archived.")
 
 
-class AuditEventViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
-    serializer_class = s.AuditEventSerializer
-    # For the schema generator only; rows always come from the selectors.
-    queryset = AuditEvent.objects.none()
-    filterset_class = AuditEventFilter
-    ordering_fields = ["created_at", "action"]
+class ArtifactSourceFilter(StrictFilterSet):
+    # By id, not a model choice: an unknown id matches nothing (an empty page),
+    # as every other id filter does, instead of a 400 the schema cannot predict.
+    department = IntegerFilter(field_name="department_id")
 
-    def get_queryset(self):
-        if schema_only(self):
-            return AuditEvent.objects.none()
-        require_token_ability(self.actor, Ability.READ_AUDIT)
-        return selectors.audit_events_for(self.actor)
-
-
-@extend_schema_view(
-    create=extend_schema(
-        request=s.TokenCreateSerializer, responses={201: s.TokenCreatedSerializer}
-    ),
-    revoke=extend_schema(request=None, responses=s.TokenSerializer),
-)
-class TokenViewSet(
-    ActorMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
-):
-    serializer_class = s.TokenSerializer
-    # For the schema generator only; rows always come from the selectors.
-    queryset = ApiToken.objects.none()
-    ordering_fields = ["created_at", "expires_at"]
-
-    def get_queryset(self):
-        if schema_only(self):
-            return ApiToken.objects.none()
-        return selectors.tokens_for(self.actor)
-
-    def get_object(self):
-        return selectors.token_get(self.actor, self.lookup_id())
-
-    def create(self, request):
-        data = s.TokenCreateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        values = dict(data.validated_data)
-        department = selectors.department_get(self.actor, values.pop("department"))
-        token, secret = token_create(actor=self.actor, department=department, **values)
-        body = s.TokenSerializer(token).data
-        body["secret"] = secret
-        return Response(body, status=status.HTTP_201_CREATED)
-
-    @action(detail=True, methods=["post"])
-    def revoke(self, request, pk=None):
-        token = token_revoke(actor=self.actor, token=self.get_object())
-        return Response(s.TokenSerializer(token).data)
+    class Meta:
+        model = ArtifactSource
+        fields = ["department"]
 
 
 class ArtifactSourceViewSet(ActorMixin, viewsets.ModelViewSet):
@@ -372,7 +268,7 @@ class ArtifactSourceViewSet(ActorMixin, viewsets.ModelViewSet):
     serializer_class = s.ArtifactSourceSerializer
     # For the schema generator only; rows always come from the selectors.
     queryset = ArtifactSource.objects.none()
-    filterset_fields = ["department"]
+    filterset_class = ArtifactSourceFilter
     ordering_fields = ["uri_prefix", "created_at"]
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
@@ -390,7 +286,11 @@ class ArtifactSourceViewSet(ActorMixin, viewsets.ModelViewSet):
         require_platform_admin(self.actor)
         data = s.ArtifactSourceSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        source = artifact_source_create(actor=self.actor, **data.validated_data)
+        values = dict(data.validated_data)
+        values["department"] = Department.objects.filter(slug=values["department"]).first()
+        if values["department"] is None:
+            raise NotFound("No such department.", code="department_not_found")
+        source = artifact_source_create(actor=self.actor, **values)
         return Response(s.ArtifactSourceSerializer(source).data, status=status.HTTP_201_CREATED)
 
     def partial_update(self, request, pk=None):

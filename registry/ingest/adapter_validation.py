@@ -50,6 +50,36 @@ BASE_MODIFYING_INITS = {
     ),
 }
 
+# String inits that only set the adapter's starting weights (vLLM 0.32 loads these;
+# any other string it refuses).
+PLAIN_INITS = {"gaussian", "eva", "orthogonal", "mica", "lora_ga"}
+_RETRAIN = "Retrain without it, as a plain LoRA."
+UNSUPPORTED_FEATURES = {
+    "lora_bias": (
+        "lora_bias_unsupported",
+        "lora_B carries a bias vector",
+        "Retrain with lora_bias=False.",
+    ),
+    "alora_invocation_tokens": (
+        "alora_unsupported",
+        "an Activated LoRA, applied only after its invocation tokens",
+        _RETRAIN,
+    ),
+    "layer_replication": ("layer_replication_unsupported", "layers are replicated", _RETRAIN),
+    "use_bdlora": ("bdlora_unsupported", "a block-diagonal LoRA", _RETRAIN),
+    "use_qalora": ("qalora_unsupported", "a QA-LoRA", _RETRAIN),
+    "trainable_token_indices": (
+        "trainable_tokens_unsupported",
+        "the embeddings of some tokens are trained as a delta",
+        "Retrain without trainable_token_indices, or target embed_tokens with LoRA "
+        "(target_modules) on an architecture whose vLLM model serves embedding LoRA.",
+    ),
+}
+# The full input embedding / output head PEFT saves beside their LoRA pair when
+# they are targeted (save_embedding_layers="auto"). vLLM skips them on load.
+BASE_LAYER_TENSOR = re.compile(
+    r"base_model\.model\.(.+\.)?(embed_tokens|lm_head)\.base_layer\.weight"
+)
 LORA_TENSOR = re.compile(r"base_model\.model\.(?P<path>.+)\.(?P<kind>lora_[AB])\.weight")
 EMBEDDING_TENSOR = re.compile(r"base_model\.model\.(?P<path>.+)\.(?P<kind>lora_embedding_[AB])")
 
@@ -220,6 +250,7 @@ def _check_config(config: dict) -> _Rules:
         )
     targets = _target_rule(config.get("target_modules"))
     _check_init(config.get("init_lora_weights", True))
+    _check_unsupported_features(config)
 
     if config.get("use_dora"):
         raise ArtifactRejected(
@@ -275,6 +306,24 @@ def _check_init(init) -> None:
                 f"init_lora_weights is {init!r}: {method} changes the base model's weights "
                 "during training, so this adapter only fits that changed base and vLLM "
                 f"would apply it to the original one. {fix}",
+            )
+    if init.lower() not in PLAIN_INITS:
+        raise ArtifactRejected(
+            "unsupported_init",
+            f"init_lora_weights is {init!r}, which vLLM refuses to load (it serves "
+            f"{', '.join(sorted(PLAIN_INITS))} or true/false). If the adapter is a plain "
+            "LoRA, set init_lora_weights to true in adapter_config.json.",
+        )
+
+
+def _check_unsupported_features(config: dict) -> None:
+    """PEFT options that change what the adapter computes and that vLLM 0.32
+    refuses to load (vllm/lora/peft_helper.py `_validate_features`)."""
+    for field_name, (code, what, fix) in UNSUPPORTED_FEATURES.items():
+        if config.get(field_name):
+            raise ArtifactRejected(
+                code,
+                f"{field_name} is set ({what}); vLLM cannot serve such an adapter. {fix}",
             )
 
 
@@ -337,7 +386,11 @@ def _check_tensors(
             rf"base_model\.model\.(.+\.)?({heads})(\.modules_to_save)?\.(weight|bias)"
         )
     params_by_dtype: Counter[str] = Counter()
+    base_layers = 0
     for tensor in tensors:
+        if BASE_LAYER_TENSOR.fullmatch(tensor.name):
+            base_layers += tensor.numel
+            continue
         if tensor.dtype not in DTYPE_NAMES:
             raise ArtifactRejected(
                 "unsupported_dtype",
@@ -363,7 +416,6 @@ def _check_tensors(
     shapes: dict[str, ModuleShape] = {}
     layers: set[str] = set()
     leaves_found: set[str] = set()
-    targets_seen: set[str] = set()
     for path, slot in sorted(pairs.items()):
         a, b = _pair(path, slot)
         rank = a.shape[0]
@@ -390,7 +442,6 @@ def _check_tensors(
                     f"The weights adapt {path!r}, but {leaf!r} is not in target_modules "
                     f"{list(rules.targets)}.",
                 )
-            targets_seen.add(target)
         elif rules.targets is not None and not rules.targets.fullmatch(path):
             raise ArtifactRejected(
                 "target_modules_mismatch",
@@ -412,18 +463,14 @@ def _check_tensors(
             )
         shapes[leaf] = current
 
+    # A target_modules entry without tensors is not refused: PEFT lists what it
+    # was asked for (all-linear before exclude_modules, every layer before
+    # layers_to_transform), and vLLM, like PEFT, adapts what the tensors hold.
     if not pairs:
         raise ArtifactRejected("no_lora_tensors", f"{WEIGHTS_NAME} contains no LoRA weights.")
-    if isinstance(rules.targets, tuple):
-        missing = [t for t in rules.targets if t not in targets_seen]
-        if missing:
-            raise ArtifactRejected(
-                "target_modules_mismatch",
-                f"target_modules lists {missing} but the weights contain no LoRA "
-                "tensors for them. Fix target_modules or upload the complete weights.",
-            )
-
-    parameter_count = sum(t.numel for t in tensors)
+    # The saved base embedding/head copies are not adapter weights and vLLM never
+    # loads them: left out of the size that sets the serving memory.
+    parameter_count = sum(t.numel for t in tensors) - base_layers
     dominant = max(sorted(params_by_dtype), key=lambda d: params_by_dtype[d])
     return AdapterMetadata(
         peft_type="LORA",

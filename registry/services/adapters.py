@@ -7,7 +7,7 @@ from django.db import IntegrityError, transaction
 from core.access import require_contributor
 from core.actors import Actor
 from core.audit import audit_record
-from core.errors import Conflict, ValidationFailed
+from core.errors import Conflict, NotFound, ValidationFailed
 from core.models import Ability, Department, Membership
 from registry.models import Adapter
 
@@ -22,7 +22,9 @@ def _owners_in_department(department: Department, usernames: list[str]) -> list:
     users = list(get_user_model().objects.filter(username__in=usernames, is_active=True))
     missing = set(usernames) - {u.username for u in users}
     if missing:
-        raise ValidationFailed(f"Unknown owners: {', '.join(sorted(missing))}.", code="bad_owner")
+        # Like every other name a request refers to (its department, a deployment):
+        # one that names nobody is not found.
+        raise NotFound(f"Unknown owners: {', '.join(sorted(missing))}.", code="owner_not_found")
     members = set(
         Membership.objects.filter(department=department, user__in=users).values_list(
             "user__username", flat=True

@@ -6,22 +6,10 @@ from __future__ import annotations
 
 from django import forms
 from django.conf import settings
-from django.contrib.auth.forms import AuthenticationForm
 
+from core.forms import PlainLabels
 from core.models import Ability
 from registry.models import SERVED_NAME_PATTERN
-
-
-class PlainLabels:
-    """Labels without Django's trailing colon."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("label_suffix", "")
-        super().__init__(*args, **kwargs)
-
-
-class SignInForm(PlainLabels, AuthenticationForm):
-    pass
 
 
 class MultipleFileInput(forms.ClearableFileInput):

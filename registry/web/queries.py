@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from django.db.models import OuterRef, QuerySet, Subquery
 
+from core import selectors as core_selectors
 from core.access import ADMIN
 from core.actors import Actor
 from core.models import AuditEvent, Department, Membership
@@ -24,7 +25,7 @@ class DepartmentRole:
 
 def my_departments(actor: Actor) -> list[DepartmentRole]:
     if actor.is_platform_admin:
-        return [DepartmentRole(d, ADMIN) for d in selectors.departments_for(actor)]
+        return [DepartmentRole(d, ADMIN) for d in core_selectors.departments_for(actor)]
     rows = Membership.objects.filter(user=actor.user).select_related("department")
     return [DepartmentRole(m.department, m.role) for m in rows.order_by("department__slug")]
 
@@ -50,7 +51,7 @@ def adapter_versions(actor: Actor, adapter: Adapter) -> QuerySet[AdapterVersion]
 
 
 def version_audit_trail(actor: Actor, version: AdapterVersion) -> QuerySet[AuditEvent]:
-    return selectors.audit_events_for(actor).filter(
+    return core_selectors.audit_events_for(actor).filter(
         object_type=AdapterVersion._meta.label_lower, object_id=str(version.pk)
     )
 

@@ -19,6 +19,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from core import selectors as core_selectors
 from core.access import can_contribute
 from core.actors import Actor
 from core.body_limit import accepts_large_body
@@ -71,7 +72,7 @@ def dashboard(request, actor: Actor):
         "departments": departments,
         "adapters": adapters,
         "pending_count": selectors.pending_reviews_for(actor).count(),
-        "activity": selectors.audit_events_for(actor)[:8],
+        "activity": core_selectors.audit_events_for(actor)[:8],
     }
     return render(request, "registry/dashboard.html", context)
 
@@ -79,7 +80,7 @@ def dashboard(request, actor: Actor):
 @require_GET
 @page
 def activity(request, actor: Actor):
-    events = paginate(request, selectors.audit_events_for(actor), 50)
+    events = paginate(request, core_selectors.audit_events_for(actor), 50)
     return render(request, "registry/activity.html", {"events": events})
 
 
@@ -98,7 +99,7 @@ def adapter_new(request, actor: Actor):
             with errors_on(form) as outcome:
                 adapter = adapter_create(
                     actor=actor,
-                    department=selectors.department_get(actor, data["department"]),
+                    department=core_selectors.department_get(actor, data["department"]),
                     name=data["name"],
                     base_model=data["base_model"],
                     description=data["description"],
@@ -331,7 +332,7 @@ def tokens(request, actor: Actor):
             with errors_on(form) as outcome:
                 token, secret = token_create(
                     actor=actor,
-                    department=selectors.department_get(actor, data["department"]),
+                    department=core_selectors.department_get(actor, data["department"]),
                     name=data["name"],
                     abilities=data["abilities"],
                     expires_in_days=data["expires_in_days"],
@@ -344,7 +345,7 @@ def tokens(request, actor: Actor):
                     form=TokenCreateForm(departments=departments),
                 )
                 status = 201
-    context["tokens"] = paginate(request, selectors.tokens_for(actor), 20)
+    context["tokens"] = paginate(request, core_selectors.tokens_for(actor), 20)
     response = render(request, "registry/tokens.html", context, status=status)
     # The secret is on this page once; keep it out of every cache.
     response["Cache-Control"] = "no-store"
@@ -354,7 +355,7 @@ def tokens(request, actor: Actor):
 @require_POST
 @page
 def token_revoke_view(request, actor: Actor, pk: int):
-    token = selectors.token_get(actor, pk)
+    token = core_selectors.token_get(actor, pk)
     try:
         token_revoke(actor=actor, token=token)
     except NotFound:

@@ -3,7 +3,6 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from core.models import Department
 from serving.capacity import Tiers, deployment_tiers
 from serving.models import (
     Deployment,
@@ -14,6 +13,7 @@ from serving.models import (
     ReplicaRollout,
     Rollout,
 )
+from serving.replica_facts import disputes as fact_disputes
 from serving.selectors import rollout_replica_summary
 
 
@@ -32,7 +32,17 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "last_error",
             "in_sync_polls",
             "in_sync_since",
+            "reported_facts",
         ]
+
+
+class FactDisputeSerializer(serializers.Serializer):
+    replica = serializers.CharField()
+    fact = serializers.CharField(help_text="base model, base model path or max_loras.")
+    recorded = serializers.JSONField(help_text="What the deployment record says.")
+    reported = serializers.JSONField(help_text="What the replica reports.")
+    fix = serializers.CharField()
+    message = serializers.CharField()
 
 
 class TierUseSerializer(serializers.Serializer):
@@ -97,15 +107,27 @@ class TiersMixin(serializers.Serializer):
         return tiers_data(tiers)
 
 
+class DepartmentSlugsField(serializers.ListField):
+    child = serializers.SlugField()
+
+    def to_representation(self, departments):
+        return [department.slug for department in departments.all()]
+
+
 class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
     replicas = ReplicaSerializer(many=True, read_only=True)
-    allowed_departments = serializers.SlugRelatedField(
-        slug_field="slug", many=True, queryset=Department.objects.all(), required=False
-    )
+    # Slugs, resolved by the view: one that names no department is a 404, like
+    # every other name a request refers to (a 400 here would be a schema-valid
+    # request refused for a reason the schema cannot state).
+    allowed_departments = DepartmentSlugsField(required=False)
     vllm_api_key = serializers.CharField(
         write_only=True, required=False, allow_blank=True, style={"input_type": "password"}
     )
     has_api_key = serializers.SerializerMethodField()
+    fact_disputes = serializers.SerializerMethodField(
+        help_text="Where a replica reports other facts than this record (drift): promotions "
+        "are refused with 409 replica_facts_disputed until the record or the replica is fixed."
+    )
     base_model_path = serializers.CharField(
         write_only=True,
         required=False,
@@ -163,6 +185,7 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
             "require_all_replicas",
             "last_reconciled_at",
             "replicas",
+            "fact_disputes",
             "tiers",
             "created_at",
             "updated_at",
@@ -173,6 +196,14 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
 
     def get_has_api_key(self, deployment) -> bool:
         return bool(deployment.vllm_api_key)
+
+    @extend_schema_field(FactDisputeSerializer(many=True))
+    def get_fact_disputes(self, deployment) -> list[dict]:
+        active = [r for r in deployment.replicas.all() if r.active]
+        return [
+            {**dispute.__dict__, "message": dispute.message}
+            for dispute in fact_disputes(deployment, active)
+        ]
 
 
 class DeploymentSummarySerializer(TiersMixin, serializers.ModelSerializer):

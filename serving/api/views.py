@@ -1,14 +1,22 @@
 from __future__ import annotations
 
 from django_filters import rest_framework as filters
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    PolymorphicProxySerializer,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from core.access import require_platform_admin
+from core.api.filters import IntegerFilter, StrictFilterSet
 from core.api.views import ActorMixin, schema_only
+from core.errors import NotFound
+from core.models import Department
 from registry import selectors as registry_selectors
-from registry.api.filters import IntegerFilter, StrictFilterSet
 from serving import kserve, selectors
 from serving.api import serializers as s
 from serving.capacity import tiers_by_deployment
@@ -19,7 +27,33 @@ from serving.services.manifests import kserve_export
 from serving.services.promotions import promotion_create, promotion_review, retire, rollback_to
 from serving.services.rollouts import rollout_cancel
 
+# Platform admins read the whole deployment, members and tokens its summary:
+# the schema says "one of the two", and each has fields the other lacks.
+DEPLOYMENT_AS_SEEN = {
+    "component_name": "DeploymentAsSeen",
+    "serializers": [s.DeploymentSerializer, s.DeploymentSummarySerializer],
+    "resource_type_field_name": None,
+}
 
+
+def _departments(slugs: list[str] | None) -> list[Department] | None:
+    if slugs is None:
+        return None
+    found = {d.slug: d for d in Department.objects.filter(slug__in=slugs)}
+    missing = sorted(set(slugs) - set(found))
+    if missing:
+        raise NotFound(
+            f"No department {', '.join(missing)}.",
+            code="department_not_found",
+            details={"allowed_departments": missing},
+        )
+    return [found[slug] for slug in dict.fromkeys(slugs)]
+
+
+@extend_schema_view(
+    list=extend_schema(responses=PolymorphicProxySerializer(**DEPLOYMENT_AS_SEEN, many=True)),
+    retrieve=extend_schema(responses=PolymorphicProxySerializer(**DEPLOYMENT_AS_SEEN)),
+)
 class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
     """Platform admins create, change and see everything about deployments;
     members and tokens read the deployments their departments may use, in summary."""
@@ -30,6 +64,8 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
     lookup_field = "name"
     ordering_fields = ["name", "environment"]
     filterset_fields = ["environment"]
+    # KServe manifests need the deployment's volume claims set (kserve_incomplete).
+    error_statuses = {"kserve": (409,)}
 
     def get_queryset(self):
         if schema_only(self):
@@ -55,19 +91,27 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
         return Response(data) if page is None else self.get_paginated_response(data)
 
     def create(self, request):
-        data = s.DeploymentSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        deployment = deployment_create(actor=self.actor, **data.validated_data)
+        # Who may write comes before what they wrote: a member's body is not
+        # judged (nor its department names looked up), it is refused.
+        require_platform_admin(self.actor)
+        deployment = deployment_create(actor=self.actor, **self._values(request))
         return Response(s.DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
 
     def update(self, request, name=None, partial=False):
         deployment = self.get_object()
-        data = s.DeploymentSerializer(deployment, data=request.data, partial=partial)
-        data.is_valid(raise_exception=True)
+        require_platform_admin(self.actor)
         deployment = deployment_update(
-            actor=self.actor, deployment=deployment, **data.validated_data
+            actor=self.actor, deployment=deployment, **self._values(request, deployment, partial)
         )
         return Response(s.DeploymentSerializer(deployment).data)
+
+    def _values(self, request, deployment=None, partial=False) -> dict:
+        data = s.DeploymentSerializer(deployment, data=request.data, partial=partial)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        if "allowed_departments" in values:
+            values["allowed_departments"] = _departments(values["allowed_departments"])
+        return values
 
     def partial_update(self, request, name=None):
         return self.update(request, name, partial=True)

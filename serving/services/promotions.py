@@ -26,6 +26,7 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
+from serving.replica_facts import disputes as fact_disputes
 from serving.services.rollouts import rollout_audit_created, rollout_create
 from serving.transitions import PROMOTION_TRANSITIONS, ROLLOUT_TERMINAL
 
@@ -50,7 +51,23 @@ def _require_may_deploy(
         )
 
 
+def _require_undisputed(deployment: Deployment) -> None:
+    """Every gate check reads the deployment record (base model, max_loras); while a
+    replica reports otherwise, the record cannot be trusted and nothing is promoted."""
+    found = fact_disputes(deployment, deployment.replicas.filter(active=True))
+    if found:
+        facts = sorted({d.fact for d in found})
+        raise Conflict(
+            f"{deployment.name}'s replicas dispute its record ({', '.join(facts)}): "
+            + " ".join(d.message for d in found)
+            + " Promotions wait until an admin resolves it.",
+            code="replica_facts_disputed",
+            details={"disputes": [d.__dict__ for d in found]},
+        )
+
+
 def _require_gate(deployment: Deployment, version: AdapterVersion) -> GateReport:
+    _require_undisputed(deployment)
     report = evaluate_gate(deployment, version)
     if not report.passed:
         reasons = " ".join(check.message for check in report.failures)

@@ -49,6 +49,8 @@ from serving.replica_calls import (
     ensure_unloaded,
     verify_serving,
 )
+from serving.replica_facts import base_card_facts
+from serving.replica_facts import disputes as fact_disputes
 from serving.replica_rows import client_for, health_changes, replicas_sync
 from serving.services.attempts import attempts_record, attempts_record_all
 from serving.services.fingerprints import (
@@ -132,7 +134,9 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
     return report
 
 
-def _observe(deployment: Deployment, replica: Replica) -> tuple[ReplicaOutcome, list, str | None]:
+def _observe(
+    deployment: Deployment, replica: Replica
+) -> tuple[ReplicaOutcome, list, str | None, dict]:
     outcome = ReplicaOutcome()
     with client_for(replica, deployment) as client:
         version = replica.vllm_version or None
@@ -145,7 +149,8 @@ def _observe(deployment: Deployment, replica: Replica) -> tuple[ReplicaOutcome, 
         outcome.succeed()
     else:
         outcome.fail(listing.error or f"status {listing.status_code}")
-    return outcome, [c for c in model_cards(listing) if c.is_adapter], version
+    cards = model_cards(listing)
+    return outcome, [c for c in cards if c.is_adapter], version, base_card_facts(cards)
 
 
 @dataclass
@@ -292,11 +297,23 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
     keeper.beat()
 
     ticks: list[_Tick] = []
-    for replica, (outcome, cards, version) in zip(replicas, observations, strict=True):
+    for replica, (outcome, cards, version, facts) in zip(replicas, observations, strict=True):
         changes, flipped = health_changes(
             replica, up=outcome.ok, error=outcome.error, version=version, now=now
         )
         tick = _Tick(replica, outcome, changes, flipped)
+        if outcome.ok:
+            # max_lora comes from /metrics, read after the reconcile by observability
+            # (serving.services.replica_facts); a replica back from down may have
+            # restarted with other flags, so it is unknown until read again.
+            kept = {} if flipped else replica.reported_facts or {}
+            facts = {**{k: v for k, v in kept.items() if k == "max_lora"}, **facts}
+        if outcome.ok and facts != (replica.reported_facts or {}):
+            # Written only when they change: an in-sync tick stays write-free.
+            changes["reported_facts"] = replica.reported_facts = facts
+            for dispute in fact_disputes(deployment, [replica]):
+                drifts.add(replica, DriftKind.FACT_DISPUTED, detail=dispute.message)
+                tick.drifted = True
         ticks.append(tick)
         if not outcome.ok:
             report.replicas_down += 1

@@ -36,6 +36,12 @@ from core.errors import Conflict
 from core.state import move
 from registry.models import AdapterVersion
 from registry.storage import ObjectNotFound, StorageError
+from serving.gateway.services import (
+    gateway_drain,
+    gateway_ready,
+    gateway_swaps_one_by_one,
+    gateway_sync,
+)
 from serving.models import (
     Deployment,
     Replica,
@@ -301,6 +307,9 @@ class _Context:
     steps: dict[int, ReplicaRollout]
     policy: RetryPolicy
     watch: _Watch
+    # Behind a front door, the order a rollback goes through the replicas one
+    # at a time, each drained there first (make before break); None: all at once.
+    rollback_order: list[Replica] | None = None
 
 
 _pool_lock = threading.Lock()
@@ -482,10 +491,18 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
     name = rollout.adapter.served_name
 
     groups = [pushed[:1], pushed[1:]] if rollout.canary and len(pushed) > 1 else [pushed]
+    # Behind a front door, a version swap goes one replica at a time: drained
+    # there, swapped, verified, put back (serving/gateway/, docs/gateway.md).
+    swap = gateway_swaps_one_by_one(deployment, served)
+    if swap:
+        groups = [[replica] for replica in pushed]
+    swapped: list[Replica] = []
     for group in groups:
         group_steps = [steps[r.pk] for r in group]
         _set_status(ctx, RolloutStatus.LOADING)
         _set_steps(group_steps, ReplicaStepStatus.LOADING)
+        if swap:
+            gateway_drain(deployment, name, group)
         loaded = _fan_out(
             ctx,
             group,
@@ -493,7 +510,10 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
                 client, name, path, ctx.policy, known_version=replica.vllm_version
             ),
         )
+        if swap and not all(o.ok for o in loaded.values()):
+            _switch_back(ctx, name, group, swapped)
         if _failed(ctx, group_steps, loaded, "load"):
+            gateway_sync(deployment, release=name)
             return
         _set_status(ctx, RolloutStatus.VERIFYING)
         _set_steps(group_steps, ReplicaStepStatus.VERIFYING)
@@ -510,10 +530,27 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
             ),
         )
         fingerprints_check_rollout(rollout=rollout, replicas=group, outcomes=verified)
+        if swap and not all(o.ok for o in verified.values()):
+            _switch_back(ctx, name, group, swapped)
         if _failed(ctx, group_steps, verified, "verification"):
+            gateway_sync(deployment, release=name)
             return
+        if swap:
+            gateway_ready(deployment, name, group)
+            swapped += group
         _set_steps(group_steps, ReplicaStepStatus.SUCCEEDED)
     _succeed(ctx, served)
+    gateway_sync(deployment, release=name)
+
+
+def _switch_back(ctx: _Context, name: str, failed: list[Replica], swapped: list[Replica]):
+    """A swap failed on `failed`: traffic leaves the replicas already on the new
+    version at once (the runtime API, milliseconds) wherever a replica not yet
+    swapped still serves the old one; then the rollback goes one replica at a
+    time, the failed one first, so that one always serves."""
+    gateway_drain(ctx.deployment, name, swapped)
+    rest = [r for r in ctx.replicas if r not in failed and r not in swapped]
+    ctx.rollback_order = [*failed, *swapped, *rest]
 
 
 def _steps_for(rollout: Rollout, replicas: list[Replica]) -> dict[int, ReplicaRollout]:
@@ -568,13 +605,21 @@ def _rollback_everywhere(ctx: _Context, reason: str) -> None:
         except (StagingError, OSError) as error:
             _finish(ctx, RolloutStatus.FAILED, f"{reason}. Rollback staging failed: {error}")
             return
-        outcomes = _fan_out(
-            ctx,
-            ctx.replicas,
-            lambda client, replica: ensure_loaded(
+
+        def load_previous(client, replica):
+            return ensure_loaded(
                 client, name, folder.serve_path, ctx.policy, known_version=replica.vllm_version
-            ),
-        )
+            )
+
+        if ctx.rollback_order:
+            outcomes = {}
+            for replica in ctx.rollback_order:
+                gateway_drain(ctx.deployment, name, [replica])
+                outcomes.update(_fan_out(ctx, [replica], load_previous))
+                if outcomes[replica.pk].ok:
+                    gateway_ready(ctx.deployment, name, [replica])
+        else:
+            outcomes = _fan_out(ctx, ctx.replicas, load_previous)
         restored = f"v{previous.number}"
     else:
         outcomes = _fan_out(
@@ -677,6 +722,10 @@ def _retire(ctx: _Context) -> None:
     pushed = [ctx.steps[r.pk] for r in ctx.replicas]
     _set_status(ctx, RolloutStatus.LOADING)
     _set_steps(pushed, ReplicaStepStatus.LOADING)
+    # The front door answers 404 for it from now on (no route), and the requests
+    # in flight finish before the adapter goes.
+    gateway_sync(ctx.deployment, release=name)
+    gateway_drain(ctx.deployment, name, ctx.replicas, keep_one=False)
     outcomes = _fan_out(
         ctx, ctx.replicas, lambda client, r: ensure_unloaded(client, name, ctx.policy)
     )
@@ -709,3 +758,4 @@ def _retire(ctx: _Context) -> None:
             details={"kind": RolloutKind.RETIRE, "failed_replicas": len(errors)},
         )
     _note_observed(ctx, name, None, only={r.pk for r in ctx.replicas if r.pk not in errors})
+    gateway_sync(ctx.deployment, release=name)

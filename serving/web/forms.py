@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django import forms
 
-from registry.web.forms import PlainLabels
+from core.forms import PlainLabels
 
 
 class PromoteForm(PlainLabels, forms.Form):

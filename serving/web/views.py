@@ -28,6 +28,7 @@ from registry.web.views import version_page_context
 from serving import kserve, selectors
 from serving.gate import evaluate_gate
 from serving.models import PromotionStatus, Rollout, RolloutStatus, ServedAdapter
+from serving.replica_facts import disputes as fact_disputes
 from serving.services.manifests import kserve_export
 from serving.services.promotions import (
     _require_may_deploy,
@@ -116,6 +117,7 @@ def deployment_detail(request, actor: Actor, name: str):
         "kserve_refusal": selectors.kserve_refusal(actor, deployment),
         "kserve_missing": kserve.missing_settings(deployment),
         "sees_infrastructure": selectors.sees_infrastructure(actor),
+        "fact_disputes": fact_disputes(deployment, deployment.replicas.filter(active=True)),
     }
     return render(request, "serving/deployment_detail.html", context)
 

@@ -29,8 +29,8 @@ from tests.browser.test_story import no_horizontal_scroll, sign_in
 from tests.factories import make_adapter, make_approved_version
 from tests.serving.conftest import make_deployment
 from tests.support.adapters import AdapterSpec
-from tests.support.fake_vllm import FakeVLLM
 from tests.support.vllm_servers import VLLMServer, ensure_tiny_model, vllm_available
+from tests.support.vllm_standin import serve_standin
 from tests.support.workers import purge_queues
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -65,7 +65,7 @@ def celery_worker() -> Iterator[None]:
 
 @pytest.fixture
 def fake_replicas() -> Iterator[list[str]]:
-    fakes = [FakeVLLM(), FakeVLLM()]
+    fakes = [serve_standin(), serve_standin()]
     yield [fake.base_url for fake in fakes]
     for fake in fakes:
         fake.close()
@@ -233,7 +233,7 @@ def test_refusals_and_failures_read_clearly(
     contracts = make_adapter(lena, legal, served_name="legal-contracts")
     version = make_approved_version(lena, paula, contracts, AdapterSpec(seed=1, r=16))
     make_deployment(root, fake_replicas, tmp_path / "v1", name="edge-small", max_lora_rank=8)
-    broken = FakeVLLM()
+    broken = serve_standin()
     try:
         broken.fail_load = (400, "Loading lora legal-contracts failed: size mismatch for q_proj")
         staging = make_deployment(root, [fake_replicas[0], broken.base_url], tmp_path / "v2")

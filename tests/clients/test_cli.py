@@ -23,8 +23,8 @@ from tests.conftest import actor
 from tests.factories import make_adapter
 from tests.serving.conftest import make_deployment
 from tests.support.adapters import AdapterSpec
-from tests.support.fake_vllm import FakeVLLM
 from tests.support.vllm_servers import free_port
+from tests.support.vllm_standin import serve_standin
 from tests.support.workers import purge_queues
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -118,7 +118,7 @@ def worker():
 
 @pytest.fixture
 def replicas():
-    fakes = [FakeVLLM(), FakeVLLM()]
+    fakes = [serve_standin(), serve_standin()]
     yield fakes
     for fake in fakes:
         fake.close()

@@ -27,7 +27,7 @@ def test_small_formatters():
 
 def test_sizes_are_binary_and_say_so():
     assert size(None) == "—"
-    assert size(512) == "512 bytes"
-    assert size(1536) == "1.5 KiB"
-    assert size(48 * 1024**3) == "48.0 GiB"
-    assert size(3 * 1024**4) == "3.0 TiB"
+    assert size(512) == "512\xa0bytes"
+    assert size(1536) == "1.5\xa0KiB"
+    assert size(48 * 1024**3) == "48.0\xa0GiB"
+    assert size(3 * 1024**4) == "3.0\xa0TiB"

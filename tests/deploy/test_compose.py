@@ -49,7 +49,9 @@ def test_it_validates_and_has_every_part(services):
         "minio",
         "minio-buckets",
         "mlflow",
+        "gateway",
         "vllm-cpu",
+        "vllm-cpu-b",
         "vllm-gpu",
     }
 
@@ -171,3 +173,17 @@ def test_each_worker_turns_unhealthy_when_it_stops_consuming_its_liveness_ping(s
         ]  # fmt: skip
         # The worker still gets every other setting of the registry.
         assert worker["environment"]["CELERY_BROKER_URL"] == "redis://redis:6379/0"
+
+
+def test_the_front_door_is_the_client_url_and_the_workers_drive_it(services):
+    gateway = services["gateway"]
+    assert [str(p["published"]) for p in gateway["ports"]] == ["8080"]
+    assert "gateway_sync local-cpu --print-command" in " ".join(gateway["command"])
+    for name in ("gateway", "worker-rollouts", "worker-reconcile"):
+        env = services[name]["environment"]
+        assert env["SERVING_GATEWAYS"] == "local-cpu=0.0.0.0:8080"
+        assert env["SERVING_GATEWAY_DIR"] == "/var/run/gateway"
+        assert "gateway:/var/run/gateway:rw" in _volumes(services[name])
+    # Two CPU replicas behind it, from the same image.
+    assert services["vllm-cpu-b"]["image"] == services["vllm-cpu"]["image"]
+    assert "apt-get install -y --no-install-recommends haproxy" in (REPO / "Dockerfile").read_text()

@@ -230,3 +230,30 @@ def test_each_worker_is_restarted_when_it_stops_consuming_its_liveness_ping(buil
         assert path.startswith("/tmp/")  # the emptyDir: the root filesystem is read-only
         command = container["livenessProbe"]["exec"]["command"]
         assert command[:4] == ["python", "-m", "config.celery_alive", path]
+
+
+def test_the_front_door_is_a_service_and_only_workers_reach_its_runtime_api(built):
+    _, objects = built
+    deployments = named(objects, "Deployment")
+    gateway = deployments["lora-registry-gateway"]
+    assert gateway["spec"]["replicas"] == 1
+    pod = gateway["spec"]["template"]["spec"]
+    assert "--print-command" in pod["containers"][0]["args"][0]
+    services = named(objects, "Service")
+    assert [p["port"] for p in services["lora-registry-gateway"]["spec"]["ports"]] == [8080]
+    assert [p["port"] for p in services["lora-registry-gateway-admin"]["spec"]["ports"]] == [
+        9999,
+        10000,
+    ]
+    policy = named(objects, "NetworkPolicy")["lora-registry-gateway"]["spec"]
+    admin = next(rule for rule in policy["ingress"] if "from" in rule)
+    (source,) = admin["from"]
+    assert source["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
+    assert {p["port"] for p in admin["ports"]} == {9999, 10000}
+    # The workers that drive it mount the gateway volume it reads.
+    for name in ("rollouts", "reconcile"):
+        worker = deployments[f"lora-registry-worker-{name}"]["spec"]["template"]["spec"]
+        mounts = {m["name"]: m["mountPath"] for m in worker["containers"][0]["volumeMounts"]}
+        assert mounts["gateway"] == "/var/run/gateway"
+    config = named(objects, "ConfigMap")["lora-registry-config"]["data"]
+    assert config["SERVING_GATEWAY_ADMIN"].endswith("=lora-registry-gateway-admin:9999")

@@ -96,6 +96,45 @@ def test_the_readme_fits_on_a_few_screens():
     assert len(lines) <= 150, f"README.md has {len(lines)} lines; move detail into docs/"
 
 
+REPOSITORY_FOLDERS = {
+    "bench",
+    "clients",
+    "config",
+    "core",
+    "deploy",
+    "docs",
+    "mlflow_bridge",
+    "observability",
+    "registry",
+    "scripts",
+    "serving",
+    "sso",
+    "static",
+    "templates",
+    "tests",
+}
+
+
+def repository_paths_named(path: Path) -> list[str]:
+    """Paths like `serving/gate.py` a page names in code spans (not placeholders)."""
+    spans = re.findall(r"`([^`\s]+)`", without_code_blocks(path.read_text()))
+    return [
+        span.rstrip(",.:;)")
+        for span in spans
+        if "/" in span
+        and span.split("/")[0] in REPOSITORY_FOLDERS
+        and not re.search(r"[<>*…{}$]", span)
+    ]
+
+
+@pytest.mark.parametrize(
+    "page", [README, *sorted(DOCS.rglob("*.md"))], ids=lambda page: str(page.relative_to(ROOT))
+)
+def test_every_file_a_page_names_exists(page):
+    missing = [name for name in repository_paths_named(page) if not (ROOT / name).exists()]
+    assert not missing, f"{page.relative_to(ROOT)} names files that are not there: {missing}"
+
+
 def settings_read_from_the_environment() -> set[str]:
     """Every variable name the settings read, by the helpers of config/env.py."""
     call = re.compile(

@@ -9,9 +9,11 @@ and a pair of real vLLM servers shared by the tier (at most two run at once on
 this machine), one of them behind tests/support/fault_proxy.py.
 
 Each scenario measures how long the system takes to converge after the fault
-ends, the rows left in a non-terminal state, and the audit events missing,
-and asserts all three. The figures land in test-artifacts/faults.json, and in
-the "faults" block of docs/figures.md from a real run.
+ends, the rows left in a non-terminal state (claims still held included), and
+the audit events missing (its own count, and `manage.py audit_verify` on the
+hash chain), and asserts all three. The figures land in $FAULT_FIGURES_JSON
+(default test-artifacts/faults.json; docs/faults.md gives the shape), from
+which `make figures` renders the README's "Fault suite" table.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import pytest
 from django.apps import apps
 from django.db import connection, connections
 
+from core.claims import Lease
 from tests.serving.vllm.conftest import MAX_LORA_RANK, SERVED_BASE, Platform, api_for
 from tests.support.fault_proxy import FaultProxy
 from tests.support.processes import CeleryBeat, CeleryWorker, RedisServer, TcpProxy
@@ -72,6 +75,18 @@ FAST = {
     "CELERY_BROKER_POLL_SECONDS": "0.05",
     "LOG_LEVEL": "INFO",
 }
+
+
+def _longest_claim_seconds() -> float:
+    from mlflow_bridge.mirror import CLAIM_SECONDS as MIRROR_CLAIM_SECONDS
+
+    return max(float(FAST["SERVING_CLAIM_SECONDS"]), float(MIRROR_CLAIM_SECONDS))
+
+
+# Longer than any claim the tier's processes take, so a dead holder's claim has
+# expired by the time settle() gives up waiting for claims to go (it waits only
+# while one is held).
+CLAIM_WAIT_SECONDS = _longest_claim_seconds() + 5
 
 
 def pytest_collection_modifyitems(config, items):
@@ -462,8 +477,10 @@ def platform(root, lena, alex, tmp_path) -> Platform:
 
 
 def stuck_rows() -> list[str]:
-    """Rows left in a non-terminal state once the scenario is over."""
-    from serving.models import ReplicaRollout, Rollout
+    """Rows left in a non-terminal state once the scenario is over: rollouts,
+    their replica steps, approved promotions that never got a rollout, MLflow
+    mirror rows. Claims are counted by claims_left (they need a wait)."""
+    from serving.models import Promotion, PromotionStatus, ReplicaRollout, Rollout
     from serving.transitions import ROLLOUT_TERMINAL
 
     stuck = [
@@ -478,6 +495,12 @@ def stuck_rows() -> list[str]:
             rollout__status__in=ROLLOUT_TERMINAL, status__in=["pending", "loading", "verifying"]
         ).values_list("pk", "status", "rollout_id")
     ]
+    stuck += [
+        f"promotion {pk} approved without a rollout"
+        for pk in Promotion.objects.filter(
+            status=PromotionStatus.APPROVED, rollouts__isnull=True
+        ).values_list("pk", flat=True)
+    ]
     # Found by name: the MLflow mirror is moving to an app of its own.
     mirrors = [m for m in apps.get_models() if m.__name__ in MIRROR_MODELS]
     for model in mirrors:
@@ -488,6 +511,55 @@ def stuck_rows() -> list[str]:
             )
         ]
     return stuck
+
+
+def held_claims() -> list[str]:
+    """Claims (core.claims leases) held right now: the owner set and not expired.
+    An expired claim is free by design (its holder died; the next claimer takes it)."""
+    from django.utils import timezone
+
+    from serving.services.leases import RECONCILE_LEASE, SERVED_ADAPTER_LEASE
+
+    now = timezone.now()
+    leases = [SERVED_ADAPTER_LEASE, RECONCILE_LEASE]
+    mirrors = [m for m in apps.get_models() if m.__name__ in MIRROR_MODELS]
+    leases += [Lease(model, "claimed_by", "claimed_until") for model in mirrors]
+    held = []
+    for lease in leases:
+        rows = lease.model.objects.exclude(lease.free(now)).exclude(**{lease.owner_field: ""})
+        held += [
+            f"{lease.model.__name__} {pk} claimed by {owner!r} until {until:%H:%M:%S}"
+            for pk, owner, until in rows.values_list("pk", lease.owner_field, lease.until_field)
+        ]
+    return held
+
+
+def claims_left(timeout: float) -> list[str]:
+    """Claims still held after `timeout`: a converged system holds a claim only
+    for the moment a reconcile tick or a task works, so there is an instant
+    with none; a claim that never lets go (or is renewed by nobody's work) is
+    stuck. `timeout` is at least a claim's length, so a dead holder's claim
+    has expired by then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = held_claims()
+        if not held or time.monotonic() > deadline:
+            return held
+        time.sleep(0.1)
+
+
+def audit_chain() -> tuple[bool, list[str]]:
+    """`manage.py audit_verify` on the audit log: (chain ok, what it found)."""
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    out = StringIO()
+    try:
+        call_command("audit_verify", stdout=out)
+    except CommandError as error:
+        return False, [f"audit chain: {error}"]
+    return True, []
 
 
 def lost_rollout_audit() -> list[str]:
@@ -562,10 +634,17 @@ class Measure:
         self.converged_seconds = None if waited is None else time.monotonic() - start
         return self.converged_seconds
 
+    chain_ok: bool | None = None
+
     def settle(self, lost: list[str] | None = None) -> None:
+        """Counts what the fault left behind: rows stuck (claims included) and
+        audit events lost: the scenario's own count (`lost`; by default each
+        rollout's start and end event) plus the hash chain's check, so a
+        missing, changed or reordered event anywhere counts too."""
         self.settled = True
-        self.stuck = stuck_rows()
-        self.lost = lost_rollout_audit() if lost is None else lost
+        self.stuck = stuck_rows() + claims_left(CLAIM_WAIT_SECONDS)
+        self.chain_ok, broken = audit_chain()
+        self.lost = (lost_rollout_audit() if lost is None else lost) + broken
 
     def check(self) -> None:
         assert self.converged_seconds is not None, (
@@ -600,11 +679,18 @@ def measure(request) -> Iterator[Callable[..., Measure]]:
             ),
             "rows_stuck": len(m.stuck),
             "audit_events_lost": len(m.lost),
+            "chain_ok": m.chain_ok,
             "stuck": m.stuck,
             "lost": m.lost,
             "test_seconds": round(time.monotonic() - started, 1),
             **m.notes,
         }
+
+
+def figures_path() -> Path:
+    """Where the tier writes its figures (docs/faults.md gives the shape):
+    $FAULT_FIGURES_JSON, else test-artifacts/faults.json."""
+    return Path(os.environ.get("FAULT_FIGURES_JSON") or ARTIFACTS / "faults.json")
 
 
 def _git(*args: str) -> str:
@@ -632,7 +718,8 @@ def fault_figures() -> Iterator[None]:
         "tier_seconds": round(time.monotonic() - started, 1),
         "database": connection.vendor,
     }
-    path = ARTIFACTS / "faults.json"
+    path = figures_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"run": run, "scenarios": list(_figures.values())}, indent=2))
     (ARTIFACTS / "faults.md").write_text(markdown_table(run, list(_figures.values())))
     print(f"\n[faults] figures written to {path} and faults.md")

@@ -235,5 +235,5 @@ def test_with_mlflow_off_it_says_so(settings, adapter, as_token):
         url(adapter), {"run_id": "c" * 32, "artifact_path": "adapter"}, format="json"
     )
 
-    assert response.status_code == 503
+    assert response.status_code == 404
     assert response.json()["error"]["code"] == "mlflow_not_configured"

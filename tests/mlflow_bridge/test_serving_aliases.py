@@ -11,14 +11,14 @@ from tests.conftest import actor
 from tests.factories import make_approved_version
 from tests.serving.conftest import make_deployment
 from tests.support.adapters import AdapterSpec
-from tests.support.fake_vllm import FakeVLLM
+from tests.support.vllm_standin import serve_standin
 
 pytestmark = pytest.mark.mlflow
 
 
 @pytest.fixture
 def replicas():
-    fakes = [FakeVLLM(), FakeVLLM()]
+    fakes = [serve_standin(), serve_standin()]
     yield fakes
     for fake in fakes:
         fake.close()

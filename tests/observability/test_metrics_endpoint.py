@@ -18,7 +18,7 @@ from serving.services.rollouts import rollout_execute
 from tests.conftest import actor
 from tests.observability.conftest import lora_info
 from tests.serving.conftest import make_deployment
-from tests.support.fake_vllm import FakeVLLM
+from tests.support.vllm_standin import serve_standin
 
 pytestmark = pytest.mark.django_db
 
@@ -193,7 +193,7 @@ def test_a_scrape_costs_the_same_queries_however_much_there_is(
         return len(captured)
 
     few = queries()
-    extra = [FakeVLLM() for _ in range(3)]
+    extra = [serve_standin() for _ in range(3)]
     try:
         for i, fake in enumerate(extra):
             other = make_deployment(root, [fake.base_url], tmp_path / f"v{i}", name=f"more-{i}")

@@ -1,5 +1,6 @@
 """What each reconcile records: its duration and outcome, and what every up
-replica's /metrics said about adapters (fake replicas serve vLLM 0.32's text)."""
+replica's /metrics said about adapters (the stand-in replicas serve vLLM 0.32's
+text, or what a test sets)."""
 
 import time
 
@@ -61,6 +62,7 @@ def test_a_request_that_finished_between_two_reads_still_counts(deployment, serv
     # What vLLM 0.32 exports after a request: its label set, then the idle one.
     now = time.time()
     fake_replicas[0].metrics_text = lora_info(("", "", now - 30))
+    fake_replicas[1].metrics_route = False
     reconcile_deployment(deployment.pk, "beat")
     fake_replicas[0].metrics_text = lora_info(
         ("", "", now), ("legal-contracts", "legal-contracts", now - 0.01)
@@ -78,6 +80,7 @@ def test_a_request_that_finished_between_two_reads_still_counts(deployment, serv
 
 def test_waiting_requests_are_recorded(deployment, served, fake_replicas):
     fake_replicas[0].metrics_text = lora_info(("a,b", "legal-contracts", time.time()))
+    fake_replicas[1].metrics_route = False
     reconcile_deployment(deployment.pk, "beat")
     state = ReplicaLoraState.objects.get(replica__base_url=fake_replicas[0].base_url)
     assert state.waiting_samples == 1 and state.peak_running == 2
@@ -86,7 +89,9 @@ def test_waiting_requests_are_recorded(deployment, served, fake_replicas):
 
 
 def test_a_replica_without_metrics_is_recorded_as_a_failed_read(deployment, served, fake_replicas):
-    reconcile_deployment(deployment.pk, "beat")  # the fakes answer /metrics with 404
+    for replica in fake_replicas:
+        replica.metrics_route = False
+    reconcile_deployment(deployment.pk, "beat")
     assert HttpAttempt.objects.filter(purpose="metrics", status_code=404).count() == 2
     assert not ReplicaLoraState.objects.filter(ok=True).exists()
     assert AttemptTally.objects.get(purpose="metrics", status="404").count == 2
@@ -109,6 +114,8 @@ def test_tallies_count_each_attempt_once_and_outlive_housekeeping(
     settings.METRICS_TOKEN, settings.METRICS_ALLOW_ANONYMOUS = "t", False
     polls = {"deployment": deployment.name, "purpose": "reconcile_models", "status": "200"}
     reads = {**polls, "purpose": "metrics"}
+    for replica in fake_replicas:
+        replica.metrics_route = False  # until the reads below
     fake_replicas[0].restart()  # a tick with a repair stores its polls as rows
     reconcile_deployment(deployment.pk, "beat")
     assert AttemptTally.objects.get(purpose="reconcile_models", status="200").count == 2
@@ -116,6 +123,7 @@ def test_tallies_count_each_attempt_once_and_outlive_housekeeping(
     assert AttemptTally.objects.get(purpose="reconcile_models", status="200").count == 2
     assert value(scrape("t"), "lora_vllm_http_attempts_total", **polls) == 4
     for replica in fake_replicas:
+        replica.metrics_route = True
         replica.metrics_text = lora_info(("", "", time.time()))
     reconcile_deployment(deployment.pk, "beat")
     HttpAttempt.objects.filter(replica_rollout__isnull=True).delete()  # what housekeeping prunes

@@ -9,7 +9,7 @@ from serving.services.deployments import deployment_create
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version
 from tests.support.adapters import TINY_HIDDEN, TINY_INTERMEDIATE, TINY_LAYERS, AdapterSpec
-from tests.support.fake_vllm import FakeVLLM
+from tests.support.vllm_standin import serve_standin
 
 TINY_IDENTITY = {
     "architecture": "LlamaForCausalLM",
@@ -31,7 +31,7 @@ def fast_retries(settings):
 
 @pytest.fixture
 def fake_replicas():
-    replicas = [FakeVLLM(), FakeVLLM()]
+    replicas = [serve_standin(), serve_standin()]
     yield replicas
     for replica in replicas:
         replica.close()

@@ -36,7 +36,7 @@ NAME = "legal-contracts"
 
 @pytest.fixture
 def fleet():
-    with running_fleet(2, load_ms=0, cold_load_ms=0) as fleet:
+    with running_fleet(2) as fleet:
         yield fleet
 
 

@@ -3,6 +3,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from serving.base_models import module_dims_for
 from serving.capacity import ColdLoad, cold_load
 from serving.gate import evaluate_gate
 from serving.models import (
@@ -298,3 +299,20 @@ def test_only_approved_versions_can_be_promoted(lena, deployment, contracts):
     version = make_version(lena, contracts)
     with pytest.raises(Conflict, match="registered"):
         promotion_create(actor=actor(lena), deployment=deployment, version=version)
+
+
+def test_an_embedding_lora_on_an_architecture_vllm_serves_none_for_names_the_fix(
+    lena, alex, deployment, contracts
+):
+    # vLLM's Qwen2 model declares no embedding_modules: it refuses embed_tokens
+    # LoRA (tests/conformance, "target embed_tokens" on qwen2).
+    deployment.architecture = "Qwen2ForCausalLM"
+    deployment.module_dims = module_dims_for(
+        {"architecture": "Qwen2ForCausalLM", "hidden_size": 128, "intermediate_size": 256}
+    )
+    version = make_approved_version(lena, alex, contracts, AdapterSpec())
+    version.target_modules = ["embed_tokens", "q_proj", "v_proj"]
+    check = checks(evaluate_gate(deployment, version))["target_modules"]
+    assert not check.ok
+    assert "Qwen2ForCausalLM" in check.message
+    assert "Retrain without embed_tokens" in check.message

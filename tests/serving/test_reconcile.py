@@ -107,9 +107,9 @@ def test_reconcile_leaves_an_adapter_alone_while_a_rollout_holds_it(
 
 
 def test_a_replica_added_later_gets_the_adapters(deployment, served, fake_replicas):
-    from tests.support.fake_vllm import FakeVLLM
+    from tests.support.vllm_standin import serve_standin
 
-    newcomer = FakeVLLM()
+    newcomer = serve_standin()
     try:
         deployment.replica_urls = [*deployment.replica_urls, newcomer.base_url]
         deployment.save()

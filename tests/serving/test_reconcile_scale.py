@@ -32,7 +32,17 @@ MAX_STATEMENTS = 10
 
 @pytest.fixture
 def fleet():
-    with standin_fleet(3, load_ms=1, cold_load_ms=1) as fleet:
+    with standin_fleet(3) as fleet:
+        # Idle /metrics, as if nobody sent requests. The tick's own fingerprint
+        # probes are requests too, and vLLM (and so the stand-in) lists them in
+        # vllm:lora_requests_info: what observability then writes about them is
+        # not the reconcile's cost these statement counts are about.
+        for replica in fleet.replicas:
+            replica.metrics_text = (
+                "# TYPE vllm:lora_requests_info gauge\n"
+                'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",'
+                'waiting_lora_adapters=""} 1.0\n'
+            )
         yield fleet
 
 
@@ -114,10 +124,10 @@ def test_a_repeating_failure_is_one_event_with_a_count(fleet_deployment, fleet, 
 
 
 def test_a_replica_down_for_several_ticks_is_one_event(fleet_deployment, fleet, approved_v1):
-    from tests.support.fake_vllm import FakeVLLM
+    from tests.support.vllm_standin import serve_standin
 
     _serve(fleet_deployment, fleet, approved_v1, 2, "down")
-    dead = FakeVLLM()
+    dead = serve_standin()
     url = dead.base_url
     dead.close()
     fleet_deployment.replica_urls = [*fleet.urls, url]

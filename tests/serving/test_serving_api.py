@@ -238,9 +238,9 @@ def test_the_vllm_api_key_is_encrypted_at_rest_and_sent_to_replicas(
 
     from serving.models import Deployment
     from serving.replica_rows import client_for
-    from tests.support.fake_vllm import FakeVLLM
+    from tests.support.vllm_standin import serve_standin
 
-    fake = FakeVLLM()
+    fake = serve_standin()
     try:
         response = as_root.post(
             "/api/v1/deployments/",

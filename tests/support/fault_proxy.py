@@ -52,6 +52,9 @@ class FaultProxy:
         self.upstream_port = parts.port or 80
         self.timeout = timeout
         self.fail_completions_for: set[str] = set()
+        # Only the control plane's probes (completions asking for logprobs) fail:
+        # clients' completions through the same replica still go through.
+        self.fail_probes_only = False
         self.fault_message = "Injected fault: the engine failed to run this adapter."
         self.requests: list[tuple[str, str]] = []
         self.faults_served = 0
@@ -118,8 +121,11 @@ class FaultProxy:
         if method != "POST" or path.split("?", 1)[0] not in COMPLETION_PATHS:
             return False
         try:
-            model = json.loads(body or b"{}").get("model")
+            request = json.loads(body or b"{}")
+            model = request.get("model")
         except (ValueError, AttributeError):
+            return False
+        if self.fail_probes_only and "logprobs" not in request:
             return False
         return model in self.fail_completions_for
 

@@ -6,33 +6,17 @@ approved version; folders staged through serving.volume like a rollout would).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from tests.support.vllm_standin import StandinFleet, StandinReplica
+from tests.support.vllm_standin import StandinReplica
+from tests.support.vllm_standin import running_fleet as standin_fleet
 
-
-@contextlib.contextmanager
-def standin_fleet(count: int, **replica_options) -> Iterator[StandinFleet]:
-    """`count` stand-in replicas on loopback ports, served from a daemon thread."""
-    loop = asyncio.new_event_loop()
-    fleet = StandinFleet(count, **replica_options)
-    loop.run_until_complete(fleet.start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield fleet
-    finally:
-        asyncio.run_coroutine_threadsafe(fleet.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+__all__ = ["standin_fleet"]  # `count` stand-in replicas on loopback ports
 
 
 def served_adapters_clone(deployment, template, count: int, prefix: str = "fleet") -> list:

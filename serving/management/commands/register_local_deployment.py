@@ -1,4 +1,4 @@
-"""Registers one running vLLM as a deployment (create or update, idempotent).
+"""Registers running vLLM replicas as a deployment (create or update, idempotent).
 
 `make run` uses it for the demo deployment "local-cpu"; it works for any vLLM
 whose adapter folder this machine can write:
@@ -33,7 +33,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument(
-            "--url", required=True, help="the vLLM server, e.g. http://127.0.0.1:8100"
+            "--url",
+            required=True,
+            action="append",
+            help="a vLLM server, e.g. http://127.0.0.1:8100; repeat it for every replica",
         )
         parser.add_argument("--name", default="local-cpu")
         parser.add_argument("--environment", default="local")
@@ -57,7 +60,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        url = options["url"].rstrip("/")
+        urls = [u.rstrip("/") for u in options["url"]]
+        url = urls[0]
         base_card = self._base_card(url, options["api_key"])
         name = options["base_model_name"] or (base_card.id if base_card else "")
         if not name:
@@ -71,7 +75,7 @@ class Command(BaseCommand):
         values = {
             "environment": options["environment"],
             "base_model_name": name,
-            "replica_urls": [url],
+            "replica_urls": urls,
             "volume_write_path": str(volume),
             "volume_serve_path": str(volume),
             "max_loras": options["max_loras"],
@@ -96,8 +100,8 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from None
         self.stdout.write(
             self.style.SUCCESS(
-                f"{verb} deployment {deployment.name} ({deployment.environment}): {url}, "
-                f"base model {name}, adapter volume {volume}"
+                f"{verb} deployment {deployment.name} ({deployment.environment}): "
+                f"{', '.join(urls)}, base model {name}, adapter volume {volume}"
             )
         )
         if not deployment.module_dims:

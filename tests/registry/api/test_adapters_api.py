@@ -87,7 +87,8 @@ def test_owners_must_be_department_members(as_lena, fred, alex, root):
     assert outsider.status_code == 400
     assert error_of(outsider)["code"] == "bad_owner"
     assert "fred" in error_of(outsider)["message"]
-    assert unknown.status_code == 400
+    assert unknown.status_code == 404
+    assert error_of(unknown)["code"] == "owner_not_found"
     assert "nobody" in error_of(unknown)["message"]
     # Platform admins may own adapters anywhere.
     assert members.status_code == 201

@@ -135,6 +135,97 @@ def test_an_unreviewed_version_shows_reviewed_by_null(as_lena, lena, legal):
 
 def test_a_session_is_a_documented_way_to_call_the_api(schema):
     assert schema["components"]["securitySchemes"]["cookieAuth"]["in"] == "cookie"
+    anonymous = {"/livez", "/readyz", "/api/v1/mlflow/webhooks/"}
     for path, method, operation in operations(schema):
-        if path not in ("/livez", "/readyz", "/api/v1/mlflow/webhooks/"):
+        if path in anonymous:
+            assert operation["security"] == [{}], (method, path)
+        else:
             assert {"cookieAuth": []} in operation["security"], (method, path)
+
+
+# What schemathesis found at 30 examples per operation (issue 18), one test each.
+
+
+@pytest.fixture
+def legal_cpu(root, legal, tmp_path):
+    from serving.services.deployments import deployment_create
+    from tests.conftest import actor
+
+    deployment = deployment_create(
+        actor=actor(root),
+        name="legal-cpu",
+        environment="staging",
+        base_model_name="tiny-llama",
+        replica_urls=["http://127.0.0.1:9"],
+        volume_write_path=str(tmp_path),
+        volume_serve_path=str(tmp_path),
+    )
+    deployment.allowed_departments.set([legal])
+    return deployment
+
+
+def test_a_deployment_reads_as_one_of_the_admin_and_the_member_shapes(schema):
+    one_of = schema["components"]["schemas"]["DeploymentAsSeen"]["oneOf"]
+    refs = {"#/components/schemas/Deployment", "#/components/schemas/DeploymentSummary"}
+
+    assert {item["$ref"] for item in one_of} == refs
+    detail = schema["paths"]["/api/v1/deployments/{name}/"]["get"]["responses"]["200"]
+    assert detail["content"]["application/json"]["schema"]["$ref"].endswith("DeploymentAsSeen")
+
+
+def test_kserve_documents_its_incomplete_deployment_409(schema, as_root, legal_cpu):
+    # Platform admins only (issue 21): the manifests name volumes and the namespace.
+    response = as_root.get("/api/v1/deployments/legal-cpu/kserve/")
+
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "kserve_incomplete"
+    assert "409" in schema["paths"]["/api/v1/deployments/{name}/kserve/"]["get"]["responses"]
+
+
+def test_a_members_deployment_write_is_refused_before_its_body_is_judged(as_token, legal_cpu):
+    response = as_token.patch(
+        "/api/v1/deployments/legal-cpu/", {"allowed_departments": ["nowhere"]}, format="json"
+    )
+
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "not_platform_admin"
+
+
+def test_an_allowed_department_that_does_not_exist_is_a_404(as_root, legal_cpu):
+    response = as_root.patch(
+        "/api/v1/deployments/legal-cpu/",
+        {"allowed_departments": ["legal", "nowhere"]},
+        format="json",
+    )
+
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "department_not_found"
+    assert list(legal_cpu.allowed_departments.values_list("slug", flat=True)) == ["legal"]
+
+
+def test_every_request_string_forbids_nul_in_the_schema(schema, as_token, legal):
+    search = next(
+        p
+        for p in schema["paths"]["/api/v1/adapters/"]["get"]["parameters"]
+        if p["name"] == "search"
+    )
+    comment = schema["components"]["schemas"]["TransitionRequest"]["properties"]["comment"]
+
+    assert search["schema"]["pattern"] == comment["pattern"] == "^[^\\x00]*$"
+    assert as_token.get("/api/v1/adapters/?search=a%00b").status_code == 400
+
+
+def test_an_api_path_with_a_newline_answers_the_json_404(as_token):
+    response = as_token.get("/api/v1/versions/a%0Ab/mlflow-mirror/")
+
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+
+
+def test_request_bodies_are_documented_as_json_and_uploads_as_multipart(schema):
+    for path, method, operation in operations(schema):
+        content = set(operation.get("requestBody", {}).get("content", {}))
+        if path == "/api/v1/adapters/{id}/versions/" and method == "POST":
+            assert content == {"multipart/form-data", "application/json"}
+        elif content:
+            assert content == {"application/json"}, (method, path)

@@ -179,3 +179,55 @@ def test_it_rejects_invalid_config_values(change, code, tmp_path):
     with pytest.raises(ArtifactRejected) as caught:
         inspect_adapter(root)
     assert caught.value.code == code
+
+
+def test_a_target_without_tensors_is_accepted_as_peft_writes_it_for_exclude_modules(tmp_path):
+    # PEFT saves target_modules as asked (all-linear before exclude_modules); vLLM and
+    # PEFT adapt what the tensors hold (tests/conformance, "exclude_modules").
+    spec = AdapterSpec(extra_config={"target_modules": ["q_proj", "v_proj", "k_proj"]})
+    assert inspect_adapter(write(tmp_path, spec)).target_modules == ("q_proj", "v_proj")
+
+
+def test_the_base_embedding_peft_saves_beside_an_embedding_lora_is_accepted(tmp_path):
+    # save_embedding_layers="auto" writes the full embedding next to its LoRA pair;
+    # vLLM skips it on load, so it is not counted as adapter weights either.
+    tensors = AdapterSpec().tensors()
+    tensors["base_model.model.model.embed_tokens.base_layer.weight"] = np.ones(
+        (1000, 128), np.float32
+    )
+    tensors["base_model.model.model.embed_tokens.lora_embedding_A"] = np.ones((8, 1000), np.float32)
+    tensors["base_model.model.model.embed_tokens.lora_embedding_B"] = np.ones((128, 8), np.float32)
+    spec = AdapterSpec()
+    root = write(tmp_path, spec, adapter_model__safetensors=save_safetensors(tensors))
+    config = spec.config() | {"target_modules": ["q_proj", "v_proj", "embed_tokens"]}
+    (root / "adapter_config.json").write_text(json.dumps(config))
+    metadata = inspect_adapter(root)
+    assert metadata.parameter_count == 8192 + 8 * 1000 + 128 * 8
+
+
+@pytest.mark.parametrize(
+    ("change", "code", "fix"),
+    [
+        ({"lora_bias": True}, "lora_bias_unsupported", "lora_bias=False"),
+        ({"alora_invocation_tokens": [5, 6]}, "alora_unsupported", "plain LoRA"),
+        ({"layer_replication": [[0, 2]]}, "layer_replication_unsupported", "plain LoRA"),
+        ({"use_qalora": True}, "qalora_unsupported", "plain LoRA"),
+        ({"trainable_token_indices": [5]}, "trainable_tokens_unsupported", "Retrain without"),
+        ({"init_lora_weights": "pissa"}, "base_modifying_init", "path_initial_model"),
+        ({"init_lora_weights": "kaiming"}, "unsupported_init", "init_lora_weights to true"),
+    ],
+)
+def test_it_refuses_what_vllm_refuses_naming_the_fix(change, code, fix, tmp_path):
+    spec = AdapterSpec()
+    root = write(tmp_path, spec)
+    (root / "adapter_config.json").write_text(json.dumps(spec.config() | change))
+    with pytest.raises(ArtifactRejected) as caught:
+        inspect_adapter(root)
+    assert caught.value.code == code
+    assert fix in str(caught.value)
+
+
+@pytest.mark.parametrize("init", ["gaussian", "orthogonal", "eva", False])
+def test_inits_that_leave_the_base_alone_are_accepted(init, tmp_path):
+    spec = AdapterSpec(extra_config={"init_lora_weights": init})
+    assert inspect_adapter(write(tmp_path, spec)).r == 8

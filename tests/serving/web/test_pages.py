@@ -28,8 +28,8 @@ from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version, make_version
 from tests.serving.conftest import make_deployment
 from tests.support.adapters import AdapterSpec
-from tests.support.fake_vllm import FakeVLLM
 from tests.support.pages import bulk_adapters, clone_versions, query_count
+from tests.support.vllm_standin import serve_standin
 
 pytestmark = pytest.mark.django_db
 
@@ -45,7 +45,7 @@ def fast_retries(settings):
 
 @pytest.fixture
 def fakes():
-    replicas = [FakeVLLM(), FakeVLLM()]
+    replicas = [serve_standin(), serve_standin()]
     yield replicas
     for replica in replicas:
         replica.close()
@@ -177,8 +177,8 @@ def test_memory_is_shown_against_the_gpu_share_when_set(web_lena, staging, appro
     staging.save()
     served(staging, approved)
     page = web_lena.get(f"/deployments/{staging.name}/").content.decode()
-    assert "of 1.0\xa0MB" in page
-    assert "10% of 10.0\xa0MB GPU" in page
+    assert "of 1.0\xa0MiB" in page
+    assert "10% of 10.0\xa0MiB GPU" in page
 
 
 def test_the_dashboard_card_and_the_nav_link_to_deployments(web_lena, staging, fakes):

@@ -1,9 +1,9 @@
-"""The registry's part of /readyz (core.health): the artifact store answers."""
+"""The registry's answers to core's signals, connected once from RegistryConfig.ready()."""
 
 from __future__ import annotations
 
 
-def _artifact_store(sender, **kwargs):
+def _health(sender, **kwargs):
     from registry.artifact_store import get_artifact_store
     from registry.storage import StorageError
 
@@ -17,4 +17,4 @@ def _artifact_store(sender, **kwargs):
 def connect() -> None:
     from core.signals import health_check
 
-    health_check.connect(_artifact_store, dispatch_uid="registry.artifact_store")
+    health_check.connect(_health, dispatch_uid="registry.health")

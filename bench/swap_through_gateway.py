@@ -1,0 +1,294 @@
+"""Version swaps through the front door, under continuous traffic, on 2 real vLLM replicas.
+
+    .venv/bin/python -m bench.swap_through_gateway [--swaps 10] [--clients 4] [--smoke] [--json]
+
+Two real vLLM 0.32 servers (CPU, tiny model) behind a real HAProxy front door
+(serving/gateway/haproxy.py). Clients keep sending one-token completions with
+model=<served name> through it. Then, in one run:
+
+  steady      no swap: the throughput the swaps are measured against;
+  gateway     --swaps swaps v(n) -> v(n+1), each the product's way: per replica,
+              drained at the front door (no new requests, in-flight finished),
+              unload+load there, verified (listed from the new path and a
+              completion through it), put back; one replica at a time;
+  raw         the baseline: the same number of unload+load swaps on the same
+              servers, clients calling a replica directly (no front door),
+              as clients did before it existed.
+
+Reported: failed requests in each phase; throughput inside the swap windows and
+over the whole swap phase, each against steady state (target >= 0.9); and the
+requests that reached a replica without the adapter, counted from vLLM's own
+access logs (404 on a completion) and from HAProxy's log (requests it had to
+send again to another replica), target 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from serving.gateway.haproxy import HAProxyFrontDoor
+from serving.gateway.routing import ReplicaView, ServedView, routing_table
+from serving.replica_calls import RetryPolicy, ensure_loaded, verify_serving
+from serving.vllm_client import VLLMClient
+from tests.support.adapters import AdapterSpec, write_adapter_dir
+from tests.support.haproxy import retried_requests, running_haproxy, vllm_404s
+from tests.support.vllm_servers import (
+    ensure_tiny_model,
+    ensure_vllm_installed,
+    free_port,
+    start_servers,
+)
+
+SERVED_BASE = "tiny-llama"
+NAME = "swap-target"
+POLICY = RetryPolicy(deadline_seconds=30, base_delay=0.2, max_delay=2)
+
+
+@dataclass
+class Traffic:
+    """(finish time, ok, status) of every completion from every client."""
+
+    url: str
+    clients: int
+    results: list[tuple[float, bool, int]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _client(self) -> None:
+        session = requests.Session()
+        body = {"model": NAME, "prompt": "The contract says", "max_tokens": 1, "temperature": 0}
+        while not self._stop.is_set():
+            try:
+                status = session.post(
+                    self.url + "/v1/completions", json=body, timeout=60
+                ).status_code
+            except requests.RequestException:
+                status = 0
+            with self._lock:
+                self.results.append((time.monotonic(), status == 200, status))
+
+    def __enter__(self) -> Traffic:
+        self._threads = [
+            threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)
+        ]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(65)
+
+    def count(self, windows: list[tuple[float, float]]) -> tuple[int, int, float]:
+        """(requests, failed, requests per second) finished inside the windows."""
+        inside = [r for r in self.results if any(a <= r[0] < b for a, b in windows)]
+        seconds = sum(b - a for a, b in windows)
+        return len(inside), sum(1 for r in inside if not r[1]), len(inside) / max(seconds, 1e-9)
+
+
+def _table(servers, loaded_path: str | None):
+    loaded = {NAME: loaded_path} if loaded_path else {}
+    return routing_table(
+        deployment="bench",
+        base_model=SERVED_BASE,
+        replicas=[
+            ReplicaView(id=i + 1, base_url=s.base_url, down=False, loaded=loaded)
+            for i, s in enumerate(servers)
+        ],
+        served=[ServedView(NAME, loaded_path, held=False)] if loaded_path else [],
+    )
+
+
+STEPS: dict[str, list[float]] = {"drain": [], "swap": [], "verify": [], "ready": []}
+
+
+def gateway_swap(door: HAProxyFrontDoor, servers, path: str) -> None:
+    """The product's swap (serving/services/rollouts.py behind a front door)."""
+    for index, server in enumerate(servers):
+        name = f"r{index + 1}"
+        started = time.monotonic()
+        door.drain(NAME, name, timeout=60)
+        drained = time.monotonic()
+        with VLLMClient(server.base_url, timeout=60) as client:
+            loaded = ensure_loaded(client, NAME, path, POLICY)
+            assert loaded.ok, loaded.error
+            swapped = time.monotonic()
+            verified = verify_serving(client, NAME, path, POLICY, with_completion=True)
+            assert verified.ok, verified.error
+        checked = time.monotonic()
+        door.ready(NAME, name)
+        for step, seconds in zip(
+            STEPS,
+            (drained - started, swapped - drained, checked - swapped, time.monotonic() - checked),
+            strict=True,
+        ):
+            STEPS[step].append(seconds)
+
+
+def raw_swap(server, path: str) -> None:
+    with VLLMClient(server.base_url, timeout=60) as client:
+        client.unload_adapter(NAME)
+        loaded = client.load_adapter(NAME, path)
+        assert loaded.ok, loaded.error
+
+
+def run(swaps: int, clients: int, steady_seconds: float, pause: float, work: Path) -> dict:
+    ensure_vllm_installed()
+    model = ensure_tiny_model()
+    paths = [
+        str(write_adapter_dir(work / f"v{n}", AdapterSpec(seed=n + 1))) for n in range(swaps + 1)
+    ]
+    servers = start_servers(
+        2,
+        names=["bench-a", "bench-b"],
+        model_dir=model,
+        served_name=SERVED_BASE,
+        max_loras=2,
+        max_cpu_loras=4,
+        max_lora_rank=16,
+        log_dir=work / "logs",
+        timeout=300,
+    )
+    door = HAProxyFrontDoor(work / "gateway", listen=f"127.0.0.1:{free_port()}")
+    log = work / "haproxy.log"
+    try:
+        for server in servers:
+            raw_swap(server, paths[0])
+        door.write(_table(servers, paths[0]))
+        with running_haproxy(door, log=log):
+            url = f"http://{door.listen}"
+            offsets = [s.log_path.stat().st_size for s in servers]
+            with Traffic(url, clients) as traffic:
+                time.sleep(1.0)  # warm up
+                steady_start = time.monotonic()
+                time.sleep(steady_seconds)
+                steady = [(steady_start, time.monotonic())]
+                windows, before, durations = [], [], []
+                phase_start = time.monotonic()
+                for n in range(1, swaps + 1):
+                    started = time.monotonic()
+                    # The same run's baseline, under the same load: the seconds just
+                    # before each swap (this machine's load swings a lot over minutes).
+                    before.append((max(started - pause, phase_start), started))
+                    gateway_swap(door, servers, paths[n])
+                    ended = time.monotonic()
+                    durations.append(ended - started)
+                    windows.append((started, max(ended, started + 0.25)))
+                    time.sleep(pause)
+                phase = [(phase_start, time.monotonic())]
+            misrouted = sum(vllm_404s(s.log_path, o) for s, o in zip(servers, offsets, strict=True))
+            retried = retried_requests(log)
+        steady_n, steady_failed, steady_rps = traffic.count(steady)
+        swap_n, swap_failed, swap_rps = traffic.count(windows)
+        phase_n, phase_failed, phase_rps = traffic.count(phase)
+        _, _, before_rps = traffic.count(before[1:] or before)
+        # Swap by swap: its window against the second before it (long swaps, whose
+        # verification queued behind the machine's other work, weigh no more).
+        per_swap = [
+            traffic.count([w])[2] / max(traffic.count([b])[2], 1e-9)
+            for w, b in zip(windows, before, strict=True)
+        ]
+        failed_total = sum(1 for r in traffic.results if not r[1])
+
+        # Baseline: unload+load on the same servers, clients on a replica directly.
+        raw_windows = []
+        with Traffic(servers[0].base_url, clients) as direct:
+            time.sleep(1.0)
+            for n in range(swaps):
+                started = time.monotonic()
+                raw_swap(servers[0], paths[n % len(paths)])
+                raw_windows.append((started, max(time.monotonic(), started + 0.25)))
+                time.sleep(pause)
+        raw_failed = sum(1 for r in direct.results if not r[1])
+        raw_n, _, raw_rps = direct.count(raw_windows)
+    finally:
+        for server in servers:
+            server.stop()
+    return {
+        "swaps": swaps,
+        "clients": clients,
+        "steady": {"requests": steady_n, "failed": steady_failed, "rps": round(steady_rps, 2)},
+        "gateway": {
+            "requests": len(traffic.results),
+            "failed": failed_total,
+            "failed_in_swap_windows": swap_failed,
+            "rps_in_swap_windows": round(swap_rps, 2),
+            "rps_over_swap_phase": round(phase_rps, 2),
+            "ratio_in_swap_windows": round(swap_rps / max(steady_rps, 1e-9), 3),
+            "ratio_over_swap_phase": round(phase_rps / max(steady_rps, 1e-9), 3),
+            "rps_just_before_swaps": round(before_rps, 2),
+            "ratio_to_just_before": round(swap_rps / max(before_rps, 1e-9), 3),
+            "ratio_per_swap_median": round(statistics.median(per_swap), 3),
+            "ratio_per_swap_min": round(min(per_swap), 3),
+            "swap_seconds_median": round(statistics.median(durations), 3),
+            "swap_seconds_max": round(max(durations), 3),
+            # Per replica: each step's median seconds.
+            "step_seconds_median": {k: round(statistics.median(v), 3) for k, v in STEPS.items()},
+            "step_seconds_max": {k: round(max(v), 3) for k, v in STEPS.items()},
+            "misrouted_vllm_404": misrouted,
+            "retried_by_haproxy": retried,
+            "requests_in_swap_phase": phase_n,
+            "failed_in_swap_phase": phase_failed,
+            "requests_in_swap_windows": swap_n,
+        },
+        "raw_unload_load": {
+            "requests": len(direct.results),
+            "failed": raw_failed,
+            "failed_per_swap": round(raw_failed / swaps, 2),
+            "requests_in_swap_windows": raw_n,
+            "rps_in_swap_windows": round(raw_rps, 2),
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--swaps", type=int, default=10)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--steady", type=float, default=8.0, help="seconds of steady state")
+    parser.add_argument("--pause", type=float, default=1.0, help="seconds between swaps")
+    parser.add_argument("--smoke", action="store_true", help="2 swaps, short phases")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    if args.smoke:
+        args.swaps, args.steady, args.pause = 2, 3.0, 0.5
+    with tempfile.TemporaryDirectory(prefix="swap-gateway-") as work:
+        result = run(args.swaps, args.clients, args.steady, args.pause, Path(work))
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    g, s, r = result["gateway"], result["steady"], result["raw_unload_load"]
+    print(f"{result['swaps']} swaps, {result['clients']} clients, 2 real vLLM replicas")
+    print(f"  steady state through the front door: {s['rps']} req/s, {s['failed']} failed")
+    print(
+        f"  through the front door (drain, swap, verify, ready): {g['failed']} failed of "
+        f"{g['requests']}; swap {g['swap_seconds_median']} s median, {g['swap_seconds_max']} s max"
+    )
+    print(
+        f"    throughput in the swap windows {g['rps_in_swap_windows']} req/s "
+        f"= {g['ratio_in_swap_windows']} x steady (target >= 0.9); over the swap phase "
+        f"{g['ratio_over_swap_phase']} x; against the seconds just before each swap "
+        f"{g['ratio_to_just_before']} x; swap by swap median {g['ratio_per_swap_median']} x"
+    )
+    print(
+        f"    reached a replica without the adapter: {g['misrouted_vllm_404']} (vLLM logs), "
+        f"{g['retried_by_haproxy']} retried by HAProxy (target 0)"
+    )
+    print(
+        f"  baseline, raw unload+load, clients on the replica: {r['failed']} failed of "
+        f"{r['requests']} ({r['failed_per_swap']} per swap)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""The front door: one client URL that sends each request to the replicas that
+hold its model.
+
+`routing` computes, from the database, what the front door should do (a pure
+function and its selector); a `FrontDoor` does it. HAProxy (`haproxy.py`) is
+the one implementation today; another gateway (vllm-router, LiteLLM, the
+Gateway API Inference Extension) implements the same small protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from serving.gateway.routing import RoutingTable
+
+
+class FrontDoor(Protocol):
+    """What the control plane asks of a gateway. Every method returns the
+    runtime changes it made, as human-readable commands, for the record."""
+
+    def apply(self, table: RoutingTable) -> list[str]:
+        """Makes the routes match the table without dropping a request. Routes
+        the table marks `held` (a rollout owns them now) keep their states."""
+
+    def drain(self, model: str, server: str, *, timeout: float, keep_one: bool = True) -> list[str]:
+        """Sends no new request for `model` to `server`, then waits until the
+        requests it has in flight are done (at most `timeout` seconds). With
+        `keep_one`, the last replica that serves `model` is left serving."""
+
+    def ready(self, model: str, server: str) -> list[str]:
+        """Sends `model`'s requests to `server` again."""

@@ -1,0 +1,147 @@
+"""What the control plane does to a deployment's front door: sync its routes
+with the routing table, and drain / put back one replica for one adapter
+around a swap. Every runtime change that concerns a replica is recorded as an
+HttpAttempt of that replica (purpose "gateway"); the others (map entries,
+reloads) are logged.
+
+Nothing here holds a database transaction across a call to the gateway.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+
+from django.conf import settings
+from django.utils import timezone
+
+from serving.gateway import FrontDoor
+from serving.gateway.haproxy import GatewayError, HAProxyFrontDoor
+from serving.gateway.routing import RoutingTable, server_name
+from serving.gateway.selectors import routing_table_for
+from serving.models import Deployment, HttpAttempt, Replica
+
+logger = logging.getLogger(__name__)
+
+
+def front_door_for(deployment: Deployment) -> FrontDoor | None:
+    """The deployment's front door, or None where it has none (SERVING_GATEWAYS)."""
+    listen = settings.SERVING_GATEWAYS.get(deployment.name)
+    if not listen:
+        return None
+    admin = settings.SERVING_GATEWAY_ADMIN.get(deployment.name, "")
+    return HAProxyFrontDoor(
+        settings.SERVING_GATEWAY_DIR / deployment.name, listen=listen, admin=admin
+    )
+
+
+def gateway_sync(deployment: Deployment, *, release: str | None = None) -> list[str]:
+    """Makes the deployment's front door route as the database says. `release`
+    names an adapter whose claim the caller holds and is done with: its route
+    is synced too (a rollout's last step). A gateway that fails is logged; the
+    next reconcile tries again."""
+    door = front_door_for(deployment)
+    if door is None:
+        return []
+    table = routing_table_for(deployment)
+    if release is not None and release in table.routes:
+        table = _unheld(table, release)
+    started = time.monotonic()
+    try:
+        changes = door.apply(table)
+    except GatewayError as error:
+        logger.warning("front door of %s: %s", deployment.name, error)
+        _record(deployment, [], started, error=str(error))
+        return []
+    _record(deployment, changes, started)
+    return changes
+
+
+def gateway_drain(
+    deployment: Deployment, name: str, replicas: list[Replica], *, keep_one: bool = True
+) -> list[str]:
+    """No new request for `name` to these replicas; returns once their requests
+    in flight are done (at most SERVING_GATEWAY_DRAIN_SECONDS each). With
+    `keep_one` (a swap: make before break), a replica that is the only one
+    serving `name` is left serving and swapped in place."""
+    door = front_door_for(deployment)
+    if door is None:
+        return []
+    timeout = settings.SERVING_GATEWAY_DRAIN_SECONDS
+    return _each(
+        deployment,
+        replicas,
+        lambda server: door.drain(name, server, timeout=timeout, keep_one=keep_one),
+    )
+
+
+def gateway_ready(deployment: Deployment, name: str, replicas: list[Replica]) -> list[str]:
+    door = front_door_for(deployment)
+    if door is None:
+        return []
+    return _each(deployment, replicas, lambda server: door.ready(name, server))
+
+
+def _each(deployment: Deployment, replicas: list[Replica], change) -> list[str]:
+    """`change(server)` for each replica, recorded. A front door that fails is
+    logged and recorded, and the rollout goes on: a swap's own verification
+    does not depend on it, and the next sync puts the routes right."""
+    changes = []
+    for replica in replicas:
+        started = time.monotonic()
+        try:
+            done = change(server_name(replica.pk))
+        except GatewayError as error:
+            logger.warning("front door of %s: %s", deployment.name, error)
+            _record(deployment, [f"{server_name(replica.pk)}/ failed"], started, error=str(error))
+            continue
+        _record(deployment, done, started)
+        changes += done
+    return changes
+
+
+def _unheld(table: RoutingTable, name: str) -> RoutingTable:
+    routes = dict(table.routes)
+    routes[name] = replace(routes[name], held=False)
+    return replace(table, routes=routes)
+
+
+def _record(deployment: Deployment, changes: list[str], started: float, error: str = "") -> None:
+    """One attempt row per change that names a replica's server (`.../r<id> ...`)."""
+    if not changes and not error:
+        return
+    duration = (time.monotonic() - started) * 1000 / max(len(changes), 1)
+    ids = {server_name(pk): pk for pk in deployment.replicas.values_list("pk", flat=True)}
+    rows = []
+    for change in changes or [error]:
+        server = next((ids[word] for word in _servers_in(change) if word in ids), None)
+        if server is None:
+            logger.info("front door of %s: %s", deployment.name, change)
+            continue
+        rows.append(
+            HttpAttempt(
+                replica_id=server,
+                purpose="gateway",
+                method="RUNTIME",
+                url=f"haproxy:{deployment.name} {change}"[:1000],
+                started_at=timezone.now(),
+                duration_ms=duration,
+                status_code=None,
+                ok=not error and "still in flight" not in change,
+                transient=bool(error),
+                error=error[:4000],
+            )
+        )
+    HttpAttempt.objects.bulk_create(rows)
+
+
+def _servers_in(change: str) -> list[str]:
+    return [part.rsplit("/", 1)[-1] for part in change.replace(":", " ").split() if "/" in part]
+
+
+def gateway_swaps_one_by_one(deployment: Deployment, served) -> bool:
+    """Whether a rollout of `served` is a version swap behind a front door:
+    then it drains, swaps and puts back one replica at a time. A first load
+    needs none of it: no request is routed to an adapter before it is verified."""
+    return served.version_id is not None and front_door_for(deployment) is not None

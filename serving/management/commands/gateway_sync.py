@@ -1,0 +1,51 @@
+"""Makes a deployment's front door route as the database says, now (the
+reconcile does it after every tick too). Before the deployment exists,
+`--base-model` writes the configuration HAProxy starts with: the base model's
+route, no replicas yet (503 until they are known).
+
+    manage.py gateway_sync local-cpu --base-model tiny-llama
+    manage.py gateway_sync local-cpu --print-command   # how to start its HAProxy
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from django.core.management.base import BaseCommand, CommandError
+
+from serving.gateway.routing import routing_table
+from serving.gateway.services import front_door_for, gateway_sync
+from serving.models import Deployment
+from serving.replica_rows import replicas_sync
+
+
+class Command(BaseCommand):
+    help = "Syncs a deployment's front door (HAProxy) with the routing table."
+
+    def add_arguments(self, parser):
+        parser.add_argument("deployment")
+        parser.add_argument("--base-model", default="", help="before the deployment exists")
+        parser.add_argument("--print-command", action="store_true")
+
+    def handle(self, *args, **options):
+        name = options["deployment"]
+        deployment = Deployment.objects.filter(name=name).first()
+        probe = deployment or Deployment(name=name, base_model_name=options["base_model"])
+        door = front_door_for(probe)
+        if door is None:
+            raise CommandError(f"{name} has no front door: name it in SERVING_GATEWAYS.")
+        if options["print_command"]:
+            self.stdout.write(shlex.join(door.command_line()))
+            return
+        if deployment is None:
+            if not options["base_model"]:
+                raise CommandError(f"No deployment {name}: pass --base-model to bootstrap.")
+            table = routing_table(
+                deployment=name, base_model=options["base_model"], replicas=[], served=[]
+            )
+            door.write(table)
+            self.stdout.write(f"front door of {name}: configuration written")
+            return
+        replicas_sync(deployment)
+        for change in gateway_sync(deployment):
+            self.stdout.write(f"front door of {name}: {change}")

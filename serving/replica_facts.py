@@ -1,0 +1,92 @@
+"""Deployment facts read from the replicas, not typed: what each vLLM replica
+says it serves, and where that disputes the deployment record.
+
+The gate trusts the record (base model, max_loras) to decide what may reach a
+replica; a record typed wrong (a server started with --max-loras 4 recorded as
+8, another model behind the same served name) makes every check built on it
+wrong. Reconcile reads the base model from what it already fetches every tick
+(/v1/models' base card); observability, which reads /metrics after every
+reconcile, reports the max_lora label (serving.services.replica_facts). Promotions
+are refused while a replica disputes the record (serving.services.promotions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from serving.vllm_client import ModelCard
+
+
+@dataclass(frozen=True)
+class FactDispute:
+    replica: str
+    fact: str
+    recorded: object
+    reported: object
+    fix: str
+
+    @property
+    def message(self) -> str:
+        return (
+            f"Replica {self.replica} reports {self.fact} {self.reported!r}, the deployment "
+            f"records {self.recorded!r}. {self.fix}"
+        )
+
+
+def base_card_facts(cards: list[ModelCard]) -> dict:
+    """{"base_model", "root"} from the base model's card (the one without a parent)."""
+    base = next((card for card in cards if not card.is_adapter), None)
+    if base is None:
+        return {}
+    return {"base_model": base.id, "root": base.root or ""}
+
+
+def _normalise(name: str) -> str:
+    return (name or "").strip().rstrip("/").lower()
+
+
+def disputes(deployment, replicas) -> list[FactDispute]:
+    """Where replicas that answered disagree with the deployment record."""
+    found = []
+    names = {_normalise(deployment.base_model_name)}
+    paths = {_normalise(a) for a in deployment.base_model_aliases or [] if a.startswith("/")}
+    for replica in replicas:
+        facts = replica.reported_facts or {}
+        reported = facts.get("base_model")
+        if reported and _normalise(reported) not in names:
+            found.append(
+                FactDispute(
+                    replica.base_url,
+                    "base model",
+                    deployment.base_model_name,
+                    reported,
+                    "Correct the deployment's base_model_name, or restart the replica with "
+                    "--served-model-name of the recorded model.",
+                )
+            )
+        root = facts.get("root")
+        if root and paths and _normalise(root) not in paths:
+            found.append(
+                FactDispute(
+                    replica.base_url,
+                    "base model path",
+                    sorted(paths),
+                    root,
+                    "The replica serves weights from another path: add the path to "
+                    "base_model_aliases if they are the same weights, or restart the replica "
+                    "on the recorded model.",
+                )
+            )
+        max_lora = facts.get("max_lora")
+        if max_lora is not None and max_lora != deployment.max_loras:
+            found.append(
+                FactDispute(
+                    replica.base_url,
+                    "max_loras",
+                    deployment.max_loras,
+                    max_lora,
+                    f"Set the deployment's max_loras to {max_lora}, or restart the replica "
+                    f"with --max-loras {deployment.max_loras}.",
+                )
+            )
+    return found

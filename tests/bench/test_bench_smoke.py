@@ -1,0 +1,155 @@
+"""Every benchmark runs on every change: each `bench/*.py` with a `__main__`
+runs in its `--smoke` mode (tiny sizes, the same real parts: real vLLM where
+the bench uses it) in a subprocess, and must exit 0 and write figures
+(`--json`: at least one table with rows). A bench that no longer runs fails
+here, so nothing the README quotes can rot unnoticed.
+
+The smoke runs start at once in lanes, so the tier takes about as long as
+its slowest lane: benches on one real vLLM server shared by them (booted once
+for the tier), lora_pool_memory (which must start servers of its own, each
+with another pool), and the benches without vLLM in two lanes. Every bench on
+the embedded SQLite starts from one migrated database made once for the tier
+(BENCH_SQLITE_TEMPLATE, bench/results.seed_sqlite).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from scripts.figures import SUMMARY
+from tests.support.vllm_servers import VLLMServer, ensure_tiny_model, ensure_vllm_installed
+
+pytestmark = pytest.mark.bench
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 420  # seconds per bench: generous, the machine is shared and loaded
+
+# Which lane each bench runs in. A bench with a __main__ that is in none fails
+# test_every_bench_has_a_smoke_run (so a new bench cannot be left out).
+SHARED_VLLM = ["promote_to_served", "many_adapters", "swap_under_traffic", "fingerprint_spread"]
+OWN_VLLM = ["lora_pool_memory"]
+NO_VLLM = ["tensor_values", "scale", "scale_promotions"]
+NO_VLLM_2 = ["new_pod_to_served", "upload_throughput"]
+EVERY = SHARED_VLLM + OWN_VLLM + NO_VLLM + NO_VLLM_2
+
+
+def benches_with_main() -> set[str]:
+    return {
+        path.stem
+        for path in (REPO / "bench").glob("*.py")
+        if 'if __name__ == "__main__":' in path.read_text()
+    }
+
+
+@dataclass
+class SmokeRun:
+    returncode: int
+    output: str
+    figures: dict | None
+    seconds: float
+
+
+def bench_env(**extra: str) -> dict[str, str]:
+    # The benches make their own throwaway databases (SQLite in their VAR_DIR)
+    # and queues; they must not meet the suite's test database.
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "VAR_DIR"}}
+    return {**env, **extra}
+
+
+def migrated_template(folder: Path) -> Path:
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=REPO, env=bench_env(VAR_DIR=str(folder)), check=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    return folder / "db.sqlite3"
+
+
+def run_smoke(name: str, out_dir: Path, *extra: str) -> SmokeRun:
+    json_path = out_dir / f"{name}.json"
+    env = bench_env(BENCH_SQLITE_TEMPLATE=str(out_dir / "template" / "db.sqlite3"))
+    started = time.monotonic()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", f"bench.{name}", "--smoke", "--json", str(json_path), *extra],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+        )  # fmt: skip
+        returncode, output = result.returncode, result.stdout + result.stderr
+    except subprocess.TimeoutExpired as exc:
+        output = f"timed out after {TIMEOUT} s\n{exc.stdout or ''}{exc.stderr or ''}"
+        returncode = -1
+    figures = json.loads(json_path.read_text()) if json_path.exists() else None
+    return SmokeRun(returncode, output, figures, time.monotonic() - started)
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory) -> dict[str, Future]:
+    ensure_vllm_installed()
+    model = ensure_tiny_model()
+    out_dir = tmp_path_factory.mktemp("bench-smoke")
+    runs: dict[str, Future] = {name: Future() for name in EVERY}
+    # The configuration the shared benches expect (see each one's --replica-urls).
+    server = VLLMServer(
+        name="bench-smoke", model_dir=model, max_loras=2, max_cpu_loras=4, max_lora_rank=16,
+        log_dir=out_dir / "vllm",
+    )  # fmt: skip
+    server.start()
+    migrated_template(out_dir / "template")
+
+    def lane(names: list[str], before=None) -> None:
+        extra: tuple[str, ...] = ()
+        try:
+            if before is not None:
+                extra = before()
+        except BaseException as exc:  # every bench of the lane reports it
+            for name in names:
+                runs[name].set_exception(exc)
+            return
+        for name in names:
+            try:
+                runs[name].set_result(run_smoke(name, out_dir, *extra))
+            except BaseException as exc:
+                runs[name].set_exception(exc)
+
+    def shared_server_ready() -> tuple[str, ...]:
+        server.wait_ready(timeout=TIMEOUT)
+        return ("--replica-urls", server.base_url)
+
+    lanes = [
+        threading.Thread(target=lane, args=(SHARED_VLLM, shared_server_ready), daemon=True),
+        threading.Thread(target=lane, args=(OWN_VLLM,), daemon=True),
+        threading.Thread(target=lane, args=(NO_VLLM,), daemon=True),
+        threading.Thread(target=lane, args=(NO_VLLM_2,), daemon=True),
+    ]
+    for thread in lanes:
+        thread.start()
+    yield runs
+    for thread in lanes:
+        thread.join(TIMEOUT * len(SHARED_VLLM))
+    server.stop()
+
+
+def test_every_bench_has_a_smoke_run():
+    assert benches_with_main() == set(EVERY)
+
+
+@pytest.mark.parametrize("name", EVERY)
+def test_bench_runs_in_smoke_mode_and_prints_figures(name, smoke_runs):
+    run = smoke_runs[name].result(timeout=TIMEOUT * len(SHARED_VLLM))
+    assert run.returncode == 0, f"bench.{name} --smoke failed:\n{run.output[-4000:]}"
+    assert run.figures is not None, f"bench.{name} wrote no figures:\n{run.output[-2000:]}"
+    assert run.figures["smoke"] is True
+    tables = run.figures["tables"]
+    assert tables and all(table["rows"] for table in tables.values()), tables
+    if name in SUMMARY:  # the README's summary block needs its rows
+        assert run.figures["headlines"], f"bench.{name} wrote no headline for the summary"
+    print(f"bench.{name} --smoke: {run.seconds:.0f} s")

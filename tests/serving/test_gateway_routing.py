@@ -1,0 +1,159 @@
+"""The desired routing table (serving/gateway/routing.py), a pure function,
+and the HAProxy configuration rendered from it (checked by a real `haproxy -c`).
+Real HAProxy in front of real vLLM: tests/serving/vllm/test_gateway_real.py."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from serving.gateway.haproxy import render_config, render_map
+from serving.gateway.routing import ReplicaView, ServedView, ServerState, routing_table
+from serving.gateway.selectors import routing_table_for
+
+READY, MAINT = ServerState.READY, ServerState.MAINT
+
+
+def table(replicas, served):
+    return routing_table(deployment="d", base_model="tiny", replicas=replicas, served=served)
+
+
+def test_an_adapter_is_routed_only_where_its_current_version_was_seen_loaded():
+    replicas = [
+        ReplicaView(1, "http://10.0.0.1:8000", down=False, loaded={"a": "/v/a-2"}),
+        ReplicaView(2, "http://10.0.0.2:8000", down=False, loaded={"a": "/v/a-1"}),  # stale
+        ReplicaView(3, "http://10.0.0.3:8000", down=True, loaded={"a": "/v/a-2"}),  # down
+        ReplicaView(4, "http://10.0.0.4:8000", down=False, loaded={}),
+    ]
+    routes = table(replicas, [ServedView("a", "/v/a-2", held=False)]).routes
+    assert routes["a"].states == {"r1": READY, "r2": MAINT, "r3": MAINT, "r4": MAINT}
+    # The base model goes to every replica that is not down.
+    assert routes["tiny"].base and routes["tiny"].ready_servers() == ["r1", "r2", "r4"]
+    assert set(routes) == {"tiny", "a"}  # anything else: 404
+
+
+def test_a_held_adapter_is_marked_and_an_adapter_never_shadows_the_base_model():
+    replicas = [ReplicaView(1, "https://vllm.example:8443", down=False, loaded={})]
+    built = table(replicas, [ServedView("a", "/p", held=True), ServedView("tiny", "/x", False)])
+    assert built.routes["a"].held
+    assert built.routes["tiny"].base
+    (endpoint,) = built.endpoints
+    assert (endpoint.server, endpoint.host, endpoint.port, endpoint.tls) == (
+        "r1",
+        "vllm.example",
+        8443,
+        True,
+    )
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy not installed")
+def test_the_rendered_configuration_is_valid_for_haproxy(tmp_path):
+    replicas = [
+        ReplicaView(1, "http://127.0.0.1:9001", down=False, loaded={"a": "/p"}),
+        ReplicaView(2, "http://127.0.0.1:9002", down=False, loaded={}),
+    ]
+    built = table(replicas, [ServedView("a", "/p", held=False)])
+    (tmp_path / "models.map").write_text(render_map(built))
+    (tmp_path / "unavailable.http").write_text("HTTP/1.1 503 x\r\n\r\n")
+    config = render_config(
+        built, tmp_path, listen="127.0.0.1:1", states={("m_a", "r2"): ServerState.DRAIN}
+    )
+    (tmp_path / "haproxy.cfg").write_text(config)
+    checked = subprocess.run(
+        ["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "server r2 127.0.0.1:9002 weight 0" in config  # a held drain survives a reload
+    assert "server r1 127.0.0.1:9001\n" in config
+    assert render_map(built) == "a m_a\ntiny base\n"
+
+
+@pytest.mark.django_db
+def test_the_selector_reads_what_the_rollouts_and_reconcile_recorded(
+    deployment, contracts, approved_v1
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from serving.models import Replica, ServedAdapter
+
+    Replica.objects.filter(deployment=deployment).delete()
+    up = Replica.objects.create(
+        deployment=deployment,
+        base_url="http://10.0.0.1:8000",
+        health="up",
+        loaded_adapters=[{"id": contracts.served_name, "root": "/srv/contracts-1"}],
+    )
+    Replica.objects.create(
+        deployment=deployment, base_url="http://10.0.0.2:8000", health="down", loaded_adapters=[]
+    )
+    Replica.objects.create(deployment=deployment, base_url="http://10.0.0.3:8000", active=False)
+    ServedAdapter.objects.create(
+        deployment=deployment,
+        adapter=contracts,
+        version=approved_v1,
+        served_path="/srv/contracts-1",
+        lease_until=timezone.now() + timedelta(seconds=30),
+    )
+    built = routing_table_for(deployment)
+    route = built.routes[contracts.served_name]
+    assert route.held
+    assert route.ready_servers() == [f"r{up.pk}"]
+    assert len(built.endpoints) == 2  # the inactive replica is not a server
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy not installed")
+def test_on_kubernetes_the_runtime_api_is_a_tcp_port_and_the_master_cli_the_next(tmp_path):
+    from serving.gateway.haproxy import HAProxyFrontDoor
+
+    door = HAProxyFrontDoor(tmp_path, listen="0.0.0.0:8080", admin="gateway-prod:9999")
+    replicas = [ReplicaView(1, "http://10.0.0.1:8000", down=False, loaded={})]
+    door.write(table(replicas, []))
+    config = door.config_path.read_text()
+    assert "stats socket ipv4@0.0.0.0:9999 level admin\n" in config
+    assert "admin.sock" not in config
+    assert door.command_line()[3:5] == ["-S", "ipv4@0.0.0.0:10000"]
+    assert door.command_line()[5] == "-p"
+    assert (door.runtime.path, door.master.path) == ("gateway-prod:9999", "gateway-prod:10000")
+    checked = subprocess.run(
+        ["haproxy", "-c", "-f", str(door.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy not installed")
+def test_a_drain_never_leaves_a_model_without_a_replica_unless_told_to(tmp_path):
+    """Real HAProxy (its runtime API); the replicas' addresses are never called."""
+    from serving.gateway.haproxy import HAProxyFrontDoor
+    from tests.support.haproxy import running_haproxy
+    from tests.support.vllm_servers import free_port
+
+    door = HAProxyFrontDoor(tmp_path / "gw", listen=f"127.0.0.1:{free_port()}")
+    replicas = [
+        ReplicaView(1, "http://127.0.0.1:9", down=False, loaded={"a": "/p", "b": "/p"}),
+        ReplicaView(2, "http://127.0.0.1:9", down=False, loaded={"b": "/p"}),
+    ]
+    door.write(table(replicas, [ServedView("a", "/p", False), ServedView("b", "/p", False)]))
+    with running_haproxy(door, log=tmp_path / "haproxy.log"):
+        # "a" is on r1 only: make before break keeps it there (an in-place swap).
+        assert door.drain("a", "r1", timeout=1) == ["kept m_a/r1 ready: no other replica serves a"]
+        assert door.runtime.servers()[("m_a", "r1")].state == READY
+        # "b" is on both: r1 drains, and then r2 is the one kept.
+        assert door.drain("b", "r1", timeout=1) == ["set server m_b/r1 state drain"]
+        assert door.runtime.servers()[("m_b", "r1")].state == ServerState.DRAIN
+        assert door.drain("b", "r2", timeout=1)[0].startswith("kept m_b/r2")
+        # A retire drains the last one too.
+        assert door.drain("a", "r1", timeout=1, keep_one=False) == ["set server m_a/r1 state drain"]
+        assert door.ready("b", "r1") == ["set server m_b/r1 state ready"]
+        assert door.runtime.servers()[("m_b", "r1")].state == READY

@@ -1,0 +1,96 @@
+"""Deployment facts read from the replicas: a replica that disagrees with the
+deployment record is a drift, shown in the API and on the page, and promotions
+are refused (409) until an admin resolves it. Against real vLLM:
+tests/conformance/test_conformance.py (the Llama server)."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from core.errors import Conflict
+from observability.services import vllm_metrics_observe
+from serving.models import DriftEvent, DriftKind, Replica
+from serving.services.promotions import promotion_create
+from serving.services.reconcile import reconcile_deployment
+from tests.conftest import actor
+from tests.observability.conftest import lora_info
+
+pytestmark = pytest.mark.django_db
+
+
+def _api(user) -> APIClient:
+    client = APIClient()
+    client.force_login(user)
+    return client
+
+
+def test_an_in_sync_replica_reports_the_recorded_facts(deployment, fake_replicas):
+    reconcile_deployment(deployment.pk, "beat")
+    facts = [r.reported_facts for r in Replica.objects.filter(deployment=deployment)]
+    assert facts == [{"base_model": "tiny-llama", "root": "/models/base"}] * 2
+    assert not DriftEvent.objects.filter(kind=DriftKind.FACT_DISPUTED).exists()
+
+
+def test_another_served_base_model_is_a_drift_and_refuses_promotions(
+    root, lena, deployment, fake_replicas, approved_v1
+):
+    fake_replicas[1].base_model = "other-org/other-model"
+    reconcile_deployment(deployment.pk, "beat")
+
+    event = DriftEvent.objects.get(kind=DriftKind.FACT_DISPUTED)
+    assert event.replica.base_url == fake_replicas[1].base_url
+    assert "other-org/other-model" in event.detail and "tiny-llama" in event.detail
+    body = _api(root).get(f"/api/v1/deployments/{deployment.name}/").json()
+    assert [(d["fact"], d["reported"]) for d in body["fact_disputes"]] == [
+        ("base model", "other-org/other-model")
+    ]
+
+    with pytest.raises(Conflict) as refused:
+        promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
+    assert refused.value.code == "replica_facts_disputed"
+    assert "base model" in str(refused.value) and "base_model_name" in str(refused.value)
+
+    # Resolved at the replica: the next tick reads the recorded model again.
+    fake_replicas[1].base_model = "tiny-llama"
+    reconcile_deployment(deployment.pk, "beat")
+    promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
+
+
+def test_max_loras_is_read_from_the_metrics_label_and_checked(
+    root, lena, deployment, fake_replicas, approved_v1
+):
+    for fake in fake_replicas:
+        fake.metrics_text = lora_info(("", "", 1.0), max_lora=4)
+    report = reconcile_deployment(deployment.pk, "beat")
+    vllm_metrics_observe(deployment, report.up)
+
+    assert {r.reported_facts["max_lora"] for r in Replica.objects.all()} == {4}
+    assert DriftEvent.objects.filter(kind=DriftKind.FACT_DISPUTED).count() == 2
+    with pytest.raises(Conflict) as refused:
+        promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
+    assert "max_loras" in str(refused.value) and "--max-loras 2" in str(refused.value)
+
+    # Resolved by the admin: the record now says what the replicas run with.
+    response = _api(root).patch(
+        f"/api/v1/deployments/{deployment.name}/",
+        {"max_loras": 4, "max_cpu_loras": 8},
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["fact_disputes"] == []
+    deployment.refresh_from_db()
+    promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
+
+
+def test_the_same_facts_are_not_written_again(deployment, fake_replicas, django_assert_num_queries):
+    for fake in fake_replicas:
+        fake.metrics_text = lora_info(("", "", 1.0), max_lora=2)
+    report = reconcile_deployment(deployment.pk, "beat")
+    vllm_metrics_observe(deployment, report.up)
+    replicas = list(Replica.objects.all())
+    from serving.services.replica_facts import replica_max_lora_report
+
+    with django_assert_num_queries(0):
+        for replica in replicas:
+            assert not replica_max_lora_report(deployment, replica, 2)

@@ -1,0 +1,316 @@
+"""The front door: a real HAProxy (Debian's 2.6) in front of the two real vLLM
+servers of this tier. Routing by `model`, vLLM's 404 for an unknown model,
+reconfiguration without dropping a request, and a version swap through the
+product's own rollout under continuous traffic that fails no request."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import requests
+
+from serving.gateway.haproxy import HAProxyFrontDoor
+from serving.gateway.routing import ReplicaView, ServedView, routing_table
+from serving.models import Deployment, HttpAttempt
+from tests.serving.vllm.conftest import SERVED_BASE, adapters_on, ok
+from tests.support.adapters import AdapterSpec, write_adapter_dir
+from tests.support.haproxy import (
+    haproxy_available,
+    requests_by_server,
+    retried_requests,
+    running_haproxy,
+    vllm_404s,
+)
+from tests.support.vllm_servers import free_port
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        not haproxy_available() and os.environ.get("REQUIRE_HAPROXY") != "1",
+        reason="haproxy is not installed (scripts/test.sh installs Debian's haproxy)",
+    ),
+]
+
+
+def complete(url: str, model: str, session=None) -> requests.Response:
+    body = {"model": model, "prompt": "The contract says", "max_tokens": 1, "temperature": 0}
+    return (session or requests).post(url + "/v1/completions", json=body, timeout=60)
+
+
+class Traffic:
+    """Clients sending completions for `model` through the front door until stopped."""
+
+    def __init__(self, url: str, model: str, clients: int = 3):
+        self.url, self.model = url, model
+        self.statuses: Counter = Counter()
+        self.bodies: list[str] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
+
+    def _run(self) -> None:
+        session = requests.Session()
+        while not self._stop.is_set():
+            try:
+                response = complete(self.url, self.model, session)
+                status, text = response.status_code, response.text
+            except requests.RequestException as error:
+                status, text = 0, str(error)
+            with self._lock:
+                self.statuses[status] += 1
+                if status != 200:
+                    self.bodies.append(text[:300])
+
+    def __enter__(self) -> Traffic:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+    def failed(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status != 200)
+
+
+def _log_sizes(servers) -> list[int]:
+    return [server.log_path.stat().st_size for server in servers]
+
+
+def _table(servers, loaded: list[dict], served: list[ServedView]):
+    return routing_table(
+        deployment="gw",
+        base_model=SERVED_BASE,
+        replicas=[
+            ReplicaView(id=i + 1, base_url=s.base_url, down=False, loaded=loaded[i])
+            for i, s in enumerate(servers)
+        ],
+        served=served,
+    )
+
+
+@pytest.fixture
+def front_door(tmp_path) -> HAProxyFrontDoor:
+    return HAProxyFrontDoor(tmp_path / "gateway", listen=f"127.0.0.1:{free_port()}")
+
+
+def test_an_adapter_goes_only_to_the_replicas_that_hold_it_and_follows_them_without_a_reload(
+    vllm_servers, front_door, tmp_path
+):
+    a, b = vllm_servers
+    path = str(write_adapter_dir(tmp_path / "contracts-v1", AdapterSpec(seed=1)))
+    with a.client(timeout=30) as client:
+        assert client.load_adapter("legal-contracts", path).ok
+    served = [ServedView("legal-contracts", path, held=False)]
+    front_door.write(_table(vllm_servers, [{"legal-contracts": path}, {}], served))
+    log = tmp_path / "haproxy.log"
+    url = f"http://{front_door.listen}"
+    with running_haproxy(front_door, log=log):
+        sizes = _log_sizes(vllm_servers)
+        for _ in range(6):
+            assert complete(url, "legal-contracts").status_code == 200
+        counts = requests_by_server(log)
+        assert counts[("m_legal-contracts", "r1", 200)] == 6
+        assert counts[("m_legal-contracts", "r2", 200)] == 0
+        assert vllm_404s(b.log_path, sizes[1]) == 0  # b was never asked
+
+        # b gets it too: one runtime command, the same worker (no reload).
+        with b.client(timeout=30) as client:
+            assert client.load_adapter("legal-contracts", path).ok
+        worker = front_door.runtime.worker_pid()
+        changes = front_door.apply(_table(vllm_servers, [{"legal-contracts": path}] * 2, served))
+        assert changes == ["set server m_legal-contracts/r2 state ready"]
+        assert front_door.runtime.worker_pid() == worker
+        for _ in range(6):
+            assert complete(url, "legal-contracts").status_code == 200
+        counts = requests_by_server(log)
+        assert counts[("m_legal-contracts", "r2", 200)] >= 1
+        assert counts[("m_legal-contracts", "r1", 200)] >= 7
+
+        # Retired: the map entry goes at once, a 404 from the front door itself.
+        assert front_door.apply(_table(vllm_servers, [{}, {}], [])) == [
+            f"del map {front_door.map_path} legal-contracts"
+        ]
+        assert complete(url, "legal-contracts").status_code == 404
+    assert retried_requests(log) == 0
+
+
+def test_an_unknown_model_gets_vllm_s_own_404_and_the_base_model_any_replica(
+    vllm_servers, front_door, tmp_path
+):
+    a, _ = vllm_servers
+    front_door.write(_table(vllm_servers, [{}, {}], []))
+    log = tmp_path / "haproxy.log"
+    url = f"http://{front_door.listen}"
+    with running_haproxy(front_door, log=log):
+        model = 'no-such "adapter"'
+        through_door = complete(url, model)
+        direct = complete(a.base_url, model)
+        assert through_door.status_code == direct.status_code == 404
+        ours, theirs = through_door.json()["error"], direct.json()["error"]
+        assert set(ours) == set(theirs)
+        assert {k: ours[k] for k in ("type", "param", "code")} == {
+            k: theirs[k] for k in ("type", "param", "code")
+        }
+        assert ours["message"] == f"The model `{model}` does not exist."
+        # vLLM goes on to list every name it serves; the front door does not.
+        assert theirs["message"].startswith(ours["message"])
+        assert through_door.headers["content-type"] == "application/json"
+
+        for _ in range(4):
+            assert complete(url, SERVED_BASE).status_code == 200
+        counts = requests_by_server(log)
+        assert counts[("base", "r1", 200)] >= 1 and counts[("base", "r2", 200)] >= 1
+
+        # Clients get the OpenAI API only: no loading adapters through the front door.
+        refused = requests.post(
+            url + "/v1/load_lora_adapter",
+            json={"lora_name": "sneaky", "lora_path": str(tmp_path)},
+            timeout=10,
+        )
+        assert refused.status_code == 404
+        assert "sneaky" not in adapters_on(a)
+        # A body larger than the front door reads is refused, not routed by half of it.
+        huge = {"model": SERVED_BASE, "prompt": "x" * (300 * 1024), "max_tokens": 1}
+        too_large = requests.post(url + "/v1/completions", json=huge, timeout=30)
+        assert too_large.status_code == 413
+        assert too_large.json()["error"]["code"] == 413
+
+
+def test_adding_adapters_reloads_without_dropping_a_request(vllm_servers, front_door, tmp_path):
+    front_door.write(_table(vllm_servers, [{}, {}], []))
+    url = f"http://{front_door.listen}"
+    loaded: dict[str, str] = {}
+    with running_haproxy(front_door, log=tmp_path / "haproxy.log"):
+        with Traffic(url, SERVED_BASE) as traffic:
+            for n in range(4):
+                name = f"added-{n}"
+                loaded[name] = str(write_adapter_dir(tmp_path / name, AdapterSpec(seed=n)))
+                for server in vllm_servers:
+                    with server.client(timeout=30) as client:
+                        assert client.load_adapter(name, loaded[name]).ok
+                worker = front_door.runtime.worker_pid()
+                served = [ServedView(m, p, held=False) for m, p in loaded.items()]
+                changes = front_door.apply(_table(vllm_servers, [loaded, loaded], served))
+                assert changes[0].startswith("reload")
+                assert front_door.runtime.worker_pid() != worker
+                assert complete(url, name).status_code == 200
+                time.sleep(0.5)
+        assert traffic.statuses[200] > 20
+        assert traffic.failed() == 0, traffic.bodies[:5]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_version_swap_through_the_front_door_fails_no_request(
+    platform, vllm_servers, celery_worker, settings, tmp_path
+):
+    listen = f"127.0.0.1:{free_port()}"
+    settings.SERVING_GATEWAYS = {"gw-cpu": listen}
+    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    settings.SERVING_GATEWAY_DRAIN_SECONDS = 30.0
+    platform.create_deployment("gw-cpu", [s.base_url for s in vllm_servers])
+    v1 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=1))
+    v2 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=2))
+    from serving.gateway.services import front_door_for, gateway_sync
+
+    deployment = Deployment.objects.get(name="gw-cpu")
+    gateway_sync(deployment)  # the configuration HAProxy starts with
+    door = front_door_for(deployment)
+    log = tmp_path / "haproxy.log"
+    url = f"http://{listen}"
+    with running_haproxy(door, log=log):
+        first = platform.promote_and_wait("gw-cpu", v1["id"])
+        assert first["status"] == "succeeded", first["error"]
+        # Routed once verified: the rollout's own last step, no reconcile needed.
+        assert complete(url, "legal-contracts").status_code == 200
+
+        sizes = _log_sizes(vllm_servers)
+        with Traffic(url, "legal-contracts") as traffic:
+            time.sleep(2)
+            swap = platform.promote_and_wait("gw-cpu", v2["id"])
+            time.sleep(2)
+        assert swap["status"] == "succeeded", swap["error"]
+        assert traffic.statuses[200] > 20
+        assert traffic.failed() == 0, (traffic.statuses, traffic.bodies[:5])
+        # No request reached a replica while it lacked the adapter, and none
+        # needed HAProxy's retry on another replica to hide it.
+        for server, since in zip(vllm_servers, sizes, strict=True):
+            assert vllm_404s(server.log_path, since) == 0
+        assert retried_requests(log) == 0
+        for server in vllm_servers:
+            assert adapters_on(server) == {"legal-contracts": swap["served_path"]}
+
+    # The swap went one replica at a time: drained, swapped, back, and recorded.
+    changes = list(
+        HttpAttempt.objects.filter(purpose="gateway", started_at__gte=swap["started_at"])
+        .order_by("started_at", "id")
+        .values_list("url", flat=True)
+    )
+    moves = [re.search(r"m_legal-contracts/(r\d+) state (\w+)", c).groups() for c in changes]
+    first, second = moves[0][0], moves[2][0]  # in the rollout's order (by URL)
+    assert first != second
+    assert moves == [
+        (first, "drain"),
+        (first, "ready"),
+        (second, "drain"),
+        (second, "ready"),
+    ], changes
+    state = ok(platform.admin.get("/api/v1/deployments/gw-cpu/state/"))
+    assert state is not None
+    assert (
+        Path(settings.SERVING_GATEWAY_DIR / "gw-cpu" / "models.map")
+        .read_text()
+        .count("legal-contracts m_legal-contracts")
+        == 1
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_swap_that_fails_verification_rolls_back_without_failing_a_request(
+    platform, vllm_servers, celery_worker, settings, tmp_path
+):
+    """The second replica (in the rollout's order) refuses the new version's
+    probe: the first is already on it. Traffic goes back to the old version
+    and the rollback goes one replica at a time; no client sees a failure."""
+    from tests.support.fault_proxy import FaultProxy
+
+    a, b = vllm_servers
+    with FaultProxy(a.base_url) as one, FaultProxy(b.base_url) as other:
+        # The rollout goes through the replicas by URL: the one that sorts second fails.
+        _, faulty = sorted([one, other], key=lambda proxy: proxy.base_url)
+        faulty.fail_probes_only = True
+        urls = sorted([one.base_url, other.base_url])
+        listen = f"127.0.0.1:{free_port()}"
+        settings.SERVING_GATEWAYS = {"gw-fail": listen}
+        settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+        platform.create_deployment("gw-fail", urls)
+        v1 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=3))
+        v2 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=4))
+        from serving.gateway.services import front_door_for, gateway_sync
+
+        deployment = Deployment.objects.get(name="gw-fail")
+        gateway_sync(deployment)
+        log = tmp_path / "haproxy.log"
+        url = f"http://{listen}"
+        with running_haproxy(front_door_for(deployment), log=log):
+            first = platform.promote_and_wait("gw-fail", v1["id"])
+            assert first["status"] == "succeeded", first["error"]
+            faulty.fail_completions_for.add("legal-memos")
+            with Traffic(url, "legal-memos") as traffic:
+                time.sleep(1)
+                swap = platform.promote_and_wait("gw-fail", v2["id"])
+                time.sleep(1)
+            assert swap["status"] == "rolled_back", swap
+            assert traffic.statuses[200] > 10
+            assert traffic.failed() == 0, (traffic.statuses, traffic.bodies[:5])
+            for server in vllm_servers:
+                assert adapters_on(server) == {"legal-memos": first["served_path"]}
+            assert complete(url, "legal-memos").status_code == 200

@@ -1,0 +1,99 @@
+"""Start and stop a REAL HAProxy (Debian's haproxy 2.6) for a front door.
+
+Pure Python, no Django: used by the gateway tests and bench/swap_through_gateway.py.
+
+    door = HAProxyFrontDoor(tmp_path / "gw", listen=f"127.0.0.1:{free_port()}")
+    door.write(table)                       # what it reads when it starts
+    with running_haproxy(door, log=tmp_path / "haproxy.log"):
+        ...                                 # door.apply(...), requests to the listen address
+
+Its stdout (one line per request: backend, server, status) goes to `log`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+from serving.gateway.haproxy import HAProxyFrontDoor
+
+
+def _unblock_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def haproxy_available() -> bool:
+    return shutil.which("haproxy") is not None
+
+
+@contextlib.contextmanager
+def running_haproxy(
+    door: HAProxyFrontDoor, *, log: Path, timeout: float = 10
+) -> Iterator[subprocess.Popen]:
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            door.command_line(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            # A child inherits the signals its parent blocks (a Celery worker in the
+            # test process blocks some); HAProxy's master reloads on a signal.
+            preexec_fn=_unblock_signals,
+        )
+    try:
+        deadline = time.monotonic() + timeout
+        while not door.runtime.available():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"haproxy did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+# The log-format of serving/gateway/haproxy.py: client, frontend, backend, server,
+# status, total time, retries, model.
+_LINE = re.compile(
+    r"^\S+ \S+ (?P<backend>\S+) (?P<server>\S+) (?P<status>-?\d+) \S+ (?P<retries>\+?\d+) "
+)
+
+
+def requests_by_server(log: Path) -> Counter:
+    """(backend, server, status) -> requests, from HAProxy's log."""
+    counts: Counter = Counter()
+    for line in log.read_text(errors="replace").splitlines():
+        match = _LINE.match(line)
+        if match:
+            counts[(match["backend"], match["server"], int(match["status"]))] += 1
+    return counts
+
+
+def retried_requests(log: Path) -> int:
+    """Requests HAProxy sent again to another replica (a refused connection or a 404)."""
+    total = 0
+    for line in log.read_text(errors="replace").splitlines():
+        match = _LINE.match(line)
+        if match and match["retries"].lstrip("+") != "0":
+            total += 1
+    return total
+
+
+def vllm_404s(log_path: Path, since: int = 0) -> int:
+    """Completions a real vLLM answered 404 (it did not know the model), counted
+    from its access log from byte `since` on."""
+    with open(log_path, "rb") as handle:
+        handle.seek(since)
+        text = handle.read().decode(errors="replace")
+    return len(re.findall(r'"POST /v1/(?:chat/)?completions HTTP/1\.1" 404', text))
