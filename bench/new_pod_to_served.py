@@ -44,6 +44,7 @@ from bench.product_path import (
     start_beat,
     start_worker,
     stop_process,
+    wait_beat_ticking,
     wait_worker_ready,
 )
 
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_results.add_arguments(parser)
     options = parser.parse_args(argv)
     if options.smoke:
-        options.rounds, options.interval = 1, 1.0
+        options.rounds, options.interval = 1, 2.0
 
     var_dir = Path(tempfile.mkdtemp(prefix="bench-new-pod-"))
     _configure_env(var_dir, options.interval)
@@ -231,13 +232,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wait_worker_ready(log_dir / "worker.log")
         beat_process = start_beat(queue, log_dir / "beat.log", var_dir / "beat-schedule")
+        wait_beat_ticking(log_dir / "beat.log")
         for round_number in range(options.rounds):
             try:
                 one_round("beat", round_number)
             except RuntimeError:
                 alive = beat_process.poll() is None and worker.poll() is None
+                beat_log = (log_dir / "beat.log").read_text(errors="replace").splitlines()
                 raise RuntimeError(
-                    f"the beat baseline timed out (beat and worker alive: {alive}); see {log_dir}"
+                    f"the beat baseline timed out (beat and worker alive: {alive}); "
+                    f"see {log_dir}; the beat's last lines:\n" + "\n".join(beat_log[-5:])
                 ) from None
     finally:
         if beat_process is not None:

@@ -346,6 +346,17 @@ def start_beat(queue: str, log: Path, schedule_file: Path) -> subprocess.Popen:
     )
 
 
+def wait_beat_ticking(log: Path, timeout: float = 90) -> None:
+    """Until the beat has sent its first task: its start-up (Django, the schedule
+    file) is not part of any period a pod may appear in."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and "Sending due task" in log.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"celery beat sent nothing; see {log}")
+
+
 def route_to_queue(app, queue: str) -> None:
     app.conf.task_default_queue = queue
     app.conf.task_routes = {"*": {"queue": queue}}

@@ -93,6 +93,7 @@ class Results:
     verdicts: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     headlines: list[dict] = field(default_factory=list)
+    data: dict = field(default_factory=dict)  # anything else the bench measured
 
     def table(self, name: str, columns: list[str], title: str = "") -> Table:
         self.tables[name] = Table(title or name, columns)
@@ -128,6 +129,7 @@ class Results:
             "verdicts": self.verdicts,
             "notes": self.notes,
             "headlines": self.headlines,
+            "data": self.data,
         }
 
     def write(self) -> None:

@@ -18,7 +18,7 @@ Replicas are the vLLM stand-in (tests/support/vllm_standin.py: one asyncio
 process, one port per replica, the contract checked against real vLLM by
 tests/serving/vllm/test_standin_contract.py). Its latency model: zero by
 default (no sleep per load or cold load), in the product's run and in the
-bare baseline alike; --standin-load-ms / --standin-cold-load-ms set others,
+bare baseline alike; --standin-load-seconds / --standin-cold-read-seconds set others,
 and the output says which was used.
 `--real N` (N <= 4) adds the same tick and heal on N real vLLM servers (CPU,
 tiny model), to set the stand-in's ratios against.
@@ -41,7 +41,7 @@ import requests
 
 SECTIONS: dict = {}
 # The stand-in's sleeps (tests/support/vllm_standin.StandinReplica), from the options.
-STANDIN: dict = {"load_ms": 0.0, "cold_load_ms": 0.0}
+STANDIN: dict = {"latency": None}  # a StandinLatency; None: the stand-in's default (zero)
 
 
 def section(name: str):
@@ -358,8 +358,9 @@ def promotions(ctx) -> None:
     if ctx.options.database_url:
         env["DATABASE_URL"] = ctx.options.database_url
     command = [sys.executable, "-m", "bench.scale_promotions"]
-    command += ["--standin-load-ms", f"{STANDIN['load_ms']:g}"]
-    command += ["--standin-cold-load-ms", f"{STANDIN['cold_load_ms']:g}"]
+    latency = STANDIN["latency"]
+    command += ["--standin-load-seconds", f"{latency.load_seconds:g}"]
+    command += ["--standin-cold-read-seconds", f"{latency.cold_read_seconds:g}"]
     subprocess.run(command, env=env, check=True)
 
 
@@ -377,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real", type=int, default=0, choices=range(0, 5))
     parser.add_argument("--sections", default="tick,heal,real,promotions")
     parser.add_argument("--show-sql", action="store_true")
-    parser.add_argument("--standin-load-ms", type=float, default=0.0)
-    parser.add_argument("--standin-cold-load-ms", type=float, default=0.0)
+    parser.add_argument("--standin-load-seconds", type=float, default=0.0)
+    parser.add_argument("--standin-cold-read-seconds", type=float, default=0.0)
     from bench import results as bench_results
 
     bench_results.add_arguments(parser)
@@ -386,7 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     if options.smoke:  # bench.scale_promotions has a smoke of its own
         options.replicas, options.adapters, options.heal_replicas = [1, 2], [5, 10], 2
         options.ticks, options.sections = 1, "tick,heal"
-    STANDIN.update(load_ms=options.standin_load_ms, cold_load_ms=options.standin_cold_load_ms)
+    from tests.support.vllm_standin import StandinLatency
+
+    STANDIN["latency"] = StandinLatency(
+        load_seconds=options.standin_load_seconds,
+        cold_read_seconds=options.standin_cold_read_seconds,
+    )
 
     from bench.scale_support import setup
 
@@ -394,9 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     from django.db import connection
 
     latency = (
-        f"stand-in latency model: {STANDIN['load_ms']:g} ms per load, "
-        f"{STANDIN['cold_load_ms']:g} ms per cold load"
-        + (" (zero: no sleeps)" if not any(STANDIN.values()) else "")
+        f"stand-in latency model: {STANDIN['latency'].load_seconds * 1000:g} ms per load, "
+        f"{STANDIN['latency'].cold_read_seconds * 1000:g} ms per cold re-read"
+        + (" (zero: no sleeps)" if STANDIN["latency"] == type(STANDIN["latency"])() else "")
         + ", in the product's run and the baseline alike"
     )
     print(f"database: {connection.vendor}; stand-in replicas; {latency}")

@@ -33,8 +33,8 @@ What is timed:
            replicas of one adapter at once.
 
 The stand-in's latency model is zero by default (no sleep per load or cold
-load), the same for the product and the bare cases; --standin-load-ms and
---standin-cold-load-ms set others, and the output says which was used.
+load), the same for the product and the bare cases; --standin-load-seconds and
+--standin-cold-read-seconds set others, and the output says which was used.
 
 It also reads the rollouts' own records (enqueued/started/finished, every
 HTTP attempt) to say where the time goes and how many rollouts ran at once.
@@ -103,7 +103,7 @@ TINY_CONFIG = {
 
 
 def start_standin(
-    replicas: int, max_cpu_loras: int, log: Path, load_ms: float, cold_load_ms: float
+    replicas: int, max_cpu_loras: int, log: Path, load_seconds: float, cold_read_seconds: float
 ) -> tuple[subprocess.Popen, list]:
     process = subprocess.Popen(
         [
@@ -114,10 +114,10 @@ def start_standin(
             str(replicas),
             "--max-cpu-loras",
             str(max_cpu_loras),
-            "--load-ms",
-            f"{load_ms:g}",
-            "--cold-load-ms",
-            f"{cold_load_ms:g}",
+            "--load-seconds",
+            f"{load_seconds:g}",
+            "--cold-read-seconds",
+            f"{cold_read_seconds:g}",
         ],  # fmt: skip
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
@@ -357,8 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--replica-urls", default="", help="running stand-in replicas")
     parser.add_argument("--keep", action="store_true", help="keep the VAR_DIR and logs")
-    parser.add_argument("--standin-load-ms", type=float, default=0.0)
-    parser.add_argument("--standin-cold-load-ms", type=float, default=0.0)
+    parser.add_argument("--standin-load-seconds", type=float, default=0.0)
+    parser.add_argument("--standin-cold-read-seconds", type=float, default=0.0)
     bench_results.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.smoke:
@@ -415,7 +415,7 @@ def _main(args, var_dir: Path) -> int:
         else:
             standin, urls = start_standin(
                 args.replicas, room, log_dir / "standin.log",
-                args.standin_load_ms, args.standin_cold_load_ms,
+                args.standin_load_seconds, args.standin_cold_read_seconds,
             )  # fmt: skip
             stack.callback(stop_process, standin)
         model_dir = var_dir / "tiny-llama"
@@ -484,9 +484,13 @@ def report(args, engine: str, broker: str, figures: dict, products: dict) -> Non
     n, r = args.adapters, args.replicas
     out = bench_results.Results("scale_promotions", args)
     latency = (
-        f"stand-in latency model: {args.standin_load_ms:g} ms per load, "
-        f"{args.standin_cold_load_ms:g} ms per cold load"
-        + (" (zero: no sleeps)" if not (args.standin_load_ms or args.standin_cold_load_ms) else "")
+        f"stand-in latency model: {args.standin_load_seconds * 1000:g} ms per load, "
+        f"{args.standin_cold_read_seconds * 1000:g} ms per cold re-read"
+        + (
+            " (zero: no sleeps)"
+            if not (args.standin_load_seconds or args.standin_cold_read_seconds)
+            else ""
+        )
         + ", product and bare alike"
         if not args.replica_urls
         else "stand-in latency model: that of the running replicas given (--replica-urls)"

@@ -353,6 +353,11 @@ SERVING_STAGED_GRACE_SECONDS = cfg.integer("SERVING_STAGED_GRACE_SECONDS", 24 * 
 # A KServe manifest rendered within this many days keeps the staged folders it names
 # (the latest render of each deployment keeps its folders whatever its age).
 SERVING_MANIFEST_PIN_DAYS = cfg.integer("SERVING_MANIFEST_PIN_DAYS", 30, minimum=0)
+# Folders besides a deployment's adapter volume that the control plane may read
+# adapters from when adopting one already served there (serving/services/adoptions.py).
+SERVING_ADOPTION_ROOTS = [
+    str(Path(p).resolve()) for p in cfg.env.list("SERVING_ADOPTION_ROOTS", default=[]) if p
+]
 # A staged folder whose files' sizes and mtimes are as when it was last hashed is
 # trusted for this long before a repair hashes it again.
 SERVING_STAGED_REVERIFY_SECONDS = cfg.integer(

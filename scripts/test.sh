@@ -47,7 +47,7 @@ if ((strict)); then
   fi
   # Set before looking for the tools, so a tier whose tool vanishes later (or
   # whose check in the tests disagrees with this script's) fails instead of skipping.
-  export REQUIRE_MLFLOW=1 REQUIRE_OIDC=1 REQUIRE_DEPLOY_TOOLS=1 REQUIRE_HAPROXY=1
+  export REQUIRE_MLFLOW=1 REQUIRE_OIDC=1 REQUIRE_DEPLOY_TOOLS=1 REQUIRE_HAPROXY=1 REQUIRE_HAPROXY=1
 fi
 
 if [[ "${SKIP_VLLM:-0}" == "1" ]]; then
@@ -78,6 +78,12 @@ fi
 if ! command -v redis-server >/dev/null; then
   apt_install redis-server || true
   command -v redis-server >/dev/null || cannot_run faults "redis-server could not be installed"
+fi
+# Scenario 6a of the fault tier holds vLLM inside an adapter read with strace
+# (tests/support/slow_reads.py), to kill the replica while it reads.
+if ! command -v strace >/dev/null; then
+  apt_install strace || true
+  command -v strace >/dev/null || cannot_run faults "strace could not be installed"
 fi
 # The SSO tier runs npm's oidc-provider (tests/support/oidc/) with Node.js >= 20;
 # its npm packages are installed by the test fixture (npm ci, once per lockfile).

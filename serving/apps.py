@@ -13,6 +13,9 @@ class ServingConfig(AppConfig):
         registry_signals.version_transitioned.connect(
             receivers.retire_when_deprecated, dispatch_uid="serving.retire_when_deprecated"
         )
+        registry_signals.version_transitioned.connect(
+            receivers.settle_adoptions, dispatch_uid="serving.settle_adoptions"
+        )
         signals.reconcile_finished.connect(
             gateway_receivers.sync_after_reconcile, dispatch_uid="serving.gateway.sync"
         )

@@ -510,3 +510,41 @@ class ManifestRender(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment_id} manifest at {self.rendered_at:%Y-%m-%d %H:%M}"
+
+
+class AdoptionStatus(models.TextChoices):
+    PENDING_APPROVAL = "pending_approval", "Registered, waiting for approval"
+    SERVED = "served", "Served (under management)"
+    REJECTED = "rejected", "Rejected"
+
+
+class Adoption(models.Model):
+    """An adapter already loaded on a deployment's replicas (a stray) brought under
+    management: registered through the normal ingest from the folder vLLM reads it
+    from, approved by four eyes, then recorded as served where it already is, with no
+    reload. Until then the reconcile reports it and leaves it loaded."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="adoptions")
+    served_name = models.CharField(max_length=128)
+    lora_path = models.CharField(max_length=1000, help_text="The root the replicas report.")
+    adapter = models.ForeignKey(Adapter, on_delete=models.PROTECT, related_name="adoptions")
+    version = models.ForeignKey(AdapterVersion, on_delete=models.PROTECT, related_name="adoptions")
+    status = models.CharField(max_length=20, choices=AdoptionStatus.choices)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["deployment", "served_name"],
+                condition=models.Q(status="pending_approval"),
+                name="one_pending_adoption_per_name",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"adopt {self.served_name} on {self.deployment_id} ({self.status})"

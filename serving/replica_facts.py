@@ -14,7 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serving.vllm_client import ModelCard
+from prometheus_client.parser import text_string_to_metric_families
+
+from serving.vllm_client import AttemptResult, ModelCard
+
+LORA_INFO = "vllm:lora_requests_info"
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,22 @@ def base_card_facts(cards: list[ModelCard]) -> dict:
     if base is None:
         return {}
     return {"base_model": base.id, "root": base.root or ""}
+
+
+def max_lora_from_metrics(result: AttemptResult) -> int | None:
+    """The max_lora label of vllm:lora_requests_info (every series carries the
+    server's --max-loras); None where the server shows no series yet."""
+    if not result.ok or not isinstance(result.body, str):
+        return None
+    try:
+        for family in text_string_to_metric_families(result.body):
+            for sample in family.samples:
+                label = sample.labels.get("max_lora", "")
+                if sample.name == LORA_INFO and label.isdigit():
+                    return int(label)
+    except ValueError:
+        return None
+    return None
 
 
 def _normalise(name: str) -> str:

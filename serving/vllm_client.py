@@ -256,6 +256,10 @@ class VLLMClient:
         """GET /v1/models (see `model_cards`)."""
         return self._request("GET", "/v1/models")
 
+    def metrics(self) -> AttemptResult:
+        """GET /metrics: Prometheus text (serving.replica_facts.max_lora_from_metrics)."""
+        return self._request("GET", "/metrics")
+
     def load_adapter(self, name: str, path: str, *, load_inplace: bool = False) -> AttemptResult:
         """POST /v1/load_lora_adapter. 200 body is plain text.
 

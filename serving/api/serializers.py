@@ -5,6 +5,7 @@ from rest_framework import serializers
 
 from serving.capacity import Tiers, deployment_tiers
 from serving.models import (
+    Adoption,
     Deployment,
     DriftEvent,
     HttpAttempt,
@@ -419,3 +420,43 @@ class DriftEventSummarySerializer(serializers.ModelSerializer):
     class Meta:
         model = DriftEvent
         fields = ["id", "kind", "adapter_name", "created_at", "count", "last_seen_at"]
+
+
+class StraySerializer(serializers.Serializer):
+    served_name = serializers.CharField()
+    roots = serializers.ListField(child=serializers.CharField())
+    replicas = serializers.ListField(child=serializers.CharField())
+
+
+class AdoptRequestSerializer(serializers.Serializer):
+    served_name = serializers.CharField(max_length=128, help_text="The name vLLM serves it as.")
+    department = serializers.SlugField(help_text="The department that will own it.")
+    adapter = serializers.SlugField(
+        max_length=100, help_text="The adapter's name in that department (created if new)."
+    )
+
+
+class AdoptionSerializer(serializers.ModelSerializer):
+    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    department = serializers.CharField(source="adapter.department.slug", read_only=True)
+    adapter = serializers.CharField(source="adapter.name", read_only=True)
+    version = serializers.IntegerField(source="version_id", read_only=True)
+    version_number = serializers.IntegerField(source="version.number", read_only=True)
+    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = Adoption
+        fields = [
+            "id",
+            "deployment",
+            "served_name",
+            "lora_path",
+            "department",
+            "adapter",
+            "version",
+            "version_number",
+            "status",
+            "requested_by",
+            "created_at",
+            "finished_at",
+        ]

@@ -22,6 +22,7 @@ from serving.api import serializers as s
 from serving.capacity import tiers_by_deployment
 from serving.gate import evaluate_gate
 from serving.models import Deployment, Promotion, Rollout
+from serving.services.adoptions import adoption_create, strays_of
 from serving.services.deployments import deployment_create, deployment_delete, deployment_update
 from serving.services.manifests import kserve_export
 from serving.services.promotions import promotion_create, promotion_review, retire, rollback_to
@@ -174,6 +175,36 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
         adapter = registry_selectors.adapter_get(self.actor, data.validated_data["adapter"])
         rollout = retire(actor=self.actor, deployment=deployment, adapter=adapter)
         return Response(_rollout_body(self.actor, rollout.pk), status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses=s.StraySerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def strays(self, request, name=None):
+        """Adapters the replicas serve that the registry does not manage (platform
+        admins): what can be adopted."""
+        require_platform_admin(self.actor)
+        strays = strays_of(self.get_object())
+        return Response([{"served_name": name, **entry} for name, entry in strays.items()])
+
+    @extend_schema(request=s.AdoptRequestSerializer, responses={201: s.AdoptionSerializer})
+    @action(detail=True, methods=["post"])
+    def adopt(self, request, name=None):
+        """Registers a stray through the normal ingest and submits it; once an approver
+        (not you) approves the version, it is served where it is, without a reload."""
+        require_platform_admin(self.actor)
+        deployment = self.get_object()
+        data = s.AdoptRequestSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        department = Department.objects.filter(slug=data.validated_data["department"]).first()
+        if department is None:
+            raise NotFound("No such department.", code="department_not_found")
+        adoption = adoption_create(
+            actor=self.actor,
+            deployment=deployment,
+            served_name=data.validated_data["served_name"],
+            department=department,
+            name=data.validated_data["adapter"],
+        )
+        return Response(s.AdoptionSerializer(adoption).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses=s.DriftEventSerializer(many=True))
     @action(detail=True, methods=["get"], url_path="drift-events")

@@ -120,6 +120,10 @@ def render_config(
         "    timeout client 300s",
         "    timeout server 300s",
         "    timeout http-request 30s",
+        # A reload soft-stops the old worker: it answers an idle keep-alive
+        # connection's next request (with Connection: close) instead of closing
+        # it under a client that is sending one (seen: RemoteDisconnected).
+        "    option idle-close-on-response",
         "    option redispatch 1",
         "    retries 2",
         # A replica that answers 404 for a model the map routes to it has lost the

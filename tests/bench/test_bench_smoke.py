@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from scripts.figures import SUMMARY
+from tests.support.haproxy import haproxy_available
 from tests.support.vllm_servers import VLLMServer, ensure_tiny_model, ensure_vllm_installed
 
 pytestmark = pytest.mark.bench
@@ -37,10 +38,11 @@ TIMEOUT = 420  # seconds per bench: generous, the machine is shared and loaded
 # Which lane each bench runs in. A bench with a __main__ that is in none fails
 # test_every_bench_has_a_smoke_run (so a new bench cannot be left out).
 SHARED_VLLM = ["promote_to_served", "many_adapters", "swap_under_traffic", "fingerprint_spread"]
-OWN_VLLM = ["lora_pool_memory"]
+OWN_VLLM = ["lora_pool_memory", "swap_through_gateway"]
 NO_VLLM = ["tensor_values", "scale", "scale_promotions"]
 NO_VLLM_2 = ["new_pod_to_served", "upload_throughput"]
-EVERY = SHARED_VLLM + OWN_VLLM + NO_VLLM + NO_VLLM_2
+GATEWAY = ["swap_through_gateway"]  # two servers of its own behind a real HAProxy
+EVERY = SHARED_VLLM + OWN_VLLM + NO_VLLM + NO_VLLM_2 + GATEWAY
 
 
 def benches_with_main() -> set[str]:
@@ -130,6 +132,8 @@ def smoke_runs(tmp_path_factory) -> dict[str, Future]:
         threading.Thread(target=lane, args=(NO_VLLM,), daemon=True),
         threading.Thread(target=lane, args=(NO_VLLM_2,), daemon=True),
     ]
+    if haproxy_runs():
+        lanes.append(threading.Thread(target=lane, args=(GATEWAY,), daemon=True))
     for thread in lanes:
         thread.start()
     yield runs
@@ -138,12 +142,20 @@ def smoke_runs(tmp_path_factory) -> dict[str, Future]:
     server.stop()
 
 
+def haproxy_runs() -> bool:
+    """As the front door's real tests decide (tests/serving/vllm/test_gateway_real.py):
+    without haproxy they skip, unless REQUIRE_HAPROXY (CI) makes them fail."""
+    return haproxy_available() or os.environ.get("REQUIRE_HAPROXY") == "1"
+
+
 def test_every_bench_has_a_smoke_run():
     assert benches_with_main() == set(EVERY)
 
 
 @pytest.mark.parametrize("name", EVERY)
 def test_bench_runs_in_smoke_mode_and_prints_figures(name, smoke_runs):
+    if name in GATEWAY and not haproxy_runs():
+        pytest.skip("haproxy is not installed (scripts/test.sh installs Debian's haproxy)")
     run = smoke_runs[name].result(timeout=TIMEOUT * len(SHARED_VLLM))
     assert run.returncode == 0, f"bench.{name} --smoke failed:\n{run.output[-4000:]}"
     assert run.figures is not None, f"bench.{name} wrote no figures:\n{run.output[-2000:]}"

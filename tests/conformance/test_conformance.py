@@ -236,3 +236,74 @@ def test_the_product_agrees_with_vllm_and_peft(
     RESULTS[architecture] = rows
     report.write(RESULTS)
     assert not problems, "\n".join(problems)
+    if architecture == matrix.QUICK_ARCHITECTURE:
+        the_record_is_checked_against_the_replica(deployment, cases, people, server, models)
+
+
+def the_record_is_checked_against_the_replica(deployment, cases, people, server, models):
+    """Deployment facts read, not typed, against this real server: what it reports
+    matches the record; a record typed wrong is a drift and blocks promotions."""
+    from observability.services import vllm_metrics_observe
+    from serving.models import Deployment, DriftEvent, DriftKind, Replica
+    from serving.services.reconcile import reconcile_deployment
+
+    admin, member, approver = people
+    record = Deployment.objects.get(name=deployment["name"])
+    tick = reconcile_deployment(record.pk, "conformance")
+    vllm_metrics_observe(record, tick.up)
+    replica = Replica.objects.get(deployment=record)
+    assert replica.reported_facts == {
+        "base_model": "conformance/llama",
+        "root": str(models["llama"]),
+        "max_lora": 2,  # the server's --max-loras, from vllm:lora_requests_info
+    }
+    assert ok(admin.get(f"/api/v1/deployments/{record.name}/"))["fact_disputes"] == []
+
+    # An admin typed max_loras 1 for a server started with --max-loras 2.
+    ok(admin.patch(f"/api/v1/deployments/{record.name}/", {"max_loras": 1}, format="json"))
+    vllm_metrics_observe(record, [])  # nothing re-read: the dispute is against the record
+    body = ok(admin.get(f"/api/v1/deployments/{record.name}/"))
+    assert [(d["fact"], d["reported"]) for d in body["fact_disputes"]] == [("max_loras", 2)]
+    page = admin.get(f"/deployments/{record.name}/").content.decode()
+    assert 'data-testid="fact-dispute"' in page and "--max-loras 1" in page
+
+    default = cases[f"{matrix.QUICK_ARCHITECTURE}-default"]
+    adapter = ok(
+        member.post(
+            "/api/v1/adapters/",
+            {
+                "department": "legal",
+                "name": "facts-check",
+                "base_model": "conformance/llama",
+                "served_name": "facts-check",
+            },
+            format="json",
+        ),
+        201,
+    )
+    version = ok(
+        member.post(
+            f"/api/v1/adapters/{adapter['id']}/versions/",
+            {"files": [_archive(default.adapter)]},
+            format="multipart",
+        ),
+        201,
+    )
+    url = f"/api/v1/versions/{version['id']}"
+    ok(member.post(f"{url}/submit/"))
+    ok(approver.post(f"{url}/approve/", {"comment": "ok"}, format="json"))
+    body = {"deployment": record.name, "version": version["id"]}
+    refused = member.post("/api/v1/promotions/", body, format="json")
+    assert refused.status_code == 409, refused.content
+    assert refused.json()["error"]["code"] == "replica_facts_disputed"
+    assert "max_loras" in refused.json()["error"]["message"]
+
+    # The admin resolves it by correcting the record; the promotion goes through.
+    ok(admin.patch(f"/api/v1/deployments/{record.name}/", {"max_loras": 2}, format="json"))
+    promoted = member.post("/api/v1/promotions/", body, format="json")
+    assert promoted.status_code == 201, promoted.content
+    assert _wait_rollout(admin, promoted.json()["rollout"])["status"] == "succeeded"
+    # A fact_disputed DriftEvent is written when a replica REPORTS a disputing fact
+    # (tests/serving/test_replica_facts.py); a record edited into dispute shows in
+    # fact_disputes and on the page, as above.
+    assert not DriftEvent.objects.filter(deployment=record, kind=DriftKind.FACT_DISPUTED).exists()

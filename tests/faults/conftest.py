@@ -13,7 +13,7 @@ ends, the rows left in a non-terminal state (claims still held included), and
 the audit events missing (its own count, and `manage.py audit_verify` on the
 hash chain), and asserts all three. The figures land in $FAULT_FIGURES_JSON
 (default test-artifacts/faults.json; docs/faults.md gives the shape), from
-which `make figures` renders the README's "Fault suite" table.
+which `make figures` renders the "faults" block of docs/figures.md.
 """
 
 from __future__ import annotations
@@ -735,8 +735,9 @@ def fault_figures() -> Iterator[None]:
 def markdown_table(run: dict, rows: list[dict]) -> str:
     """The fault table of docs/figures.md, from one run's figures."""
     lines = [
-        "| scenario | converged after the fault ended | rows left stuck | audit events lost |",
-        "| --- | --- | --- | --- |",
+        "| scenario | converged after the fault ended | rows left stuck | audit events lost "
+        "| audit chain |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for row in sorted(rows, key=lambda r: r["scenario"]):
         seconds = row["converged_seconds"]
@@ -745,8 +746,10 @@ def markdown_table(run: dict, rows: list[dict]) -> str:
             if seconds is not None
             else f"**not within {row['limit_seconds']:.0f} s**"
         )
+        chain = {True: "verified", False: "**broken**"}.get(row.get("chain_ok"), "not checked")
         lines.append(
-            f"| {row['scenario']} | {shown} | {row['rows_stuck']} | {row['audit_events_lost']} |"
+            f"| {row['scenario']} | {shown} | {row['rows_stuck']} | {row['audit_events_lost']} "
+            f"| {chain} |"
         )
     lines.append("")
     lines.append(

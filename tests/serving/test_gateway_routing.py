@@ -157,3 +157,26 @@ def test_a_drain_never_leaves_a_model_without_a_replica_unless_told_to(tmp_path)
         assert door.drain("a", "r1", timeout=1, keep_one=False) == ["set server m_a/r1 state drain"]
         assert door.ready("b", "r1") == ["set server m_b/r1 state ready"]
         assert door.runtime.servers()[("m_b", "r1")].state == READY
+
+
+@pytest.mark.django_db
+def test_the_command_bootstraps_a_front_door_then_syncs_the_deployment(
+    settings, tmp_path, deployment
+):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    settings.SERVING_GATEWAY_DIR = tmp_path
+    settings.SERVING_GATEWAYS = {"not-yet": "127.0.0.1:1", deployment.name: "127.0.0.1:2"}
+    out = StringIO()
+    call_command("gateway_sync", "not-yet", "--base-model", "tiny", stdout=out)
+    assert (tmp_path / "not-yet" / "models.map").read_text() == "tiny base\n"
+    call_command("gateway_sync", "not-yet", "--print-command", stdout=out)
+    assert f"-f {tmp_path}/not-yet/haproxy.cfg" in out.getvalue()
+    # A registered deployment: its replicas are discovered and routed (HAProxy not running).
+    call_command("gateway_sync", deployment.name, stdout=out)
+    config = (tmp_path / deployment.name / "haproxy.cfg").read_text()
+    assert config.count("    server r") == len(deployment.replica_urls)
+    with pytest.raises(CommandError, match="SERVING_GATEWAYS"):
+        call_command("gateway_sync", "elsewhere", "--base-model", "tiny")

@@ -28,7 +28,7 @@ def _api(user) -> APIClient:
 def test_an_in_sync_replica_reports_the_recorded_facts(deployment, fake_replicas):
     reconcile_deployment(deployment.pk, "beat")
     facts = [r.reported_facts for r in Replica.objects.filter(deployment=deployment)]
-    assert facts == [{"base_model": "tiny-llama", "root": "/models/base"}] * 2
+    assert facts == [{"base_model": "tiny-llama", "root": fake.base_root} for fake in fake_replicas]
     assert not DriftEvent.objects.filter(kind=DriftKind.FACT_DISPUTED).exists()
 
 
@@ -94,3 +94,19 @@ def test_the_same_facts_are_not_written_again(deployment, fake_replicas, django_
     with django_assert_num_queries(0):
         for replica in replicas:
             assert not replica_max_lora_report(deployment, replica, 2)
+
+
+def test_register_local_deployment_reads_the_facts_from_the_live_replica(root, tmp_path):
+    from django.core.management import call_command
+
+    from serving.models import Deployment
+    from tests.support.vllm_standin import serve_standin
+
+    replica = serve_standin()
+    try:
+        replica.metrics_text = lora_info(("", "", 1.0), max_lora=3)
+        call_command("register_local_deployment", url=[replica.base_url], volume=str(tmp_path))
+    finally:
+        replica.close()
+    deployment = Deployment.objects.get(name="local-cpu")
+    assert (deployment.base_model_name, deployment.max_loras) == ("tiny-llama", 3)

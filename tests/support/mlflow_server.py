@@ -84,6 +84,9 @@ class MlflowServer:
         # private addresses by default, as it should in production).
         env["MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS"] = "true"
         env["MLFLOW_WEBHOOK_ALLOWED_SCHEMES"] = "https,http"
+        # MLflow caches which webhooks an event has for 60 s: a webhook a test creates
+        # after earlier tests' events would stay unseen for that long.
+        env["MLFLOW_WEBHOOK_CACHE_TTL"] = "1"
         env.update(self.extra_env)
         started = time.monotonic()
         with open(self.log_path, "ab") as log:

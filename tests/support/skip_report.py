@@ -150,7 +150,7 @@ class SkipReport:
         outside = self.unallowed()
         terminalreporter.section("skip report")
         if not self.not_run:
-            write("every collected test ran (no skip, no xfail)")
+            write("no test was skipped, xfailed or xpassed")
             return
         for outcome in sorted(self.not_run.values(), key=lambda o: o.nodeid):
             mark = "NOT ALLOWED" if outcome in outside else "allowed"

@@ -10,7 +10,8 @@ The base model's identity (architecture, shapes) comes from a config.json:
 --base-model-path, else the base model's `root` as GET /v1/models reports it,
 if that folder is readable here. Without one, the deployment is recorded by
 name only and the compatibility gate refuses every promotion until its
-identity is entered (it cannot check target modules or shapes).
+identity is entered (it cannot check target modules or shapes). max_loras is
+read from the server's /metrics (the max_lora label) unless --max-loras is given.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from django.core.management.base import BaseCommand, CommandError
 from core.actors import system_actor
 from core.errors import ApplicationError
 from serving.models import Deployment
+from serving.replica_facts import max_lora_from_metrics
 from serving.services.deployments import deployment_create, deployment_update
 from serving.vllm_client import VLLMClient, model_cards
 
@@ -51,7 +53,12 @@ class Command(BaseCommand):
             default=str(settings.VAR_DIR / "adapter-volume"),
             help="adapter folder; workers and vLLM see it at the same path",
         )
-        parser.add_argument("--max-loras", type=int, default=4)
+        parser.add_argument(
+            "--max-loras",
+            type=int,
+            default=None,
+            help="default: the server's own, from the max_lora label of its /metrics (else 4)",
+        )
         parser.add_argument("--max-cpu-loras", type=int, default=8)
         parser.add_argument("--max-lora-rank", type=int, default=16)
         parser.add_argument("--api-key", default="", help="vLLM --api-key, if it has one")
@@ -70,6 +77,7 @@ class Command(BaseCommand):
         served_from = Path(base_card.root) if base_card and base_card.root else None
         if not model_path and served_from and (served_from / "config.json").is_file():
             model_path = str(served_from)
+        max_loras = options["max_loras"] or self._max_lora(url, options["api_key"]) or 4
         volume = Path(options["volume"]).resolve()
         volume.mkdir(parents=True, exist_ok=True)
         values = {
@@ -78,7 +86,7 @@ class Command(BaseCommand):
             "replica_urls": urls,
             "volume_write_path": str(volume),
             "volume_serve_path": str(volume),
-            "max_loras": options["max_loras"],
+            "max_loras": max_loras,
             "max_cpu_loras": options["max_cpu_loras"],
             "max_lora_rank": options["max_lora_rank"],
             "requires_promotion_approval": False,
@@ -101,7 +109,8 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(
                 f"{verb} deployment {deployment.name} ({deployment.environment}): "
-                f"{', '.join(urls)}, base model {name}, adapter volume {volume}"
+                f"{', '.join(urls)}, base model {name}, max_loras {max_loras}, "
+                f"adapter volume {volume}"
             )
         )
         if not deployment.module_dims:
@@ -120,6 +129,11 @@ class Command(BaseCommand):
                 f"GET {url}/v1/models failed: {listing.status_code or ''} {listing.error}"
             )
         return next((card for card in model_cards(listing) if not card.is_adapter), None)
+
+    def _max_lora(self, url: str, api_key: str) -> int | None:
+        """The replica's real --max-loras: typed by hand it is what the gate trusts."""
+        with VLLMClient(url, api_key=api_key or None, timeout=10) as client:
+            return max_lora_from_metrics(client.metrics())
 
     def _admin(self, username: str):
         users = get_user_model().objects.filter(is_active=True, is_staff=True)

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('serving', '0010_replica_reported_facts'),
+        ('serving', '0011_adoptions'),
     ]
 
     operations = [

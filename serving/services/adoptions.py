@@ -1,0 +1,206 @@
+"""Adopt what is already served: an adapter loaded on a deployment's replicas that
+the registry does not know (a stray, reported by the reconcile and left loaded)
+becomes a managed, versioned adapter without a reload.
+
+1. A platform admin asks to adopt a stray into a department (adoption_create). Its
+   files are read from the folder the replicas report as its root, only where the
+   control plane can read it: inside the deployment's adapter volume or under
+   SERVING_ADOPTION_ROOTS, never through a symlink out of it. They go through the
+   normal ingest (version_register), so every validation applies, and the version
+   must pass the deployment's compatibility gate. It is submitted for review.
+2. An approver who is not that admin approves the version (four-eyes, as for any
+   version). Then the adoption records it as served where it already is, at the
+   path vLLM reads (adoption_settle, on the version's transition): no load, no
+   rollout. A rejection leaves the stray a stray.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from core.access import require_platform_admin
+from core.actors import Actor
+from core.audit import audit_record
+from core.errors import Conflict, NotFound, ValidationFailed
+from core.models import Department
+from registry.ingest.incoming import LocalFolder
+from registry.models import Adapter, AdapterVersion, VersionStatus
+from registry.services.adapters import adapter_create
+from registry.services.versions import Lineage, version_register, version_transition
+from serving.gate import evaluate_gate
+from serving.models import Adoption, AdoptionStatus, Deployment, ServedAdapter
+
+
+def strays_of(deployment: Deployment) -> dict[str, dict]:
+    """{served name: {"root", "replicas"}} of what replicas list and nothing serves."""
+    managed = set(
+        ServedAdapter.objects.filter(deployment=deployment).values_list(
+            "adapter__served_name", flat=True
+        )
+    )
+    found: dict[str, dict] = {}
+    for replica in deployment.replicas.filter(active=True).order_by("base_url"):
+        for card in replica.loaded_adapters or []:
+            name = card.get("id")
+            if not name or name in managed:
+                continue
+            entry = found.setdefault(name, {"roots": set(), "replicas": []})
+            entry["roots"].add(card.get("root") or "")
+            entry["replicas"].append(replica.base_url)
+    return {
+        name: {"roots": sorted(entry["roots"]), "replicas": entry["replicas"]}
+        for name, entry in sorted(found.items())
+    }
+
+
+def readable_folder(deployment: Deployment, root: str) -> Path:
+    """Where the control plane reads the folder a replica serves from `root`."""
+    if not root or not os.path.isabs(root):
+        raise ValidationFailed(
+            f"The replicas report no absolute path for this adapter ({root!r}).",
+            code="stray_path_unknown",
+        )
+    allowed: list[tuple[Path, Path]] = []
+    if deployment.volume_serve_path and deployment.volume_write_path:
+        allowed.append((Path(deployment.volume_serve_path), Path(deployment.volume_write_path)))
+    allowed += [(Path(r), Path(r)) for r in settings.SERVING_ADOPTION_ROOTS]
+    for served_root, local_root in allowed:
+        try:
+            relative = Path(os.path.normpath(root)).relative_to(os.path.normpath(served_root))
+        except ValueError:
+            continue
+        local = (local_root / relative).resolve()
+        if local.is_relative_to(local_root.resolve()) and local.is_dir():
+            return local
+    raise ValidationFailed(
+        f"{root} is not a folder the control plane may read: adopt only adapters served "
+        "from the deployment's adapter volume or from SERVING_ADOPTION_ROOTS.",
+        code="stray_not_readable",
+    )
+
+
+def adoption_create(
+    *, actor: Actor, deployment: Deployment, served_name: str, department: Department, name: str
+) -> Adoption:
+    require_platform_admin(actor)
+    stray = strays_of(deployment).get(served_name)
+    if stray is None:
+        raise NotFound(
+            f"No replica of {deployment.name} lists an unmanaged adapter {served_name!r}.",
+            code="stray_not_found",
+        )
+    if len(stray["roots"]) != 1:
+        raise Conflict(
+            f"The replicas serve {served_name!r} from different paths ({stray['roots']}): "
+            "adopt it once they agree.",
+            code="stray_paths_differ",
+        )
+    root = stray["roots"][0]
+    folder = readable_folder(deployment, root)
+    adapter = Adapter.objects.filter(department=department, name=name).first()
+    if adapter is None:
+        adapter = adapter_create(
+            actor=actor,
+            department=department,
+            name=name,
+            base_model=deployment.base_model_name,
+            served_name=served_name,
+            description=f"Adopted from {deployment.name}, where it was already served.",
+        )
+    elif adapter.served_name != served_name:
+        raise Conflict(
+            f"Adapter {department.slug}/{name} is served as {adapter.served_name!r}, "
+            f"not {served_name!r}.",
+            code="served_name_differs",
+        )
+    result = version_register(
+        actor=actor,
+        adapter=adapter,
+        source=LocalFolder(folder),
+        lineage=Lineage(dataset=f"adopted from {deployment.name}"),
+    )
+    version = result.version
+    report = evaluate_gate(deployment, version)
+    if not report.passed:
+        raise ValidationFailed(
+            "The adapter does not pass the deployment's compatibility gate: "
+            + "; ".join(check.message for check in report.failures),
+            code="gate_failed",
+            details={"gate_report": report.as_list(), "version": version.pk},
+        )
+    if version.status == VersionStatus.REGISTERED:
+        version = version_transition(actor=actor, version=version, action="submit")
+    try:
+        with transaction.atomic():
+            adoption = Adoption.objects.create(
+                deployment=deployment,
+                served_name=served_name,
+                lora_path=root,
+                adapter=adapter,
+                version=version,
+                status=AdoptionStatus.PENDING_APPROVAL,
+                requested_by=actor.user,
+            )
+            audit_record(
+                actor=actor,
+                action="adoption.requested",
+                obj=adoption,
+                department=department,
+                to_state=adoption.status,
+                details={
+                    "deployment": deployment.name,
+                    "served_name": served_name,
+                    "version": version.number,
+                },  # fmt: skip
+            )
+    except IntegrityError:
+        raise Conflict(
+            f"{served_name!r} on {deployment.name} is already waiting for approval.",
+            code="adoption_pending",
+        ) from None
+    if version.status == VersionStatus.APPROVED:
+        adoption_settle(version=version)
+        adoption.refresh_from_db()
+    return adoption
+
+
+def adoption_settle(*, version: AdapterVersion) -> None:
+    """On a version's transition: an approved adoption becomes served where it is
+    (no load); a rejected one ends. Compare-and-swap on the pending status, so a
+    transition seen twice settles once."""
+    if version.status not in (VersionStatus.APPROVED, VersionStatus.REJECTED):
+        return
+    for adoption in Adoption.objects.filter(
+        version=version, status=AdoptionStatus.PENDING_APPROVAL
+    ).select_related("deployment", "adapter__department"):
+        target = (
+            AdoptionStatus.SERVED
+            if version.status == VersionStatus.APPROVED
+            else AdoptionStatus.REJECTED
+        )
+        with transaction.atomic():
+            moved = Adoption.objects.filter(
+                pk=adoption.pk, status=AdoptionStatus.PENDING_APPROVAL
+            ).update(status=target, finished_at=timezone.now())
+            if not moved:
+                continue
+            if target == AdoptionStatus.SERVED:
+                ServedAdapter.objects.update_or_create(
+                    deployment=adoption.deployment,
+                    adapter=adoption.adapter,
+                    defaults={"version": version, "served_path": adoption.lora_path},
+                )
+            audit_record(
+                actor=None,
+                action=f"adoption.{target}",
+                obj=adoption,
+                department=adoption.adapter.department,
+                from_state=AdoptionStatus.PENDING_APPROVAL,
+                to_state=target,
+                details={"deployment": adoption.deployment.name, "version": version.number},
+            )
