@@ -36,7 +36,8 @@ def _database() -> dict:
 
 
 def _broker() -> dict:
-    from config.celery import app
+    # The project's app (config/__init__.py makes it current): no app imports config.
+    from celery import current_app as app
 
     try:
         with app.connection_for_write(connect_timeout=BROKER_TIMEOUT_SECONDS) as conn:
