@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         base_model_name="tiny-llama",
         kubernetes_namespace="ml",
         kubernetes_label_selector="app=bench",
+        kubernetes_service_name="bench",
         volume_write_path=str(var_dir / "volume"),
         volume_serve_path=str(var_dir / "volume"),
         architecture="LlamaForCausalLM",
@@ -162,7 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         server.apply_slice(
             "ml",
             name,
-            labels={"app": "bench"},
+            labels={
+                "app": "bench",
+                "kubernetes.io/service-name": "bench",
+                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+            },
             endpoints=[("127.0.0.1", True)],
             port=port_of[name],
         )

@@ -155,6 +155,7 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
             "replica_scheme",
             "kubernetes_namespace",
             "kubernetes_label_selector",
+            "kubernetes_service_name",
             "vllm_api_key",
             "has_api_key",
             "max_loras",

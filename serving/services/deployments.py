@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
@@ -124,8 +126,16 @@ def _check_discovery(deployment: Deployment) -> None:
         problem = namespace_problem(deployment.kubernetes_namespace) or label_selector_problem(
             deployment.kubernetes_label_selector
         )
+        if not problem and not _SERVICE_NAME.match(deployment.kubernetes_service_name):
+            problem = (
+                "kubernetes_service_name must name the Service whose endpoints are the "
+                "replicas (a DNS label): the vLLM API key goes to its endpoints only"
+            )
         if problem:
             raise ValidationFailed(f"Kubernetes discovery: {problem}.", code="bad_kubernetes")
+
+
+_SERVICE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def _save(actor: Actor, deployment: Deployment, action: str, changed: list[str]) -> Deployment:

@@ -576,5 +576,15 @@ def _retire(ctx: _Context) -> None:
         served_version_changed.send(
             sender=Rollout, deployment=ctx.deployment, adapter=ctx.rollout.adapter, version=None
         )
+        # Last before the commit, as in _succeed: the audit chain's lock is global.
+        status = RolloutStatus.FAILED if errors else RolloutStatus.SUCCEEDED
+        audit_record(
+            actor=None,
+            action=f"rollout.{status}",
+            obj=ctx.rollout,
+            department=ctx.rollout.adapter.department,
+            to_state=status,
+            details={"kind": RolloutKind.RETIRE, "failed_replicas": len(errors)},
+        )
     _note_observed(ctx, name, None, only={r.pk for r in ctx.replicas if r.pk not in errors})
     gateway_sync(ctx.deployment, release=name)

@@ -84,6 +84,7 @@ def served(lena, alex, root, deployment, fake_replicas, contracts, approved_v1):
         deployment=deployment,
         kubernetes_namespace="ai-inference",
         kubernetes_label_selector="serving.kserve.io/inferenceservice=staging-cpu,tier=gpu",
+        kubernetes_service_name="staging-cpu-predictor",
         base_model_pvc="pvc-tiny-llama",
         adapter_pvc="pvc-lora-adapters-shared",
         replica_urls=[],

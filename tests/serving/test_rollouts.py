@@ -284,3 +284,13 @@ def test_a_promotion_is_audited_before_its_rollout(lena, deployment, approved_v1
     promote(lena, deployment, approved_v1)
     actions = list(AuditEvent.objects.order_by("id").values_list("action", flat=True))
     assert actions[-2:] == ["promotion.requested", "rollout.promote"]
+
+
+def test_the_end_of_a_retire_is_audited(lena, deployment, approved_v1, fake_replicas):
+    from core.models import AuditEvent
+
+    rollout_execute(promote(lena, deployment, approved_v1)[1].pk, "w")
+    gone = retire(actor=actor(lena), deployment=deployment, adapter=approved_v1.adapter)
+    assert rollout_execute(gone.pk, "w") == "succeeded"
+    event = AuditEvent.objects.get(action="rollout.succeeded", object_id=str(gone.pk))
+    assert event.details["kind"] == "retire" and event.details["failed_replicas"] == 0

@@ -82,8 +82,8 @@ MATRIX = {
         "get",
         "/api/v1/deployments/staging-cpu/kserve/",
         None,
-        # They name every promoted adapter: an outsider would learn Legal's.
-        statuses(401, 403, 200, 200, 200, 200),
+        # Volume paths, claims, namespace, image: the platform's, not a department's.
+        statuses(401, 403, 403, 403, 403, 200),
     ),
     "gate report": (
         "get",
