@@ -213,7 +213,6 @@ class AllowedExperimentViewSet(
 
     serializer_class = AllowedExperimentSerializer
     queryset = AllowedExperiment.objects.none()
-    filterset_fields = ["department"]
     ordering_fields = ["experiment_id", "created_at"]
 
     def get_queryset(self):

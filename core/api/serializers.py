@@ -60,8 +60,10 @@ class TokenSerializer(serializers.ModelSerializer):
     created_by = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True
     )
-    service_account = serializers.StringRelatedField(
-        read_only=True, help_text="department/name when the token acts as a service account"
+    service_account = serializers.CharField(
+        read_only=True,
+        allow_null=True,
+        help_text="department/name when the token acts as a service account, else null",
     )
 
     class Meta:
