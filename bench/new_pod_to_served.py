@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from serving.services.deployments import deployment_create
     from serving.services.promotions import promotion_create
     from serving.services.reconcile import reconcile_deployment
-    from serving.services.rollouts import rollout_execute
+    from serving.services.rollout_engine import rollout_execute
     from tests.support.adapters import AdapterSpec, adapter_tar_gz
     from tests.support.k8s_apiserver import StandInKubeAPIServer
     from tests.support.vllm_standin import serve_standin
@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         base_model_name="tiny-llama",
         kubernetes_namespace="ml",
         kubernetes_label_selector="app=bench",
+        kubernetes_service_name="bench",
         volume_write_path=str(var_dir / "volume"),
         volume_serve_path=str(var_dir / "volume"),
         architecture="LlamaForCausalLM",
@@ -162,7 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         server.apply_slice(
             "ml",
             name,
-            labels={"app": "bench"},
+            labels={
+                "app": "bench",
+                "kubernetes.io/service-name": "bench",
+                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+            },
             endpoints=[("127.0.0.1", True)],
             port=port_of[name],
         )

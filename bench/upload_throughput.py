@@ -259,7 +259,7 @@ class RegistryServer:
                     f"registry server exited:\n{(self.workdir / 'server.log').read_text()}"
                 )
             try:
-                if self.session().get(self.url + "/healthz", timeout=2).status_code == 200:
+                if self.session().get(self.url + "/readyz", timeout=2).status_code == 200:
                     return
             except OSError:
                 pass

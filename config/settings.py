@@ -63,6 +63,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "core.sessions.IdleSessionTimeout",
     "sso.middleware.SessionRefresh",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -158,7 +159,7 @@ X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_SSL_REDIRECT = cfg.boolean("DJANGO_SECURE_SSL_REDIRECT", not DEBUG)
 # Probes speak plain HTTP to the pod.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_REDIRECT_EXEMPT = [r"^livez$", r"^readyz$"]
 SECURE_HSTS_SECONDS = cfg.integer("DJANGO_SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = cfg.boolean("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
 SECURE_HSTS_PRELOAD = cfg.boolean("DJANGO_SECURE_HSTS_PRELOAD", not DEBUG)
@@ -174,10 +175,24 @@ if _proxy_header:
         )
     SECURE_PROXY_SSL_HEADER = (_name, _value)
 
+# --- Client addresses behind proxies -------------------------------------------
+# How many reverse proxies (ingress, load balancer) stand between clients and
+# this process, each appending to X-Forwarded-For. With N, the client is the
+# N-th address from the right; whatever a client wrote to the left of it is
+# ignored. 0 (the default) means REMOTE_ADDR: right when nothing is in front,
+# and the only safe value when the proxies in front do not append.
+TRUSTED_PROXY_COUNT = cfg.integer("TRUSTED_PROXY_COUNT", 0, minimum=0)
+
+# --- Sessions ----------------------------------------------------------------
+# A session unused for this long is ended (core.sessions); SESSION_COOKIE_AGE
+# stays the absolute limit.
+SESSION_IDLE_TIMEOUT_SECONDS = cfg.integer("SESSION_IDLE_TIMEOUT_SECONDS", 3600, minimum=60)
+
 # --- Sign-in throttling (django-axes) --------------------------------------------
 # Failed local sign-ins are counted per username and, separately, per client
-# address (REMOTE_ADDR, as the audit log records it); either one reaching the
-# limit locks that username or address out for the cool-off.
+# address (core.actors.client_address_of, as the audit log records it, behind
+# TRUSTED_PROXY_COUNT proxies); either one reaching the limit locks that
+# username or address out for the cool-off.
 AXES_ENABLED = cfg.boolean("AXES_ENABLED", True)
 AXES_FAILURE_LIMIT = cfg.integer("AXES_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(minutes=cfg.integer("AXES_COOLOFF_MINUTES", 15, minimum=1))
@@ -239,8 +254,11 @@ CELERY_BROKER_URL = cfg.url_with_scheme(
 if CELERY_BROKER_URL.startswith("sqlite"):
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         # kombu polls the table when every queue is empty, by default every 1 s: on
-        # average 0.5 s before a worker even sees a rollout.
-        "polling_interval": cfg.number("CELERY_BROKER_POLL_SECONDS", 0.1, minimum=0.01),
+        # average 0.5 s before a worker even sees a rollout. At 0.1 s the wait was
+        # still the largest part of promote-to-served on one replica (50 ms of
+        # ~200, docs/internals/rollout-speed.md); an empty poll is one indexed
+        # SELECT per queue, so 50 a second cost a worker well under 1% of a core.
+        "polling_interval": cfg.number("CELERY_BROKER_POLL_SECONDS", 0.02, minimum=0.01),
     }
     VAR_DIR.mkdir(parents=True, exist_ok=True)
 # One queue per kind of work, each with its own worker (docs/operators/workers.md), so a
@@ -414,6 +432,8 @@ METRICS_TOKEN = cfg.secret("METRICS_TOKEN") or ""
 METRICS_ALLOW_ANONYMOUS = cfg.boolean("METRICS_ALLOW_ANONYMOUS", False)
 # Each reconcile reads every up replica's /metrics (vllm:lora_requests_info).
 OBSERVABILITY_VLLM_METRICS = cfg.boolean("OBSERVABILITY_VLLM_METRICS", True)
+# Read the front door's per-adapter request counters at every reconcile (usage and cost).
+OBSERVABILITY_FRONT_DOOR_USAGE = cfg.boolean("OBSERVABILITY_FRONT_DOOR_USAGE", True)
 OBSERVABILITY_VLLM_METRICS_TIMEOUT_SECONDS = cfg.number(
     "OBSERVABILITY_VLLM_METRICS_TIMEOUT_SECONDS", 3.0, minimum=0.1
 )

@@ -86,6 +86,19 @@ def require_contributor(actor: Actor, department_id: int, ability: str, what: st
         )
 
 
+def token_may(actor: Actor, ability: str) -> bool:
+    """People may (their roles decide); a token only with the named ability."""
+    return actor.token is None or ability in actor.token.abilities
+
+
+def require_token_ability(actor: Actor, ability: str) -> None:
+    if not token_may(actor, ability):
+        label = Ability(ability).label if ability in Ability.values else ability
+        raise NotAuthorized(
+            f"This token lacks the ability '{ability}' ({label}).", code="missing_ability"
+        )
+
+
 def require_approver(actor: Actor, department_id: int, what: str) -> None:
     require_visible(actor, department_id, what)
     if actor.token is not None:

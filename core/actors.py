@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,14 +35,39 @@ class Actor:
     @property
     def label(self) -> str:
         if self.token is not None:
+            account = self.token.service_account
+            if account is not None:
+                return (
+                    f"service:{account} token:{self.token.prefix} "
+                    f"(created by {account.created_by.get_username()})"
+                )
             return f"token:{self.token.prefix} ({self.user.get_username()})"
         return self.user.get_username()
 
 
 def client_address_of(request) -> str | None:
-    # REMOTE_ADDR only: X-Forwarded-For is client-controlled unless a trusted
-    # proxy rewrites it, and the audit trail must not record a forged address.
-    return request.META.get("REMOTE_ADDR") or None
+    """The client's address, for the audit log and sign-in throttling.
+
+    X-Forwarded-For is client-controlled except for what the trusted proxies
+    appended: with TRUSTED_PROXY_COUNT = N, the N-th entry from the right is
+    the address the first proxy saw. Anything short of that (no header, fewer
+    entries, not an address) falls back to REMOTE_ADDR, never to a value the
+    client wrote."""
+    from django.conf import settings
+
+    remote = request.META.get("REMOTE_ADDR") or None
+    count = getattr(settings, "TRUSTED_PROXY_COUNT", 0)
+    if count <= 0:
+        return remote
+    forwarded = [a.strip() for a in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")]
+    forwarded = [a for a in forwarded if a]
+    if len(forwarded) < count:
+        return remote
+    candidate = forwarded[-count]
+    try:
+        return str(ipaddress.ip_address(candidate))
+    except ValueError:
+        return remote
 
 
 def actor_from_request(request) -> Actor:

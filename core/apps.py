@@ -9,3 +9,9 @@ class CoreConfig(AppConfig):
         from core.api import strict_strings
 
         strict_strings.install()
+
+        from django.contrib.auth.signals import user_logged_in
+
+        from core.sessions import session_started
+
+        user_logged_in.connect(session_started, dispatch_uid="core.session_started")

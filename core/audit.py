@@ -25,6 +25,19 @@ def audit_record(
     comment: str = "",
     details: dict | None = None,
 ) -> AuditEvent:
+    details = dict(details or {})
+    account = actor.token.service_account if actor and actor.token else None
+    if account is not None:
+        # Every use names the account, who created it, and who minted the token.
+        details.setdefault(
+            "service_account",
+            {
+                "id": account.pk,
+                "name": str(account),
+                "created_by": account.created_by.get_username(),
+                "token_created_by": actor.token.created_by.get_username(),
+            },
+        )
     event = AuditEvent(
         created_at=timezone.now(),
         actor=actor.user if actor else None,
@@ -40,7 +53,7 @@ def audit_record(
         comment=comment,
         request_id=actor.request_id if actor else "",
         client_address=actor.client_address if actor else None,
-        details=details or {},
+        details=details,
     )
     # What the database will hand back, so that the hash verifies after a round trip.
     address = AuditEvent._meta.get_field("client_address")

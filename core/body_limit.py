@@ -1,11 +1,17 @@
-"""Refuses request bodies larger than the ingest limit, before they cost anything.
+"""Refuses request bodies larger than their view may take, before they cost anything.
 
-Two guards. A declared Content-Length above INGEST_MAX_BYTES plus a small
-multipart allowance is a 413 before one byte of the body is read. A multipart
-body within that declaration still has its file parts counted as they arrive
-(every upload handler after this one sees them: the streaming ingest handler,
-Django's temporary files), and the upload is cut off with a 413 the moment the
-files pass INGEST_MAX_BYTES, instead of landing on disk first.
+Only the ingest views (marked with `accepts_large_body`) take bodies up to
+INGEST_MAX_BYTES; they authenticate and check CSRF before they read one byte.
+Every other view, the sign-in page first among them, keeps Django's small
+limit (DATA_UPLOAD_MAX_MEMORY_SIZE) for the whole body, file parts included:
+an anonymous POST must not cost staging space before anyone is known.
+
+Two guards. A declared Content-Length above the view's limit (plus, for
+ingest, a small multipart allowance) is a 413 before one byte of the body is
+read. A multipart body within that declaration still has its file parts
+counted as they arrive (every upload handler after this one sees them: the
+streaming ingest handler, Django's temporary files), and the upload is cut off
+with a 413 the moment the files pass the limit, instead of landing on disk first.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.files.uploadhandler import FileUploadHandler
 from django.http import HttpResponse, JsonResponse
+from django.urls import Resolver404, resolve
 
 from core.errors import ApplicationError
 from core.middleware import current_request_id
@@ -35,25 +42,53 @@ def body_limit() -> int:
     return settings.INGEST_MAX_BYTES + settings.INGEST_MULTIPART_ALLOWANCE_BYTES
 
 
-def too_large(limit: int) -> RequestTooLarge:
+def too_large(limit: int, setting: str = "INGEST_MAX_BYTES") -> RequestTooLarge:
     return RequestTooLarge(
-        f"The request body is larger than the {_human(limit)} limit (INGEST_MAX_BYTES).",
+        f"The request body is larger than the {_human(limit)} limit ({setting}).",
         details={"limit_bytes": limit},
     )
+
+
+def accepts_large_body(view):
+    """Marks an ingest view (a function, or a viewset action): only these take
+    bodies past Django's small limit, and each must authenticate and check CSRF
+    before it reads the body."""
+    view.accepts_large_body = True
+    return view
+
+
+def _takes_large_body(request, match) -> bool:
+    if match is None:
+        return False
+    view = match.func
+    if getattr(view, "accepts_large_body", False):
+        return True
+    # A DRF viewset route: the mark sits on the action that serves this method.
+    action = (getattr(view, "actions", None) or {}).get(request.method.lower())
+    handler = getattr(getattr(view, "cls", None), action or "", None)
+    return bool(getattr(handler, "accepts_large_body", False))
+
+
+def _resolve(request):
+    try:
+        return resolve(request.path_info)
+    except Resolver404:
+        return None
 
 
 class BodyLimitHandler(FileUploadHandler):
     """Counts every file part's bytes and passes them on; raises past the limit."""
 
-    def __init__(self, request, limit: int):
+    def __init__(self, request, limit: int, setting: str = "INGEST_MAX_BYTES"):
         super().__init__(request)
         self.limit = limit
+        self.setting = setting
         self.received = 0
 
     def receive_data_chunk(self, raw_data, start):
         self.received += len(raw_data)
         if self.received > self.limit:
-            raise too_large(self.limit)
+            raise too_large(self.limit, self.setting)
         return raw_data
 
     def file_complete(self, file_size):
@@ -101,10 +136,16 @@ class BodySizeLimitMiddleware:
             declared = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             declared = 0  # Django reads no body then
-        if declared > body_limit():
-            return _response(request, too_large(body_limit()))
+        if declared and _takes_large_body(request, _resolve(request)):
+            declared_limit, files_limit = body_limit(), settings.INGEST_MAX_BYTES
+            setting = "INGEST_MAX_BYTES"
+        else:
+            declared_limit = files_limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+            setting = "DATA_UPLOAD_MAX_MEMORY_SIZE"
+        if declared > declared_limit:
+            return _response(request, too_large(declared_limit, setting))
         if request.META.get("CONTENT_TYPE", "").startswith("multipart/"):
-            request.upload_handlers.insert(0, BodyLimitHandler(request, settings.INGEST_MAX_BYTES))
+            request.upload_handlers.insert(0, BodyLimitHandler(request, files_limit, setting))
         return self.get_response(request)
 
     def process_view(self, request, view_func, view_args, view_kwargs):

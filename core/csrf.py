@@ -6,7 +6,9 @@ body: a streamed upload would be spooled to disk before the view ran. When the
 header is there, the check is shown the request with an empty POST, so it
 takes the header and the body stays unread. Everything else is Django's own
 check unchanged (cookie secret, masked token comparison, Origin and Referer);
-without the header it reads the body, as before.
+without the header (a form posted without JavaScript) it reads the body, as
+before, but only for someone signed in: an anonymous caller is sent to the
+sign-in page before one byte of a body that may be gigabytes is read.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from functools import wraps
 
 from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
 from django.http import QueryDict
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
@@ -50,6 +53,10 @@ def csrf_before_body(view):
 
     @wraps(view)
     def wrapper(request, *args, **kwargs):
+        if not request.user.is_authenticated:
+            response = redirect_to_login(request.get_full_path())
+            response["Connection"] = "close"  # the unread body is still on the socket
+            return response
         refused = checker.process_view(csrf_subject(request), None, (), {})
         if refused is not None:
             return refused

@@ -7,6 +7,9 @@ from __future__ import annotations
 class ApplicationError(Exception):
     status = 400
     code = "invalid"
+    # Shown to members through core.redaction unless the message is only the
+    # caller's own input and what their department may know (`public`).
+    public = False
 
     def __init__(self, message: str, *, code: str | None = None, details: dict | None = None):
         super().__init__(message)

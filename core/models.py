@@ -66,10 +66,56 @@ class Ability(models.TextChoices):
     PROMOTE = "deployments:promote", "Promote approved versions"
     ROLLBACK = "deployments:rollback", "Roll deployments back to a version they served before"
     RETIRE = "deployments:retire", "Retire adapters from deployments"
+    # Who did what and who belongs: a pipeline that registers needs neither.
+    READ_AUDIT = "audit:read", "Read the audit log and the membership lists"
+
+
+class ServiceAccount(models.Model):
+    """A pipeline that is not a person: its department owns it, so its tokens
+    outlive whoever created it. It acts only through tokens and never approves.
+
+    `user` is a login-less account row (no password, no membership, never
+    staff) so that what it registers has an author like everything else."""
+
+    department = models.ForeignKey(
+        Department, on_delete=models.PROTECT, related_name="service_accounts"
+    )
+    name = models.SlugField(max_length=64)
+    description = models.CharField(max_length=300, blank=True)
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="service_account"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    deactivated_at = models.DateTimeField(null=True, blank=True)
+    deactivated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["department__slug", "name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["department", "name"], name="one_service_account_name_per_department"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.department.slug}/{self.name}"
+
+    @property
+    def active(self) -> bool:
+        return self.deactivated_at is None
 
 
 class ApiToken(models.Model):
     department = models.ForeignKey(Department, on_delete=models.CASCADE, related_name="api_tokens")
+    # Set for a service account's token: it acts as the account, not as created_by.
+    service_account = models.ForeignKey(
+        ServiceAccount, on_delete=models.PROTECT, null=True, blank=True, related_name="tokens"
+    )
     name = models.CharField(max_length=100)
     # The first characters of the secret, kept to tell tokens apart in lists and logs.
     prefix = models.CharField(max_length=16, db_index=True)
@@ -96,6 +142,11 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def acting_user(self):
+        """Whom a request with this token acts as: its service account, or the person."""
+        return self.service_account.user if self.service_account_id else self.created_by
 
 
 class AuditEventQuerySet(models.QuerySet):

@@ -3,12 +3,17 @@ always through the actor's visibility."""
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
-from core.access import require_visible, visible_department_ids
+from core.access import (
+    approver_department_ids,
+    require_visible,
+    token_may,
+    visible_department_ids,
+)
 from core.actors import Actor
 from core.errors import NotFound
-from core.models import ApiToken, AuditEvent, Department, Membership
+from core.models import Ability, ApiToken, AuditEvent, Department, Membership
 
 
 def restrict_to_visible(queryset: QuerySet, actor: Actor, field: str) -> QuerySet:
@@ -30,12 +35,16 @@ def department_get(actor: Actor, slug: str) -> Department:
 
 
 def memberships_for(actor: Actor) -> QuerySet[Membership]:
+    if not token_may(actor, Ability.READ_AUDIT):
+        return Membership.objects.none()
     return restrict_to_visible(
         Membership.objects.select_related("user", "department"), actor, "department_id"
     )
 
 
 def audit_events_for(actor: Actor) -> QuerySet[AuditEvent]:
+    if not token_may(actor, Ability.READ_AUDIT):
+        return AuditEvent.objects.none()
     queryset = AuditEvent.objects.select_related("department", "actor", "actor_token")
     ids = visible_department_ids(actor)
     if ids is None:
@@ -50,7 +59,11 @@ def tokens_for(actor: Actor) -> QuerySet[ApiToken]:
         return queryset
     if actor.token is not None:
         return queryset.none()
-    return queryset.filter(created_by=actor.user)
+    # A service account's tokens belong to its department: its approvers see them all.
+    departments = approver_department_ids(actor) or set()
+    return queryset.filter(
+        Q(created_by=actor.user) | Q(service_account__isnull=False, department_id__in=departments)
+    )
 
 
 def token_get(actor: Actor, token_id: int) -> ApiToken:

@@ -17,6 +17,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 
 from core.actors import actor_from_request
 from core.errors import ApplicationError, NotFound
+from core.redaction import redact
 
 
 def page(view):
@@ -67,7 +68,7 @@ def errors_on(form, field_codes: dict[str, str] | None = None):
         form.add_error(field, error.message)
         outcome.failed, outcome.status = True, 400
     except ApplicationError as error:
-        form.add_error(None, error.message)
+        form.add_error(None, error.message if error.public else redact(error.message))
         outcome.failed, outcome.status = True, error.status
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 from django.contrib import admin
 
 from core.admin_mixins import ReadOnlyAdminMixin, ServiceAdminMixin
+from mlflow_bridge.experiments import allowed_experiment_create, allowed_experiment_delete
 from mlflow_bridge.models import (
+    AllowedExperiment,
     MlflowAliasMirror,
     MlflowVersionMirror,
     WebhookDelivery,
@@ -71,3 +73,25 @@ class WebhookDeliveryAdmin(_ReadOnly):
     list_filter = ["status", "event"]
     list_select_related = ["version__adapter__department"]
     search_fields = ["delivery_id", "model_name", "detail"]
+
+
+@admin.register(AllowedExperiment)
+class AllowedExperimentAdmin(ServiceAdminMixin, admin.ModelAdmin):
+    """Which experiments a department may register runs from (audited)."""
+
+    list_display = ["department", "experiment_id", "experiment_name", "created_by", "created_at"]
+    list_filter = ["department"]
+    fields = ["department", "experiment_id"]
+
+    def has_change_permission(self, request, obj=None):
+        return obj is None and super().has_change_permission(request, obj)
+
+    def service_save(self, actor, obj, form, change):
+        return allowed_experiment_create(
+            actor=actor,
+            department=form.cleaned_data["department"],
+            experiment=form.cleaned_data["experiment_id"],
+        )
+
+    def service_delete(self, actor, obj):
+        allowed_experiment_delete(actor=actor, grant=obj)

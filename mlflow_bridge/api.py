@@ -11,16 +11,21 @@ from __future__ import annotations
 from django.conf import settings
 from django.urls import path
 from drf_spectacular.utils import extend_schema, extend_schema_field, inline_serializer
-from rest_framework import serializers, status
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
+from rest_framework.routers import DefaultRouter
 from rest_framework.views import APIView
 
+from core.access import require_platform_admin
 from core.actors import client_address_of
-from core.api.views import ActorMixin
+from core.api.views import ActorMixin, schema_only
 from core.errors import ApplicationError, NotFound
-from mlflow_bridge import lineage, mirror, webhooks
+from core.models import Department
+from core.redaction import redact
+from mlflow_bridge import experiments, lineage, mirror, webhooks
+from mlflow_bridge.models import AllowedExperiment
 from registry import selectors
 from registry.api.serializers import VersionSerializer
 
@@ -76,6 +81,13 @@ class VersionFromRunView(ActorMixin, APIView):
         )
 
 
+def _shown(actor, summary: dict) -> dict:
+    # MLflow's error texts name the tracking server; members get them redacted.
+    if "last_error" in summary and not actor.is_platform_admin:
+        summary = {**summary, "last_error": redact(summary["last_error"])}
+    return summary
+
+
 _AliasSerializer = inline_serializer(
     "MlflowAliasMirror",
     {
@@ -97,7 +109,7 @@ class AdapterAliasesView(ActorMixin, APIView):
     def get(self, request, pk: int):
         adapter = selectors.adapter_get(self.actor, int(pk))
         rows = adapter.mlflow_aliases.select_related("deployment").order_by("alias")
-        return Response([mirror.alias_mirror_summary(row) for row in rows])
+        return Response([_shown(self.actor, mirror.alias_mirror_summary(row)) for row in rows])
 
 
 _VersionMirrorSerializer = inline_serializer(
@@ -124,7 +136,7 @@ class VersionMirrorView(ActorMixin, APIView):
     )
     def get(self, request, pk: int):
         version = selectors.version_get(self.actor, int(pk))
-        return Response(mirror.version_mirror_summary(version))
+        return Response(_shown(self.actor, mirror.version_mirror_summary(version)))
 
 
 class PayloadTooLarge(ApplicationError):
@@ -174,7 +186,77 @@ class WebhookView(APIView):
         )
 
 
+class AllowedExperimentSerializer(serializers.ModelSerializer):
+    department = serializers.SlugRelatedField(slug_field="slug", queryset=Department.objects.all())
+    experiment = serializers.CharField(
+        write_only=True, help_text="The MLflow experiment's id or name."
+    )
+    created_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+
+    class Meta:
+        model = AllowedExperiment
+        fields = [
+            "id",
+            "department",
+            "experiment",
+            "experiment_id",
+            "experiment_name",
+            "created_by",
+            "created_at",
+        ]
+        read_only_fields = ["experiment_id", "experiment_name", "created_at"]
+
+
+class AllowedExperimentViewSet(
+    ActorMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Which MLflow experiments each department may register runs from:
+    platform admins only, every change audited (like artifact sources)."""
+
+    serializer_class = AllowedExperimentSerializer
+    queryset = AllowedExperiment.objects.none()
+    ordering_fields = ["experiment_id", "created_at"]
+
+    def get_queryset(self):
+        if schema_only(self):
+            return AllowedExperiment.objects.none()
+        require_platform_admin(self.actor)
+        return AllowedExperiment.objects.select_related("department", "created_by")
+
+    def get_object(self):
+        grant = self.get_queryset().filter(pk=self.lookup_id()).first()
+        if grant is None:
+            raise NotFound("Allowed experiment not found.")
+        return grant
+
+    def create(self, request):
+        require_platform_admin(self.actor)
+        data = AllowedExperimentSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        grant = experiments.allowed_experiment_create(
+            actor=self.actor,
+            department=data.validated_data["department"],
+            experiment=data.validated_data["experiment"],
+        )
+        return Response(AllowedExperimentSerializer(grant).data, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, pk=None):
+        experiments.allowed_experiment_delete(actor=self.actor, grant=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+_router = DefaultRouter()
+_router.register("mlflow-experiments", AllowedExperimentViewSet, basename="mlflow-experiment")
+
 urlpatterns = [
+    *_router.urls,
     path("mlflow/webhooks/", WebhookView.as_view(), name="mlflow-webhooks"),
     path(
         "versions/<int:pk>/mlflow-mirror/",

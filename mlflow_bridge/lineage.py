@@ -14,6 +14,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from urllib.parse import quote, urlsplit
 
 from django.conf import settings
 
@@ -32,6 +33,7 @@ from mlflow_bridge.client import (
     MlflowNotFound,
     MlflowUnavailable,
 )
+from mlflow_bridge.experiments import experiment_allowed
 from mlflow_bridge.runs import (
     RunLineage,
     download_artifact,
@@ -39,7 +41,7 @@ from mlflow_bridge.runs import (
     read_run,
     walk_artifacts,
 )
-from registry.ingest.incoming import MlflowRunArtifact
+from registry.ingest.incoming import MlflowRunArtifact, S3Prefix
 from registry.models import Adapter, AdapterVersion
 from registry.services.versions import Lineage, RegistrationResult, version_register
 from registry.source_policy import require_mlflow_artifact_location
@@ -93,18 +95,22 @@ def register_from_run(
     staging_root.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="mlflow-", dir=staging_root))
     try:
-        with _mlflow_errors(run_id):
+        with _mlflow_errors(run_id, adapter.department):
             client = mlc.get_client()
             run = read_run(client, run_id)
+            # Before anything about the run is used or shown: another
+            # department's run is, to this one, a run that does not exist.
+            if not experiment_allowed(adapter.department, run.experiment_id):
+                raise NotFound(_no_such_run(run_id, adapter.department), code="run_not_found")
             _check_run(run)
             require_mlflow_artifact_location(adapter.department, run.artifact_uri, artifact_path)
-            source_dir = _download(client, run, artifact_path, workdir)
+            source = _artifact_source(client, run, artifact_path, workdir)
         token = _run_being_registered.set(run)
         try:
             result = version_register(
                 actor=actor,
                 adapter=adapter,
-                source=MlflowRunArtifact(source_dir),
+                source=source,
                 lineage=Lineage(
                     mlflow_run_id=run.run_id,
                     mlflow_run_uri=f"runs:/{run.run_id}/{artifact_path}",
@@ -132,11 +138,19 @@ def _clean_artifact_path(path: str) -> str:
     return posixpath.normpath(cleaned)
 
 
+def _no_such_run(run_id: str, department) -> str:
+    return (
+        f"MLflow has no run {run_id!r} in an experiment {department.name} may register "
+        "from (a platform admin allows experiments per department)."
+    )
+
+
 class _mlflow_errors:
     """Maps MLflow failures while reading a run to the registry's HTTP errors."""
 
-    def __init__(self, run_id: str):
+    def __init__(self, run_id: str, department):
         self.run_id = run_id
+        self.department = department
 
     def __enter__(self):
         return self
@@ -150,7 +164,9 @@ class _mlflow_errors:
                 code="mlflow_unavailable",
             ) from None
         if isinstance(error, MlflowNotFound) or error.error_code == "INVALID_PARAMETER_VALUE":
-            raise NotFound(f"MLflow has no run {self.run_id!r}.", code="run_not_found") from None
+            raise NotFound(
+                _no_such_run(self.run_id, self.department), code="run_not_found"
+            ) from None
         raise DependencyUnavailable(
             f"MLflow refused the request: {error.message}", code="mlflow_error"
         ) from None
@@ -167,11 +183,38 @@ def _check_run(run: RunLineage) -> None:
         )
 
 
-def _download(client, run: RunLineage, artifact_path: str, workdir: Path) -> Path:
-    """Downloads the artifact into `workdir` after checking that it exists and
-    fits the ingest limits, so an oversized run is refused before any byte moves."""
+def _artifact_source(client, run: RunLineage, artifact_path: str, workdir: Path):
+    """What version_register stages: the run's artifact, read without following
+    the run to any place the registry does not allow.
+
+    - `s3:` runs are read like an `s3_uri` registration (S3Prefix): with the
+      allowed source's own endpoint and keys, never the registry's ambient AWS
+      credentials, under the ingest limits.
+    - `mlflow-artifacts:` and http(s) runs are fetched from the configured
+      tracking server only, streamed with a byte cap (MLflow's own client would
+      follow the run's artifact URI and trust the listing's sizes).
+    - `file:` runs (under MLFLOW_FILE_ARTIFACT_ROOTS) are copied by MLflow's client.
+    """
+    scheme = urlsplit(run.artifact_uri).scheme.lower()
+    if scheme == "s3":
+        return S3Prefix(run.artifact_uri.rstrip("/") + "/" + artifact_path)
+    files = _planned_files(client, run, artifact_path)
+    dest = workdir / "download"
+    dest.mkdir()
+    if scheme in ("mlflow-artifacts", "http", "https"):
+        _download_through_tracking_server(run, artifact_path, files, dest)
+        return MlflowRunArtifact(dest)
+    local = Path(download_artifact(client, run.run_id, artifact_path, str(dest)))
+    # A single archive file is staged like an uploaded archive: hand over its folder.
+    return MlflowRunArtifact(local if local.is_dir() else local.parent)
+
+
+def _planned_files(client, run: RunLineage, artifact_path: str) -> list:
+    """The files under `artifact_path`, checked against the ingest limits before
+    any byte moves (the streaming cap below still counts what really arrives)."""
     entry = find_artifact(client, run.run_id, artifact_path)
     if entry is None:
+        # The run is the caller's department's (checked before): its tree may be shown.
         contents = [
             e.path + ("/" if e.is_dir else "") for e in walk_artifacts(client, run.run_id, limit=50)
         ]
@@ -188,15 +231,81 @@ def _download(client, run: RunLineage, artifact_path: str, workdir: Path) -> Pat
     else:
         files = [entry]
     if len(files) > settings.INGEST_MAX_ENTRIES:
-        _too_large(f"more than {settings.INGEST_MAX_ENTRIES} files")
+        _too_large(f"more than {settings.INGEST_MAX_ENTRIES} files (INGEST_MAX_ENTRIES)")
     total = sum(e.size for e in files)
     if total > settings.INGEST_MAX_BYTES:
-        _too_large(f"{total} bytes, over the limit of {settings.INGEST_MAX_BYTES}")
-    dest = workdir / "download"
-    dest.mkdir()
-    local = Path(download_artifact(client, run.run_id, artifact_path, str(dest)))
-    # A single archive file is staged like an uploaded archive: hand over its folder.
-    return local if local.is_dir() else local.parent
+        _too_large(
+            f"{total} bytes, over the limit of {settings.INGEST_MAX_BYTES} (INGEST_MAX_BYTES)"
+        )
+    return files
+
+
+def _artifact_url(run: RunLineage, relative: str) -> str:
+    """The URL of one artifact file on the configured tracking server."""
+    tracking = settings.MLFLOW_TRACKING_URI.rstrip("/")
+    parts = urlsplit(run.artifact_uri)
+    if parts.scheme == "mlflow-artifacts":
+        root = parts.path.strip("/")
+        return f"{tracking}/api/2.0/mlflow-artifacts/artifacts/{quote(root)}/{quote(relative)}"
+    # http(s) on the tracking server itself (require_mlflow_artifact_location checked it).
+    return f"{run.artifact_uri.rstrip('/')}/{quote(relative)}"
+
+
+def _download_through_tracking_server(run, artifact_path: str, files, dest: Path) -> None:
+    import requests
+
+    headers = {}
+    if settings.MLFLOW_TRACKING_TOKEN:
+        headers["Authorization"] = f"Bearer {settings.MLFLOW_TRACKING_TOKEN}"
+    single = len(files) == 1 and files[0].path.strip("/") == artifact_path
+    budget = settings.INGEST_MAX_BYTES
+    with requests.Session() as http:
+        http.trust_env = False  # the tracking server's own address, never a proxy's
+        for entry in files:
+            relative = entry.path.strip("/")
+            inside = posixpath.basename(relative) if single else relative[len(artifact_path) + 1 :]
+            target = _safe_target(dest, inside)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                # No redirects: a redirect could send the token anywhere.
+                with http.get(
+                    _artifact_url(run, relative),
+                    headers=headers,
+                    stream=True,
+                    allow_redirects=False,
+                    timeout=(5, settings.MLFLOW_HTTP_TIMEOUT),
+                ) as response:
+                    if response.status_code != 200:
+                        raise DependencyUnavailable(
+                            f"MLflow answered {response.status_code} for the run's artifact "
+                            f"{relative!r}; nothing was registered.",
+                            code="mlflow_error",
+                        )
+                    with target.open("wb") as out:
+                        for chunk in response.iter_content(1024 * 1024):
+                            budget -= len(chunk)
+                            if budget < 0:
+                                _too_large(
+                                    f"more than {settings.INGEST_MAX_BYTES} bytes arrived "
+                                    "(INGEST_MAX_BYTES), more than the listing said"
+                                )
+                            out.write(chunk)
+            except requests.RequestException as error:
+                raise DependencyUnavailable(
+                    f"MLflow is unreachable while downloading the run's artifact "
+                    f"({type(error).__name__}); nothing was registered.",
+                    code="mlflow_unavailable",
+                ) from None
+
+
+def _safe_target(dest: Path, relative: str) -> Path:
+    parts = relative.split("/")
+    if not relative or any(part in ("", ".", "..") for part in parts) or "\\" in relative:
+        raise ValidationFailed(
+            f"The run lists an artifact named {relative!r}, which is not a safe relative path.",
+            code="bad_artifact_path",
+        )
+    return dest.joinpath(*parts)
 
 
 def _too_large(what: str) -> None:

@@ -8,6 +8,7 @@ so a change that lands mid-sync is never reported as synced.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 
@@ -179,3 +180,31 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.delivery_id} {self.event} ({self.status})"
+
+
+class AllowedExperiment(models.Model):
+    """An MLflow experiment whose runs a department may register from, set by a
+    platform admin (mlflow_bridge.experiments), like an S3 artifact source. A
+    run in any other experiment is, to that department, a run that does not exist."""
+
+    department = models.ForeignKey(
+        "core.Department", on_delete=models.PROTECT, related_name="mlflow_experiments"
+    )
+    # MLflow's id: names can be changed, ids cannot.
+    experiment_id = models.CharField(max_length=64)
+    experiment_name = models.CharField(max_length=500, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["department__slug", "experiment_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["department", "experiment_id"], name="one_grant_per_experiment"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.experiment_name or self.experiment_id} for {self.department.slug}"

@@ -8,11 +8,11 @@ class ObservabilityConfig(AppConfig):
 
     def ready(self) -> None:
         from observability import selectors, services
-        from serving.signals import lora_residency_wanted, reconcile_finished
+        from serving.capacity import residency_provider_register
+        from serving.signals import reconcile_finished
 
         reconcile_finished.connect(
             services.reconcile_finished, dispatch_uid="observability.reconcile"
         )
-        lora_residency_wanted.connect(
-            selectors.lora_residency, dispatch_uid="observability.lora_residency"
-        )
+        # What serving's capacity view asks of vLLM's metrics: a provider, not a signal.
+        residency_provider_register(selectors.lora_residency)

@@ -42,10 +42,12 @@ from serving.models import (
     Promotion,
     PromotionStatus,
     Replica,
+    ReplicaHealth,
     Rollout,
     RolloutStatus,
     ServedAdapter,
 )
+from serving.sync_state import SyncState, classify, loaded_adapters
 
 TERMINAL = (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.ROLLED_BACK)
 ROLLOUT_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -323,13 +325,13 @@ class ControlPlaneCollector:
         ):
             deployment = names.get(replica.deployment_id, "")
             health[deployment][replica.health] += 1
-            roots = {item.get("id"): item.get("root") for item in replica.loaded_adapters or []}
+            roots = loaded_adapters(replica)
             loaded.add_metric([deployment, replica.base_url], len(roots))
-            if replica.health == "up":
+            if replica.health == ReplicaHealth.UP:
                 absent = sum(
                     1
                     for name, path in wanted[replica.deployment_id].items()
-                    if roots.get(name) != path
+                    if classify(path, roots.get(name), replica.health) != SyncState.IN_SYNC
                 )
                 missing.add_metric([deployment, replica.base_url], absent)
         for deployment_id, deployment in names.items():

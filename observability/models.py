@@ -119,3 +119,63 @@ class AdapterActivity(models.Model):
 
     def __str__(self) -> str:
         return f"{self.served_name} on {self.deployment_id}: {self.last_active_at}"
+
+
+class FrontDoorReading(models.Model):
+    """The last request counters read from a deployment's front door, per
+    adapter: {"<served name>": [requests, errors_4xx, errors_5xx]}. The next
+    reading adds only what grew since (observability.usage)."""
+
+    deployment = models.OneToOneField(
+        "serving.Deployment", on_delete=models.CASCADE, related_name="front_door_reading"
+    )
+    counters = models.JSONField(default=dict)
+    read_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"front door counters of {self.deployment_id}"
+
+
+class DailyUsage(models.Model):
+    """Requests to one adapter through one deployment's front door on one day
+    (UTC), per version served when they were counted. Tokens are not here: the
+    front door does not read response bodies, and vLLM 0.32's token counters
+    carry no adapter label (docs/operators/usage.md)."""
+
+    day = models.DateField()
+    deployment = models.ForeignKey(
+        "serving.Deployment", on_delete=models.CASCADE, related_name="daily_usage"
+    )
+    department = models.ForeignKey(
+        "core.Department", on_delete=models.CASCADE, related_name="daily_usage"
+    )
+    adapter = models.ForeignKey(
+        "registry.Adapter", on_delete=models.CASCADE, related_name="daily_usage"
+    )
+    served_name = models.CharField(max_length=128)
+    version = models.ForeignKey(
+        "registry.AdapterVersion",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="daily_usage",
+    )
+    # The version's number, 0 when none was served (retired): part of the key,
+    # where a nullable foreign key would not match itself in a unique constraint.
+    version_number = models.PositiveIntegerField(default=0)
+    requests = models.PositiveBigIntegerField(default=0)
+    errors_4xx = models.PositiveBigIntegerField(default=0)
+    errors_5xx = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "deployment", "adapter", "version_number"],
+                name="one_usage_row_per_day_and_version",
+            )
+        ]
+        indexes = [models.Index(fields=["department", "day"])]
+        ordering = ["day", "served_name", "version_number"]
+
+    def __str__(self) -> str:
+        return f"{self.served_name} v{self.version_number} on {self.day}: {self.requests}"

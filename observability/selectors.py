@@ -5,13 +5,17 @@ decided by the callers (serving.selectors, registry.selectors)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 
 from django.conf import settings
-from django.db.models import OuterRef, Q, Subquery
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
-from observability.models import AdapterActivity, ReplicaLoraState
+from core.access import require_visible, visible_department_ids
+from core.actors import Actor
+from core.errors import NotFound
+from core.models import Department
+from observability.models import AdapterActivity, DailyUsage, ReplicaLoraState
 from serving.capacity import (
     SHAPE_FIELDS,
     PoolFigures,
@@ -21,6 +25,7 @@ from serving.capacity import (
 )
 from serving.models import Deployment, ServedAdapter
 from serving.planner import (
+    HOURS_PER_MONTH,
     LLAMA_MODULES,
     PlanInput,
     PlannerInputError,
@@ -81,6 +86,10 @@ def deployment_plan_input(deployment: Deployment, **overrides) -> PlanInput:
     return PlanInput(**values)
 
 
+# The adapter page's usage panel counts requests over this many days (today included).
+USAGE_PANEL_DAYS = 30
+
+
 @dataclass(frozen=True)
 class Usage:
     """How an adapter is used on one deployment, for the pages."""
@@ -91,6 +100,10 @@ class Usage:
     served_since: datetime | None
     active_now: bool
     idle: bool
+    # Counted at the front door in the last USAGE_PANEL_DAYS days; None: nothing counted
+    # (no front door, or no request).
+    requests: int | None = None
+    errors: int | None = None
 
     @property
     def idle_since(self) -> datetime | None:
@@ -112,15 +125,29 @@ def adapter_usage(adapter) -> list[Usage]:
     served = ServedAdapter.objects.filter(
         deployment=OuterRef("pk"), adapter=adapter, version__isnull=False
     )
+    counted = (
+        DailyUsage.objects.filter(
+            deployment=OuterRef("pk"),
+            adapter=adapter,
+            day__gte=now.date() - timedelta(days=USAGE_PANEL_DAYS - 1),
+        )
+        .values("adapter")
+        .annotate(
+            n=Sum("requests"),
+            e=Sum(F("errors_4xx") + F("errors_5xx")),
+        )
+    )
     rows = list(
         Deployment.objects.annotate(
             since=Subquery(served.values("updated_at")[:1]),
             last=Subquery(activity.values("last_active_at")[:1]),
             samples=Subquery(activity.values("active_samples")[:1]),
+            requests=Subquery(counted.values("n")[:1]),
+            errors=Subquery(counted.values("e")[:1]),
         )
         .filter(Q(since__isnull=False) | Q(last__isnull=False))
         .order_by("name")
-        .values("name", "since", "last", "samples")
+        .values("name", "since", "last", "samples", "requests", "errors")
     )
     seen = {row["name"] for row in rows if row["last"]}
     running_now = _running_now(seen, adapter.served_name) if seen else set()
@@ -132,6 +159,8 @@ def adapter_usage(adapter) -> list[Usage]:
             served_since=row["since"],
             active_now=row["name"] in running_now,
             idle=row["since"] is not None and (row["last"] or row["since"]) < threshold,
+            requests=row["requests"],
+            errors=row["errors"],
         )
         for row in rows
     ]
@@ -182,9 +211,10 @@ def deployment_usage(deployment: Deployment, names: list[str]) -> dict[str, Usag
     return result
 
 
-def lora_residency(sender, deployments, **kwargs) -> dict[int, Residency]:
-    """Receiver of serving.signals.lora_residency_wanted: the busiest replica's last
-    good reading of vLLM's LoRA metrics, per deployment, in one query."""
+def lora_residency(deployments) -> dict[int, Residency]:
+    """The residency provider of serving.capacity (registered in ready()): the
+    busiest replica's last good reading of vLLM's LoRA metrics, per deployment,
+    in one query."""
     rows = ReplicaLoraState.objects.filter(
         replica__deployment__in=[d.pk for d in deployments], replica__active=True, ok=True
     ).values_list(
@@ -201,3 +231,104 @@ def lora_residency(sender, deployments, **kwargs) -> dict[int, Residency]:
             observed_at=max(filter(None, (seen.observed_at, observed_at)), default=None),
         )
     return found
+
+
+# -- usage and cost per department (front door counters, observability.usage) ----------
+
+TOKENS_UNAVAILABLE = (
+    "Tokens per adapter are not counted: the front door (HAProxy) does not read "
+    "response bodies, and vLLM 0.32's token counters carry no adapter label."
+)
+
+
+@dataclass(frozen=True)
+class DepartmentCost:
+    """A department's monthly share of the GPUs it uses, against one GPU per use case."""
+
+    department: Department
+    requests: int
+    use_cases: int  # adapters of the department with requests in the period
+    shared_monthly: float
+    dedicated_monthly: float
+
+    @property
+    def saving_monthly(self) -> float:
+        return self.dedicated_monthly - self.shared_monthly
+
+
+def usage_departments(actor: Actor, slug: str | None) -> list[Department]:
+    """The departments whose usage `actor` asked for: the one named (NotFound
+    for outsiders, as for one that does not exist), or every one they see."""
+    if slug:
+        department = Department.objects.filter(slug=slug).first()
+        if department is None:
+            raise NotFound("Department not found.")
+        require_visible(actor, department.pk, "Department")
+        return [department]
+    visible = visible_department_ids(actor)
+    departments = Department.objects.all()
+    if visible is not None:
+        departments = departments.filter(pk__in=visible)
+    return list(departments)
+
+
+def usage_rows(departments: list[Department], start: date, end: date) -> QuerySet[DailyUsage]:
+    """Daily rows of the departments from `start` to `end` (both included)."""
+    return (
+        DailyUsage.objects.filter(department__in=departments, day__gte=start, day__lte=end)
+        .select_related("deployment", "department", "version")
+        .order_by("day", "department__slug", "served_name", "version_number", "deployment__name")
+    )
+
+
+def department_costs(departments: list[Department], start: date, end: date) -> list[DepartmentCost]:
+    """Each department's share of its deployments' monthly GPU cost (active replicas x
+    GPUs per replica x PLANNER_PRICE_PER_GPU_HOUR x 730 h), by its share of each
+    deployment's requests in the period (every department's, seen or not), beside
+    one dedicated one-GPU deployment per use case."""
+    price = settings.PLANNER_PRICE_PER_GPU_HOUR
+    period = DailyUsage.objects.filter(day__gte=start, day__lte=end)
+    mine = list(
+        period.filter(department__in=departments)
+        .values("department_id", "deployment_id")
+        .annotate(n=Sum("requests"))
+    )
+    deployment_ids = {row["deployment_id"] for row in mine}
+    totals = dict(
+        period.filter(deployment_id__in=deployment_ids)
+        .values("deployment_id")
+        .annotate(n=Sum("requests"))
+        .values_list("deployment_id", "n")
+    )
+    gpus = {
+        d.pk: d.live_replicas * d.gpus
+        for d in Deployment.objects.filter(pk__in=deployment_ids).annotate(
+            live_replicas=Count("replicas", filter=Q(replicas__active=True))
+        )
+    }
+    use_cases = dict(
+        period.filter(department__in=departments, requests__gt=0)
+        .values("department_id")
+        .annotate(n=Count("adapter_id", distinct=True))
+        .values_list("department_id", "n")
+    )
+    costs = []
+    for department in departments:
+        rows = [r for r in mine if r["department_id"] == department.pk]
+        shared = sum(
+            gpus[r["deployment_id"]] * price * HOURS_PER_MONTH * r["n"] / totals[r["deployment_id"]]
+            for r in rows
+            if totals.get(r["deployment_id"])
+        )
+        costs.append(
+            DepartmentCost(
+                department=department,
+                requests=sum(r["n"] for r in rows),
+                use_cases=use_cases.get(department.pk, 0),
+                shared_monthly=round(shared, 2),
+                dedicated_monthly=round(
+                    use_cases.get(department.pk, 0) * price * HOURS_PER_MONTH, 2
+                ),
+            )
+        )
+    return costs

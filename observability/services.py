@@ -9,7 +9,6 @@ reconcile's exception (if any) passes through untouched.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -26,6 +25,7 @@ from observability.models import (
     ReconcileStats,
     ReplicaLoraState,
 )
+from observability.usage import front_door_usage_record
 from observability.vllm_metrics import (
     LoraSnapshot,
     MetricsParseError,
@@ -33,6 +33,7 @@ from observability.vllm_metrics import (
     parse_lora_metrics,
 )
 from registry.models import Adapter
+from serving.fanout import fan_out, replica_session
 from serving.models import Deployment, HttpAttempt, Replica, ReplicaHealth
 from serving.replica_calls import ReplicaOutcome
 from serving.services.attempts import attempts_record_all
@@ -60,6 +61,9 @@ def reconcile_finished(
     if ok and settings.OBSERVABILITY_VLLM_METRICS:
         readings = _guarded(vllm_metrics_observe, deployment, replicas)
         wrote = wrote or readings is None or readings.wrote_attempts
+    if settings.OBSERVABILITY_FRONT_DOOR_USAGE:
+        # Whatever the reconcile's outcome: the front door counted requests anyway.
+        _guarded(front_door_usage_record, deployment)
     _guarded(reconcile_stats_record, deployment, seconds, ok=ok, tally=wrote)
 
 
@@ -128,13 +132,15 @@ def _tally_attempts(deployment: Deployment, after_id: int) -> int:
 
 
 def _read(replica: Replica, api_key: str) -> tuple[ReplicaOutcome, LoraSnapshot | None]:
-    """One replica's /metrics, over HTTP only (runs in a thread: no database)."""
+    """One replica's /metrics, over HTTP only (runs in a pool thread: no database),
+    through that thread's kept-alive session to the replica."""
     outcome = ReplicaOutcome()
     attempt, text = fetch_metrics(
         replica.base_url,
         api_key=api_key or None,
         timeout=settings.OBSERVABILITY_VLLM_METRICS_TIMEOUT_SECONDS,
         max_bytes=settings.OBSERVABILITY_VLLM_METRICS_MAX_BYTES,
+        session=replica_session(replica.base_url),
     )
     outcome.attempts.append((PURPOSE, attempt))
     if text is None:
@@ -168,8 +174,7 @@ def vllm_metrics_observe(
     if not replicas:
         return MetricsReadings()
     api_key = deployment.vllm_api_key
-    with ThreadPoolExecutor(max_workers=min(16, len(replicas))) as pool:
-        readings = list(pool.map(lambda r: _read(r, api_key), replicas))
+    readings = fan_out(replicas, lambda r: _read(r, api_key), limit=16)
     failed = [
         (r, outcome, None)
         for r, (outcome, _) in zip(replicas, readings, strict=True)

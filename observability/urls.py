@@ -7,6 +7,7 @@ app_name = "observability"
 
 urlpatterns = [
     path("planner/", web.planner_page, name="planner"),
+    path("usage/", web.usage_page, name="usage"),
     path("deployments/<slug:name>/plan/", web.deployment_plan_page, name="deployment-plan"),
 ]
 

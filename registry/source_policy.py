@@ -9,7 +9,8 @@ anything else those credentials reach. The rules:
   prefixes (set by platform admins), compared on the normalized bucket and
   key, segment by segment; it is read with that source's credentials. The
   registry's own store is never a source.
-- MLflow run artifacts: `mlflow-artifacts:` (the tracking server proxies them),
+- MLflow run artifacts: `mlflow-artifacts:` through the configured tracking
+  server only (a host in the URI must be that server's),
   `s3:` as above, http(s) on the configured tracking server itself, or `file:`
   under MLFLOW_FILE_ARTIFACT_ROOTS. Anything else is refused.
 """
@@ -39,6 +40,7 @@ S3_URI_PATTERN = (
 
 class SourceNotAllowed(NotAuthorized):
     code = "source_not_allowed"
+    public = True  # names the caller's URI and their department's own prefixes
 
 
 def normalize_s3_uri(uri: str, *, folder: bool = False) -> str:
@@ -130,6 +132,18 @@ def require_mlflow_artifact_location(
     location = artifact_uri.rstrip("/") + "/" + artifact_path.strip("/")
     scheme = urlsplit(artifact_uri).scheme.lower()
     if scheme == "mlflow-artifacts":
+        # `mlflow-artifacts:/1/...` goes through the tracking server; a host in
+        # the URI (`mlflow-artifacts://host:port/...`) would send the registry's
+        # MLflow credentials there, so it must be the tracking server itself.
+        host = urlsplit(artifact_uri).netloc
+        tracking = urlsplit(settings.MLFLOW_TRACKING_URI).netloc
+        if host and host != tracking:
+            raise SourceNotAllowed(
+                f"The run's artifacts are proxied by {host}, not by the configured MLflow "
+                "tracking server; the registry reads mlflow-artifacts: only through the "
+                "tracking server itself.",
+                code="mlflow_artifact_location_not_allowed",
+            )
         return
     if scheme == "s3":
         source_for_s3_uri(department, location)

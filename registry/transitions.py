@@ -4,13 +4,16 @@
     approved -> deprecated -> archived
 
 Anything not in this table is refused with a 409 naming the current state.
-Who may perform each transition is decided in services.py from `who`.
+Who may perform each transition is decided in services.py from `who`. The
+actions drive the buttons a page shows; VERSION_TRANSITIONS, the same table by
+status, is what core.state.move applies (a compare-and-swap on the old status).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.state import Table
 from registry.models import VersionStatus as S
 
 
@@ -43,3 +46,14 @@ TRANSITIONS: dict[str, Transition] = {
 
 def allowed_actions_from(status: str) -> list[str]:
     return [t.action for t in TRANSITIONS.values() if status in t.sources]
+
+
+def _by_status(transitions) -> Table:
+    table: dict[str, set[str]] = {status: set() for status in S.values}
+    for transition in transitions:
+        for source in transition.sources:
+            table[source].add(transition.target)
+    return {status: frozenset(targets) for status, targets in table.items()}
+
+
+VERSION_TRANSITIONS: Table = _by_status(TRANSITIONS.values())

@@ -29,5 +29,8 @@ write() {  # name value
 write django_secret_key "$(random 48)"
 write postgres_password "$(random 24)"
 write s3_secret_key "$(random 24)"
-# Derived from the password actually on disk, new or kept.
-write database_url "postgres://registry:$(cat "$DIR/postgres_password")@postgres:5432/registry"
+write app_db_password "$(random 24)"
+# Derived from the passwords actually on disk, new or kept. The migrate service
+# connects as the owner; everything else as the application role.
+write migrate_database_url "postgres://registry:$(cat "$DIR/postgres_password")@postgres:5432/registry"
+write database_url "postgres://registry_app:$(cat "$DIR/app_db_password")@postgres:5432/registry"

@@ -77,7 +77,7 @@ if declare -F demo_vllm_register >/dev/null; then
   demo_vllm_register || echo "run: the demo deployment is not registered; the rest runs" >&2
 fi
 for _ in $(seq 1 60); do
-  curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
+  curl -fsS "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && break
   sleep 0.5
 done
 cat <<MSG

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -18,6 +19,7 @@ from django.db.models.functions import RowNumber
 from serving.base_models import EMBEDDING_MODULES
 from serving.models import Deployment, HttpAttempt, ServedAdapter
 from serving.planner import ModelShape, lora_pool_bytes, lora_slot_bytes
+from serving.sync_state import loaded_adapters
 
 # Fields of Deployment the pool model needs.
 SHAPE_FIELDS = (
@@ -209,14 +211,25 @@ class Tiers:
         return (self.registered.used or 0) > self.host.limit
 
 
-def residency_of(deployments: list[Deployment]) -> dict[int, Residency]:
-    """{deployment id: Residency} from whichever app reads vLLM's metrics (serving
-    knows none: it asks through serving.signals.lora_residency_wanted)."""
-    from serving.signals import lora_residency_wanted
+ResidencyProvider = Callable[[list[Deployment]], dict[int, Residency]]
 
+# Serving reads no vLLM metrics itself: the app that does (observability) registers
+# its reader here from its ready(), explicitly, instead of answering a signal.
+_residency_providers: list[ResidencyProvider] = []
+
+
+def residency_provider_register(provider: ResidencyProvider) -> None:
+    """`provider(deployments)` returns {deployment id: Residency} for those whose
+    replicas' metrics it has read. Registering the same one again is a no-op."""
+    if provider not in _residency_providers:
+        _residency_providers.append(provider)
+
+
+def residency_of(deployments: list[Deployment]) -> dict[int, Residency]:
+    """{deployment id: Residency} from whichever registered provider knows it."""
     found: dict[int, Residency] = {}
-    for _receiver, answer in lora_residency_wanted.send(sender=Deployment, deployments=deployments):
-        found.update(answer or {})
+    for provider in _residency_providers:
+        found.update(provider(deployments) or {})
     return found
 
 
@@ -283,9 +296,7 @@ def tiers_by_deployment(deployments: list[Deployment]) -> dict[int, Tiers]:
     cold = cold_loads(deployments)
     result = {}
     for d in deployments:
-        loaded = max(
-            (len(r.loaded_adapters or []) for r in d.replicas.all() if r.active), default=0
-        )
+        loaded = max((len(loaded_adapters(r)) for r in d.replicas.all() if r.active), default=0)
         result[d.pk] = tiers_of(
             d,
             registered=registered.get(d.pk, 0),

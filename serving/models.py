@@ -53,6 +53,14 @@ class Deployment(models.Model):
         help_text="Matched against EndpointSlice labels, e.g. "
         "serving.kserve.io/inferenceservice=granite-8b.",
     )
+    # Only the slices the endpoint-slice controller keeps for this Service count:
+    # a hand-made slice or another Service's pods with the same labels would
+    # otherwise receive the vLLM API key.
+    kubernetes_service_name = models.CharField(
+        max_length=63,
+        blank=True,
+        help_text="The Service whose endpoints are the replicas, e.g. granite-8b-predictor.",
+    )
     # Encrypted at rest; never returned by the API or shown in the admin.
     vllm_api_key = EncryptedTextField(blank=True)
 

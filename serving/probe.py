@@ -14,6 +14,7 @@ logprobs through the adapter and through the base model:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 PROBE_PROMPT = "The parties agree that the contract"
@@ -69,6 +70,12 @@ def _escape(token: str) -> str:
 
 def _unescape(text: str) -> str:
     return text.encode("ascii").decode("unicode_escape")
+
+
+def describe_distance(distance: float) -> str:
+    if math.isinf(distance):
+        return "distance inf: the greedy tokens differ"
+    return f"distance {distance:.3g}"
 
 
 def has_no_effect(adapter: Probe, base: Probe) -> bool:

@@ -59,6 +59,8 @@ class ReplicaOutcome:
     vllm_version: str | None = None
     loaded_root: str | None = None
     probe: Probe | None = None
+    # Set when the probe was compared with the version's fingerprint and was off it.
+    fingerprint_distance: float | None = None
     attempts: list[tuple[str, AttemptResult]] = field(default_factory=list)
 
     def fail(self, message: str) -> ReplicaOutcome:
@@ -90,6 +92,23 @@ def call_with_retry(
         except RetryStopped:
             return result
         retry += 1
+
+
+def _probe_call(client: VLLMClient, name: str, purpose: str, outcome, policy) -> AttemptResult:
+    return call_with_retry(
+        lambda: client.probe(name, prompt=PROBE_PROMPT, max_tokens=PROBE_TOKENS),
+        purpose,
+        outcome,
+        policy,
+    )
+
+
+def probe_weights(
+    client: VLLMClient, name: str, outcome: ReplicaOutcome, policy: RetryPolicy
+) -> Probe | None:
+    """The fixed probe through `name` (serving/probe.py), or None if it did not answer."""
+    answer = _probe_call(client, name, "fingerprint_check", outcome, policy)
+    return Probe.from_body(answer.body) if answer.ok else None
 
 
 def _describe(result: AttemptResult) -> str:
@@ -187,24 +206,14 @@ def verify_serving(
         return outcome.fail(f"{name} serves from {card.root}, expected {path}.")
     if not with_completion:
         return outcome.succeed()
-    answer = call_with_retry(
-        lambda: client.probe(name, prompt=PROBE_PROMPT, max_tokens=PROBE_TOKENS),
-        "verify_completion",
-        outcome,
-        policy,
-    )
+    answer = _probe_call(client, name, "verify_completion", outcome, policy)
     if not answer.ok:
         return outcome.fail(_describe(answer))
     outcome.probe = Probe.from_body(answer.body)
     if outcome.probe is None:
         return outcome.fail(f"{name} answered a completion without logprobs.")
     if base_name:
-        base = call_with_retry(
-            lambda: client.probe(base_name, prompt=PROBE_PROMPT, max_tokens=PROBE_TOKENS),
-            "verify_base",
-            outcome,
-            policy,
-        )
+        base = _probe_call(client, base_name, "verify_base", outcome, policy)
         if not base.ok:
             return outcome.fail(_describe(base))
         base_probe = Probe.from_body(base.body)
@@ -213,12 +222,7 @@ def verify_serving(
             # host cache: now and then one answer through an adapter equals the
             # base model's on one replica only. An inert adapter repeats that
             # (greedy decoding is deterministic), so one fresh probe decides.
-            again = call_with_retry(
-                lambda: client.probe(name, prompt=PROBE_PROMPT, max_tokens=PROBE_TOKENS),
-                "verify_completion",
-                outcome,
-                policy,
-            )
+            again = _probe_call(client, name, "verify_completion", outcome, policy)
             again_probe = Probe.from_body(again.body) if again.ok else None
             if again_probe is not None and not has_no_effect(again_probe, base_probe):
                 outcome.probe = again_probe

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import socket
 
-from django.conf import settings
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
@@ -19,7 +18,6 @@ from serving.models import (
     ReplicaStepStatus,
     RolloutStatus,
 )
-from serving.vllm_client import VLLMClient
 
 
 def discover_urls(deployment: Deployment) -> list[str]:
@@ -89,18 +87,6 @@ def replicas_sync(deployment: Deployment, *, with_deferred: bool = False) -> lis
             if replica.pk in gone:
                 replica.active = False
     return [existing[url] for url in urls]
-
-
-def client_for(replica: Replica, deployment: Deployment, session=None) -> VLLMClient:
-    """`session`: a requests.Session to reuse (the client then leaves it open)."""
-    return VLLMClient(
-        replica.base_url,
-        session=session,
-        api_key=deployment.vllm_api_key or None,
-        timeout=settings.SERVING_HTTP_TIMEOUT_SECONDS,
-        connect_timeout=settings.SERVING_CONNECT_TIMEOUT_SECONDS,
-        load_timeout=settings.SERVING_LOAD_TIMEOUT_SECONDS,
-    )
 
 
 def health_changes(

@@ -10,12 +10,12 @@ from django.db.models import Prefetch, Q, QuerySet
 from core.access import visible_department_ids
 from core.actors import Actor
 from core.errors import NotAuthorized, NotFound
+from core.redaction import redact
 from serving.models import (
     Deployment,
     DriftEvent,
     HttpAttempt,
     Promotion,
-    ReplicaHealth,
     ReplicaRollout,
     ReplicaStepStatus,
     Rollout,
@@ -23,6 +23,7 @@ from serving.models import (
     ServedAdapter,
     VersionFingerprint,
 )
+from serving.sync_state import SyncState, classify, loaded_adapters
 
 
 def deployments_for(actor: Actor) -> QuerySet[Deployment]:
@@ -168,13 +169,16 @@ def _hide_infrastructure(rollout: Rollout, labels: dict[int, str]) -> None:
     for step in rollout.replica_steps.all():
         replica = step.replica
         base_url, label = replica.base_url, labels.get(replica.pk, "replica")
-        step.error = _without_address(step.error, base_url, label)
+        step.error = redact(_without_address(step.error, base_url, label))
         rollout.error = _without_address(rollout.error, base_url, label)
         for attempt in step.attempts.all():
             attempt.url = label + (urlsplit(attempt.url).path or "/")
-            attempt.error = _without_address(attempt.error, base_url, label)
+            attempt.error = redact(_without_address(attempt.error, base_url, label))
         replica.base_url = label
         replica.last_error = ""
+    # Staging and storage failures ("Staging failed: ...", "Waiting for the
+    # artifact store: ...") name the volume, the bucket and the endpoint.
+    rollout.error = redact(rollout.error)
 
 
 def rollout_for_display(actor: Actor, rollout_id: int) -> Rollout:
@@ -196,18 +200,20 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
     for replica in deployment.replicas.all():
         if not replica.active:
             continue
-        answered = replica.health != ReplicaHealth.DOWN
-        loaded = {item["id"]: item.get("root") for item in replica.loaded_adapters or []}
+        loaded = loaded_adapters(replica)
         adapters = []
         for s in served:
             actual = loaded.get(s.adapter.served_name)
             desired = s.served_path if s.version_id else None
+            state = classify(desired, actual, replica.health)
             adapters.append(
                 {
                     "served_name": s.adapter.served_name,
                     "desired_root": desired,
                     "actual_root": actual,
-                    "in_sync": answered and desired == actual,
+                    "in_sync": state == SyncState.IN_SYNC,
+                    # Decided on the full roots; a member's view shows folder names only.
+                    "state": state.value,
                 }
             )
         unknown = [
@@ -283,25 +289,15 @@ def drift_events_for(actor: Actor, deployment: Deployment) -> QuerySet[DriftEven
 
 def kserve_refusal(actor: Actor, deployment: Deployment) -> str:
     """Why `actor` may not download the deployment's KServe manifests, or "".
-    They name every promoted adapter of every department, so a member gets them
-    only when all of those are in departments they belong to."""
-    ids = visible_department_ids(actor)
-    if ids is None:
+    They carry the volume's host path, the claim, the namespace, the image and
+    whether an API key is set, and name every department's adapters: platform
+    admins only."""
+    if sees_infrastructure(actor):
         return ""
-    allowed = {d.pk for d in deployment.allowed_departments.all()}
-    if allowed and not allowed & ids:
-        return "Your departments may not use this deployment."
-    others = (
-        ServedAdapter.objects.filter(deployment=deployment, version__isnull=False)
-        .exclude(adapter__department_id__in=ids)
-        .exists()
+    return (
+        "The KServe manifests name the platform's volumes, namespace and image; "
+        "a platform admin can download them."
     )
-    if others:
-        return (
-            "The manifests name adapters of departments you are not a member of; "
-            "a platform admin can download them."
-        )
-    return ""
 
 
 def kserve_manifests(actor: Actor, deployment: Deployment) -> str:

@@ -13,7 +13,3 @@ served_version_changed = Signal()
 # a deployment, outside any transaction, with send_robust: a receiver that fails
 # is logged and never breaks the reconcile.
 reconcile_finished = Signal()
-
-# deployments=<list of Deployment>; a receiver returns {deployment id: serving.capacity.
-# Residency} for those whose replicas' /metrics it has read (serving reads none itself).
-lora_residency_wanted = Signal()

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from serving.models import Deployment, HttpAttempt
 from serving.services.reconcile import reconcile_deployment
-from serving.services.rollouts import LeaseBusy, rollout_execute
+from serving.services.rollout_engine import LeaseBusy, rollout_execute
 from serving.services.sweep import sweep_rollouts
 from serving.volume import collect_garbage
 

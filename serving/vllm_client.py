@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 # proxy in front of it could not reach it.
 TRANSIENT_STATUS = frozenset({408, 429, 502, 503, 504})
 MAX_ERROR_CHARS = 2000
+# /v1/models with a few thousand adapters is well under 1 MiB; nothing vLLM
+# answers comes near this.
+MAX_RESPONSE_BYTES = 16 * 1024**2
 MIN_LOAD_INPLACE_VERSION = (0, 33)
 
 
@@ -164,11 +167,28 @@ def extract_error(body: Any, text: str) -> str:
     return (text or "").strip()[:MAX_ERROR_CHARS]
 
 
-def _parse_body(response: requests.Response) -> Any:
-    text = response.text
+class ResponseTooLarge(Exception):
+    pass
+
+
+def _read_capped(response: requests.Response, limit: int, deadline: float) -> str:
+    """The body as text, refusing one past `limit` bytes (after decompression, so
+    a gzip bomb counts at its real size) or still arriving after `deadline`:
+    a replica, or whatever answers at its address, must not exhaust a worker."""
+    chunks, size = [], 0
+    for chunk in response.iter_content(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise ResponseTooLarge(f"response body larger than {limit} bytes")
+        if time.perf_counter() > deadline:
+            raise ResponseTooLarge("response body still arriving after the timeout")
+        chunks.append(chunk)
+    return b"".join(chunks).decode(response.encoding or "utf-8", errors="replace")
+
+
+def _parse_body(text: str, content_type: str) -> Any:
     if not text:
         return ""
-    content_type = response.headers.get("content-type", "")
     stripped = text.lstrip()
     if "json" in content_type or stripped[:1] in ("{", "["):
         try:
@@ -195,6 +215,7 @@ class VLLMClient:
         connect_timeout: float = 3.0,
         load_timeout: float = 60.0,
         session: requests.Session | None = None,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         base = base_url.rstrip("/")
         base = base.removesuffix("/v1")
@@ -203,6 +224,7 @@ class VLLMClient:
         self.connect_timeout = connect_timeout
         self.load_timeout = load_timeout
         self._api_key = api_key or None
+        self.max_response_bytes = max_response_bytes
         self._session = session or requests.Session()
         self._owns_session = session is None
 
@@ -309,16 +331,35 @@ class VLLMClient:
             headers["Authorization"] = f"Bearer {self._api_key}"
         started_at = datetime.now(UTC)
         t0 = time.perf_counter()
+        read_timeout = timeout if timeout is not None else self.timeout
         try:
             response = self._session.request(
                 method,
                 url,
                 json=json_body,
                 headers=headers,
-                timeout=(
-                    self.connect_timeout,
-                    timeout if timeout is not None else self.timeout,
-                ),
+                timeout=(self.connect_timeout, read_timeout),
+                stream=True,
+            )
+            try:
+                text = _read_capped(
+                    response, self.max_response_bytes, t0 + self.connect_timeout + read_timeout
+                )
+            finally:
+                response.close()
+        except ResponseTooLarge as exc:
+            duration_ms = (time.perf_counter() - t0) * 1000
+            logger.warning("vllm %s %s -> %s", method, url, exc)
+            return AttemptResult(
+                method=method,
+                url=url,
+                started_at=started_at,
+                duration_ms=duration_ms,
+                status_code=response.status_code,
+                ok=False,
+                error=str(exc),
+                transient=False,
+                body=None,
             )
         except requests.RequestException as exc:
             duration_ms = (time.perf_counter() - t0) * 1000
@@ -343,7 +384,7 @@ class VLLMClient:
             return result
 
         duration_ms = (time.perf_counter() - t0) * 1000
-        body = _parse_body(response)
+        body = _parse_body(text, response.headers.get("content-type", ""))
         ok = 200 <= response.status_code < 300
         result = AttemptResult(
             method=method,
@@ -352,9 +393,7 @@ class VLLMClient:
             duration_ms=duration_ms,
             status_code=response.status_code,
             ok=ok,
-            error=""
-            if ok
-            else extract_error(body, response.text) or f"HTTP {response.status_code}",
+            error="" if ok else extract_error(body, text) or f"HTTP {response.status_code}",
             transient=(not ok) and response.status_code in TRANSIENT_STATUS,
             body=body,
         )

@@ -101,8 +101,15 @@ def _user_for(request, issuer: str, claims: dict):
     if identity is not None:
         user = identity.user
         if email and user.email != email[:254]:
-            user.email = email[:254]
-            user.save(update_fields=["email"])
+            from core.services.people import user_update
+
+            # The provider's word, recorded: an email decides where notices go.
+            user_update(
+                actor=Actor(user=user, client_address=client_address_of(request)),
+                user=user,
+                via="sso",
+                email=email[:254],
+            )
         return user, identity
     User = get_user_model()
     user = User.objects.create_user(username=_free_username(claims), email=email[:254])

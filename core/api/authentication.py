@@ -31,7 +31,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         if token is None:
             # One message for unknown, expired and revoked: no oracle for guessing.
             raise exceptions.AuthenticationFailed("Invalid, expired or revoked token.")
-        return token.created_by, token
+        return token.acting_user, token
 
     def authenticate_header(self, request):
         return 'Bearer realm="api"'

@@ -15,6 +15,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from core.errors import ApplicationError
 from core.middleware import current_request_id
+from core.redaction import redact
 
 
 def error_response(status_code: int, code: str, message: str, details=None, headers=None):
@@ -55,9 +56,23 @@ def api_not_found(request, *args, **kwargs):
     return JsonResponse(body, status=404)
 
 
+def _shown_to(context, error: ApplicationError) -> str:
+    """Platform admins read errors whole; everyone else through the one redaction."""
+    message = error.message
+    if error.public:
+        return message
+    request = context.get("request")
+    # What authentication already found; asking `request.user` again would re-run it.
+    user = getattr(request, "_user", None)
+    token = getattr(request, "_auth", None)
+    if user is not None and user.is_active and user.is_staff and token is None:
+        return message
+    return redact(message)
+
+
 def exception_handler(exc, context):
     if isinstance(exc, ApplicationError):
-        return error_response(exc.status, exc.code, exc.message, exc.details)
+        return error_response(exc.status, exc.code, _shown_to(context, exc), exc.details)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

@@ -60,6 +60,11 @@ class TokenSerializer(serializers.ModelSerializer):
     created_by = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True
     )
+    service_account = serializers.CharField(
+        read_only=True,
+        allow_null=True,
+        help_text="department/name when the token acts as a service account, else null",
+    )
 
     class Meta:
         model = ApiToken
@@ -68,6 +73,7 @@ class TokenSerializer(serializers.ModelSerializer):
             "name",
             "prefix",
             "department",
+            "service_account",
             "abilities",
             "created_by",
             "created_at",

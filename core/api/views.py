@@ -1,25 +1,22 @@
 """What every API view of the product stands on (ActorMixin), and core's own
-API: departments and their memberships, the audit feed, tokens, and health."""
+API: departments and their memberships, the audit feed and tokens (the probes are core.health)."""
 
 from __future__ import annotations
 
-from django.db import connection
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from core import selectors
+from core.access import require_token_ability
 from core.actors import Actor, actor_from_request
 from core.api import serializers as cs
 from core.api.filters import AuditEventFilter
 from core.errors import NotFound
-from core.models import ApiToken, AuditEvent, Department
+from core.models import Ability, ApiToken, AuditEvent, Department
 from core.services.departments import department_create, membership_remove, membership_set
 from core.services.tokens import token_create, token_revoke
-from core.signals import health_check
 
 
 def schema_only(view) -> bool:
@@ -69,6 +66,7 @@ class DepartmentViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     @extend_schema(responses=cs.MembershipSerializer(many=True))
     @action(detail=True, methods=["get"])
     def memberships(self, request, slug=None):
+        require_token_ability(self.actor, Ability.READ_AUDIT)
         department = self.get_object()
         rows = (
             selectors.memberships_for(self.actor)
@@ -113,6 +111,7 @@ class AuditEventViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         if schema_only(self):
             return AuditEvent.objects.none()
+        require_token_ability(self.actor, Ability.READ_AUDIT)
         return selectors.audit_events_for(self.actor)
 
 
@@ -152,30 +151,3 @@ class TokenViewSet(
     def revoke(self, request, pk=None):
         token = token_revoke(actor=self.actor, token=self.get_object())
         return Response(cs.TokenSerializer(token).data)
-
-
-class HealthView(APIView):
-    """For probes: 200 when the database and the artifact store answer, else 503."""
-
-    # The artifact store's check is registry's answer to core.signals.health_check
-    # (registry.receivers), like the MLflow app's: core knows no app.
-
-    authentication_classes: list = []
-    permission_classes = [AllowAny]
-
-    @extend_schema(responses={200: dict, 503: dict})
-    def get(self, request):
-        checks = {}
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
-            checks["database"] = {"ok": True}
-        except Exception as error:  # any driver error means "not ready"
-            checks["database"] = {"ok": False, "error": type(error).__name__}
-        for _receiver, (name, result) in health_check.send(sender=self.__class__):
-            checks[name] = result
-        healthy = all(c.get("ok", True) or c.get("optional") for c in checks.values())
-        return Response(
-            {"status": "ok" if healthy else "unavailable", "checks": checks},
-            status=status.HTTP_200_OK if healthy else status.HTTP_503_SERVICE_UNAVAILABLE,
-        )

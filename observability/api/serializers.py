@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from serving.planner import DTYPE_BYTES, VALID_LORA_RANKS
@@ -130,3 +134,84 @@ class ErrorSerializer(serializers.Serializer):
     """The one error shape every endpoint answers with (core.api.errors)."""
 
     error = _ErrorBody()
+
+
+MAX_USAGE_DAYS = 366
+
+
+class UsageQuerySerializer(serializers.Serializer):
+    """?department=&from=&to= (dates in UTC, both included; the last 30 days by default)."""
+
+    department = serializers.SlugField(
+        required=False, help_text="A department's slug; every department you see by default."
+    )
+    # `from` is a Python keyword: the field is renamed in to_internal_value.
+    start = serializers.DateField(required=False, help_text="First day (YYYY-MM-DD).")
+    end = serializers.DateField(
+        required=False, help_text="Last day (YYYY-MM-DD), today by default."
+    )
+
+    def to_internal_value(self, data):
+        data = {
+            "department": data.get("department") or None,
+            "start": data.get("from") or None,
+            "end": data.get("to") or None,
+        }
+        try:
+            values = super().to_internal_value({k: v for k, v in data.items() if v is not None})
+        except serializers.ValidationError as error:  # named as the caller spelt them
+            names = {"start": "from", "end": "to"}
+            raise serializers.ValidationError(
+                {names.get(k, k): v for k, v in error.detail.items()}
+            ) from None
+        end = values.get("end") or timezone.now().date()
+        start = values.get("start") or end - timedelta(days=29)
+        if start > end:
+            raise serializers.ValidationError({"from": ["Must not be after `to`."]})
+        if (end - start).days + 1 > MAX_USAGE_DAYS:
+            raise serializers.ValidationError(
+                {"from": [f"At most {MAX_USAGE_DAYS} days from `from` to `to`."]}
+            )
+        return {"department": values.get("department"), "start": start, "end": end}
+
+
+class UsageRowSerializer(serializers.Serializer):
+    day = serializers.DateField()
+    deployment = serializers.CharField(source="deployment.name")
+    department = serializers.CharField(source="department.slug")
+    adapter = serializers.IntegerField(source="adapter_id")
+    served_name = serializers.CharField()
+    version = serializers.IntegerField(source="version_id", allow_null=True)
+    version_number = serializers.IntegerField(help_text="0: no version was served (retired).")
+    requests = serializers.IntegerField()
+    errors_4xx = serializers.IntegerField()
+    errors_5xx = serializers.IntegerField()
+    tokens = serializers.SerializerMethodField(help_text="Always null: see `tokens_unavailable`.")
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_tokens(self, row) -> None:
+        return None
+
+
+class DepartmentCostSerializer(serializers.Serializer):
+    department = serializers.CharField(source="department.slug")
+    requests = serializers.IntegerField()
+    use_cases = serializers.IntegerField(help_text="Its adapters with requests in the period.")
+    shared_monthly_cost = serializers.FloatField(
+        source="shared_monthly",
+        help_text="Its request share of each deployment's monthly GPU cost.",
+    )
+    dedicated_monthly_cost = serializers.FloatField(
+        source="dedicated_monthly", help_text="One dedicated one-GPU deployment per use case."
+    )
+    monthly_saving = serializers.FloatField(source="saving_monthly")
+
+
+class UsageSerializer(serializers.Serializer):
+    start = serializers.DateField(help_text="`from`, as applied.")
+    end = serializers.DateField(help_text="`to`, as applied.")
+    price_per_gpu_hour = serializers.FloatField()
+    hours_per_month = serializers.IntegerField()
+    tokens_unavailable = serializers.CharField(help_text="Why rows carry no token counts.")
+    rows = UsageRowSerializer(many=True)
+    costs = DepartmentCostSerializer(many=True)

@@ -1,5 +1,8 @@
 from django.urls import path
 
-from observability.api.views import PlannerView
+from observability.api.views import PlannerView, UsageView
 
-urlpatterns = [path("planner/", PlannerView.as_view(), name="planner")]
+urlpatterns = [
+    path("planner/", PlannerView.as_view(), name="planner"),
+    path("usage/", UsageView.as_view(), name="usage"),
+]

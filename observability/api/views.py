@@ -1,15 +1,33 @@
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+import csv
+import io
+
+from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers as drf
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from core.api.views import ActorMixin
-from observability.api.serializers import PlannerInputSerializer, PlanSerializer
+from observability.api.serializers import (
+    PlannerInputSerializer,
+    PlanSerializer,
+    UsageQuerySerializer,
+    UsageSerializer,
+)
 from observability.planning import plan_for
+from observability.selectors import (
+    TOKENS_UNAVAILABLE,
+    department_costs,
+    usage_departments,
+    usage_rows,
+)
 from serving import selectors as serving_selectors
-from serving.planner import PlannerInputError
+from serving.planner import HOURS_PER_MONTH, PlannerInputError
 
 
 class PlannerView(ActorMixin, APIView):
@@ -35,3 +53,78 @@ class PlannerView(ActorMixin, APIView):
         except PlannerInputError as error:
             raise drf.ValidationError(error.fields) from None
         return Response(PlanSerializer(result).data)
+
+
+class UsageCSVRenderer(BaseRenderer):
+    """The usage rows as CSV (?format=csv): one line per day, deployment, adapter and version."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+    COLUMNS = (
+        "day",
+        "department",
+        "deployment",
+        "served_name",
+        "version_number",
+        "requests",
+        "errors_4xx",
+        "errors_5xx",
+    )
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(self.COLUMNS)
+        for row in data["rows"]:
+            writer.writerow([row[name] for name in self.COLUMNS])
+        return out.getvalue().encode()
+
+
+def usage_report(actor, params) -> dict:
+    """What GET /api/v1/usage/ and the usage page show."""
+    query = UsageQuerySerializer(data=params)
+    query.is_valid(raise_exception=True)
+    start, end = query.validated_data["start"], query.validated_data["end"]
+    departments = usage_departments(actor, query.validated_data["department"])
+    return {
+        "start": start,
+        "end": end,
+        "price_per_gpu_hour": settings.PLANNER_PRICE_PER_GPU_HOUR,
+        "hours_per_month": HOURS_PER_MONTH,
+        "tokens_unavailable": TOKENS_UNAVAILABLE,
+        "rows": list(usage_rows(departments, start, end)),
+        "costs": department_costs(departments, start, end),
+    }
+
+
+class UsageView(ActorMixin, APIView):
+    """Requests and errors per adapter, version and day, counted at the front door,
+    and each department's monthly GPU cost shared by requests."""
+
+    renderer_classes = [*api_settings.DEFAULT_RENDERER_CLASSES, UsageCSVRenderer]
+    # A department the caller does not see is not found (core.api.schema).
+    error_statuses = {"get": (404,)}
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("department", str, description="A department's slug."),
+            OpenApiParameter("from", OpenApiTypes.DATE, description="First day (UTC)."),
+            OpenApiParameter("to", OpenApiTypes.DATE, description="Last day (UTC), included."),
+            OpenApiParameter("format", str, enum=["json", "csv"], description="csv: the rows."),
+        ],
+        responses={
+            (200, "application/json"): UsageSerializer,
+            (200, "text/csv"): OpenApiTypes.STR,
+            # The error statuses and their envelope come from core.api.schema.
+        },
+        summary="Usage and monthly cost per department",
+    )
+    def get(self, request):
+        return Response(UsageSerializer(usage_report(self.actor, request.query_params)).data)
+
+    def handle_exception(self, exc):
+        # Errors keep the JSON envelope every client parses, whatever format was asked.
+        self.request.accepted_renderer = JSONRenderer()
+        self.request.accepted_media_type = JSONRenderer.media_type
+        return super().handle_exception(exc)

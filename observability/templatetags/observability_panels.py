@@ -6,7 +6,7 @@ from __future__ import annotations
 from django import template
 from django.conf import settings
 
-from observability.selectors import adapter_usage, deployment_usage
+from observability.selectors import USAGE_PANEL_DAYS, adapter_usage, deployment_usage
 
 register = template.Library()
 
@@ -16,7 +16,12 @@ def adapter_usage_panel(adapter):
     """The adapter page's "Usage" card. The page has already checked that the
     viewer may see the adapter; deployment names are visible to everyone signed in."""
     return {
-        "panel": {"rows": adapter_usage(adapter), "idle_days": settings.OBSERVABILITY_IDLE_DAYS}
+        "panel": {
+            "rows": adapter_usage(adapter),
+            "idle_days": settings.OBSERVABILITY_IDLE_DAYS,
+            "usage_days": USAGE_PANEL_DAYS,
+            "department": adapter.department.slug,
+        }
     }
 
 

@@ -5,13 +5,16 @@ reads: the form is a GET, so a plan has a URL people can share."""
 from __future__ import annotations
 
 import json
+from urllib.parse import urlencode
 
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
+from rest_framework.exceptions import ValidationError
 
 from core.actors import Actor
 from core.web import page
 from observability.api.serializers import GPU_MEMORY, PlannerInputSerializer
+from observability.api.views import usage_report
 from observability.planning import OVERRIDES, form_defaults, plan_for
 from observability.selectors import observed_concurrency
 from serving import selectors as serving_selectors
@@ -94,3 +97,17 @@ def deployment_plan_page(request, actor: Actor, name: str):
     context = _plan_context(request, deployment)
     context["observed"] = observed_concurrency(deployment)
     return render(request, "observability/planner.html", context)
+
+
+@require_GET
+@page
+def usage_page(request, actor: Actor):
+    """Requests and errors per adapter and day, and each department's monthly cost:
+    what GET /api/v1/usage/ answers, with the same query."""
+    context = {"query": request.GET.dict(), "errors": {}, "report": None}
+    try:
+        context["report"] = usage_report(actor, request.GET)
+    except ValidationError as error:
+        context["errors"] = error.detail
+    context["csv_query"] = urlencode({**context["query"], "format": "csv"})
+    return render(request, "observability/usage.html", context)

@@ -15,6 +15,7 @@ from core import selectors as core_selectors
 from core.access import require_contributor, require_platform_admin
 from core.api.filters import IntegerFilter, StrictFilterSet
 from core.api.views import ActorMixin, schema_only
+from core.body_limit import accepts_large_body
 from core.errors import NotFound
 from core.models import Ability, Department
 from registry import selectors
@@ -129,6 +130,7 @@ class AdapterViewSet(
         ],
         responses={201: s.VersionSerializer, 200: s.VersionSerializer},
     )
+    @accepts_large_body
     @action(detail=True, methods=["get", "post"])
     def versions(self, request, pk=None):
         adapter = self.get_object()

@@ -22,6 +22,7 @@ from core.errors import (
     ValidationFailed,
 )
 from core.models import Ability
+from core.state import move
 from registry import signals
 from registry.artifact_store import discard_stored, get_artifact_store, store_unavailable
 from registry.ingest.adapter_validation import AdapterMetadata, inspect_adapter
@@ -32,7 +33,7 @@ from registry.models import Adapter, AdapterVersion, IdempotencyClaim
 from registry.services.idempotency import idempotency_complete, require_valid_key
 from registry.source_policy import s3_options_for, source_for_s3_uri
 from registry.storage import StorageError
-from registry.transitions import TRANSITIONS, allowed_actions_from
+from registry.transitions import TRANSITIONS, VERSION_TRANSITIONS, allowed_actions_from
 
 logger = logging.getLogger(__name__)
 
@@ -337,17 +338,20 @@ def version_transition(
         if transition.who == "reviewer":
             _require_four_eyes(actor, locked)
         previous = locked.status
-        locked.status = transition.target
-        update_fields = ["status", "updated_at"]
+        changes = {"updated_at": timezone.now()}
         if action == "submit":
-            locked.submitted_by = actor.user
-            update_fields.append("submitted_by")
+            changes["submitted_by"] = actor.user
         if transition.who == "reviewer":
-            locked.reviewed_by = actor.user
-            locked.reviewed_at = timezone.now()
-            locked.review_comment = comment
-            update_fields += ["reviewed_by", "reviewed_at", "review_comment"]
-        locked.save(update_fields=update_fields)
+            changes.update(
+                reviewed_by=actor.user, reviewed_at=timezone.now(), review_comment=comment
+            )
+        # Under the row lock the compare-and-swap cannot lose; it is the one way
+        # every state machine moves (core.state).
+        if not move(locked, VERSION_TRANSITIONS, transition.target, **changes):
+            raise Conflict(
+                f"Version {locked.number} changed while it was being moved; look again.",
+                code="concurrent_change",
+            )
         audit_record(
             actor=actor,
             action=f"version.{action}",

@@ -22,9 +22,11 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from core import selectors as core_selectors
 from core.access import can_contribute
 from core.actors import Actor
+from core.body_limit import accepts_large_body
 from core.csrf import csrf_before_body
 from core.errors import ApplicationError, NotFound
 from core.models import Ability
+from core.redaction import redact
 from core.services.tokens import token_create, token_revoke
 from core.web import errors_on, page, paginate, safe_next
 from registry import selectors
@@ -133,6 +135,7 @@ def adapter_detail(request, actor: Actor, pk: int):
     )
 
 
+@accepts_large_body
 @csrf_before_body
 @require_POST
 @page
@@ -162,7 +165,8 @@ def version_upload(request, actor: Actor, pk: int):
     except NotFound:
         raise
     except ApplicationError as failure:
-        error, status = failure.message, failure.status
+        error = failure.message if failure.public else redact(failure.message)
+        status = failure.status
     finally:
         if streaming is not None:
             if result is None or not result.created:

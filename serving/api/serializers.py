@@ -16,6 +16,7 @@ from serving.models import (
 )
 from serving.replica_facts import disputes as fact_disputes
 from serving.selectors import rollout_replica_summary
+from serving.services.deployments import IDENTITY_FIELDS
 
 
 class ReplicaSerializer(serializers.ModelSerializer):
@@ -145,13 +146,7 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
             "base_model_name",
             "base_model_aliases",
             "base_model_path",
-            "architecture",
-            "hidden_size",
-            "intermediate_size",
-            "num_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "vocab_size",
+            *IDENTITY_FIELDS,
             "revision",
             "module_dims",
             "replica_urls",
@@ -160,6 +155,7 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
             "replica_scheme",
             "kubernetes_namespace",
             "kubernetes_label_selector",
+            "kubernetes_service_name",
             "vllm_api_key",
             "has_api_key",
             "max_loras",
@@ -223,13 +219,7 @@ class DeploymentSummarySerializer(TiersMixin, serializers.ModelSerializer):
             "description",
             "base_model_name",
             "base_model_aliases",
-            "architecture",
-            "hidden_size",
-            "intermediate_size",
-            "num_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "vocab_size",
+            *IDENTITY_FIELDS,
             "revision",
             "module_dims",
             "max_loras",

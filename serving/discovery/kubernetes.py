@@ -71,6 +71,28 @@ def namespace_problem(namespace: str) -> str | None:
     return None
 
 
+# Labels the endpoint-slice controller puts on the slices it keeps for a Service.
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+SLICE_CONTROLLER = "endpointslice-controller.k8s.io"
+
+
+def service_selector(selector: str, service_name: str) -> str:
+    """The deployment's selector narrowed to the controller's slices of one Service."""
+    return f"{selector},{SERVICE_NAME_LABEL}={service_name},{MANAGED_BY_LABEL}={SLICE_CONTROLLER}"
+
+
+def _of_the_service(slice_, selector: str) -> bool:
+    # Checked again here, not trusted to the API server's filtering alone.
+    labels = (slice_.metadata.labels or {}) if slice_.metadata else {}
+    wanted = dict(
+        part.split("=", 1)
+        for part in selector.split(",")
+        if part.startswith((SERVICE_NAME_LABEL + "=", MANAGED_BY_LABEL + "="))
+    )
+    return all(labels.get(key) == value for key, value in wanted.items())
+
+
 # --- from slices to replica URLs ------------------------------------------------
 
 
@@ -168,7 +190,11 @@ class WatchTarget:
     @classmethod
     def of(cls, deployment: Deployment) -> WatchTarget:
         return cls(
-            deployment.pk, deployment.kubernetes_namespace, deployment.kubernetes_label_selector
+            deployment.pk,
+            deployment.kubernetes_namespace,
+            service_selector(
+                deployment.kubernetes_label_selector, deployment.kubernetes_service_name
+            ),
         )
 
 
@@ -290,7 +316,8 @@ class EndpointSliceWatch:
         if deployment is None:
             self.stop_event.set()
             return
-        urls = ready_urls(self._slices.values(), deployment)
+        slices = [s for s in self._slices.values() if _of_the_service(s, self.target.selector)]
+        urls = ready_urls(slices, deployment)
         if urls == self._applied:
             self._unapplied = False
             return
@@ -330,8 +357,10 @@ class WatchSupervisor:
         self.last_targets: set[WatchTarget] = set()
 
     def refresh(self) -> None:
-        deployments = Deployment.objects.exclude(kubernetes_namespace="").exclude(
-            kubernetes_label_selector=""
+        deployments = (
+            Deployment.objects.exclude(kubernetes_namespace="")
+            .exclude(kubernetes_label_selector="")
+            .exclude(kubernetes_service_name="")
         )
         wanted = {WatchTarget.of(d) for d in deployments}
         self.last_targets = wanted

@@ -29,3 +29,7 @@ class FrontDoor(Protocol):
 
     def ready(self, model: str, server: str) -> list[str]:
         """Sends `model`'s requests to `server` again."""
+
+    def model_counters(self) -> dict:
+        """A read, not a change: per adapter, the requests and the 4xx and 5xx
+        answered so far (they restart at zero when the gateway reloads)."""

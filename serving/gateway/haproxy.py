@@ -42,6 +42,7 @@ from serving.gateway.routing import Route, RoutingTable, ServerState
 logger = logging.getLogger(__name__)
 
 BASE_BACKEND = "base"
+ADAPTER_BACKEND_PREFIX = "m_"
 NOT_FOUND_BACKEND = "not_found"
 # The request body HAProxy buffers to read `model`: OpenAI requests are small;
 # a longer one gets a 413 instead of being routed by a truncated body.
@@ -75,7 +76,7 @@ class GatewayError(Exception):
 def backend_for(route: Route) -> str:
     # Served names are [A-Za-z0-9._-] (registry.models.SERVED_NAME_PATTERN), all
     # legal in a backend name; the prefix keeps them apart from the fixed ones.
-    return BASE_BACKEND if route.base else f"m_{route.model}"
+    return BASE_BACKEND if route.base else f"{ADAPTER_BACKEND_PREFIX}{route.model}"
 
 
 def _quote(text: str) -> str:
@@ -196,6 +197,13 @@ class ServerStatus:
     in_flight: int  # requests being served plus queued
 
 
+@dataclass(frozen=True)
+class BackendCounters:
+    requests: int
+    errors_4xx: int
+    errors_5xx: int
+
+
 class RuntimeAPI:
     """HAProxy's runtime API (the stats socket, `level admin`) or its master
     CLI: a UNIX socket path, or "host:port" where HAProxy runs in another pod."""
@@ -270,6 +278,20 @@ class RuntimeAPI:
                 row["pxname"], row["svname"], state, in_flight
             )
         return found
+
+    def backend_counters(self) -> dict[str, BackendCounters]:
+        """Every backend's cumulative request counters (since this worker started:
+        a reload starts them again at zero)."""
+        rows = csv.DictReader(io.StringIO(self.command("show stat").lstrip("# ")))
+        return {
+            row["pxname"]: BackendCounters(
+                requests=int(row["req_tot"] or 0),
+                errors_4xx=int(row["hrsp_4xx"] or 0),
+                errors_5xx=int(row["hrsp_5xx"] or 0),
+            )
+            for row in rows
+            if row.get("svname") == "BACKEND" and row.get("pxname")
+        }
 
     def map_entries(self, map_path: Path) -> dict[str, str]:
         entries = {}
@@ -414,6 +436,15 @@ class HAProxyFrontDoor:
                 changes.append(f"drain of {backend}/{server}: {status.in_flight} still in flight")
                 return changes
             time.sleep(0.02)
+
+    def model_counters(self) -> dict[str, BackendCounters]:
+        """Each adapter's request counters (its backend m_<model>); the base
+        model's and the fixed backends are left out."""
+        return {
+            backend.removeprefix(ADAPTER_BACKEND_PREFIX): counters
+            for backend, counters in self.runtime.backend_counters().items()
+            if backend.startswith(ADAPTER_BACKEND_PREFIX)
+        }
 
     def ready(self, model: str, server: str) -> list[str]:
         backend = f"m_{model}"

@@ -34,6 +34,7 @@ from registry.services.adapters import adapter_create
 from registry.services.versions import Lineage, version_register, version_transition
 from serving.gate import evaluate_gate
 from serving.models import Adoption, AdoptionStatus, Deployment, ServedAdapter
+from serving.sync_state import loaded_adapters
 
 
 def strays_of(deployment: Deployment) -> dict[str, dict]:
@@ -45,12 +46,11 @@ def strays_of(deployment: Deployment) -> dict[str, dict]:
     )
     found: dict[str, dict] = {}
     for replica in deployment.replicas.filter(active=True).order_by("base_url"):
-        for card in replica.loaded_adapters or []:
-            name = card.get("id")
-            if not name or name in managed:
+        for name, root in loaded_adapters(replica).items():
+            if name in managed:
                 continue
             entry = found.setdefault(name, {"roots": set(), "replicas": []})
-            entry["roots"].add(card.get("root") or "")
+            entry["roots"].add(root)
             entry["replicas"].append(replica.base_url)
     return {
         name: {"roots": sorted(entry["roots"]), "replicas": entry["replicas"]}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
@@ -11,18 +13,12 @@ from core.actors import Actor
 from core.audit import audit_record
 from core.errors import Conflict, ValidationFailed
 from serving.base_models import identity_from_path, module_dims_for
+from serving.capacity import SHAPE_FIELDS
 from serving.discovery.kubernetes import label_selector_problem, namespace_problem
 from serving.models import Deployment, VersionFingerprint
 
-IDENTITY_FIELDS = (
-    "architecture",
-    "hidden_size",
-    "intermediate_size",
-    "num_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "vocab_size",
-)
+# The base model's identity: its architecture and the shape the pool model needs.
+IDENTITY_FIELDS = ("architecture", *SHAPE_FIELDS)
 # Never echoed into audit details.
 SECRET_FIELDS = {"vllm_api_key"}
 
@@ -130,8 +126,16 @@ def _check_discovery(deployment: Deployment) -> None:
         problem = namespace_problem(deployment.kubernetes_namespace) or label_selector_problem(
             deployment.kubernetes_label_selector
         )
+        if not problem and not _SERVICE_NAME.match(deployment.kubernetes_service_name):
+            problem = (
+                "kubernetes_service_name must name the Service whose endpoints are the "
+                "replicas (a DNS label): the vLLM API key goes to its endpoints only"
+            )
         if problem:
             raise ValidationFailed(f"Kubernetes discovery: {problem}.", code="bad_kubernetes")
+
+
+_SERVICE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def _save(actor: Actor, deployment: Deployment, action: str, changed: list[str]) -> Deployment:

@@ -22,7 +22,6 @@ import contextlib
 import logging
 import threading
 import time
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -31,6 +30,14 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from core.claims import LeaseLost
+from serving.fanout import (
+    NO_RETRY,
+    client_for,
+    fan_out,
+    on_replicas,
+    replica_session,
+    verify_with_fingerprint,
+)
 from serving.models import (
     Deployment,
     DriftEvent,
@@ -41,22 +48,23 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
+from serving.probe import Probe, describe_distance
 from serving.replica_calls import (
     ReplicaOutcome,
-    RetryPolicy,
     call_with_retry,
     ensure_loaded,
     ensure_unloaded,
-    verify_serving,
+    probe_weights,
 )
 from serving.replica_facts import base_card_facts
 from serving.replica_facts import disputes as fact_disputes
-from serving.replica_rows import client_for, health_changes, replicas_sync
+from serving.replica_rows import health_changes, replicas_sync
 from serving.services.attempts import attempts_record, attempts_record_all
 from serving.services.fingerprints import (
     fingerprint_check,
     fingerprint_probe_annotation,
-    fingerprints_sample,
+    next_in_rotation,
+    tolerance,
 )
 from serving.services.leases import (
     claim_seconds,
@@ -68,19 +76,27 @@ from serving.services.leases import (
     served_adapters_renew,
 )
 from serving.signals import reconcile_finished
+from serving.sync_state import SyncState, as_listing, classify, loaded_adapters, loaded_from
 from serving.vllm_client import model_cards, server_version
 from serving.volume import StagingError, stage_versions
 
 logger = logging.getLogger(__name__)
 
-# Reconcile must not wait a rollout's long retry deadline on a dead replica.
-RECONCILE_POLICY = RetryPolicy(deadline_seconds=0, base_delay=0, max_delay=0)
+# Not a drift: a served version without a fingerprint gets one recorded.
+RECORD_FINGERPRINT = "record_fingerprint"
 
 _SERVED_RELATED = ("adapter__department", "version__adapter__department")
 
 
+def _beat_seconds() -> float:
+    """How often the tick's thread renews its claims while replicas' threads work."""
+    return claim_seconds() / 6
+
+
 @dataclass
 class ReconcileReport:
+    """What one tick of one deployment did."""
+
     deployment: str
     skipped: bool = False
     replicas_up: int = 0
@@ -134,17 +150,12 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
     return report
 
 
-def _observe(
-    deployment: Deployment, replica: Replica
-) -> tuple[ReplicaOutcome, list, str | None, dict]:
+def _observe(client, replica: Replica) -> tuple[ReplicaOutcome, list, str | None, dict]:
     outcome = ReplicaOutcome()
-    with client_for(replica, deployment) as client:
-        version = replica.vllm_version or None
-        if not version:
-            version = server_version(
-                call_with_retry(client.version, "version", outcome, RECONCILE_POLICY)
-            )
-        listing = call_with_retry(client.list_models, "reconcile_models", outcome, RECONCILE_POLICY)
+    version = replica.vllm_version or None
+    if not version:
+        version = server_version(call_with_retry(client.version, "version", outcome, NO_RETRY))
+    listing = call_with_retry(client.list_models, "reconcile_models", outcome, NO_RETRY)
     if listing.ok:
         outcome.succeed()
     else:
@@ -155,7 +166,12 @@ def _observe(
 
 @dataclass
 class _Job:
-    """One repair of one adapter on one replica: HTTP only, run in a thread."""
+    """One repair of one adapter on one replica: HTTP only, run in a lane thread.
+
+    Every kind goes through the same plan: the bulk claim, staging, the
+    per-replica lanes, bulk attempts and the one drift recorder. A
+    FINGERPRINT_MISMATCH is found by the tick's sampled probe; its repair is
+    unload, load and verify against the fingerprint again."""
 
     tick: _Tick
     name: str
@@ -164,6 +180,10 @@ class _Job:
     served: ServedAdapter | None = None  # None: an unknown adapter, unloaded by policy
     outcome: ReplicaOutcome | None = None
     staging_error: str = ""
+    # FINGERPRINT_MISMATCH: the sample's distance, then what a probe under the claim found.
+    distance: float = 0.0
+    # FINGERPRINT_MISMATCH: the probe under the claim matched (a rollout fixed it meanwhile).
+    resolved: bool = False
 
     @property
     def replica(self) -> Replica:
@@ -171,7 +191,11 @@ class _Job:
 
     @property
     def loads(self) -> bool:
-        return self.served is not None and self.served.version_id is not None
+        return (
+            self.served is not None
+            and self.served.version_id is not None
+            and self.kind != RECORD_FINGERPRINT
+        )
 
 
 @dataclass
@@ -182,27 +206,35 @@ class _Tick:
     outcome: ReplicaOutcome
     changes: dict
     flipped: bool
-    snapshot: dict[str, str | None] = field(default_factory=dict)
+    snapshot: dict[str, str] = field(default_factory=dict)
     jobs: list[_Job] = field(default_factory=list)
     drifted: bool = False
 
 
+_REPAIR_FOR = {
+    SyncState.MISSING: DriftKind.MISSING_RELOADED,
+    SyncState.WRONG_ROOT: DriftKind.WRONG_ROOT_CORRECTED,
+    SyncState.NOT_UNLOADED: DriftKind.RETIRED_UNLOADED,
+}
+
+
+def _desired_root(served: ServedAdapter) -> str | None:
+    return served.served_path if served.version_id is not None else None
+
+
 def _job_for(tick: _Tick, name: str, served: ServedAdapter, loaded: dict) -> _Job | None:
-    if served.version_id is None:
-        if name in loaded:
-            return _Job(tick, name, DriftKind.RETIRED_UNLOADED, loaded[name] or "", served)
+    actual = loaded.get(name)
+    kind = _REPAIR_FOR.get(classify(_desired_root(served), actual))
+    if kind is None:
         return None
-    if name not in loaded:
-        return _Job(tick, name, DriftKind.MISSING_RELOADED, "", served)
-    if loaded[name] != served.served_path:
-        return _Job(tick, name, DriftKind.WRONG_ROOT_CORRECTED, loaded[name] or "", served)
-    return None
+    return _Job(tick, name, kind, actual or "", served)
 
 
 class _Drifts:
     """Drift found during a tick, written at its end in a few statements: an
     event equal to the latest one of the same replica and adapter (same kind,
-    paths and detail) is that event seen again, so it is counted, not repeated."""
+    paths and detail) is that event seen again, so it is counted, not repeated.
+    The one recorder of DriftEvents."""
 
     def __init__(self, deployment: Deployment):
         self.deployment = deployment
@@ -278,6 +310,8 @@ class _Keeper:
 
 
 def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, heartbeat) -> None:
+    """observe -> plan (the listings, then the sampled weight check) -> repair
+    (every kind in one plan) -> the deferred steps -> write."""
     now = timezone.now()
     replicas = replicas_sync(deployment, with_deferred=True)
     # Only what telling in sync from drifted needs: a repair re-reads what it claims.
@@ -292,8 +326,9 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
     keeper = _Keeper(heartbeat, worker)
     drifts = _Drifts(deployment)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(replicas) or 1))) as pool:
-        observations = list(pool.map(lambda replica: _observe(deployment, replica), replicas))
+    observations = on_replicas(
+        deployment, replicas, _observe, limit=32, tick=keeper.beat, interval=_beat_seconds()
+    )
     keeper.beat()
 
     ticks: list[_Tick] = []
@@ -325,44 +360,107 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
         if flipped:
             drifts.add(replica, DriftKind.REPLICA_UP)
             tick.drifted = True
-        tick.snapshot = {c.id: c.root for c in cards}
+        tick.snapshot = loaded_from({"id": c.id, "root": c.root} for c in cards)
         _plan(deployment, tick, desired, drifts)
+
+    up = [tick for tick in ticks if tick.outcome.ok]
+    report.fingerprint_cursor = _plan_weight_check(deployment, up, desired, keeper, report)
 
     jobs = [job for tick in ticks for job in tick.jobs]
     if jobs:
         _repair(deployment, worker, jobs, keeper, drifts, report)
 
-    for tick in ticks:
-        if tick.outcome.ok:
-            _after_repairs(deployment, tick, desired, report)
+    for tick in up:
+        _after_repairs(deployment, tick, desired, report)
     keeper.beat()
-    up = [(tick.replica, tick.snapshot) for tick in ticks if tick.outcome.ok]
-    sampled = fingerprints_sample(
-        deployment=deployment, up=up, desired=desired, worker=worker, report=report
-    )
-    for tick in ticks:
-        if tick.replica.pk in sampled.drifted:
-            tick.drifted = True
-    report.fingerprint_cursor = sampled.cursor
     _write(ticks, drifts, now, report)
 
 
 def _plan(deployment, tick: _Tick, desired: dict, drifts: _Drifts) -> None:
     """Which repairs the replica needs, from its listing alone (no I/O)."""
-    replica, loaded = tick.replica, dict(tick.snapshot)
+    replica, loaded = tick.replica, tick.snapshot
     for name, served in desired.items():
         job = _job_for(tick, name, served, loaded)
         if job is not None:
             tick.jobs.append(job)
-    previous_names = {item.get("id") for item in replica.loaded_adapters or []}
+    previous_names = set(loaded_adapters(replica))
     for name, root in loaded.items():
         if name in desired:
             continue
         if deployment.unload_unknown_adapters:
-            tick.jobs.append(_Job(tick, name, DriftKind.UNKNOWN_UNLOADED, root or ""))
+            tick.jobs.append(_Job(tick, name, DriftKind.UNKNOWN_UNLOADED, root))
         elif name not in previous_names:
             drifts.add(replica, DriftKind.UNKNOWN_REPORTED, name, actual=root)
             tick.drifted = True
+
+
+def _plan_weight_check(deployment, up: list[_Tick], desired, keeper, report) -> str | None:
+    """The tick's sampled weight check: the next SERVING_FINGERPRINT_SAMPLE
+    adapters in the deployment's rotation are probed on every replica that is up
+    and serves them at their desired path (the replicas at once), and compared
+    with their fingerprints, which came with the desired state. A mismatch
+    becomes a FINGERPRINT_MISMATCH repair job; a version without a fingerprint
+    (served since before fingerprints existed) gets a job that records one on
+    the first replica serving it. Returns where the rotation stopped.
+
+    Where every probe matches this writes nothing: the probes are part of the
+    poll the reconcile counts, and the cursor is saved with the claim's release
+    (Deployment.fingerprint_checked_through). Failed probes are stored as
+    attempts; the replica's health is the reconcile's business."""
+    count = settings.SERVING_FINGERPRINT_SAMPLE
+    if count <= 0 or not deployment.verify_with_completion or not up:
+        return None
+    candidates = [name for name, served in desired.items() if served.version_id is not None]
+    chosen = next_in_rotation(candidates, deployment.fingerprint_checked_through, count)
+    if not chosen:
+        return None
+    by_replica = {tick.replica.pk: tick for tick in up}
+
+    def probe_replica(client, replica) -> tuple[ReplicaOutcome, dict[str, Probe]]:
+        snapshot, planned = by_replica[replica.pk].snapshot, by_replica[replica.pk].jobs
+        repairing = {job.name for job in planned}
+        outcome, probes = ReplicaOutcome(), {}
+        for name in chosen:
+            state = classify(_desired_root(desired[name]), snapshot.get(name))
+            if state != SyncState.IN_SYNC or name in repairing:
+                continue  # not served there (yet): the listing's repairs' business
+            probe = probe_weights(client, name, outcome, NO_RETRY)
+            if probe is None:
+                # Not answering: each further probe could wait a whole HTTP timeout.
+                break
+            probes[name] = probe
+        return outcome, probes
+
+    replicas = [tick.replica for tick in up]
+    answers = on_replicas(
+        deployment,
+        replicas,
+        probe_replica,
+        limit=32,
+        tick=keeper.beat,
+        interval=_beat_seconds(),
+    )
+    unrecorded: set[str] = set()
+    for tick, (outcome, probes) in zip(up, answers, strict=True):
+        if any(not attempt.ok for _, attempt in outcome.attempts):
+            attempts_record(tick.replica, outcome)
+            report.attempts_written = True
+            tick.drifted = True
+        for name, probe in probes.items():
+            served = desired[name]
+            if served.fingerprint_probe is None:
+                if name not in unrecorded:
+                    unrecorded.add(name)
+                    tick.jobs.append(
+                        _Job(tick, name, RECORD_FINGERPRINT, served.served_path, served)
+                    )
+                continue
+            distance = Probe.from_dict(served.fingerprint_probe).distance(probe)
+            if distance > tolerance():
+                job = _Job(tick, name, DriftKind.FINGERPRINT_MISMATCH, served.served_path, served)
+                job.distance = distance
+                tick.jobs.append(job)
+    return chosen[-1]
 
 
 def _repair(deployment, worker, jobs: list[_Job], keeper: _Keeper, drifts, report) -> None:
@@ -384,14 +482,13 @@ def _repair(deployment, worker, jobs: list[_Job], keeper: _Keeper, drifts, repor
             served = fresh.get(job.served.pk)
             if served is None:
                 continue
-            seen = {} if job.kind == DriftKind.MISSING_RELOADED else {job.name: job.actual or None}
-            again = _job_for(job.tick, job.name, served, seen)
+            again = _replan(job, served)
             if again is not None:
                 runnable.append(again)
         _stage(deployment, [job for job in runnable if job.loads], keeper)
-        _run_parallel(deployment, [job for job in runnable if not job.staging_error], keeper)
+        _run_lanes(deployment, [job for job in runnable if not job.staging_error], keeper)
         for job in runnable:
-            _record(job, drifts, report)
+            _record(deployment, job, drifts, report)
         made = [(job.replica, job.outcome, None) for job in runnable if job.outcome is not None]
         if made:
             attempts_record_all(made)
@@ -402,9 +499,25 @@ def _repair(deployment, worker, jobs: list[_Job], keeper: _Keeper, drifts, repor
         keeper.served = set()
 
 
+def _replan(job: _Job, served: ServedAdapter) -> _Job | None:
+    """The job again, against the row as it is now that it is claimed."""
+    if job.kind in (DriftKind.FINGERPRINT_MISMATCH, RECORD_FINGERPRINT):
+        if (served.version_id, served.served_path) != (
+            job.served.version_id,
+            job.served.served_path,
+        ):
+            return None  # a rollout finished in between: the next tick checks the new version
+        served.fingerprint_probe = job.served.fingerprint_probe
+        job.served = served
+        return job
+    seen = {} if job.kind == DriftKind.MISSING_RELOADED else {job.name: job.actual}
+    return _job_for(job.tick, job.name, served, seen)
+
+
 def _stage(deployment, jobs: list[_Job], keeper: _Keeper) -> None:
     """The folders every load needs, each version once however many replicas
-    miss it; a folder already verified is not read again (serving.volume)."""
+    miss it; a folder already verified is not read again (serving.volume). A
+    fingerprint mismatch's folder may be damaged on disk: staging checks it."""
     versions = {job.served.version_id: job.served.version for job in jobs}
     if not versions:
         return
@@ -430,47 +543,88 @@ def _lanes(jobs: list[_Job]) -> list[list[_Job]]:
     return lanes
 
 
-def _run_parallel(deployment, jobs: list[_Job], keeper: _Keeper) -> None:
-    """The HTTP of every repair, in threads that touch no database; this thread
-    renews the claims meanwhile and stops the lanes if a claim is lost."""
+def _run_lanes(deployment, jobs: list[_Job], keeper: _Keeper) -> None:
+    """The HTTP of every repair, in lane threads that touch no database
+    (serving.fanout); this thread renews the claims meanwhile and stops the
+    lanes if a claim is lost."""
     if not jobs:
         return
     stop = threading.Event()
-    lanes = _lanes(jobs)
 
     def run(lane: list[_Job]) -> None:
-        with client_for(lane[0].replica, deployment) as client:
+        replica = lane[0].replica
+        with client_for(replica, deployment, replica_session(replica.base_url)) as client:
             for job in lane:
                 if stop.is_set():
                     return
-                if job.loads:
-                    job.outcome = ensure_loaded(
-                        client,
-                        job.name,
-                        job.served.served_path,
-                        RECONCILE_POLICY,
-                        known_version=job.replica.vllm_version,
-                    )
-                else:
-                    job.outcome = ensure_unloaded(client, job.name, RECONCILE_POLICY)
+                _run_job(deployment, client, job)
 
-    workers = max(1, min(settings.SERVING_RECONCILE_CONCURRENCY, len(lanes)))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        pending = {pool.submit(run, lane) for lane in lanes}
-        try:
-            while pending:
-                done, pending = wait(
-                    pending, timeout=claim_seconds() / 6, return_when=FIRST_EXCEPTION
-                )
-                for future in done:
-                    future.result()
-                keeper.beat()
-        except BaseException:
-            stop.set()
-            raise
+    lanes = _lanes(jobs)
+    try:
+        fan_out(
+            lanes,
+            run,
+            limit=settings.SERVING_RECONCILE_CONCURRENCY,
+            tick=keeper.beat,
+            interval=_beat_seconds(),
+        )
+    except BaseException:
+        stop.set()
+        raise
 
 
-def _record(job: _Job, drifts: _Drifts, report: ReconcileReport) -> None:
+def _run_job(deployment, client, job: _Job) -> None:
+    if job.kind == DriftKind.FINGERPRINT_MISMATCH:
+        _repair_weights(deployment, client, job)
+    elif job.kind == RECORD_FINGERPRINT:
+        job.outcome = verify_with_fingerprint(
+            client, job.name, job.served.served_path, NO_RETRY, deployment=deployment
+        )
+    elif job.loads:
+        job.outcome = ensure_loaded(
+            client,
+            job.name,
+            job.served.served_path,
+            NO_RETRY,
+            known_version=job.replica.vllm_version,
+        )
+    else:
+        job.outcome = ensure_unloaded(client, job.name, NO_RETRY)
+
+
+def _repair_weights(deployment, client, job: _Job) -> None:
+    """Unload, load, verify against the fingerprint again."""
+    name, path = job.name, job.served.served_path
+    fingerprint = Probe.from_dict(job.served.fingerprint_probe)
+    outcome = job.outcome = ReplicaOutcome()
+    # Probed again under the claim: a rollout that failed and rolled back between
+    # the sample and the claim reloaded the adapter already.
+    probe = probe_weights(client, name, outcome, NO_RETRY)
+    if probe is not None:
+        job.distance = fingerprint.distance(probe)
+    if probe is None or job.distance <= tolerance():
+        job.resolved = True
+        return
+    # Unload, then load: a load of the same name and path is "already loaded"
+    # (vLLM keeps what it has), and load_inplace to the same path can reuse stale
+    # prefix-cache blocks (vLLM #42125).
+    steps = [
+        lambda: ensure_unloaded(client, name, NO_RETRY),
+        lambda: ensure_loaded(client, name, path, NO_RETRY, known_version=job.replica.vllm_version),
+        lambda: verify_with_fingerprint(
+            client, name, path, NO_RETRY, deployment=deployment, fingerprint=fingerprint
+        ),
+    ]
+    for step in steps:
+        result = step()
+        outcome.attempts += result.attempts
+        if not result.ok:
+            outcome.fail(result.error)
+            return
+    outcome.succeed()
+
+
+def _record(deployment, job: _Job, drifts: _Drifts, report: ReconcileReport) -> None:
     replica, served = job.replica, job.served
     expected = served.served_path if served is not None else ""
     snapshot = job.tick.snapshot
@@ -478,6 +632,20 @@ def _record(job: _Job, drifts: _Drifts, report: ReconcileReport) -> None:
         drifts.add(replica, DriftKind.REPAIR_FAILED, job.name, detail=job.staging_error)
         return
     if job.outcome is None:  # stopped before its turn
+        return
+    if job.kind == RECORD_FINGERPRINT:
+        if job.outcome.ok:
+            fingerprint_check(
+                job.outcome,
+                deployment=deployment,
+                version_id=served.version_id,
+                replica=replica,
+                name=job.name,
+            )
+        job.tick.drifted = True
+        return
+    if job.kind == DriftKind.FINGERPRINT_MISMATCH:
+        _record_weights(job, drifts, report)
         return
     if not job.outcome.ok:
         drifts.add(
@@ -500,11 +668,41 @@ def _record(job: _Job, drifts: _Drifts, report: ReconcileReport) -> None:
         report.repairs.append(f"{replica.base_url}: {job.kind} {job.name}")
 
 
+def _record_weights(job: _Job, drifts: _Drifts, report: ReconcileReport) -> None:
+    replica, path = job.replica, job.served.served_path
+    job.tick.drifted = True
+    if job.resolved:
+        return
+    found = (
+        f"The probe through {job.name} was off its fingerprint: "
+        f"{describe_distance(job.distance)}, above the tolerance {tolerance():g}."
+    )
+    if job.outcome.ok:
+        drifts.add(
+            replica,
+            DriftKind.FINGERPRINT_MISMATCH,
+            job.name,
+            expected=path,
+            actual=path,
+            detail=f"{found} Unloaded and loaded again from its path; it matches now.",
+        )
+        report.repairs.append(f"{replica.base_url}: {DriftKind.FINGERPRINT_MISMATCH} {job.name}")
+    else:
+        drifts.add(
+            replica,
+            DriftKind.REPAIR_FAILED,
+            job.name,
+            expected=path,
+            actual=path,
+            detail=f"{found} Reloading did not fix it: {job.outcome.error}",
+        )
+
+
 def _after_repairs(deployment, tick: _Tick, desired: dict, report: ReconcileReport) -> None:
     """Per replica that answered, once its repairs are done and `tick.snapshot`
     says what it serves now. Work that checks a replica beyond its listing goes
     here (and sets tick.drifted if it finds something): the deferred steps of
-    rollouts it missed while down; a sampled fingerprint re-check can join them."""
+    rollouts it missed while down."""
     if getattr(tick.replica, "has_deferred", True):
         _complete_deferred(deployment, tick.replica, desired, tick.snapshot, report)
 
@@ -525,20 +723,17 @@ def _complete_deferred(deployment, replica, desired, snapshot, report) -> None:
         if served is None or served.version_id != step.rollout.target_version_id:
             continue
         name = step.rollout.adapter.served_name
+        state = classify(_desired_root(served), snapshot.get(name))
         if served.version_id is None:
-            done, error = name not in snapshot, f"{name} is still loaded."
-        elif snapshot.get(name) != served.served_path:
+            done, error = state == SyncState.IN_SYNC, f"{name} is still loaded."
+        elif state != SyncState.IN_SYNC:
             continue  # not loaded yet (the repair failed or was left to a rollout)
         else:
             with client_for(replica, deployment) as client:
-                outcome = verify_serving(
-                    client,
-                    name,
-                    served.served_path,
-                    RECONCILE_POLICY,
-                    with_completion=deployment.verify_with_completion,
-                    base_name=deployment.base_model_name,
+                outcome = verify_with_fingerprint(
+                    client, name, served.served_path, NO_RETRY, deployment=deployment
                 )
+            # Records the version's fingerprint if it has none, else compares.
             fingerprint_check(
                 outcome,
                 deployment=deployment,
@@ -566,13 +761,12 @@ def _write(ticks: list[_Tick], drifts: _Drifts, now, report: ReconcileReport) ->
     in_sync, quiet_down, attempts = [], [], []
     for tick in ticks:
         replica = tick.replica
-        listing = [{"id": name, "root": root} for name, root in tick.snapshot.items()]
         changes = dict(tick.changes)
-        recorded = {item.get("id"): item.get("root") for item in replica.loaded_adapters or []}
         # Compared as a mapping: a replica reloaded in another order serves the same.
-        if tick.outcome.ok and tick.snapshot != recorded:
+        if tick.outcome.ok and tick.snapshot != loaded_adapters(replica):
             # What the replica serves after the repairs: the state view reads it, and the
             # pre-repair listing would show a just-reloaded adapter as missing until next tick.
+            listing = as_listing(tick.snapshot)
             changes["loaded_adapters"] = listing
             replica.loaded_adapters = listing
         if not changes and not tick.jobs and not tick.drifted:

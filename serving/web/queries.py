@@ -21,6 +21,7 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
+from serving.sync_state import SyncState, loaded_adapters
 from serving.transitions import ROLLOUT_TERMINAL
 
 
@@ -134,14 +135,15 @@ def pending_promotions(actor: Actor, **filters):
 
 # --- desired against actual ----------------------------------------------------
 
-# How one adapter stands on one replica, from the replica's last reconcile.
-IN_SYNC = "in_sync"
-MISSING = "missing"
-WRONG_ROOT = "wrong_root"
-NOT_UNLOADED = "not_unloaded"  # retired, still loaded
+# How one adapter stands on one replica, from the replica's last reconcile
+# (serving.sync_state decides), and two states only the page knows.
+IN_SYNC = SyncState.IN_SYNC.value
+MISSING = SyncState.MISSING.value
+WRONG_ROOT = SyncState.WRONG_ROOT.value
+NOT_UNLOADED = SyncState.NOT_UNLOADED.value
+DOWN = SyncState.DOWN.value
 CHANGED = "changed"  # desired state moved after the replica was last checked
 UNCHECKED = "unchecked"  # never reconciled
-DOWN = "down"
 
 CELL_LABELS = {
     IN_SYNC: "loaded",
@@ -152,7 +154,7 @@ CELL_LABELS = {
     UNCHECKED: "not checked yet",
     DOWN: "replica down",
 }
-DRIFT = {MISSING, WRONG_ROOT, NOT_UNLOADED}
+DRIFT = {state.value for state in SyncState if state.drifted}
 
 
 @dataclass(frozen=True)
@@ -170,22 +172,17 @@ class Cell:
 
 
 def _cell(replica: dict, row: dict, changed_at) -> Cell:
-    # in_sync, not the roots: members see only the folder names of the roots.
-    desired, actual = row["desired_root"], row["actual_root"]
-    if replica["health"] == ReplicaHealth.DOWN:
+    # The state deployment_state classified on the full roots: members see only
+    # the folder names of the roots.
+    state, actual = row["state"], row["actual_root"]
+    if state == DOWN:
         return Cell(DOWN, actual)
     checked = replica["last_checked_at"]
     if checked is None:
         return Cell(UNCHECKED, actual)
-    if row["in_sync"]:
-        return Cell(IN_SYNC, actual)
-    if changed_at is not None and changed_at > checked:
+    if state != IN_SYNC and changed_at is not None and changed_at > checked:
         return Cell(CHANGED, actual)
-    if actual is None:
-        return Cell(MISSING, actual)
-    if desired is None:
-        return Cell(NOT_UNLOADED, actual)
-    return Cell(WRONG_ROOT, actual)
+    return Cell(state, actual)
 
 
 def deployment_matrix(actor: Actor, deployment: Deployment) -> dict:
@@ -239,7 +236,7 @@ def deployment_matrix(actor: Actor, deployment: Deployment) -> dict:
     for replica, record in zip(replicas, records, strict=True):
         # vLLM's errors name hosts and paths: the platform's, not a department's.
         replica["last_error"] = record.last_error if selectors.sees_infrastructure(actor) else ""
-        replica["loaded_count"] = len(record.loaded_adapters or [])
+        replica["loaded_count"] = len(loaded_adapters(record))
         replica["in_sync_polls"] = record.in_sync_polls
         replica["in_sync_since"] = record.in_sync_since
     return {

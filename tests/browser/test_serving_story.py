@@ -226,7 +226,7 @@ def test_refusals_and_failures_read_clearly(
 ):
     """The gate's refusal, and a rollout vLLM refused, as an approver sees them."""
     from serving.services.promotions import promotion_create
-    from serving.services.rollouts import rollout_execute
+    from serving.services.rollout_engine import rollout_execute
     from tests.conftest import actor
 
     settings.SERVING_RETRY_DEADLINE_SECONDS = 1.0

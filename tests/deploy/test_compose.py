@@ -101,12 +101,26 @@ def test_healthchecks_and_start_order(services):
         )
 
 
+def test_two_database_roles_the_migration_owns_the_tables(services):
+    migrate = services["migrate"]
+    assert "db_grant_app_role registry_app" in " ".join(migrate["command"])
+    assert {s if isinstance(s, str) else s["source"] for s in migrate["secrets"]} >= {
+        "migrate_database_url"
+    }
+    for name in REGISTRY - {"migrate"}:
+        secrets = {s if isinstance(s, str) else s["source"] for s in services[name]["secrets"]}
+        assert "migrate_database_url" not in secrets, name
+    init = [v for v in _volumes(services["postgres"]) if "docker-entrypoint-initdb.d" in v]
+    assert init and (REPO / "deploy/docker/postgres-app-role.sh").exists()
+
+
 def test_secrets_come_from_files_never_from_the_file_itself(services):
     text = (REPO / "docker-compose.yml").read_text()
     for name in REGISTRY:
         env = services[name]["environment"]
         assert env["DJANGO_SECRET_KEY_FILE"] == "/run/secrets/django_secret_key"
-        assert env["DATABASE_URL_FILE"] == "/run/secrets/database_url"
+        database = "migrate_database_url" if name == "migrate" else "database_url"
+        assert env["DATABASE_URL_FILE"] == f"/run/secrets/{database}"
         assert env["AWS_SECRET_ACCESS_KEY_FILE"] == "/run/secrets/s3_secret_key"
         assert "DJANGO_SECRET_KEY" not in env and "AWS_SECRET_ACCESS_KEY" not in env
     assert "POSTGRES_PASSWORD:" not in text
@@ -117,10 +131,21 @@ def test_the_secrets_script_writes_each_file_once(tmp_path):
     script = REPO / "scripts" / "compose-secrets.sh"
     subprocess.run(["bash", str(script), str(target)], check=True, capture_output=True)
     files = {p.name: p.read_text() for p in target.iterdir()}
-    assert set(files) == {"django_secret_key", "postgres_password", "s3_secret_key", "database_url"}
+    assert set(files) == {
+        "django_secret_key",
+        "postgres_password",
+        "s3_secret_key",
+        "app_db_password",
+        "database_url",
+        "migrate_database_url",
+    }
     assert len(files["django_secret_key"]) >= 50
-    assert files["database_url"] == (
+    # The migration job owns the tables; everything else is the application role.
+    assert files["migrate_database_url"] == (
         f"postgres://registry:{files['postgres_password']}@postgres:5432/registry"
+    )
+    assert files["database_url"] == (
+        f"postgres://registry_app:{files['app_db_password']}@postgres:5432/registry"
     )
     assert stat.S_IMODE(target.stat().st_mode) == 0o700
     subprocess.run(["bash", str(script), str(target)], check=True, capture_output=True)

@@ -103,13 +103,25 @@ def test_the_schema_check_can_fail():
     assert route_problems({"spec": {"to": {"kind": "Service", "name": "w"}, "hosts": []}})
 
 
+def test_the_migration_job_alone_connects_as_the_tables_owner(built):
+    _, objects = built
+    job = named(objects, "Job")["lora-registry-migrate"]
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert 'db_grant_app_role "$DATABASE_APP_ROLE"' in container["command"][-1]
+    (database,) = [e for e in container["env"] if e["name"] == "DATABASE_URL"]
+    assert database["valueFrom"]["secretKeyRef"]["key"] == "MIGRATE_DATABASE_URL"
+    for deployment in named(objects, "Deployment").values():
+        for other in deployment["spec"]["template"]["spec"]["containers"]:
+            assert "MIGRATE_DATABASE_URL" not in str(other.get("env", [])), deployment
+
+
 def test_web_workers_per_queue_single_beat_and_watch(built):
     _, objects = built
     deployments = named(objects, "Deployment")
     web = deployments["lora-registry-web"]["spec"]["template"]["spec"]["containers"][0]
     assert web["command"][0] == "gunicorn"
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert web[probe]["httpGet"]["path"] == "/healthz"
+    assert web["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert web["livenessProbe"]["httpGet"]["path"] == "/livez"
     queues = {}
     for deployment in deployments.values():
         container = deployment["spec"]["template"]["spec"]["containers"][0]

@@ -96,6 +96,17 @@ class TrainingRun:
     files: dict | None = None
 
 
+def allow_experiment(experiment_id: str, department: str = "legal") -> None:
+    """What a platform admin does once per experiment (tests/mlflow_bridge/
+    test_experiments.py goes through the API): the department's runs are there."""
+    from core.models import Department
+    from mlflow_bridge.models import AllowedExperiment
+
+    owner = Department.objects.filter(slug=department).first()
+    if owner is not None:
+        AllowedExperiment.objects.get_or_create(department=owner, experiment_id=str(experiment_id))
+
+
 def log_run(client, tmp_path: Path, run: TrainingRun | None = None) -> str:
     """Logs a training run with a real PEFT adapter as its artifact; returns its id."""
     from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
@@ -105,6 +116,7 @@ def log_run(client, tmp_path: Path, run: TrainingRun | None = None) -> str:
     experiment_id = (
         experiment.experiment_id if experiment else client.create_experiment("legal-adapters")
     )
+    allow_experiment(experiment_id)
     tags = {"mlflow.source.git.commit": run.commit} if run.commit else {}
     created = client.create_run(experiment_id, run_name="lora-contracts", tags=tags)
     run_id = created.info.run_id

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from registry.models import AdapterVersion
+from tests.mlflow_bridge.conftest import allow_experiment
 from tests.support.adapters import AdapterSpec
 
 pytestmark = pytest.mark.mlflow
@@ -21,6 +22,7 @@ def run_at(tracking, artifact_location: str, tmp_path: Path, *, log_files: bool)
     experiment_id = tracking.create_experiment(
         f"located-{uuid.uuid4().hex[:8]}", artifact_location=artifact_location
     )
+    allow_experiment(experiment_id)
     run_id = tracking.create_run(experiment_id).info.run_id
     if log_files:
         folder = tmp_path / f"files-{run_id}"
@@ -113,3 +115,49 @@ def test_http_locations_are_read_only_from_the_tracking_server(settings, legal):
     for elsewhere in ("http://169.254.169.254/latest", "https://mlflow.internal:6000/x"):
         with pytest.raises(NotAuthorized, match="tracking server"):
             require_mlflow_artifact_location(legal, elsewhere, "adapter")
+
+
+def test_an_s3_run_is_read_with_the_allowed_sources_own_endpoint_and_keys(
+    mlflow_on,
+    tracking,
+    adapter,
+    as_token,
+    tmp_path,
+    s3_store,
+    s3_endpoint,
+    root,
+    legal,
+    monkeypatch,
+):
+    """Issue 21, item 1: MLflow's own client read `s3:` run artifacts with the
+    process's ambient AWS settings; the registry reads them like an `s3_uri`
+    registration, with the department's artifact source (endpoint, keys)."""
+    from registry.services.artifact_sources import artifact_source_create
+    from tests.conftest import actor
+    from tests.support.s3_server import make_bucket, s3_client
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_S3_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)  # nothing ambient to fall back on
+    bucket = f"training-{uuid.uuid4().hex[:10]}"
+    make_bucket(s3_endpoint, bucket)
+    artifact_source_create(
+        actor=actor(root),
+        department=legal,
+        uri_prefix=f"s3://{bucket}/legal",
+        endpoint_url=s3_endpoint,
+        region="us-east-1",
+        access_key_id="source-key",
+        secret_access_key="source-secret",
+    )
+    run_id = run_at(tracking, f"s3://{bucket}/legal/mlruns", tmp_path, log_files=False)
+    # The training job wrote its adapter to S3 itself, where the run points.
+    where = tracking.get_run(run_id).info.artifact_uri.removeprefix(f"s3://{bucket}/")
+    client = s3_client(s3_endpoint)
+    for name, data in AdapterSpec(seed=42).files().items():
+        client.put_object(Bucket=bucket, Key=f"{where}/adapter/{name}", Body=data)
+
+    response = register(as_token, adapter, run_id)
+
+    assert response.status_code == 201, response.json()
+    version = AdapterVersion.objects.get()
+    assert version.mlflow_run_id == run_id

@@ -14,7 +14,7 @@ from serving.capacity import deployment_shape
 from serving.planner import lora_pool_bytes
 from serving.services.promotions import promotion_create
 from serving.services.reconcile import reconcile_deployment
-from serving.services.rollouts import rollout_execute
+from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.observability.conftest import lora_info
 from tests.serving.conftest import make_deployment

@@ -10,7 +10,7 @@ from observability.models import AdapterActivity, AttemptTally, ReconcileStats, 
 from serving.models import Deployment, HttpAttempt
 from serving.services.promotions import promotion_create
 from serving.services.reconcile import reconcile_deployment
-from serving.services.rollouts import rollout_execute
+from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.observability.conftest import lora_info
 

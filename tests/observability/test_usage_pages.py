@@ -110,3 +110,12 @@ def test_outsiders_do_not_see_other_departments_adapters(web_fred, deployment, c
     page = web_fred.get(f"/deployments/{deployment.name}/").content.decode()
     assert 'data-testid="usage-legal-contracts"' not in page
     assert web_fred.get(f"/adapters/{contracts.pk}/").status_code == 404
+
+
+def test_the_adapter_page_says_no_request_was_counted_without_a_front_door(
+    web_lena, deployment, contracts, served
+):
+    page = web_lena.get(f"/adapters/{contracts.pk}/").content.decode()
+    start = page.index(f'data-testid="requests-{deployment.name}"')
+    assert "Counted at a front door only" in page[start : page.index("</td>", start)]
+    assert f"/usage/?department={contracts.department.slug}" in page

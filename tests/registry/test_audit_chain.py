@@ -138,3 +138,31 @@ def test_concurrent_writers_do_not_fork_the_chain(root, legal):
     assert not errors, errors
     assert AuditEvent.objects.filter(action="test.event").count() == 30
     assert "Audit chain intact" in verify()
+
+
+def test_export_writes_the_verified_head_for_shipping(root, legal, tmp_path):
+    import json
+
+    record(root, legal)
+    head = AuditEvent.objects.order_by("-id").first().hash
+
+    out = StringIO()
+    call_command("audit_verify", export="-", stdout=out)
+    shipped = json.loads(out.getvalue())
+    assert shipped["head"] == head and shipped["events"] == 3 and shipped["verified_at"]
+
+    target = tmp_path / "head.json"
+    call_command("audit_verify", export=str(target), stdout=StringIO())
+    assert json.loads(target.read_text())["head"] == head
+    # What was shipped is what --expect-head later checks.
+    call_command("audit_verify", expect_head=shipped["head"], stdout=StringIO())
+
+
+def test_a_broken_chain_exports_nothing(root, legal, tmp_path):
+    record(root, legal)
+    last = AuditEvent.objects.order_by("-id").first()
+    raw_sql("UPDATE registry_auditevent SET comment = %s WHERE id = %s", ["rewritten", last.pk])
+    target = tmp_path / "head.json"
+    with pytest.raises(CommandError, match="broken"):
+        call_command("audit_verify", export=str(target), stdout=StringIO())
+    assert not target.exists()

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import requests
 from django.db import connections
+from django.utils import timezone
 
 from serving.models import DriftEvent, Replica, ReplicaRollout, VersionFingerprint
 from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
@@ -20,7 +22,7 @@ from serving.replica_rows import replicas_sync
 from serving.services.fingerprints import fingerprint_compare, next_in_rotation
 from serving.services.promotions import promotion_create
 from serving.services.reconcile import reconcile_deployment
-from serving.services.rollouts import rollout_execute
+from serving.services.rollout_engine import rollout_execute
 from serving.volume import stage_version
 from tests.conftest import actor, client_for
 from tests.factories import make_adapter, make_approved_version
@@ -225,6 +227,66 @@ def test_the_reconcile_finds_stale_weights_and_loads_them_again(
     assert DriftEvent.objects.count() == 1
 
 
+def test_a_persisting_mismatch_is_one_drift_event_counted_every_tick(
+    lena, deployment, approved_v1, urls
+):
+    rollout = promote(lena, deployment, approved_v1)
+    # A fingerprint no reload can match: every tick finds the mismatch again,
+    # reloads, and still disagrees.
+    VersionFingerprint.objects.filter(version=approved_v1).update(
+        probe={"tokens": list("abcd"), "logprobs": [-1.0, -1.0, -1.0, -1.0]}
+    )
+
+    for _ in range(3):
+        reconcile_deployment(deployment.pk, "beat")
+
+    events = DriftEvent.objects.order_by("replica__base_url")
+    assert [(e.replica.base_url, e.kind, e.count) for e in events] == [
+        (urls[0], "repair_failed", 3),
+        (urls[1], "repair_failed", 3),
+    ]
+    assert all(e.expected_root == rollout.served_path for e in events)
+    assert "Reloading did not fix it" in events[0].detail
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_weight_repair_longer_than_a_claim_keeps_its_claims(
+    settings, lena, deployment, approved_v1, urls, monkeypatch
+):
+    """The mismatch's reload is planned with the other repairs: the tick's
+    thread renews the deployment's and the adapter's claims while it runs."""
+    import serving.services.reconcile as reconcile
+    from serving.models import Deployment, ServedAdapter
+
+    rollout = promote(lena, deployment, approved_v1)
+    load_stale(urls[1], rollout.served_path)
+    settings.SERVING_CLAIM_SECONDS = 1.0
+    expired, loads = [], []
+    real = reconcile.ensure_loaded
+
+    def slow_load(client, name, path, policy, **kwargs):
+        time.sleep(1.5)
+        # Another thread, another connection: it sees only committed claims.
+        now = timezone.now()
+        row = Deployment.objects.get(pk=deployment.pk)
+        if row.reconcile_lease_until is None or row.reconcile_lease_until < now:
+            expired.append("deployment")
+        held = ServedAdapter.objects.get(deployment=deployment)
+        if held.lease_until is None or held.lease_until < now:
+            expired.append("adapter")
+        connections.close_all()
+        loads.append(client.base_url)
+        return real(client, name, path, policy, **kwargs)
+
+    monkeypatch.setattr(reconcile, "ensure_loaded", slow_load)
+    report = reconcile_deployment(deployment.pk, "beat")
+
+    assert report.repairs == [f"{urls[1]}: fingerprint_mismatch {NAME}"]
+    assert loads == [urls[1]]
+    assert expired == []
+    assert probe(urls[1]) == probe(urls[0])
+
+
 def test_a_deferred_replica_must_match_the_fingerprint_before_its_step_is_done(
     lena, deployment, approved_v1, urls
 ):
@@ -237,13 +299,28 @@ def test_a_deferred_replica_must_match_the_fingerprint_before_its_step_is_done(
     # It comes back serving the name from the right path, with other weights.
     load_stale(urls[1], rollout.served_path)
 
+    # A step is done only if its verification matches the fingerprint, so it
+    # must fail while the weights are stale.
+    from serving.fanout import client_for, verify_with_fingerprint
+    from serving.replica_calls import RetryPolicy
+
+    fingerprint = Probe.from_dict(VersionFingerprint.objects.get().probe)
+    with client_for(step.replica, deployment) as client:
+        stale = verify_with_fingerprint(
+            client,
+            NAME,
+            rollout.served_path,
+            RetryPolicy(0, 0, 0),
+            deployment=deployment,
+            fingerprint=fingerprint,
+        )
+    assert not stale.ok and "serves other weights" in stale.error
+
     reconcile_deployment(deployment.pk, "beat")
 
-    step.refresh_from_db()
-    assert step.status == "deferred" and "serves other weights" in step.error
-    # The same tick's weight check reloaded it, and the next tick completes the step.
+    # The tick's weight check planned the reload with the other repairs, before
+    # the deferred steps: the step is verified against the fingerprint that tick.
     assert DriftEvent.objects.filter(kind="fingerprint_mismatch").count() == 1
-    reconcile_deployment(deployment.pk, "beat")
     step.refresh_from_db()
     assert step.status == "succeeded"
 

@@ -17,7 +17,7 @@ from serving.gateway.inference_extension import manifests, pod_labels, render_ya
 from serving.kserve import manifests as kserve_manifests
 from serving.services.deployments import deployment_update
 from serving.services.promotions import promotion_create
-from serving.services.rollouts import rollout_execute
+from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version
 
@@ -84,6 +84,7 @@ def served(lena, alex, root, deployment, fake_replicas, contracts, approved_v1):
         deployment=deployment,
         kubernetes_namespace="ai-inference",
         kubernetes_label_selector="serving.kserve.io/inferenceservice=staging-cpu,tier=gpu",
+        kubernetes_service_name="staging-cpu-predictor",
         base_model_pvc="pvc-tiny-llama",
         adapter_pvc="pvc-lora-adapters-shared",
         replica_urls=[],

@@ -26,17 +26,25 @@ from serving.models import Replica
 from serving.services.deployments import deployment_update
 from serving.services.promotions import promotion_create
 from serving.services.reconcile import reconcile_deployment
-from serving.services.rollouts import rollout_execute
+from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.serving.conftest import make_deployment
 from tests.support.k8s_apiserver import StandInKubeAPIServer
 
 NAMESPACE = "ml"
 SELECTOR = "serving.kserve.io/inferenceservice=granite-8b"
+SERVICE = "granite-8b-predictor"
 LABELS = {
     "serving.kserve.io/inferenceservice": "granite-8b",
-    "kubernetes.io/service-name": "granite-8b-predictor",
+    "kubernetes.io/service-name": SERVICE,
+    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
 }
+# What the watch asks the API server for: the deployment's selector, narrowed to
+# the endpoint-slice controller's slices of the named Service.
+WATCHED = (
+    f"{SELECTOR},kubernetes.io/service-name={SERVICE},"
+    "endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io"
+)
 
 
 @pytest.fixture
@@ -63,6 +71,7 @@ def k8s_deployment(root, tmp_path):
         name="granite-8b",
         kubernetes_namespace=NAMESPACE,
         kubernetes_label_selector=SELECTOR,
+        kubernetes_service_name=SERVICE,
     )
 
 
@@ -155,6 +164,7 @@ def test_the_api_takes_kubernetes_discovery(as_root, tmp_path):
         "base_model_name": "granite",
         "kubernetes_namespace": NAMESPACE,
         "kubernetes_label_selector": SELECTOR,
+        "kubernetes_service_name": SERVICE,
         "volume_write_path": str(tmp_path),
         "volume_serve_path": "/mnt/adapters",
     }
@@ -209,7 +219,32 @@ def test_it_follows_pods_appearing_turning_unready_and_vanishing(
     versions = [r["resourceVersion"] for r in apiserver.watch_requests()]
     assert all(versions) and versions == sorted(versions, key=int)
     assert sum(1 for r in apiserver.requests if not r["watch"]) == 1
-    assert {r["labelSelector"] for r in apiserver.requests} == {SELECTOR}
+    assert {r["labelSelector"] for r in apiserver.requests} == {WATCHED}
+
+
+def test_the_api_key_reaches_only_the_named_services_endpoints(
+    watch, apiserver, k8s_deployment, fake_replicas, enqueued
+):
+    """Issue 21: any ready slice whose labels matched got the vLLM API key. A
+    hand-made slice, or another Service's, with the same labels is not a replica."""
+    a, b = fake_replicas
+    pod(apiserver, "granite-8b-a", a)
+    pod(apiserver, "look-alike", b, labels={**LABELS, "kubernetes.io/service-name": "attacker"})
+    hand_made = {k: v for k, v in LABELS.items() if "managed-by" not in k}
+    pod(apiserver, "hand-made", b, labels=hand_made)
+    pod(
+        apiserver,
+        "other-manager",
+        b,
+        labels={**LABELS, "endpointslice.kubernetes.io/managed-by": "someone-else"},
+    )
+    watch.relist()
+    assert active(k8s_deployment) == {a.base_url}
+
+
+def test_kubernetes_discovery_needs_the_service_name(root, k8s_deployment):
+    with pytest.raises(ValidationFailed, match="kubernetes_service_name"):
+        deployment_update(actor=actor(root), deployment=k8s_deployment, kubernetes_service_name="")
 
 
 def test_a_slice_relabelled_out_of_the_selector_is_a_pod_gone(
@@ -344,6 +379,7 @@ def test_the_supervisor_follows_the_deployments_table(
             name="other",
             kubernetes_namespace=NAMESPACE,
             kubernetes_label_selector="app=other",
+            kubernetes_service_name="other",
         )
         changed = deployment_update(
             actor=actor(root), deployment=k8s_deployment, kubernetes_label_selector="app=changed"
@@ -354,7 +390,8 @@ def test_the_supervisor_follows_the_deployments_table(
         old_thread.join(5)
         assert not old_thread.is_alive(), "the watch of the old selector was not stopped"
 
-        pod(apiserver, "other-a", fake_replicas[0], labels={"app": "other"})
+        other_labels = {**LABELS, "app": "other", "kubernetes.io/service-name": "other"}
+        pod(apiserver, "other-a", fake_replicas[0], labels=other_labels)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not active(other):
             time.sleep(0.05)

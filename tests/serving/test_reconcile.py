@@ -6,7 +6,7 @@ import pytest
 from serving.models import DriftEvent, Replica
 from serving.services.promotions import promotion_create
 from serving.services.reconcile import reconcile_deployment
-from serving.services.rollouts import rollout_execute
+from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 
 pytestmark = pytest.mark.django_db

@@ -7,7 +7,7 @@ import pytest
 
 from serving.models import HttpAttempt, Rollout, ServedAdapter
 from serving.services.promotions import promotion_create, retire, rollback_to
-from serving.services.rollouts import rollout_execute
+from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 
 pytestmark = pytest.mark.django_db
@@ -172,7 +172,7 @@ def test_already_loaded_with_the_same_root_is_success(lena, deployment, approved
 
 def test_a_busy_lease_makes_the_task_retry_later(lena, deployment, approved_v1):
     from serving.services.leases import served_adapter_claim
-    from serving.services.rollouts import LeaseBusy
+    from serving.services.rollout_engine import LeaseBusy
 
     _, rollout = promote(lena, deployment, approved_v1)
     served = ServedAdapter.objects.get(deployment=deployment, adapter=approved_v1.adapter)
@@ -242,7 +242,7 @@ def test_the_state_view_keeps_what_rollouts_running_at_once_added(
     again at the end, not from the list it read at its start: another rollout
     that finished in between keeps its adapter in the view."""
     from serving.models import Replica
-    from serving.services import rollouts
+    from serving.services import rollout_engine as rollouts
 
     other = {"id": "finance-forecast", "root": "/volume/finance/forecast/v1-0000"}
     read_at_start = rollouts.replicas_sync
@@ -284,3 +284,13 @@ def test_a_promotion_is_audited_before_its_rollout(lena, deployment, approved_v1
     promote(lena, deployment, approved_v1)
     actions = list(AuditEvent.objects.order_by("id").values_list("action", flat=True))
     assert actions[-2:] == ["promotion.requested", "rollout.promote"]
+
+
+def test_the_end_of_a_retire_is_audited(lena, deployment, approved_v1, fake_replicas):
+    from core.models import AuditEvent
+
+    rollout_execute(promote(lena, deployment, approved_v1)[1].pk, "w")
+    gone = retire(actor=actor(lena), deployment=deployment, adapter=approved_v1.adapter)
+    assert rollout_execute(gone.pk, "w") == "succeeded"
+    event = AuditEvent.objects.get(action="rollout.succeeded", object_id=str(gone.pk))
+    assert event.details["kind"] == "retire" and event.details["failed_replicas"] == 0

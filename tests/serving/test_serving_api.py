@@ -4,7 +4,7 @@ import pytest
 
 from serving.models import Rollout
 from serving.services.promotions import promotion_create
-from serving.services.rollouts import rollout_execute
+from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor, client_for
 from tests.serving.conftest import TINY_IDENTITY
 from tests.support.authorization import CALLERS, caller_client
@@ -236,8 +236,8 @@ def test_the_vllm_api_key_is_encrypted_at_rest_and_sent_to_replicas(
 ):
     from django.db import connection
 
+    from serving.fanout import client_for
     from serving.models import Deployment
-    from serving.replica_rows import client_for
     from tests.support.vllm_standin import serve_standin
 
     fake = serve_standin()

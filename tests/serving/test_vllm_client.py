@@ -300,3 +300,52 @@ def test_parse_version_and_extract_error() -> None:
     assert (
         extract_error("Internal Server Error", "Internal Server Error\n") == "Internal Server Error"
     )
+
+
+class EndlessBody:
+    """Whatever answers at a replica's address: 200, then bytes forever (no
+    Content-Length). Counts what it managed to send."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen()
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self._sock.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n[")
+        chunk = b'"x",' * 65536
+        try:
+            while self.sent < 2 * 1024**3:
+                conn.sendall(chunk)
+                self.sent += len(chunk)
+        except OSError:
+            pass  # the client hung up: what we want
+        finally:
+            conn.close()
+            self._sock.close()
+
+
+def test_a_body_past_the_cap_is_refused_without_reading_the_rest() -> None:
+    server = EndlessBody()
+    with VLLMClient(server.url, timeout=5.0, max_response_bytes=4 * 1024**2) as c:
+        started = time.monotonic()
+        result = c.list_models()
+    assert not result.ok and result.transient is False
+    assert result.error == f"response body larger than {4 * 1024**2} bytes"
+    assert result.body is None
+    assert time.monotonic() - started < 5
+    time.sleep(0.2)
+    assert server.sent < 64 * 1024**2, server.sent  # not 2 GiB: the client stopped reading
+
+
+def test_the_default_cap_is_far_above_what_vllm_answers(mock: MockVLLM) -> None:
+    cards = [{"id": f"adapter-{n}", "object": "model", "root": "/x"} for n in range(5000)]
+    mock.routes[("GET", "/v1/models")] = Reply(200, json.dumps({"object": "list", "data": cards}))
+    with VLLMClient(mock.url) as c:
+        result = c.list_models()
+    assert result.ok and len(result.body["data"]) == 5000

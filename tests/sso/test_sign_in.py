@@ -244,3 +244,26 @@ def test_a_code_from_another_issuer_is_never_exchanged(sso, ada, legal):
     assert not User.objects.filter(username="ada").exists()
     # The state was not spent on it: the genuine answer would still be accepted.
     assert client.session["oidc_states"]
+
+
+def test_an_email_changed_at_the_provider_is_audited(sso, sam, legal):
+    from tests.sso.conftest import PASSWORD as PROVIDER_PASSWORD
+
+    provider_sign_in(Client(), sso.provider, "sam")
+    user = User.objects.get(username="sam")
+    assert user.email == "sam@example.org"
+    sso.provider.put_account(
+        "sub-sam",
+        username="sam",
+        password=PROVIDER_PASSWORD,
+        groups=["legal-team"],
+        email="sam.new@example.org",
+    )
+
+    provider_sign_in(Client(), sso.provider, "sam")
+
+    user.refresh_from_db()
+    assert user.email == "sam.new@example.org"
+    event = AuditEvent.objects.get(action="user.changed", object_id=str(user.pk))
+    assert event.details["via"] == "sso"
+    assert event.details["changes"] == {"email": ["sam@example.org", "sam.new@example.org"]}

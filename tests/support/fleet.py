@@ -101,9 +101,10 @@ def fingerprints_record(deployment, served: list) -> None:
     each version's probe as the deployment's first replica answers it
     (serving/services/fingerprints.py), so the reconcile's sampled re-check finds
     a fingerprint to compare with instead of recording one."""
+    from serving.fanout import client_for
     from serving.models import VersionFingerprint
     from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
-    from serving.replica_rows import client_for, replicas_sync
+    from serving.replica_rows import replicas_sync
 
     replica = replicas_sync(deployment)[0]
     rows = []

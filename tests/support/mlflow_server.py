@@ -39,8 +39,9 @@ def server_installed(venv: Path | None = None) -> bool:
 
 
 class MlflowServer:
-    def __init__(self, venv: Path, workdir: Path, port: int | None = None):
+    def __init__(self, venv: Path, workdir: Path, port: int | None = None, env: dict | None = None):
         self.venv = venv
+        self.extra_env = dict(env or {})
         self.workdir = workdir
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -49,8 +50,8 @@ class MlflowServer:
         self.last_start_seconds = 0.0
 
     @classmethod
-    def from_repo(cls, workdir: Path) -> MlflowServer:
-        return cls(mlflow_venv(), workdir)
+    def from_repo(cls, workdir: Path, env: dict | None = None) -> MlflowServer:
+        return cls(mlflow_venv(), workdir, env=env)
 
     def command(self) -> list[str]:
         return [
@@ -86,6 +87,7 @@ class MlflowServer:
         # MLflow caches which webhooks an event has for 60 s: a webhook a test creates
         # after earlier tests' events would stay unseen for that long.
         env["MLFLOW_WEBHOOK_CACHE_TTL"] = "1"
+        env.update(self.extra_env)
         started = time.monotonic()
         with open(self.log_path, "ab") as log:
             # Its own session: stop() ends the whole tree (mlflow → uvicorn → workers).

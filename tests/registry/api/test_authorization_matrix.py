@@ -172,7 +172,8 @@ MATRIX = {
         statuses(401, 404, 200, 404, 404, 200),
     ),
     "openapi schema": ("get", "/api/schema/", None, None, statuses(200, 200, 200, 200, 200, 200)),
-    "health": ("get", "/healthz", None, None, statuses(200, 200, 200, 200, 200, 200)),
+    "liveness": ("get", "/livez", None, None, statuses(200, 200, 200, 200, 200, 200)),
+    "readiness": ("get", "/readyz", None, None, statuses(200, 200, 200, 200, 200, 200)),
 }
 
 STEPS = {

@@ -1,10 +1,10 @@
 """A crafted regex in an upload no longer pins the web process (issue 14).
 
 With Python's `re`, `target_modules: "(a+)+"` against a module named 40 a's
-and a "!" backtracks ~2**40 steps holding the GIL, and /healthz stopped
+and a "!" backtracks ~2**40 steps holding the GIL, and /readyz stopped
 answering for minutes. This starts the registry under `manage.py runserver`
 in its own process (a thread in this process would freeze with it), uploads
-that adapter, and asks /healthz while the upload is answered.
+that adapter, and asks /readyz while the upload is answered.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def server(tmp_path):
             deadline = time.monotonic() + 60
             while True:
                 try:
-                    if session.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    if session.get(f"{url}/readyz", timeout=2).status_code == 200:
                         break
                 except requests.RequestException:
                     pass
@@ -97,7 +97,7 @@ def server(tmp_path):
             proc.wait(timeout=10)
 
 
-def test_healthz_answers_while_a_crafted_regex_upload_is_processed(server):
+def test_readyz_answers_while_a_crafted_regex_upload_is_processed(server):
     url, adapter_id, secret = server
     artifact = next(a for a in HOSTILE_ARTIFACTS if a.name == "redos_target_modules")
     (name, data) = artifact.build()[0]
@@ -122,7 +122,7 @@ def test_healthz_answers_while_a_crafted_regex_upload_is_processed(server):
     while thread.is_alive() or len(health) < 3:
         started = time.monotonic()
         try:
-            status = http.get(f"{url}/healthz", timeout=2).status_code
+            status = http.get(f"{url}/readyz", timeout=2).status_code
         except requests.RequestException as error:
             status = repr(error)
         health.append((status, round(time.monotonic() - started, 2)))

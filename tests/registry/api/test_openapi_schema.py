@@ -36,7 +36,8 @@ REGISTRY_OPERATIONS = [
     ("post", "/api/v1/tokens/"),
     ("get", "/api/v1/tokens/{id}/"),
     ("post", "/api/v1/tokens/{id}/revoke/"),
-    ("get", "/healthz"),
+    ("get", "/livez"),
+    ("get", "/readyz"),
 ]
 
 

@@ -1,4 +1,4 @@
-"""The serving, planner, MLflow and metrics endpoints x every kind of caller,
+"""The serving, planner, usage, MLflow and metrics endpoints x every kind of caller,
 each cell asserting the exact status (the registry's own matrix is
 tests/registry/api/test_authorization_matrix.py).
 
@@ -20,7 +20,7 @@ import pytest
 
 from serving.models import Rollout, RolloutStatus
 from serving.services.promotions import promotion_create
-from serving.services.rollouts import rollout_execute
+from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.factories import make_approved_version
 from tests.serving.conftest import make_deployment
@@ -82,8 +82,8 @@ MATRIX = {
         "get",
         "/api/v1/deployments/staging-cpu/kserve/",
         None,
-        # They name every promoted adapter: an outsider would learn Legal's.
-        statuses(401, 403, 200, 200, 200, 200),
+        # Volume paths, claims, namespace, image: the platform's, not a department's.
+        statuses(401, 403, 403, 403, 403, 200),
     ),
     "gate report": (
         "get",
@@ -163,6 +163,18 @@ MATRIX = {
         "post",
         "/api/v1/planner/",
         lambda c: {"deployment": "staging-cpu", "gpu_memory_bytes": 24 * 2**30},
+        statuses(401, 200, 200, 200, 200, 200),
+    ),
+    "usage of a department": (
+        "get",
+        "/api/v1/usage/?department=legal",
+        None,
+        statuses(401, 404, 200, 200, 200, 200),
+    ),
+    "usage as csv": (
+        "get",
+        "/api/v1/usage/?format=csv",
+        None,
         statuses(401, 200, 200, 200, 200, 200),
     ),
     "version mlflow mirror": (

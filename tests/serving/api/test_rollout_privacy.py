@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from serving.services.promotions import promotion_create
-from serving.services.rollouts import rollout_execute
+from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor, client_for
 from tests.serving.conftest import make_deployment
 

@@ -19,7 +19,7 @@ from serving.models import DriftEvent, VersionFingerprint
 from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect, matches
 from serving.services.promotions import promotion_create
 from serving.services.reconcile import reconcile_deployment
-from serving.services.rollouts import rollout_execute
+from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version
 from tests.serving.conftest import make_deployment

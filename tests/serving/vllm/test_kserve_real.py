@@ -20,7 +20,7 @@ from serving.kserve import MODEL_MOUNT, manifests
 from serving.models import Replica
 from serving.services.deployments import deployment_update
 from serving.services.promotions import promotion_create
-from serving.services.rollouts import rollout_execute
+from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version
 from tests.serving.vllm.conftest import SERVED_BASE, adapters_on, chat_through_openai

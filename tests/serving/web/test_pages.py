@@ -23,7 +23,7 @@ from serving.models import (
     ServedAdapter,
 )
 from serving.services.promotions import promotion_create
-from serving.services.rollouts import rollout_execute
+from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version, make_version
 from tests.serving.conftest import make_deployment

@@ -1,0 +1,176 @@
+"""The one way the control plane talks to many replicas at once.
+
+Rollouts, the reconcile (its polls, repairs and fingerprint probes) and
+observability's /metrics reads all fan out through here:
+
+- one pool of threads per process, shared by everything it runs: a pool per
+  fan-out started 2 x N threads per rollout, which on a busy host cost more
+  than the rollout's HTTP (100 promotions at once: bench/scale_promotions.py);
+- each pool thread keeps its own HTTP session per replica (a session is never
+  shared between threads), so keep-alive spares a connection and a session
+  setup per replica and phase on every rollout and every tick;
+- the work in the threads is HTTP only: the calling thread alone touches the
+  database, and renews its claims (`tick`) while it waits;
+- NO_RETRY, the policy of everything periodic: a dead replica is not waited
+  out, the next tick tries again.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import TypeVar
+
+import requests
+from django.conf import settings
+from django.db import connections
+
+from serving.models import Deployment, Replica
+from serving.probe import Probe, describe_distance
+from serving.replica_calls import ReplicaOutcome, RetryPolicy, verify_serving
+from serving.vllm_client import VLLMClient
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# The reconcile and the metrics reads never wait out a retry deadline on one
+# replica: the next tick retries.
+NO_RETRY = RetryPolicy(deadline_seconds=0, base_delay=0, max_delay=0)
+
+POOL_THREADS = 64
+
+_pool_lock = threading.Lock()
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+_thread_state = threading.local()
+
+
+def replica_pool() -> ThreadPoolExecutor:
+    """The process's pool of replica threads. Made after the fork (keyed by
+    pid): a prefork child cannot use its parent's threads."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (
+                os.getpid(),
+                ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="replica"),
+            )
+        return _pool[1]
+
+
+def replica_session(base_url: str) -> requests.Session:
+    """The calling thread's own HTTP session for this replica, kept across calls."""
+    sessions = getattr(_thread_state, "sessions", None)
+    if sessions is None:
+        sessions = _thread_state.sessions = {}
+    if base_url not in sessions:
+        sessions[base_url] = requests.Session()
+    return sessions[base_url]
+
+
+def client_for(replica: Replica, deployment: Deployment, session=None) -> VLLMClient:
+    """`session`: a requests.Session to reuse (the client then leaves it open)."""
+    return VLLMClient(
+        replica.base_url,
+        session=session,
+        api_key=deployment.vllm_api_key or None,
+        timeout=settings.SERVING_HTTP_TIMEOUT_SECONDS,
+        connect_timeout=settings.SERVING_CONNECT_TIMEOUT_SECONDS,
+        load_timeout=settings.SERVING_LOAD_TIMEOUT_SECONDS,
+    )
+
+
+def fan_out(
+    items: Sequence[T],
+    work: Callable[[T], R],
+    *,
+    limit: int | None = None,
+    tick: Callable[[], None] | None = None,
+    interval: float = 1.0,
+) -> list[R]:
+    """`work(item)` for every item on the shared pool, at most `limit` at once;
+    the results in the items' order. While it waits, `tick()` runs every
+    `interval` seconds in the calling thread (claims renewed there). An
+    exception from a work item or from `tick` is raised here, after which the
+    items not yet started are not started."""
+    pool = replica_pool()
+    results: list = [None] * len(items)
+    queue = list(enumerate(items))
+    queue.reverse()
+    limit = max(1, limit or len(items) or 1)
+    pending: dict[Future, int] = {}
+
+    def run(item):
+        try:
+            return work(item)
+        finally:
+            # The work touches no database; should that ever change, its
+            # connection must not outlive the call.
+            connections.close_all()
+
+    while queue or pending:
+        while queue and len(pending) < limit:
+            index, item = queue.pop()
+            pending[pool.submit(run, item)] = index
+        done, _ = wait(pending, timeout=interval, return_when=FIRST_COMPLETED)
+        for future in done:
+            results[pending.pop(future)] = future.result()
+        if tick is not None and pending:
+            tick()
+    return results
+
+
+def on_replicas(
+    deployment: Deployment,
+    replicas: Sequence[Replica],
+    work: Callable[[VLLMClient, Replica], R],
+    *,
+    limit: int | None = None,
+    tick: Callable[[], None] | None = None,
+    interval: float = 1.0,
+) -> list[R]:
+    """`work(client, replica)` on every replica at once, each through the pool
+    thread's kept-alive session to that replica."""
+
+    def run(replica: Replica) -> R:
+        with client_for(replica, deployment, session=replica_session(replica.base_url)) as client:
+            return work(client, replica)
+
+    return fan_out(replicas, run, limit=limit, tick=tick, interval=interval)
+
+
+def verify_with_fingerprint(
+    client: VLLMClient,
+    name: str,
+    path: str,
+    policy: RetryPolicy,
+    *,
+    deployment: Deployment,
+    fingerprint: Probe | None = None,
+    tolerance: float | None = None,
+) -> ReplicaOutcome:
+    """The proof that `name` serves the version's weights from `path`: listed
+    there, answering a probe unlike the base model's (with the deployment's
+    completion check), and, given the version's fingerprint, answering it
+    within the tolerance. HTTP only; where the version has no fingerprint yet
+    the caller records the outcome's probe as one (services.fingerprints)."""
+    outcome = verify_serving(
+        client,
+        name,
+        path,
+        policy,
+        with_completion=deployment.verify_with_completion,
+        base_name=deployment.base_model_name,
+    )
+    if fingerprint is None or not outcome.ok or outcome.probe is None:
+        return outcome
+    tolerance = settings.SERVING_FINGERPRINT_TOLERANCE if tolerance is None else tolerance
+    distance = fingerprint.distance(outcome.probe)
+    if distance > tolerance:
+        outcome.fingerprint_distance = distance
+        outcome.fail(
+            f"{name} serves other weights than this version's fingerprint: "
+            f"{describe_distance(distance)}, above the tolerance {tolerance:g}."
+        )
+    return outcome

@@ -1,0 +1,55 @@
+"""The one answer to "is this adapter in sync on this replica?".
+
+The reconcile (what to repair), the state API and the deployment page (what
+to show), and the Prometheus collector (what to count) all ask it here, of the
+same two facts: the root the database wants the adapter served from (None:
+retired, it must not be loaded) and the root the replica listed (None: not
+loaded), with the replica's health.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import StrEnum
+
+from serving.models import ReplicaHealth
+
+
+class SyncState(StrEnum):
+    IN_SYNC = "in_sync"  # served from the desired root, or retired and gone
+    MISSING = "missing"  # desired, not loaded
+    WRONG_ROOT = "wrong_root"  # loaded from another root
+    NOT_UNLOADED = "not_unloaded"  # retired, still loaded
+    DOWN = "down"  # the replica is down: nothing it listed before counts
+
+    @property
+    def drifted(self) -> bool:
+        return self in (SyncState.MISSING, SyncState.WRONG_ROOT, SyncState.NOT_UNLOADED)
+
+
+def classify(desired: str | None, actual: str | None, health: str = ReplicaHealth.UP) -> SyncState:
+    """`desired`: the served path, or None for a retired adapter; `actual`: the
+    root the replica lists it with ("" if it names none), or None if it does
+    not list it; `health`: a ReplicaHealth (a replica that just answered is up)."""
+    if health == ReplicaHealth.DOWN:
+        return SyncState.DOWN
+    if desired is None:
+        return SyncState.IN_SYNC if actual is None else SyncState.NOT_UNLOADED
+    if actual is None:
+        return SyncState.MISSING
+    return SyncState.IN_SYNC if actual == desired else SyncState.WRONG_ROOT
+
+
+def loaded_adapters(replica) -> dict[str, str]:
+    """What the replica served at its last look (Replica.loaded_adapters, a JSON
+    list of {"id", "root"}): served name -> root ("" where it named none)."""
+    return loaded_from(replica.loaded_adapters or [])
+
+
+def loaded_from(items: Iterable[dict]) -> dict[str, str]:
+    return {str(item["id"]): item.get("root") or "" for item in items if item.get("id")}
+
+
+def as_listing(loaded: dict[str, str]) -> list[dict]:
+    """The JSON form of `loaded`, for Replica.loaded_adapters."""
+    return [{"id": name, "root": root} for name, root in loaded.items()]

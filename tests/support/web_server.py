@@ -1,0 +1,88 @@
+"""The registry's web process as production runs it (gunicorn, config.wsgi) in
+a subprocess of its own, on a free port, over a migrated SQLite database.
+
+    with registry_web_server(tmp_path, setup=SCRIPT) as (url, setup_output):
+        ...
+
+`setup` is Python run with `manage.py shell -c` before the server starts;
+whatever it prints comes back as `setup_output`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import requests
+
+from tests.support.s3_server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _environment(tmp_path: Path, extra: dict[str, str]) -> dict[str, str]:
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "DJANGO_"))},
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DJANGO_SECRET_KEY": "test-only-" + uuid.uuid4().hex,
+        "VAR_DIR": str(tmp_path / "var"),
+        "LOG_LEVEL": "WARNING",
+        "NO_PROXY": "127.0.0.1,localhost",
+        # Production settings redirect to https; this server speaks plain http.
+        "DJANGO_SECURE_SSL_REDIRECT": "false",
+        "DJANGO_SECURE_COOKIES": "false",
+        **extra,
+    }
+
+
+@contextlib.contextmanager
+def registry_web_server(tmp_path: Path, setup: str = "", env: dict[str, str] | None = None):
+    environment = _environment(tmp_path, env or {})
+
+    def manage(*args):
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    manage("migrate", "--noinput", "-v0")
+    setup_output = manage("shell", "-c", setup) if setup else ""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    gunicorn = Path(sys.executable).with_name("gunicorn")
+    with open(tmp_path / "gunicorn.log", "wb") as log:
+        proc = subprocess.Popen(
+            [str(gunicorn), "config.wsgi:application", f"--bind=127.0.0.1:{port}", "--workers=1"],
+            cwd=ROOT,
+            env=environment,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            session = requests.Session()
+            session.trust_env = False
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if session.get(f"{url}/livez", timeout=2).status_code == 200:
+                        break
+                except requests.RequestException:
+                    pass
+                assert proc.poll() is None, (tmp_path / "gunicorn.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "gunicorn did not start"
+                time.sleep(0.2)
+            yield url, setup_output
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
