@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.urls import path
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema, extend_schema_field, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import AllowAny
@@ -29,10 +29,19 @@ from mlflow_bridge.models import AllowedExperiment
 from registry import selectors
 from registry.api.serializers import VersionSerializer
 
+# lineage._clean_artifact_path's rule, for the schema: a relative path of
+# segments that are not empty, "." or "..", without backslashes.
+_PART = r"(?:[^/\\.\s\x00][^/\\\x00]*|\.[^/\\.\x00][^/\\\x00]*|\.\.[^/\\\x00]+)"
+
+
+@extend_schema_field({"type": "string", "maxLength": 500, "pattern": rf"^{_PART}(?:/{_PART})*$"})
+class ArtifactPathField(serializers.CharField):
+    pass
+
 
 class FromRunSerializer(serializers.Serializer):
     run_id = serializers.RegexField(lineage.RUN_ID_PATTERN, max_length=64)
-    artifact_path = serializers.CharField(
+    artifact_path = ArtifactPathField(
         max_length=500, help_text="Where the run logged the adapter, e.g. 'adapter'."
     )
 

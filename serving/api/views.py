@@ -179,7 +179,8 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
         return Response(_rollout_body(self.actor, rollout.pk), status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses=s.StraySerializer(many=True))
-    @action(detail=True, methods=["get"])
+    # A bare list, as the schema now says (it is never long: one replica's extras).
+    @action(detail=True, methods=["get"], pagination_class=None)
     def strays(self, request, name=None):
         """Adapters the replicas serve that the registry does not manage (platform
         admins): what can be adopted."""
