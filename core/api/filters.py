@@ -1,5 +1,7 @@
 """What every filtered list of the API stands on, and the audit feed's filter."""
 
+from datetime import UTC
+
 import django_filters
 from django import forms
 from django_filters.rest_framework import DjangoFilterBackend
@@ -44,13 +46,23 @@ class IntegerFilter(django_filters.NumberFilter):
     field_class = _IntegerField
 
 
+class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
+    """An ISO 8601 time with any offset Python accepts (up to ±23:59), compared in
+    UTC: PostgreSQL refuses a displacement beyond ±15:59, which was a 500."""
+
+    def filter(self, qs, value):
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(UTC)
+        return super().filter(qs, value)
+
+
 class AuditEventFilter(StrictFilterSet):
     department = django_filters.CharFilter(field_name="department__slug")
     action = django_filters.CharFilter()
     action_prefix = django_filters.CharFilter(field_name="action", lookup_expr="startswith")
     actor = django_filters.CharFilter(field_name="actor__username")
-    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    since = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = UtcDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = AuditEvent
