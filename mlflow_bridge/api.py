@@ -21,13 +21,13 @@ from rest_framework.views import APIView
 from core.access import require_platform_admin
 from core.actors import client_address_of
 from core.api.views import ActorMixin, schema_only
-from core.errors import ApplicationError, NotFound
+from core.errors import ApplicationError, NotFound, ReferenceNotFound
 from core.models import Department
 from core.redaction import redact
 from mlflow_bridge import experiments, lineage, mirror, webhooks
 from mlflow_bridge.models import AllowedExperiment
 from registry import selectors
-from registry.api.serializers import VersionSerializer
+from registry.api.serializers import DepartmentSlugField, VersionSerializer
 
 # lineage._clean_artifact_path's rule, for the schema: a relative path of
 # segments that are not empty, "." or "..", without backslashes.
@@ -187,7 +187,8 @@ class WebhookView(APIView):
 
 
 class AllowedExperimentSerializer(serializers.ModelSerializer):
-    department = serializers.SlugRelatedField(slug_field="slug", queryset=Department.objects.all())
+    # A slug the view resolves: one that names no department is a 404, as elsewhere.
+    department = DepartmentSlugField()
     experiment = serializers.CharField(
         write_only=True, help_text="The MLflow experiment's id or name."
     )
@@ -240,9 +241,12 @@ class AllowedExperimentViewSet(
         require_platform_admin(self.actor)
         data = AllowedExperimentSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        department = Department.objects.filter(slug=data.validated_data["department"]).first()
+        if department is None:
+            raise ReferenceNotFound("No such department.", code="department_not_found")
         grant = experiments.allowed_experiment_create(
             actor=self.actor,
-            department=data.validated_data["department"],
+            department=department,
             experiment=data.validated_data["experiment"],
         )
         return Response(AllowedExperimentSerializer(grant).data, status=status.HTTP_201_CREATED)

@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from core.access import require_platform_admin
 from core.actors import Actor
 from core.audit import audit_record
-from core.errors import Conflict, NotFound, ValidationFailed
+from core.errors import Conflict, NotFound, ReferenceNotFound, ValidationFailed
 from core.models import Department
 from mlflow_bridge import client as mlc
 from mlflow_bridge.models import AllowedExperiment
@@ -34,8 +34,11 @@ def _resolve(experiment: str) -> tuple[str, str]:
     if not mlc.is_enabled():
         # Without a tracking server only an id can be recorded (it cannot be checked).
         if not experiment.isdigit():
-            raise ValidationFailed(
-                "MLflow is not configured: give the experiment's id.", code="bad_experiment"
+            # A name nothing can resolve names nothing: not found, as for runs.
+            raise ReferenceNotFound(
+                "MLflow is not configured on this registry: an experiment can be named "
+                "only by its id.",
+                code="mlflow_not_configured",
             )
         return experiment, ""
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -46,16 +47,24 @@ class ServiceAccountSerializer(serializers.ModelSerializer):
 
 class ServiceAccountCreateSerializer(serializers.Serializer):
     department = serializers.SlugField()
-    name = serializers.SlugField(max_length=63)
+    # The service's rule (core/services/service_accounts.py), stated in the schema.
+    name = serializers.RegexField(r"^[a-z0-9][a-z0-9-]{0,62}$", max_length=63)
     description = serializers.CharField(max_length=300, required=False, allow_blank=True)
 
 
 class ServiceAccountTokenCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
+    # min_length states allow_empty=False in the schema (minItems: 1).
     abilities = serializers.ListField(
-        child=serializers.ChoiceField(choices=Ability.choices), allow_empty=False
+        child=serializers.ChoiceField(choices=Ability.choices), allow_empty=False, min_length=1
     )
     expires_in_days = serializers.IntegerField(required=False, min_value=1)
+
+    def get_fields(self):
+        # The bound is a setting; the schema states it (the token service enforces it).
+        fields = super().get_fields()
+        fields["expires_in_days"].max_value = settings.API_TOKEN_MAX_DAYS
+        return fields
 
 
 class ServiceAccountTokenSerializer(serializers.ModelSerializer):

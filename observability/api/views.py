@@ -13,6 +13,7 @@ from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from core.api.views import ActorMixin
+from core.errors import ValidationFailed
 from observability.api.serializers import (
     PlannerInputSerializer,
     PlanSerializer,
@@ -108,7 +109,12 @@ class UsageView(ActorMixin, APIView):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("department", str, description="A department's slug."),
+            OpenApiParameter(
+                "department",
+                # The slug rule the query's SlugField applies, stated for clients.
+                {"type": "string", "pattern": r"^[-a-zA-Z0-9_]+$"},
+                description="A department's slug.",
+            ),
             OpenApiParameter("from", OpenApiTypes.DATE, description="First day (UTC)."),
             OpenApiParameter("to", OpenApiTypes.DATE, description="Last day (UTC), included."),
             OpenApiParameter("format", str, enum=["json", "csv"], description="csv: the rows."),
@@ -121,7 +127,20 @@ class UsageView(ActorMixin, APIView):
         summary="Usage and monthly cost per department",
     )
     def get(self, request):
-        return Response(UsageSerializer(usage_report(self.actor, request.query_params)).data)
+        # As the schema says: a parameter given is not blank, and format is json or csv.
+        # (The usage page's form sends blank fields for "all"; it reads them as absent.)
+        params = request.query_params
+        blank = [name for name in ("department", "from", "to") if params.get(name, None) == ""]
+        if blank:
+            raise ValidationFailed(
+                f"{', '.join(blank)}: may not be blank; leave the parameter out instead.",
+                details={"fields": {name: ["May not be blank."] for name in blank}},
+            )
+        if "format" in params and params["format"] not in ("json", "csv"):
+            raise ValidationFailed(
+                "format: json or csv.", details={"fields": {"format": ["json or csv."]}}
+            )
+        return Response(UsageSerializer(usage_report(self.actor, params)).data)
 
     def handle_exception(self, exc):
         # Errors keep the JSON envelope every client parses, whatever format was asked.
