@@ -9,7 +9,7 @@ the answer before sending one byte of the file.
 
 from __future__ import annotations
 
-import select
+import selectors
 import socket
 from urllib.parse import urlsplit
 
@@ -59,21 +59,35 @@ def post_until_answered(url: str, path: str) -> tuple[bytes, int]:
     ).encode()
     sock.sendall(head)
     sent, filler = 0, b"\0" * CHUNK
+    # selectors, not select.select: late in a full run the socket's descriptor can be
+    # above 1024, which select() refuses ("filedescriptor out of range").
+    watch = selectors.DefaultSelector()
+    watch.register(sock, selectors.EVENT_READ)
     try:
-        if select.select([sock], [], [], ANSWER_WITHIN_SECONDS)[0]:
+        if _ready(watch, ANSWER_WITHIN_SECONDS):
             return _read_answer(sock), sent
+        watch.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
         while sent < GIVE_UP_AFTER:
-            readable, writable, _ = select.select([sock], [sock], [], 5)
-            if readable:
+            events = _ready(watch, 5)
+            if events & selectors.EVENT_READ:
                 break
-            if writable:
+            if events & selectors.EVENT_WRITE:
                 try:
                     sent += sock.send(filler)
                 except (BrokenPipeError, ConnectionResetError):
                     break  # closed on us: the answer, if any, is waiting
         return _read_answer(sock), sent
     finally:
+        watch.close()
         sock.close()
+
+
+def _ready(watch: selectors.BaseSelector, timeout: float) -> int:
+    """The registered events the socket is ready for within `timeout` (0: none)."""
+    mask = 0
+    for _key, events in watch.select(timeout):
+        mask |= events
+    return mask
 
 
 def _read_answer(sock: socket.socket) -> bytes:

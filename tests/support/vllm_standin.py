@@ -521,9 +521,12 @@ class StandinFleet:
 def _serve_in_thread(fleet: StandinFleet):
     """Starts `fleet` on an event loop of its own thread; returns its stopper."""
     loop = asyncio.new_event_loop()
-    loop.run_until_complete(fleet.start())
+    # Started on the loop's own thread, never in the caller's: a caller may be
+    # running a loop already (Playwright's sync API in the browser tier), and
+    # run_until_complete there fails with "another loop is running".
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
+    asyncio.run_coroutine_threadsafe(fleet.start(), loop).result(60)
 
     def stop() -> None:
         asyncio.run_coroutine_threadsafe(fleet.stop(), loop).result(30)

@@ -95,7 +95,10 @@ def test_a_missing_bucket_is_503_without_naming_it(anonymous, settings, s3_endpo
 def test_an_unreachable_broker_is_503(anonymous, settings, monkeypatch):
     from config.celery import app
 
-    monkeypatch.setattr(app.conf, "broker_url", f"redis://127.0.0.1:{free_port()}/0")
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"
+    # Celery prefers the CELERY_BROKER_URL variable (CI sets it) to app.conf.
+    monkeypatch.setenv("CELERY_BROKER_URL", nowhere)
+    monkeypatch.setattr(app.conf, "broker_url", nowhere)
     response = anonymous.get("/readyz")
     assert response.status_code == 503
     assert response.json()["checks"]["broker"] == {"ok": False}
