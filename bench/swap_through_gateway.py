@@ -28,14 +28,11 @@ import argparse
 import json
 import statistics
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
-
 from bench import results as bench_results
+from bench.swap_under_traffic import NAME, Traffic
 from serving.gateway.haproxy import HAProxyFrontDoor
 from serving.gateway.routing import ReplicaView, ServedView, routing_table
 from serving.replica_calls import RetryPolicy, ensure_loaded, verify_serving
@@ -50,51 +47,7 @@ from tests.support.vllm_servers import (
 )
 
 SERVED_BASE = "tiny-llama"
-NAME = "swap-target"
 POLICY = RetryPolicy(deadline_seconds=30, base_delay=0.2, max_delay=2)
-
-
-@dataclass
-class Traffic:
-    """(finish time, ok, status) of every completion from every client."""
-
-    url: str
-    clients: int
-    results: list[tuple[float, bool, int]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def _client(self) -> None:
-        session = requests.Session()
-        body = {"model": NAME, "prompt": "The contract says", "max_tokens": 1, "temperature": 0}
-        while not self._stop.is_set():
-            try:
-                status = session.post(
-                    self.url + "/v1/completions", json=body, timeout=60
-                ).status_code
-            except requests.RequestException:
-                status = 0
-            with self._lock:
-                self.results.append((time.monotonic(), status == 200, status))
-
-    def __enter__(self) -> Traffic:
-        self._threads = [
-            threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)
-        ]
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(65)
-
-    def count(self, windows: list[tuple[float, float]]) -> tuple[int, int, float]:
-        """(requests, failed, requests per second) finished inside the windows."""
-        inside = [r for r in self.results if any(a <= r[0] < b for a, b in windows)]
-        seconds = sum(b - a for a, b in windows)
-        return len(inside), sum(1 for r in inside if not r[1]), len(inside) / max(seconds, 1e-9)
 
 
 def _table(servers, loaded_path: str | None):
@@ -169,7 +122,7 @@ def run(swaps: int, clients: int, steady_seconds: float, pause: float, work: Pat
         with running_haproxy(door, log=log):
             url = f"http://{door.listen}"
             offsets = [s.log_path.stat().st_size for s in servers]
-            with Traffic(url, clients) as traffic:
+            with Traffic(url, clients, timeout=60) as traffic:
                 time.sleep(1.0)  # warm up
                 steady_start = time.monotonic()
                 time.sleep(steady_seconds)
@@ -204,7 +157,7 @@ def run(swaps: int, clients: int, steady_seconds: float, pause: float, work: Pat
 
         # Baseline: unload+load on the same servers, clients on a replica directly.
         raw_windows = []
-        with Traffic(servers[0].base_url, clients) as direct:
+        with Traffic(servers[0].base_url, clients, timeout=60) as direct:
             time.sleep(1.0)
             for n in range(swaps):
                 started = time.monotonic()

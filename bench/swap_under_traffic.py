@@ -46,6 +46,7 @@ class Traffic:
 
     url: str
     clients: int
+    timeout: float = 30.0  # seconds one completion may take
     results: list[tuple[float, bool, int]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -56,7 +57,7 @@ class Traffic:
         while not self._stop.is_set():
             try:
                 status = session.post(
-                    self.url + "/v1/completions", json=body, timeout=30
+                    self.url + "/v1/completions", json=body, timeout=self.timeout
                 ).status_code
             except requests.RequestException:
                 status = 0
@@ -74,13 +75,17 @@ class Traffic:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         for thread in self._threads:
-            thread.join(35)
+            thread.join(self.timeout + 5)
 
     def window(self, start: float, end: float) -> tuple[int, int, float]:
         """(requests, failures, requests per second) finished in [start, end)."""
-        inside = [r for r in self.results if start <= r[0] < end]
-        failures = sum(1 for r in inside if not r[1])
-        return len(inside), failures, len(inside) / max(end - start, 1e-9)
+        return self.count([(start, end)])
+
+    def count(self, windows: list[tuple[float, float]]) -> tuple[int, int, float]:
+        """(requests, failures, requests per second) finished inside the windows."""
+        inside = [r for r in self.results if any(a <= r[0] < b for a, b in windows)]
+        seconds = sum(b - a for a, b in windows)
+        return len(inside), sum(1 for r in inside if not r[1]), len(inside) / max(seconds, 1e-9)
 
 
 def _post(url: str, path: str, body: dict) -> requests.Response:
