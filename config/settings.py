@@ -130,6 +130,26 @@ globals().update(_sso_settings())
 # First: django-axes refuses a locked-out username or address before any
 # backend looks at the password.
 AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", *AUTHENTICATION_BACKENDS]  # noqa: F821
+# --- SCIM 2.0 provisioning (sso/scim/, django-scim2) under /scim/v2/ -----------
+# The identity provider authenticates with a SCIM token (manage.py scim_token).
+SCIM_MAX_RESULTS = cfg.integer("SCIM_MAX_RESULTS", 100, minimum=1)
+SCIM_FILTER_MAX_LENGTH = cfg.integer("SCIM_FILTER_MAX_LENGTH", 1000, minimum=50)
+SCIM_TOKEN_DEFAULT_DAYS = cfg.integer("SCIM_TOKEN_DEFAULT_DAYS", 365, minimum=1)
+SCIM_SERVICE_PROVIDER = {
+    # Resources' locations come from the request (BASE_LOCATION_GETTER); the
+    # library insists on a NETLOC all the same.
+    "NETLOC": "unused",
+    "AUTHENTICATION_SCHEMES": [{"type": "oauthbearertoken", "name": "SCIM token"}],
+    "USER_ADAPTER": "sso.scim.adapters.ScimUserAdapter",
+    "GROUP_ADAPTER": "sso.scim.adapters.ScimGroupAdapter",
+    "GROUP_MODEL": "sso.models.ScimGroup",
+    "USER_FILTER_PARSER": "sso.scim.filters.UserFilterQuery",
+    "GROUP_FILTER_PARSER": "sso.scim.filters.GroupFilterQuery",
+    "SERVICE_PROVIDER_CONFIG_MODEL": "sso.scim.views.ServiceProviderConfig",
+    "BASE_LOCATION_GETTER": "sso.scim.views.base_location",
+    "AUTH_CHECK_MIDDLEWARE": "sso.scim.auth.ScimTokenChecked",
+    "SCHEMAS_GETTER": "sso.scim.schemas.schemas_getter",
+}
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
