@@ -68,6 +68,9 @@ class ScimUser(models.Model):
     )
     scim_id = models.CharField(max_length=36, unique=True)
     external_id = models.CharField(max_length=255, blank=True, default="", db_index=True)
+    # How the provider labelled the one email address kept (User.email).
+    email_type = models.CharField(max_length=20, blank=True, default="")
+    email_primary = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     deleted_at = models.DateTimeField(null=True, blank=True)

@@ -97,10 +97,11 @@ def _email(value) -> str:
     return email
 
 
-def _emails(value) -> str:
-    """The primary address, or the first: one email is stored per person."""
+def _emails(value, data: services.UserData) -> None:
+    """The primary address, or the first: one email is kept per person."""
+    data.email, data.email_type, data.email_primary = "", "", True
     if value is None:
-        return ""
+        return
     if not isinstance(value, list):
         raise bad("emails must be a list of {value, type, primary}.")
     if len(value) > 20:
@@ -109,7 +110,11 @@ def _emails(value) -> str:
         if not isinstance(entry, dict):
             raise bad("emails must be a list of {value, type, primary}.")
     chosen = [e for e in value if e.get("primary") is True] or value
-    return _email(chosen[0].get("value")) if chosen else ""
+    if chosen:
+        data.email = _email(chosen[0].get("value"))
+        data.email_type = _string(chosen[0].get("type"), "emails.type", max_length=20)
+        primary = chosen[0].get("primary")
+        data.email_primary = True if primary is None else _boolean(primary, "emails.primary")
 
 
 def _name(value, data: services.UserData, *, partial: bool) -> None:
@@ -196,6 +201,14 @@ class _Location:
         return f"{self.request.scheme}://{self.request.get_host()}"
 
 
+def _resource_type(cls, request, endpoint: str) -> dict:
+    d = super(cls, cls).resource_type_dict(request)
+    # RFC 7643 §6: relative to the base URL; the library gives the whole path,
+    # which a client appends to the base (/scim/v2/scim/v2/Users).
+    d["endpoint"] = endpoint
+    return d
+
+
 class ScimUserAdapter(_Location, scim_adapters.SCIMUser):
     id_field = "scim_id"
     ATTR_MAP = USER_ATTRIBUTES
@@ -203,6 +216,10 @@ class ScimUserAdapter(_Location, scim_adapters.SCIMUser):
     def __init__(self, obj, request=None):
         super().__init__(obj, request)
         self.data: services.UserData | None = None
+
+    @classmethod
+    def resource_type_dict(cls, request=None) -> dict:
+        return _resource_type(cls, request, "/Users")
 
     @property
     def location(self) -> str:
@@ -217,6 +234,8 @@ class ScimUserAdapter(_Location, scim_adapters.SCIMUser):
             email=user.email,
             active=user.is_active,
             external_id=self.obj.external_id,
+            email_type=self.obj.email_type,
+            email_primary=self.obj.email_primary,
         )
 
     def to_dict(self) -> dict:
@@ -231,11 +250,15 @@ class ScimUserAdapter(_Location, scim_adapters.SCIMUser):
             }
             for group in self.obj.groups.all()
         ]
+        name = {
+            key: value
+            for key, value in (("givenName", user.first_name), ("familyName", user.last_name))
+            if value
+        }
         d = {
             "schemas": [SchemaURI.USER],
             "id": self.obj.scim_id,
             "userName": user.username,
-            "name": {"givenName": user.first_name, "familyName": user.last_name},
             "active": user.is_active,
             "meta": {
                 "resourceType": "User",
@@ -246,8 +269,13 @@ class ScimUserAdapter(_Location, scim_adapters.SCIMUser):
         }
         if self.obj.external_id:
             d["externalId"] = self.obj.external_id
+        if name:
+            d["name"] = name
         if user.email:
-            d["emails"] = [{"value": user.email, "type": "work", "primary": True}]
+            email = {"value": user.email, "primary": self.obj.email_primary}
+            if self.obj.email_type:
+                email["type"] = self.obj.email_type
+            d["emails"] = [email]
         if groups:
             d["groups"] = groups
         return d
@@ -273,7 +301,7 @@ class ScimUserAdapter(_Location, scim_adapters.SCIMUser):
             elif lowered == "name":
                 _name(value, data, partial=False)
             elif lowered == "emails":
-                data.email = _emails(value)
+                _emails(value, data)
             elif lowered == "active":
                 data.active = True if value is None else _boolean(value, "active")
             elif lowered == "externalid":
@@ -328,10 +356,8 @@ class ScimUserAdapter(_Location, scim_adapters.SCIMUser):
         elif lowered == "emails":
             if remove:
                 data.email = ""
-            elif op == "add" and isinstance(value, list) and data.email:
-                pass  # one address is kept: the one already there stays primary
             else:
-                data.email = _emails(value)
+                _emails(value, data)
         elif _EMAIL_VALUE_PATH.match(name):
             data.email = "" if remove else _email(value)
         elif lowered == "externalid":
@@ -352,6 +378,10 @@ class ScimGroupAdapter(_Location, scim_adapters.SCIMGroup):
         super().__init__(obj, request)
         self.data: services.GroupData | None = None
 
+    @classmethod
+    def resource_type_dict(cls, request=None) -> dict:
+        return _resource_type(cls, request, "/Groups")
+
     @property
     def location(self) -> str:
         return urljoin(self._base(), self.path)
@@ -367,7 +397,6 @@ class ScimGroupAdapter(_Location, scim_adapters.SCIMGroup):
                 "$ref": urljoin(
                     self._base(), reverse("scim:users", kwargs={"uuid": member.scim_id})
                 ),
-                "display": member.user.username,
                 "type": "User",
             }
             for member in self.obj.members.select_related("user")

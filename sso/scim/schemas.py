@@ -30,6 +30,13 @@ def _trimmed() -> list[dict]:
                 s for s in attribute["subAttributes"] if s["name"] in STORED_EMAIL
             ]
     group = by_id[SchemaURI.GROUP]
+    for attribute in group["attributes"]:
+        if attribute["name"] == "displayName":
+            attribute["required"] = True  # RFC 7643 §4.2: "REQUIRED"; the store needs it
+    for schema in (user, group):
+        # The library's files lack them; RFC 7643 §7 resources carry both.
+        schema["schemas"] = ["urn:ietf:params:scim:schemas:core:2.0:Schema"]
+        schema["meta"] = {"resourceType": "Schema", "location": f"/Schemas/{schema['id']}"}
     return [user, group]
 
 

@@ -38,6 +38,8 @@ class UserData:
     email: str = ""
     active: bool = True
     external_id: str = ""
+    email_type: str = ""
+    email_primary: bool = True
 
 
 @dataclass
@@ -61,6 +63,14 @@ def _fields(data: UserData) -> dict:
     }
 
 
+def _scim_fields(data: UserData) -> dict:
+    return {
+        "external_id": data.external_id,
+        "email_type": data.email_type if data.email else "",
+        "email_primary": data.email_primary,
+    }
+
+
 def scim_user_create(*, actor: Actor, data: UserData) -> ScimUser:
     """A new person, or the adoption of an account of the same userName that the
     provider already made (by a sign-in through SSO, or SCIM before a DELETE).
@@ -74,9 +84,7 @@ def scim_user_create(*, actor: Actor, data: UserData) -> ScimUser:
             user.set_unusable_password()  # this person signs in at the provider only
             user.save()
             user_saved(actor=actor, user=user, before=None, via="scim")
-            return ScimUser.objects.create(
-                user=user, scim_id=_new_id(), external_id=data.external_id
-            )
+            return ScimUser.objects.create(user=user, scim_id=_new_id(), **_scim_fields(data))
         scim_user = ScimUser.objects.filter(user=existing).first()
         adoptable = (scim_user is not None and scim_user.deleted_at is not None) or (
             scim_user is None and hasattr(existing, "sso_identity")
@@ -88,7 +96,8 @@ def scim_user_create(*, actor: Actor, data: UserData) -> ScimUser:
             scim_user = ScimUser(user=existing)
         # A new SCIM resource: a new id, so the old one stays 404 as RFC 7644 says.
         scim_user.scim_id = _new_id()
-        scim_user.external_id = data.external_id
+        for name, value in _scim_fields(data).items():
+            setattr(scim_user, name, value)
         scim_user.deleted_at = None
         scim_user.save()
         audit_record(
@@ -116,9 +125,11 @@ def scim_user_replace(*, actor: Actor, scim_user: ScimUser, data: UserData) -> S
             raise Conflict(f"A user named {data.user_name!r} already exists.", code="uniqueness")
         was_active = scim_user.user.is_active
         user_update(actor=actor, user=scim_user.user, via="scim", **_fields(data))
-        if scim_user.external_id != data.external_id:
-            ScimUser.objects.filter(pk=scim_user.pk).update(external_id=data.external_id)
-            scim_user.external_id = data.external_id
+        fields = _scim_fields(data)
+        if any(getattr(scim_user, name) != value for name, value in fields.items()):
+            ScimUser.objects.filter(pk=scim_user.pk).update(**fields)
+            for name, value in fields.items():
+                setattr(scim_user, name, value)
         if data.active and not was_active:
             _sync(actor, [scim_user])  # back: the groups they are in count again
     return scim_user

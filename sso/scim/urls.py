@@ -26,4 +26,6 @@ urlpatterns = [
     ),
     re_path(r"^Schemas(?:/(?P<uuid>[^/]+))?$", views.SchemasView.as_view(), name="schemas"),
     re_path(r"^Bulk$", views.NotImplementedView.as_view(), name="bulk"),
+    # Anything else under /scim/v2/ is a SCIM 404, not the site's HTML page.
+    re_path(r"^[\s\S]*$", views.UnknownView.as_view()),
 ]

@@ -86,6 +86,8 @@ class ScimViewMixin:
         refused = _authenticate(request)
         if refused is not None:
             return refused
+        if request.method.lower() not in self.http_method_names:
+            return error_response(405, f"{request.method} is not allowed here.")
         if request.method in ("POST", "PUT", "PATCH"):
             kind = request.META.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
             if kind not in ("application/scim+json", "application/json"):
@@ -173,11 +175,50 @@ class ScimViewMixin:
             request, self._visible(self.model_cls.objects.all()), *self._page(request)
         )
 
+    def get_single(self, request):
+        adapter = self.scim_adapter(self.get_object(), request=request)
+        document = self._project(request, adapter.to_dict())
+        response = HttpResponse(json.dumps(document), content_type=SCIM_CONTENT_TYPE)
+        response["Location"] = adapter.location
+        return response
+
+    def _projection(self, request) -> tuple[set[str], set[str]]:
+        """RFC 7644 §3.4.2.5 `attributes` / `excludedAttributes`, by top-level
+        name (a sub-attribute selects its whole attribute)."""
+        source = getattr(self, "search_body", None) or request.GET
+
+        def names(key: str) -> set[str]:
+            raw = source.get(key) or ""
+            items = raw if isinstance(raw, list) else str(raw).split(",")
+            wanted = set()
+            for item in items[:50]:
+                if not isinstance(item, str):
+                    continue
+                item = item.strip()
+                if item.lower().startswith("urn:"):
+                    item = item.rsplit(":", 1)[-1]
+                if item:
+                    wanted.add(item.split(".")[0].split("[")[0].lower()[:100])
+            return wanted
+
+        return names("attributes"), names("excludedAttributes")
+
+    def _project(self, request, document: dict) -> dict:
+        attributes, excluded = self._projection(request)
+        always = {"id", "schemas"}  # returned "always" (RFC 7643 §3.1, §7)
+        if attributes:
+            return {k: v for k, v in document.items() if k.lower() in attributes | always}
+        if excluded:
+            return {k: v for k, v in document.items() if k.lower() not in excluded - always}
+        return document
+
     def _page_of(self, request, queryset, start, count):
         queryset = queryset.order_by("pk")
         total = queryset.count()
         page = list(queryset[start - 1 : start - 1 + count]) if count else []
-        resources = [self.scim_adapter(o, request=request).to_dict() for o in page]
+        resources = [
+            self._project(request, self.scim_adapter(o, request=request).to_dict()) for o in page
+        ]
         document = {
             "schemas": ["urn:ietf:params:scim:api:messages:2.0:ListResponse"],
             "totalResults": total,
@@ -232,7 +273,29 @@ class UsersView(ScimViewMixin, _Writes, scim_views.UsersView):
         return queryset.filter(deleted_at__isnull=True).select_related("user")
 
 
-class UserSearchView(ScimViewMixin, scim_views.UserSearchView):
+class _SearchBody:
+    """POST .search (RFC 7644 §3.4.3): filter, attributes and paging from the body."""
+
+    def post(self, request, *args, **kwargs):
+        body = self.load_body(request.body)
+        self.search_body = body
+        query = body.get("filter")
+        if query is None:
+            raise exceptions.BadRequestError("A search needs a filter.", scim_type="invalidFilter")
+        start, count = self._page(request)
+        for name in ("startIndex", "count"):
+            if name in body and not isinstance(body[name], int):
+                raise exceptions.BadRequestError(
+                    f"{name} must be an integer.", scim_type="invalidValue"
+                )
+        if isinstance(body.get("startIndex"), int):
+            start = max(body["startIndex"], 1)
+        if isinstance(body.get("count"), int):
+            count = min(max(body["count"], 0), settings.SCIM_MAX_RESULTS)
+        return self._search(request, query, start, count)
+
+
+class UserSearchView(ScimViewMixin, _SearchBody, scim_views.UserSearchView):
     # The library calls these getters on the class: functions, not the classes.
     scim_adapter_getter = staticmethod(lambda: ScimUserAdapter)
     model_cls_getter = staticmethod(lambda: ScimUser)
@@ -248,7 +311,7 @@ class GroupsView(ScimViewMixin, _Writes, scim_views.GroupsView):
     parser_getter = staticmethod(lambda: GroupFilterQuery)
 
 
-class GroupSearchView(ScimViewMixin, scim_views.GroupSearchView):
+class GroupSearchView(ScimViewMixin, _SearchBody, scim_views.GroupSearchView):
     scim_adapter_getter = staticmethod(lambda: ScimGroupAdapter)
     model_cls_getter = staticmethod(lambda: ScimGroup)
     parser_getter = staticmethod(lambda: GroupFilterQuery)
@@ -285,7 +348,39 @@ class ServiceProviderConfigView(ScimViewMixin, scim_views.ServiceProviderConfigV
     pass
 
 
-class ResourceTypesView(ScimViewMixin, scim_views.ResourceTypesView):
+def _list_of(resources: list[dict]) -> HttpResponse:
+    document = {
+        "schemas": ["urn:ietf:params:scim:api:messages:2.0:ListResponse"],
+        "totalResults": len(resources),
+        "itemsPerPage": len(resources),
+        "startIndex": 1,
+        "Resources": resources,
+    }
+    return HttpResponse(json.dumps(document), content_type=SCIM_CONTENT_TYPE)
+
+
+class _Listing:
+    """GET of a fixed collection (resource types, schemas): a complete
+    ListResponse, and a SCIM error for an id that is not there."""
+
+    def _collection(self, request) -> dict[str, dict]:
+        raise NotImplementedError
+
+    def get(self, request, uuid=None, *args, **kwargs):
+        collection = self._collection(request)
+        if uuid:
+            if uuid not in collection:
+                return error_response(404, f"No {self.kind} {uuid[:100]!r} here.")
+            return HttpResponse(json.dumps(collection[uuid]), content_type=SCIM_CONTENT_TYPE)
+        return _list_of([collection[key] for key in sorted(collection)])
+
+
+class ResourceTypesView(ScimViewMixin, _Listing, scim_views.ResourceTypesView):
+    kind = "resource type"
+
+    def _collection(self, request):
+        return self.type_dict_by_type_id(request)
+
     def type_dict_by_type_id(self, request):
         types = [
             ScimUserAdapter.resource_type_dict(request),
@@ -294,12 +389,25 @@ class ResourceTypesView(ScimViewMixin, scim_views.ResourceTypesView):
         return {d["id"]: d for d in types}
 
 
-class SchemasView(ScimViewMixin, scim_views.SchemasView):
-    pass
+class SchemasView(ScimViewMixin, _Listing, scim_views.SchemasView):
+    kind = "schema"
+
+    def _collection(self, request):
+        return self.schemas_by_uri
 
 
 class NotImplementedView(ScimViewMixin, scim_views.SCIMView):
     implemented = False
+
+
+class UnknownView(ScimViewMixin, scim_views.SCIMView):
+    http_method_names = ["get", "post", "put", "patch", "delete"]
+
+    def dispatch(self, request, *args, **kwargs):
+        refused = _authenticate(request)
+        if refused is not None:
+            return refused
+        return error_response(404, f"Nothing at {request.path[:200]!r}.")
 
 
 def base_location(request=None, *args, **kwargs) -> str:
