@@ -444,6 +444,13 @@ CELERY_BEAT_SCHEDULE = {
     "serving-housekeeping": {"task": "serving.housekeeping", "schedule": 600.0},
 }
 CELERY_BEAT_SCHEDULE.update(_MLFLOW_BEAT)
+if OIDC_CHECK_INTERVAL_SECONDS:  # noqa: F821 - from sso.conf
+    # A quarter of the interval: each run checks only the identities that are due.
+    CELERY_BEAT_SCHEDULE["sso-check-identities"] = {
+        "task": "sso.check_identities",
+        "schedule": max(60.0, OIDC_CHECK_INTERVAL_SECONDS / 4),  # noqa: F821
+        "options": {"expires": max(60.0, OIDC_CHECK_INTERVAL_SECONDS / 4)},  # noqa: F821
+    }
 
 # --- Observability (observability/) -------------------------------------------
 # GET /metrics needs `Authorization: Bearer <METRICS_TOKEN>`, unless anonymous
