@@ -375,3 +375,81 @@ def test_a_declared_body_past_the_limit_is_refused_before_it_is_read(scim, setti
     response = scim.call("post", "Users", {"userName": "ada"}, CONTENT_LENGTH=str(10 * 1024**3))
     assert response.status_code == 413
     assert response.json()["schemas"] == ["urn:ietf:params:scim:api:messages:2.0:Error"]
+
+
+def test_renaming_a_group_to_an_unmapped_name_removes_what_it_gave(scim, legal):
+    ada = scim.create_user("ada")
+    group = scim.create_group("legal-team", [ada["id"]])
+    assert Membership.objects.filter(user__username="ada", department=legal).exists()
+    response = scim.call(
+        "patch",
+        f"Groups/{group['id']}",
+        {
+            "schemas": ["urn:ietf:params:scim:api:messages:2.0:PatchOp"],
+            "Operations": [{"op": "replace", "value": {"displayName": "legal-alumni"}}],
+        },
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["displayName"] == "legal-alumni"
+    assert not Membership.objects.filter(user__username="ada").exists()
+
+
+def test_deleting_a_group_removes_what_it_gave(scim, legal):
+    ada = scim.create_user("ada")
+    group = scim.create_group("legal-approvers", [ada["id"]])
+    assert scim.call("delete", f"Groups/{group['id']}").status_code == 204
+    assert not Membership.objects.filter(user__username="ada").exists()
+    assert AuditEvent.objects.filter(action="scim_group.deleted").exists()
+    assert scim.call("get", f"Groups/{group['id']}").status_code == 404
+
+
+def test_a_deleted_user_posted_again_is_a_new_resource_without_old_tokens(scim, legal):
+    ada = scim.create_user("ada")
+    scim.create_group("legal-team", [ada["id"]])
+    user = get_user_model().objects.get(username="ada")
+    token, secret = token_create(
+        actor=actor(user), department=legal, name="ci", abilities=[Ability.READ_AUDIT]
+    )
+    assert scim.call("delete", f"Users/{ada['id']}").status_code == 204
+    again = scim.create_user("ada")
+    assert again["id"] != ada["id"] and again["active"] is True
+    assert get_user_model().objects.filter(username="ada").count() == 1
+    assert ApiToken.objects.get(pk=token.pk).revoked_at is not None
+    assert not Membership.objects.filter(user=user).exists()  # no group yet
+    assert scim.call("get", f"Users/{ada['id']}").status_code == 404
+
+
+def test_the_scim_token_command_mints_lists_and_revokes_audited(root):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command(
+        "scim_token", "create", "--name", "entra", "--admin", "root", stdout=out, stderr=StringIO()
+    )
+    secret = out.getvalue().strip()
+    assert secret.startswith("lrs_")
+    token = ScimToken.objects.get()
+    assert token.secret_sha256 != secret and secret not in token.secret_sha256
+    assert Scim(secret).call("get", "Users").status_code == 200
+    listed = StringIO()
+    call_command("scim_token", "list", stdout=listed)
+    assert token.prefix in listed.getvalue()
+    call_command(
+        "scim_token", "revoke", "--prefix", token.prefix, "--admin", "root", stdout=StringIO()
+    )
+    assert Scim(secret).call("get", "Users").status_code == 401
+    actions = set(AuditEvent.objects.values_list("action", flat=True))
+    assert {"scim_token.created", "scim_token.revoked"} <= actions
+
+
+def test_only_a_platform_admin_mints_a_scim_token(lena):
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="platform admins"):
+        call_command("scim_token", "create", "--name", "x", "--admin", "lena", stdout=StringIO())
+    assert not ScimToken.objects.exists()

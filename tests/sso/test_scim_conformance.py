@@ -9,8 +9,6 @@ in KNOWN with the reason; a check that starts passing must be taken off the list
 
 from __future__ import annotations
 
-import pytest
-
 SETUP = """
 from django.contrib.auth import get_user_model
 from core.actors import system_actor
@@ -47,7 +45,6 @@ def _results(url: str, secret: str):
 
 
 def test_scim2_tester_finds_the_server_conformant(tmp_path):
-    pytest.importorskip("scim2_tester")
     from tests.support.web_server import registry_web_server
 
     with registry_web_server(tmp_path, setup=SETUP) as (url, output):
