@@ -453,3 +453,19 @@ def test_only_a_platform_admin_mints_a_scim_token(lena):
     with pytest.raises(CommandError, match="platform admins"):
         call_command("scim_token", "create", "--name", "x", "--admin", "lena", stdout=StringIO())
     assert not ScimToken.objects.exists()
+
+
+def test_the_longest_filter_allowed_is_answered_quickly(scim, settings):
+    import time
+
+    scim.create_user("ada")
+    clause = 'userName eq "ada" or '
+    longest = (clause * (settings.SCIM_FILTER_MAX_LENGTH // len(clause)))[: -len(" or ")]
+    nested = "(" * 8 + 'userName co "a"' + ")" * 8
+    for query in (longest, nested):
+        assert len(query) <= settings.SCIM_FILTER_MAX_LENGTH
+        started = time.monotonic()
+        response = scim.call("get", "Users", data={"filter": query})
+        assert response.status_code == 200, response.content
+        assert time.monotonic() - started < 2.0
+        assert response.json()["totalResults"] == 1
