@@ -14,9 +14,9 @@ wrote with `--json`, bench/results.py), one of its tables
 (`promote_to_served.cases`), `faults` (the fault tier's convergence table,
 from test-artifacts/faults.json, written by tests/faults/conftest.py), or
 `summary` (the README's table: each bench's headlines, in SUMMARY order, and
-the fault tier's outcome, its audit chain's check included). Each block ends with the commit and date of the
-run it came from. A block whose
-figures are missing fails the run (exit 1) and is left as it was, unless
+the fault tier's outcome, its audit chain's check included). Each block
+ends with the commit and date of the run it came from. A block whose figures
+are missing fails the run (exit 1) and is left as it was, unless
 --keep-missing.
 """
 
