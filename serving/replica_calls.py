@@ -134,6 +134,15 @@ def ensure_loaded(
         if not answer.ok:
             return outcome.fail(_describe(answer))
         outcome.vllm_version = server_version(answer)
+    # Requests of this name running where it is not loaded are a previous load's
+    # (retired, or unloaded behind our back): loading now would batch them with the
+    # new load's and kill vLLM 0.32 (settle_after_unload). One /metrics read tells.
+    if not _idle_or_loaded(client, name, outcome, policy):
+        return outcome.fail(
+            f"requests through {name} from an earlier load were still running after "
+            f"{settings.SERVING_UNLOAD_SETTLE_SECONDS:g} s (SERVING_UNLOAD_SETTLE_SECONDS); "
+            "not loaded while they run."
+        )
     # Load first: the common case (a new adapter) costs one call. Only a name that
     # is already loaded needs a look at /v1/models, to tell "done" from "swap".
     loaded = call_with_retry(lambda: client.load_adapter(name, path), "load", outcome, policy)
@@ -214,6 +223,21 @@ def settle_after_unload(
         except RetryStopped:
             return False
         delay = min(delay * 2, 1.0)
+
+
+def _idle_or_loaded(client: VLLMClient, name: str, outcome: ReplicaOutcome, policy) -> bool:
+    """True when no request of `name` runs, or when `name` is loaded (its
+    requests are then the current load's, and a load is refused as already
+    loaded); else waits as after an unload."""
+    read = client.metrics()
+    outcome.attempts.append(("unload_settle", read))
+    busy = busy_adapters_from_metrics(read)
+    if busy is None or name not in busy:
+        return True
+    listing = call_with_retry(client.list_models, "list_models", outcome, policy)
+    if listing.ok and _find(listing, name) is not None:
+        return True
+    return settle_after_unload(client, name, outcome, policy)
 
 
 def reload_adapter(
