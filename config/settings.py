@@ -295,6 +295,8 @@ CELERY_TASK_ROUTES = {
     # The MLflow mirror (mlflow_bridge.*), and its old names (registry.mlflow.*).
     "registry.mlflow.*": {"queue": "housekeeping"},
     "mlflow*": {"queue": "housekeeping"},
+    # The periodic check against the identity provider (sso/checks.py): slow calls out.
+    "sso.*": {"queue": "housekeeping"},
 }
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
