@@ -144,11 +144,19 @@ def _body(d) -> dict:
     return d
 
 
+# Members one request may name: each is looked up and re-synced in the request.
+MAX_MEMBERS = 5000
+
+
 def _members(value) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list):
         raise bad("members must be a list of {value}.")
+    if len(value) > MAX_MEMBERS:
+        raise bad(
+            f"At most {MAX_MEMBERS} members in one request; send the rest in PATCHes.", "tooMany"
+        )
     ids = []
     for entry in value:
         if not isinstance(entry, dict) or not isinstance(entry.get("value"), str):

@@ -126,10 +126,22 @@ def scim_user_replace(*, actor: Actor, scim_user: ScimUser, data: UserData) -> S
         was_active = scim_user.user.is_active
         user_update(actor=actor, user=scim_user.user, via="scim", **_fields(data))
         fields = _scim_fields(data)
-        if any(getattr(scim_user, name) != value for name, value in fields.items()):
+        changed = {
+            name: [getattr(scim_user, name), value]
+            for name, value in fields.items()
+            if getattr(scim_user, name) != value
+        }
+        if changed:
             ScimUser.objects.filter(pk=scim_user.pk).update(**fields)
             for name, value in fields.items():
                 setattr(scim_user, name, value)
+            audit_record(
+                actor=actor,
+                action="user.scim_changed",
+                obj=scim_user.user,
+                department=None,
+                details={"via": "scim", "changes": changed},
+            )
         if data.active and not was_active:
             _sync(actor, [scim_user])  # back: the groups they are in count again
     return scim_user
@@ -219,7 +231,8 @@ def scim_group_change(
                 raise Conflict(f"A group named {display_name!r} already exists.", code="uniqueness")
             details["display_name"] = [locked.display_name, display_name]
             locked.display_name = display_name
-        if external_id is not None:
+        if external_id is not None and external_id != locked.external_id:
+            details["external_id"] = [locked.external_id, external_id]
             locked.external_id = external_id
         locked.save()
         after = set(before) if set_members is None else set(set_members)

@@ -469,3 +469,28 @@ def test_the_longest_filter_allowed_is_answered_quickly(scim, settings):
         assert response.status_code == 200, response.content
         assert time.monotonic() - started < 2.0
         assert response.json()["totalResults"] == 1
+
+
+def test_too_many_members_in_one_request_is_a_400(scim):
+    from sso.scim.adapters import MAX_MEMBERS
+
+    members = [{"value": f"id-{n}"} for n in range(MAX_MEMBERS + 1)]
+    response = scim.call("post", "Groups", {"displayName": "big", "members": members})
+    assert response.status_code == 400
+    assert response.json()["scimType"] == "tooMany"
+
+
+def test_changes_of_external_ids_are_audited(scim):
+    ada = scim.create_user("ada", externalId="one")
+    group = scim.create_group("legal-team", [])
+    assert scim.call("put", f"Users/{ada['id']}", {**ada, "externalId": "two"}).status_code == 200
+    changed = AuditEvent.objects.get(action="user.scim_changed")
+    assert changed.details["changes"]["external_id"] == ["one", "two"]
+    response = scim.call(
+        "patch",
+        f"Groups/{group['id']}",
+        {"Operations": [{"op": "replace", "path": "externalId", "value": "g-2"}]},
+    )
+    assert response.status_code == 200
+    event = AuditEvent.objects.get(action="scim_group.changed")
+    assert event.details["external_id"] == ["", "g-2"]
