@@ -307,3 +307,76 @@ def kserve_manifests(actor: Actor, deployment: Deployment) -> str:
     if refusal:
         raise NotAuthorized(refusal, code="kserve_forbidden")
     return render_yaml(deployment)
+
+
+def deployment_placement(actor: Actor, deployment: Deployment) -> list[dict]:
+    """Where each adapter the actor may see lives on the deployment, and why
+    (serving.placement). Replicas are named by label (replica-1, ...) for
+    everyone; platform admins also get their addresses. An adapter without
+    bounds is on every active replica; its placement is not stored."""
+    from serving.placement import REASON_TEXT, Reason, State, is_bounded
+
+    show_urls = sees_infrastructure(actor)
+    labels = replica_labels(deployment)
+    replicas = {r.pk: r for r in deployment.replicas.filter(active=True).order_by("base_url")}
+
+    def named(keys) -> list[dict]:
+        rows = []
+        for key in keys:
+            replica = replicas.get(key)
+            if replica is None:
+                continue
+            row = {"label": labels.get(key, "replica"), "health": replica.health}
+            if show_urls:
+                row["base_url"] = replica.base_url
+            rows.append(row)
+        return rows
+
+    items = []
+    for served in served_adapters_for(actor, deployment).order_by("adapter__served_name"):
+        if served.version_id is None:
+            continue
+        bounded = is_bounded(served.min_replicas, served.max_replicas)
+        state = State.from_dict(served.placement) if bounded else None
+        if state is None:
+            keys, reason, wanted, detail, demand = list(replicas), Reason.EVERYWHERE, None, "", None
+        else:
+            keys, wanted, detail, demand = state.replicas, state.wanted, state.detail, state.demand
+            known = {r.value for r in Reason}
+            reason = Reason(state.reason) if state.reason in known else None
+        placed = named(keys)
+        items.append(
+            {
+                "served_name": served.adapter.served_name,
+                "department": served.adapter.department.slug,
+                "version": served.version.number,
+                "min_replicas": served.min_replicas,
+                "max_replicas": served.max_replicas,
+                "wanted": len(placed) if wanted is None else wanted,
+                "replicas": placed,
+                # Not placed yet (bounds just set): the next reconcile places it.
+                "reason": reason.value if reason else "pending",
+                "reason_text": REASON_TEXT[reason] if reason else "not placed yet",
+                "detail": detail,
+                "demand": demand,
+            }
+        )
+    return items
+
+
+def placement_pending(served: ServedAdapter) -> dict:
+    """The placement answer of an adapter whose bounds are set before its first
+    promotion: nowhere yet."""
+    return {
+        "served_name": served.adapter.served_name,
+        "department": served.adapter.department.slug,
+        "version": None,
+        "min_replicas": served.min_replicas,
+        "max_replicas": served.max_replicas,
+        "wanted": 0,
+        "replicas": [],
+        "reason": "pending",
+        "reason_text": "not served yet: placed at its first promotion",
+        "detail": "",
+        "demand": None,
+    }

@@ -18,12 +18,16 @@ from django.db.models import Case, Q, Value, When
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from core.access import require_approver
 from core.actors import Actor
 from core.audit import audit_record
 from core.errors import ValidationFailed
+from core.models import Ability
+from registry.models import Adapter
 from serving.models import Deployment, Replica, ReplicaHealth, ServedAdapter
 from serving.placement import ReplicaSlot, Result, Settings, State, Wish, is_bounded, place
+
+# The most replicas a bound may name (the column is a small integer).
+MAX_BOUND = 1024
 
 
 def placement_settings() -> Settings:
@@ -202,25 +206,32 @@ def replica_demand_report(replicas: Iterable[Replica], demand: Mapping[int, dict
 def served_placement_set(
     *,
     actor: Actor,
-    served: ServedAdapter,
+    deployment: Deployment,
+    adapter: Adapter,
     min_replicas: int | None,
     max_replicas: int | None,
 ) -> ServedAdapter:
-    """Sets how many replicas hold the adapter (both None: every replica). An
-    approver of the adapter's department or a platform admin may. The next
-    reconcile moves it; nothing is loaded or unloaded here."""
-    require_approver(actor, served.adapter.department_id, "ServedAdapter")
+    """Sets how many replicas hold the adapter on the deployment (both None:
+    every replica), also before its first promotion. Whoever may promote it
+    there may (a token needs the promote ability). The next reconcile, or the
+    next rollout, places it; nothing is loaded or unloaded here."""
+    from serving.services.promotions import _require_may_deploy
+
+    _require_may_deploy(actor, deployment, adapter, Ability.PROMOTE)
     problems = {}
     for field, value in (("min_replicas", min_replicas), ("max_replicas", max_replicas)):
         whole = isinstance(value, int) and not isinstance(value, bool)
-        if value is not None and (not whole or value < 1):
-            problems[field] = "must be a whole number of at least 1, or null"
+        if value is not None and (not whole or not 1 <= value <= MAX_BOUND):
+            problems[field] = f"must be a whole number from 1 to {MAX_BOUND}, or null"
     if not problems and None not in (min_replicas, max_replicas) and min_replicas > max_replicas:
         problems["min_replicas"] = f"must not be above max_replicas ({max_replicas})"
     if problems:
-        raise ValidationFailed("Placement bounds are not valid.", details=problems)
+        raise ValidationFailed(
+            "Placement bounds are not valid.", code="invalid_bounds", details=problems
+        )
     with transaction.atomic():
-        row = ServedAdapter.objects.select_for_update().get(pk=served.pk)
+        ServedAdapter.objects.get_or_create(deployment=deployment, adapter=adapter)
+        row = ServedAdapter.objects.select_for_update().get(deployment=deployment, adapter=adapter)
         before = {"min_replicas": row.min_replicas, "max_replicas": row.max_replicas}
         row.min_replicas, row.max_replicas = min_replicas, max_replicas
         if not is_bounded(min_replicas, max_replicas):
@@ -230,9 +241,10 @@ def served_placement_set(
             actor=actor,
             action="placement.bounds_set",
             obj=row,
-            department=row.adapter.department,
+            department=adapter.department,
             details={
-                "deployment": row.deployment.name,
+                "deployment": deployment.name,
+                "adapter": adapter.served_name,
                 "before": before,
                 "after": {"min_replicas": min_replicas, "max_replicas": max_replicas},
             },
