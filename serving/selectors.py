@@ -23,7 +23,8 @@ from serving.models import (
     ServedAdapter,
     VersionFingerprint,
 )
-from serving.sync_state import SyncState, classify, loaded_adapters
+from serving.placement import placed_keys
+from serving.sync_state import SyncState, classify, desired_root, loaded_adapters
 
 
 def deployments_for(actor: Actor) -> QuerySet[Deployment]:
@@ -192,6 +193,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
     desired state and the replica has not been found down since: a replica that
     is down lists nothing, whatever it said before."""
     served = list(served_adapters_for(actor, deployment))
+    placed = {s.pk: placed_keys(s) for s in served}
     visible_names = {s.adapter.served_name for s in served}
     # Unknown adapters could be any department's; replica URLs are the platform's.
     show_unknown = sees_infrastructure(actor)
@@ -204,13 +206,15 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
         adapters = []
         for s in served:
             actual = loaded.get(s.adapter.served_name)
-            desired = s.served_path if s.version_id else None
+            # None where retired, or where placement does not put it (serving.placement).
+            desired = desired_root(s, replica.pk, placed[s.pk])
             state = classify(desired, actual, replica.health)
             adapters.append(
                 {
                     "served_name": s.adapter.served_name,
                     "desired_root": desired,
                     "actual_root": actual,
+                    "placed": placed[s.pk] is None or replica.pk in placed[s.pk],
                     "in_sync": state == SyncState.IN_SYNC,
                     # Decided on the full roots; a member's view shows folder names only.
                     "state": state.value,
