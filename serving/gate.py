@@ -230,10 +230,15 @@ def check_host_cache(deployment: Deployment, version: AdapterVersion) -> GateChe
             advisory=True,
         )
     needed = placements_needed(wishes, replicas)
-    total = replicas * cached
+    per_replica = deployment.placement_capacity or cached
+    total = replicas * per_replica
+    limit = (
+        f"placement_capacity {per_replica}"
+        if deployment.placement_capacity
+        else f"max_cpu_loras {cached}"
+    )
     figures = (
-        f"{needed} placements needed, {total} in the host caches of {replicas} replica(s) "
-        f"x max_cpu_loras {cached}"
+        f"{needed} placements needed, {total} in the host caches of {replicas} replica(s) x {limit}"
     )
     if needed <= total:
         return GateCheck("host_cache", True, f"{figures}: every one has room.", advisory=True)
@@ -241,7 +246,7 @@ def check_host_cache(deployment: Deployment, version: AdapterVersion) -> GateChe
         return GateCheck(
             "host_cache",
             False,
-            f"{figures}: no room. Placement never fills a replica past max_cpu_loras, so "
+            f"{figures}: no room. Placement never fills a replica past that, so "
             "this adapter would not be served: lower min_replicas/max_replicas, retire an "
             "adapter, or add replicas.",
         )

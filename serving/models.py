@@ -72,6 +72,10 @@ class Deployment(models.Model):
     max_loras = models.PositiveIntegerField(default=4)
     max_cpu_loras = models.PositiveIntegerField(default=8)
     max_lora_rank = models.PositiveIntegerField(default=16)
+    # Adapters with placement bounds that placement puts on one replica at most
+    # (serving.placement); null: max_cpu_loras, so each replica's set stays within
+    # vLLM's host cache. Above it vLLM evicts and re-reads from disk (LRU).
+    placement_capacity = models.PositiveIntegerField(null=True, blank=True)
     max_registered_adapters = models.PositiveIntegerField(
         default=500,
         help_text="Adapters this deployment may serve at once. Above max_cpu_loras they are "

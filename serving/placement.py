@@ -19,7 +19,8 @@ engine, the gate, the pages and bench/placement.py all compute the same answer.
   where it is while its replica is up and has room: losing a replica moves only
   the adapters it held, adding one moves none.
 - No bounded adapter is placed on a replica already holding its capacity
-  (`max_cpu_loras`); where none has room the placement says so ("no room").
+  (`max_cpu_loras`, the host cache, unless the deployment sets a
+  `placement_capacity`); where none has room the placement says so ("no room").
 - A churn budget bounds the loads and unloads one tick may start; what is left
   waits for the next tick. Loads that give an adapter its first replica go first.
 """
@@ -68,7 +69,7 @@ class ReplicaSlot:
     """One active replica: `key` is its stable id (the database id)."""
 
     key: int
-    capacity: int  # max_cpu_loras
+    capacity: int  # placement_capacity, else max_cpu_loras
     up: bool = True
 
 
@@ -295,7 +296,8 @@ def place(
             reason = Reason.NO_ROOM
             detail = (
                 f"{len(kept_by[name]) + len(added[name])} of {targets[name]} replica(s) placed: "
-                "every other replica that is up holds its max_cpu_loras"
+                "every other replica that is up is full (its max_cpu_loras, or the "
+                "deployment's placement_capacity)"
             )
         waiting = len(added[name]) - len(accepted[name]) + len(undropped[name])
         if waiting:
@@ -343,4 +345,11 @@ def placed_keys(served) -> frozenset[int] | None:
     replica (no bounds set, as before placement)."""
     if not is_bounded(served.min_replicas, served.max_replicas):
         return None
-    return frozenset(State.from_dict(served.placement).replicas)
+    # A tick asks this for every replica of every adapter: parsed once per
+    # placement the row holds (a new placement is a new dict).
+    cached = getattr(served, "_placed_keys", None)
+    if cached is not None and cached[0] is served.placement:
+        return cached[1]
+    keys = frozenset(State.from_dict(served.placement).replicas)
+    served._placed_keys = (served.placement, keys)
+    return keys

@@ -161,6 +161,7 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
             "has_api_key",
             "max_loras",
             "max_cpu_loras",
+            "placement_capacity",
             "max_lora_rank",
             "max_registered_adapters",
             "gpu_memory_bytes",
@@ -189,7 +190,14 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
         ]
         read_only_fields = ["last_reconciled_at", "created_at", "updated_at"]
         # The model's CheckConstraint, in the schema and answered as a 400 naming the field.
-        extra_kwargs = {"max_registered_adapters": {"min_value": 1}}
+        extra_kwargs = {
+            "max_registered_adapters": {"min_value": 1},
+            "placement_capacity": {
+                "min_value": 1,
+                "help_text": "Adapters with placement bounds one replica holds at most; "
+                "null: max_cpu_loras.",
+            },
+        }
 
     def get_has_api_key(self, deployment) -> bool:
         return bool(deployment.vllm_api_key)
@@ -225,6 +233,7 @@ class DeploymentSummarySerializer(TiersMixin, serializers.ModelSerializer):
             "module_dims",
             "max_loras",
             "max_cpu_loras",
+            "placement_capacity",
             "max_lora_rank",
             "max_registered_adapters",
             "gpu_memory_bytes",

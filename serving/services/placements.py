@@ -71,10 +71,16 @@ def wishes_of(served: Iterable[ServedAdapter], demand: Mapping[str, float], now)
     ]
 
 
+def replica_capacity(deployment: Deployment) -> int:
+    """What placement fills one replica to: the deployment's placement_capacity,
+    else its host cache (max_cpu_loras)."""
+    return deployment.placement_capacity or deployment.max_cpu_loras
+
+
 def slots_of(
     deployment: Deployment, replicas: Iterable[Replica], up: set[int]
 ) -> list[ReplicaSlot]:
-    capacity = deployment.max_cpu_loras
+    capacity = replica_capacity(deployment)
     return [ReplicaSlot(key=r.pk, capacity=capacity, up=r.pk in up) for r in replicas]
 
 

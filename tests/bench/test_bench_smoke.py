@@ -41,7 +41,8 @@ SHARED_VLLM = ["promote_to_served", "many_adapters", "swap_under_traffic", "fing
 OWN_VLLM = ["lora_pool_memory", "swap_through_gateway"]
 NO_VLLM = ["tensor_values", "scale", "scale_promotions"]
 NO_VLLM_2 = ["new_pod_to_served", "upload_throughput"]
-GATEWAY = ["swap_through_gateway"]  # two servers of its own behind a real HAProxy
+# Behind a real HAProxy: two vLLM servers of its own; stand-in replicas (placement).
+GATEWAY = ["swap_through_gateway", "placement"]
 EVERY = SHARED_VLLM + OWN_VLLM + NO_VLLM + NO_VLLM_2 + GATEWAY
 
 
