@@ -38,7 +38,7 @@ from serving.fanout import (
     replica_session,
     verify_with_fingerprint,
 )
-from serving.gateway.services import gateway_drain
+from serving.gateway.services import gateway_drain_each
 from serving.models import (
     Deployment,
     DriftEvent,
@@ -557,17 +557,25 @@ def _repair(deployment, worker, jobs: list[_Job], keeper: _Keeper, drifts, repor
 
 def _drain_unplaced(deployment, jobs: list[_Job], keeper: _Keeper) -> list[_Job]:
     """Before an adapter leaves a replica placement moved it from, the front
-    door stops sending it there and its requests in flight finish. Where the
-    front door finds that replica the only one serving it, it stays."""
-    kept = []
-    for job in jobs:
-        if job.kind == DriftKind.UNPLACED_UNLOADED:
-            changes = gateway_drain(deployment, job.name, [job.replica], keep_one=True)
-            keeper.beat()
-            if any(change.startswith("kept ") for change in changes):
-                continue
-        kept.append(job)
-    return kept
+    door stops sending it there and its requests in flight finish (all such
+    drains at once, the claims renewed meanwhile). Where the front door finds
+    that replica the only one serving it, it stays."""
+    leaving = [job for job in jobs if job.kind == DriftKind.UNPLACED_UNLOADED]
+    if not leaving:
+        return jobs
+    answers = gateway_drain_each(
+        deployment,
+        [(job.name, job.replica) for job in leaving],
+        keep_one=True,
+        tick=keeper.beat,
+        interval=_beat_seconds(),
+    )
+    kept = {
+        id(job)
+        for job, changes in zip(leaving, answers, strict=True)
+        if any(change.startswith("kept ") for change in changes)
+    }
+    return [job for job in jobs if id(job) not in kept]
 
 
 def _replan(job: _Job, served: ServedAdapter) -> _Job | None:

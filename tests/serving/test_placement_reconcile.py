@@ -7,6 +7,7 @@ in-sync tick with bounded adapters costs what one without does."""
 from __future__ import annotations
 
 import pytest
+import requests
 
 from serving.models import DriftEvent, DriftKind, Replica, ServedAdapter
 from serving.placement import Reason, State
@@ -16,6 +17,8 @@ from tests.serving.conftest import make_deployment
 from tests.serving.test_reconcile_scale import MAX_STATEMENTS
 from tests.serving.test_rollouts import promote
 from tests.support.fleet import fingerprints_record, measure, served_adapters_clone, standin_fleet
+from tests.support.haproxy import haproxy_available, running_haproxy
+from tests.support.vllm_servers import free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -164,3 +167,43 @@ def test_a_rollout_that_finds_no_room_fails_and_says_so(
     rollout.refresh_from_db()
     assert rollout.error.startswith("No room")
     assert _holders(fleet, "legal-contracts") == []
+
+
+@pytest.mark.skipif(not haproxy_available(), reason="haproxy is not installed")
+def test_behind_a_front_door_a_moved_adapter_is_drained_before_it_is_unloaded(
+    placed, fleet, settings, tmp_path
+):
+    from serving.gateway.selectors import routing_table_for
+    from serving.gateway.services import front_door_for
+    from serving.models import HttpAttempt
+
+    deployment, served = placed
+    listen = f"127.0.0.1:{free_port()}"
+    settings.SERVING_GATEWAYS = {deployment.name: listen}
+    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    door = front_door_for(deployment)
+    door.write(routing_table_for(deployment))
+    name = served[0].adapter.served_name
+    url = f"http://{listen}/v1/completions"
+    body = {"model": name, "prompt": "hi", "max_tokens": 1}
+    with running_haproxy(door, log=tmp_path / "haproxy.log"):
+        reconcile_deployment(deployment.pk, "beat")  # placed, loaded, routed
+        assert requests.post(url, json=body, timeout=10).status_code == 200
+        row = ServedAdapter.objects.get(pk=served[0].pk)
+        [home] = State.from_dict(row.placement).replicas
+        other = Replica.objects.filter(deployment=deployment).exclude(pk=home).first()
+        ServedAdapter.objects.filter(pk=row.pk).update(
+            placement={**row.placement, "replicas": [other.pk]}
+        )
+        reconcile_deployment(deployment.pk, "beat")  # loaded on the other; both serve
+        assert requests.post(url, json=body, timeout=10).status_code == 200
+        reconcile_deployment(deployment.pk, "beat")  # drained at the front door, unloaded
+        assert requests.post(url, json=body, timeout=10).status_code == 200
+    old = next(r for r in fleet.replicas if r.base_url == Replica.objects.get(pk=home).base_url)
+    assert name not in old.adapters
+    drains = HttpAttempt.objects.filter(
+        purpose="gateway", replica_id=home, url__contains=f"m_{name}/r{home} state drain"
+    )
+    assert drains.exists(), list(HttpAttempt.objects.filter(purpose="gateway").values("url"))
+    unload = HttpAttempt.objects.filter(replica_id=home, purpose="unload").latest("started_at")
+    assert drains.latest("started_at").started_at <= unload.started_at
