@@ -156,9 +156,11 @@ def placement_targets(
     Returns (replicas, the placement; None for an adapter without bounds)."""
     if not is_bounded(served.min_replicas, served.max_replicas):
         return replicas, None
-    keys = {r.pk for r in replicas}
+    # A placed replica that is down does not count: the placement moves off it,
+    # as the reconcile's next tick would move it.
+    up = {r.pk for r in replicas if r.health != ReplicaHealth.DOWN}
     state = State.from_dict(served.placement)
-    placed = [k for k in state.replicas if k in keys]
+    placed = [k for k in state.replicas if k in up]
     if not placed or len(placed) < state.wanted:
         now = timezone.now()
         others = list(
@@ -183,7 +185,6 @@ def placement_targets(
             max_replicas=served.max_replicas,
             placement=served.placement,
         )
-        up = {r.pk for r in replicas if r.health != ReplicaHealth.DOWN}
         result = placement_compute(deployment, [*others, me], replicas, up=up, now=now)
         state = result.states[served.adapter.served_name]
         served.placement = state.as_dict()

@@ -207,3 +207,23 @@ def test_behind_a_front_door_a_moved_adapter_is_drained_before_it_is_unloaded(
     assert drains.exists(), list(HttpAttempt.objects.filter(purpose="gateway").values("url"))
     unload = HttpAttempt.objects.filter(replica_id=home, purpose="unload").latest("started_at")
     assert drains.latest("started_at").started_at <= unload.started_at
+
+
+def test_a_rollout_moves_the_placement_off_a_replica_that_is_down(
+    root, lena, fleet, tmp_path, contracts, approved_v1, approved_v2
+):
+    deployment = make_deployment(root, fleet.urls, tmp_path / "volume", name="moving")
+    ServedAdapter.objects.create(deployment=deployment, adapter=contracts, max_replicas=1)
+    assert rollout_execute(promote(lena, deployment, approved_v1)[1].pk, "w") == "succeeded"
+    [home] = _holders(fleet, "legal-contracts")
+    fleet.replicas[home].unavailable = 10**6
+    Replica.objects.filter(base_url=fleet.replicas[home].base_url).update(health="down")
+
+    _, swap = promote(lena, deployment, approved_v2)
+    assert rollout_execute(swap.pk, "w") == "succeeded"
+
+    holders = [i for i in _holders(fleet, "legal-contracts") if i != home]
+    assert len(holders) == 1
+    served = ServedAdapter.objects.get(deployment=deployment)
+    new_home = fleet.replicas[holders[0]]
+    assert new_home.adapters["legal-contracts"] == served.served_path
