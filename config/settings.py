@@ -400,6 +400,18 @@ SERVING_STAGED_REVERIFY_SECONDS = cfg.integer(
 # Reconcile repairs: how many HTTP calls at once in all, and to one replica.
 SERVING_RECONCILE_CONCURRENCY = cfg.integer("SERVING_RECONCILE_CONCURRENCY", 32, minimum=1)
 SERVING_RECONCILE_PER_REPLICA = cfg.integer("SERVING_RECONCILE_PER_REPLICA", 4, minimum=1)
+# Placement (serving/placement.py, docs/operators/placement.md): an adapter with
+# min_replicas/max_replicas follows its demand (running + waiting in vLLM's
+# /metrics) smoothed over SERVING_PLACEMENT_WINDOW_SECONDS, one replica per
+# SERVING_PLACEMENT_DEMAND_PER_REPLICA of it; it gives up a replica only after
+# fewer were wanted for SERVING_PLACEMENT_QUIET_SECONDS; one reconcile tick starts
+# at most SERVING_PLACEMENT_CHURN_BUDGET loads plus unloads (0: no limit).
+SERVING_PLACEMENT_WINDOW_SECONDS = cfg.number("SERVING_PLACEMENT_WINDOW_SECONDS", 60.0, minimum=0)
+SERVING_PLACEMENT_QUIET_SECONDS = cfg.number("SERVING_PLACEMENT_QUIET_SECONDS", 300.0, minimum=0)
+SERVING_PLACEMENT_CHURN_BUDGET = cfg.integer("SERVING_PLACEMENT_CHURN_BUDGET", 32, minimum=0)
+SERVING_PLACEMENT_DEMAND_PER_REPLICA = cfg.number(
+    "SERVING_PLACEMENT_DEMAND_PER_REPLICA", 1.0, minimum=0.01
+)
 SERVING_ATTEMPT_RETENTION_DAYS = cfg.integer("SERVING_ATTEMPT_RETENTION_DAYS", 14, minimum=1)
 # A replica's probe (serving/probe.py) matches the version's fingerprint when no
 # token's logprob differs by more than this. Measured with bench/fingerprint_spread.py
