@@ -101,6 +101,7 @@ def rollouts_for(actor: Actor) -> QuerySet[Rollout]:
             "target_version",
             "previous_version",
             "requested_by",
+            "canary_replica",
         ).prefetch_related(Prefetch("replica_steps", queryset=steps)),
         actor,
         "adapter__department_id",

@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+from django.conf import settings
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from serving.capacity import Tiers, deployment_tiers
 from serving.models import (
     Adoption,
+    CanaryOutcome,
+    CanaryRequest,
     Deployment,
     DriftEvent,
     HttpAttempt,
@@ -269,6 +273,8 @@ class PromotionSerializer(serializers.ModelSerializer):
             "version_number",
             "status",
             "canary",
+            "canary_share",
+            "canary_bake_seconds",
             "gate_report",
             "requested_by",
             "reviewed_by",
@@ -287,6 +293,38 @@ class PromotionCreateSerializer(serializers.Serializer):
     deployment = serializers.SlugField()
     version = serializers.IntegerField()
     canary = serializers.BooleanField(required=False, allow_null=True, default=None)
+    canary_share = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=1,
+        max_value=50,
+        help_text="A traffic canary: the percentage of the adapter's requests the new "
+        "version takes at the front door while it bakes (with canary_bake_seconds). "
+        "Needs a front door, a version served already and two replicas (409 "
+        "canary_not_possible).",
+    )
+    canary_bake_seconds = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=1,
+        help_text="How long the canary bakes before its gates decide; required with "
+        "canary_share, at most SERVING_CANARY_MAX_BAKE_SECONDS (3600 by default).",
+    )
+
+    def validate(self, data):
+        share, bake = data.get("canary_share"), data.get("canary_bake_seconds")
+        if (share is None) != (bake is None):
+            raise serializers.ValidationError(
+                {"canary_bake_seconds": "canary_share and canary_bake_seconds go together."}
+            )
+        limit = settings.SERVING_CANARY_MAX_BAKE_SECONDS
+        if bake is not None and bake > limit:
+            raise serializers.ValidationError(
+                {"canary_bake_seconds": f"At most {limit} (SERVING_CANARY_MAX_BAKE_SECONDS)."}
+            )
+        return data
 
 
 class ReviewSerializer(serializers.Serializer):
@@ -328,6 +366,94 @@ class ReplicaSummarySerializer(serializers.Serializer):
     text = serializers.CharField(help_text='e.g. "3 of 4 replicas serve v2, 1 deferred (down)"')
 
 
+class CanarySideSerializer(serializers.Serializer):
+    requests = serializers.IntegerField(help_text="Since the bake began.")
+    errors = serializers.IntegerField(
+        help_text="5xx answers and failed connections or responses at the front door."
+    )
+    error_rate = serializers.FloatField()
+    latency_ms = serializers.FloatField(
+        allow_null=True, help_text="Mean response time of the last 1024 requests (HAProxy)."
+    )
+
+
+class CanaryGateSerializer(serializers.Serializer):
+    name = serializers.ChoiceField(choices=["errors", "latency"])
+    verdict = serializers.ChoiceField(choices=["pass", "fail", "wait"])
+    canary = serializers.FloatField(allow_null=True)
+    baseline = serializers.FloatField(allow_null=True)
+    limit = serializers.FloatField(allow_null=True)
+    message = serializers.CharField()
+
+
+class CanaryRollbackSerializer(serializers.Serializer):
+    switch_ms = serializers.FloatField(
+        help_text="The traffic switch: weight 0 on the canary at the front door."
+    )
+    drained_ms = serializers.FloatField(help_text="Until its requests in flight were done.")
+
+
+class CanarySplitSerializer(serializers.Serializer):
+    """A traffic canary as it bakes, or as it was decided."""
+
+    share = serializers.IntegerField(help_text="Percent of the adapter's requests.")
+    bake_seconds = serializers.IntegerField()
+    bake_until = serializers.DateTimeField(allow_null=True)
+    seconds_left = serializers.IntegerField(allow_null=True)
+    replica = serializers.CharField(allow_null=True, help_text="The canary replica's URL.")
+    weights = serializers.DictField(child=serializers.IntegerField())
+    outcome = serializers.ChoiceField(choices=CanaryOutcome.choices, allow_blank=True)
+    requested = serializers.ChoiceField(
+        choices=CanaryRequest.choices,
+        allow_blank=True,
+        help_text="promote or abort, asked by a person and not acted on yet.",
+    )
+    verdict = serializers.ChoiceField(choices=["pass", "fail", "wait"], allow_null=True)
+    reason = serializers.CharField(allow_blank=True)
+    canary = CanarySideSerializer(allow_null=True)
+    baseline = CanarySideSerializer(allow_null=True)
+    gates = CanaryGateSerializer(many=True)
+    checked_at = serializers.DateTimeField(allow_null=True)
+    rollback = CanaryRollbackSerializer(allow_null=True)
+
+
+def canary_split(rollout) -> dict | None:
+    if not rollout.canary_share:
+        return None
+    report = rollout.canary_gates or {}
+    verdict = report.get("verdict") or {}
+    until = rollout.canary_bake_until
+    left = None
+    if until is not None and not rollout.canary_outcome:
+        left = max(0, int((until - timezone.now()).total_seconds() + 0.999))
+    replica = rollout.canary_replica
+
+    def side(key):
+        data = report.get(key)
+        if not data:
+            return None
+        requests = data["requests"]
+        return {**data, "error_rate": data["errors"] / requests if requests else 0.0}
+
+    return {
+        "share": rollout.canary_share,
+        "bake_seconds": rollout.canary_bake_seconds,
+        "bake_until": until,
+        "seconds_left": left,
+        "replica": replica.base_url if replica else None,
+        "weights": report.get("weights") or {},
+        "outcome": rollout.canary_outcome,
+        "requested": rollout.canary_request if not rollout.canary_outcome else "",
+        "verdict": verdict.get("outcome"),
+        "reason": verdict.get("reason", ""),
+        "canary": side("canary"),
+        "baseline": side("baseline"),
+        "gates": verdict.get("gates") or [],
+        "checked_at": report.get("checked_at"),
+        "rollback": report.get("rollback"),
+    }
+
+
 class RolloutSerializer(serializers.ModelSerializer):
     deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
     cancelled_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
@@ -340,6 +466,7 @@ class RolloutSerializer(serializers.ModelSerializer):
         source="previous_version.number", read_only=True, allow_null=True
     )
     replicas = ReplicaRolloutSerializer(source="replica_steps", many=True, read_only=True)
+    canary_split = serializers.SerializerMethodField()
 
     class Meta:
         model = Rollout
@@ -355,6 +482,9 @@ class RolloutSerializer(serializers.ModelSerializer):
             "previous_version",
             "previous_version_number",
             "canary",
+            "canary_share",
+            "canary_bake_seconds",
+            "canary_split",
             "staged_path",
             "served_path",
             "error",
@@ -365,6 +495,10 @@ class RolloutSerializer(serializers.ModelSerializer):
             "replicas_summary",
             "replicas",
         ]
+
+    @extend_schema_field(CanarySplitSerializer(allow_null=True))
+    def get_canary_split(self, rollout) -> dict | None:
+        return canary_split(rollout)
 
     @extend_schema_field(ReplicaSummarySerializer)
     def get_replicas_summary(self, rollout) -> dict:
