@@ -6,6 +6,7 @@ from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
 from django.db.models import Prefetch, Q, QuerySet
+from django.utils import timezone
 
 from core.access import visible_department_ids
 from core.actors import Actor
@@ -177,6 +178,9 @@ def _hide_infrastructure(rollout: Rollout, labels: dict[int, str]) -> None:
             attempt.error = redact(_without_address(attempt.error, base_url, label))
         replica.base_url = label
         replica.last_error = ""
+    canary = rollout.canary_replica if rollout.canary_replica_id else None
+    if canary is not None:
+        canary.base_url = labels.get(canary.pk, "replica")
     # Staging and storage failures ("Staging failed: ...", "Waiting for the
     # artifact store: ...") name the volume, the bucket and the endpoint.
     rollout.error = redact(rollout.error)
@@ -308,3 +312,42 @@ def kserve_manifests(actor: Actor, deployment: Deployment) -> str:
     if refusal:
         raise NotAuthorized(refusal, code="kserve_forbidden")
     return render_yaml(deployment)
+
+
+def canary_split(rollout: Rollout) -> dict | None:
+    """A traffic canary as the API and the page show it: its split, its gates
+    and their verdict, the seconds left of its bake; None for other rollouts."""
+    if not rollout.canary_share:
+        return None
+    report = rollout.canary_gates or {}
+    verdict = report.get("verdict") or {}
+    until = rollout.canary_bake_until
+    left = None
+    if until is not None and not rollout.canary_outcome:
+        left = max(0, int((until - timezone.now()).total_seconds() + 0.999))
+    replica = rollout.canary_replica
+
+    def side(key):
+        data = report.get(key)
+        if not data:
+            return None
+        requests = data["requests"]
+        return {**data, "error_rate": data["errors"] / requests if requests else 0.0}
+
+    return {
+        "share": rollout.canary_share,
+        "bake_seconds": rollout.canary_bake_seconds,
+        "bake_until": until,
+        "seconds_left": left,
+        "replica": replica.base_url if replica else None,
+        "weights": report.get("weights") or {},
+        "outcome": rollout.canary_outcome,
+        "requested": rollout.canary_request if not rollout.canary_outcome else "",
+        "verdict": verdict.get("outcome"),
+        "reason": verdict.get("reason", ""),
+        "canary": side("canary"),
+        "baseline": side("baseline"),
+        "gates": verdict.get("gates") or [],
+        "checked_at": report.get("checked_at"),
+        "rollback": report.get("rollback"),
+    }

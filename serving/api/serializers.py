@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -19,7 +18,7 @@ from serving.models import (
     Rollout,
 )
 from serving.replica_facts import disputes as fact_disputes
-from serving.selectors import rollout_replica_summary
+from serving.selectors import canary_split, rollout_replica_summary
 from serving.services.deployments import IDENTITY_FIELDS
 
 
@@ -415,43 +414,6 @@ class CanarySplitSerializer(serializers.Serializer):
     gates = CanaryGateSerializer(many=True)
     checked_at = serializers.DateTimeField(allow_null=True)
     rollback = CanaryRollbackSerializer(allow_null=True)
-
-
-def canary_split(rollout) -> dict | None:
-    if not rollout.canary_share:
-        return None
-    report = rollout.canary_gates or {}
-    verdict = report.get("verdict") or {}
-    until = rollout.canary_bake_until
-    left = None
-    if until is not None and not rollout.canary_outcome:
-        left = max(0, int((until - timezone.now()).total_seconds() + 0.999))
-    replica = rollout.canary_replica
-
-    def side(key):
-        data = report.get(key)
-        if not data:
-            return None
-        requests = data["requests"]
-        return {**data, "error_rate": data["errors"] / requests if requests else 0.0}
-
-    return {
-        "share": rollout.canary_share,
-        "bake_seconds": rollout.canary_bake_seconds,
-        "bake_until": until,
-        "seconds_left": left,
-        "replica": replica.base_url if replica else None,
-        "weights": report.get("weights") or {},
-        "outcome": rollout.canary_outcome,
-        "requested": rollout.canary_request if not rollout.canary_outcome else "",
-        "verdict": verdict.get("outcome"),
-        "reason": verdict.get("reason", ""),
-        "canary": side("canary"),
-        "baseline": side("baseline"),
-        "gates": verdict.get("gates") or [],
-        "checked_at": report.get("checked_at"),
-        "rollback": report.get("rollback"),
-    }
 
 
 class RolloutSerializer(serializers.ModelSerializer):

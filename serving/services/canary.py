@@ -180,7 +180,9 @@ def _bake(ctx, served: ServedAdapter, canary: Replica, rest: list[Replica], name
                     "share": rollout.canary_share,
                     "bake_seconds": rollout.canary_bake_seconds,
                     "bake_until": rollout.canary_bake_until.isoformat(),
-                    "canary_replica": canary.base_url,
+                    # Its server at the front door, not its address: the audit
+                    # log is the department's to read, the addresses the platform's.
+                    "canary_server": server_name(canary.pk),
                     "weights": {server_name(int(k)): w for k, w in weights.items()},
                 },
             )
