@@ -78,9 +78,7 @@ def test_a_canary_on_one_replica_is_refused(as_lena, deployment, served_v1, appr
     assert "has 1 replica(s)" in response.json()["error"]["message"]
 
 
-def test_a_canary_promotion_records_its_share_and_bake(
-    as_lena, deployment, served_v1, approved_v2
-):
+def test_a_canary_promotion_records_its_share_and_bake(as_lena, deployment, served_v1, approved_v2):
     response = promote(as_lena, deployment, approved_v2, canary_share=10, canary_bake_seconds=30)
     assert response.status_code == 201, response.content
     assert (response.json()["canary_share"], response.json()["canary_bake_seconds"]) == (10, 30)

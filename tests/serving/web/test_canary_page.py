@@ -85,7 +85,7 @@ def test_the_page_shows_the_split_the_gates_and_the_countdown_live(web_alex, bak
     gates = html.split('data-testid="canary-gates"')[1].split("</table>")[0]
     assert "2.5\xa0%" in gates and "≤&nbsp;2.0\xa0%" in gates
     assert "120&nbsp;ms" in gates and 'data-verdict="wait"' in gates
-    assert "<td class=\"num\">40</td>" in gates and "<td class=\"num\">360</td>" in gates
+    assert '<td class="num">40</td>' in gates and '<td class="num">360</td>' in gates
     assert 'data-testid="canary-promote"' in html
     assert 'data-testid="canary-promote" disabled' not in html
 
