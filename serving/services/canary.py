@@ -24,6 +24,7 @@ front door's, per server, in the adapter's backend (HAProxy's `show stat`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import asdict
@@ -188,7 +189,15 @@ def _bake(ctx, served: ServedAdapter, canary: Replica, rest: list[Replica], name
             )
     limits = thresholds()
     while True:
-        ctx.watch.check()
+        try:
+            ctx.watch.check()
+        except engine.Stopped:
+            if ctx.watch.reason == "the rollout was cancelled":
+                # Cancelled: the new version takes no more of the traffic now, not
+                # at the next reconcile (which puts the old version back there).
+                with contextlib.suppress(GatewayError):
+                    gateway_weigh(deployment, name, {canary.pk: 0})
+            raise
         try:
             epoch, samples = _read(deployment, name)
             state = gates.advance(state, samples, epoch)

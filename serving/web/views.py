@@ -227,6 +227,8 @@ def promote(request, actor: Actor, pk: int):
             deployment=deployment,
             version=version,
             canary=True if form.cleaned_data["canary"] else None,
+            canary_share=form.cleaned_data.get("canary_share"),
+            canary_bake_seconds=form.cleaned_data.get("canary_bake_seconds"),
         )
     except NotFound:
         raise

@@ -163,3 +163,18 @@ def test_a_canary_without_enough_requests_in_its_bake_is_not_proven_and_rolled_b
     v1_root = ServedAdapter.objects.get(deployment=deployment).served_path
     for replica in fake_replicas:
         assert replica.adapters == {"legal-contracts": v1_root}
+
+
+def test_a_cancelled_canary_takes_no_more_traffic_at_once(
+    door, alex, lena, deployment, served_v1, approved_v2
+):
+    from serving.services.rollouts import rollout_cancel
+
+    rollout, worker, ended = start_canary(lena, deployment, approved_v2, bake=300)
+    rollout = wait_baking(rollout)
+    canary, other = servers_of(deployment)
+    rollout_cancel(actor=actor(alex), rollout=rollout)
+    worker.join(30)
+    assert ended["status"] == RolloutStatus.CANCELLED
+    assert weights(door, "legal-contracts")[canary] == "0"
+    assert ServedAdapter.objects.get(deployment=deployment).gateway_weights == {}

@@ -116,3 +116,32 @@ def test_an_approver_aborts_it_from_the_page(web_alex, baking):
 def test_outsiders_get_a_404(web_fred, baking):
     assert web_fred.get(f"/rollouts/{baking.pk}/live/", **HTMX).status_code == 404
     assert web_fred.post(f"/rollouts/{baking.pk}/canary/promote/").status_code == 404
+
+
+def test_a_traffic_canary_is_started_from_the_promote_form(
+    web_lena, settings, tmp_path, lena, deployment, approved_v1, approved_v2
+):
+    settings.SERVING_GATEWAYS = {deployment.name: "127.0.0.1:1"}
+    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    first = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
+    assert rollout_execute(first.rollouts.get().pk, "w") == RolloutStatus.SUCCEEDED
+    form = {"deployment": deployment.name, "canary_share": "10", "canary_bake_seconds": "60"}
+    gate = web_lena.get(f"/versions/{approved_v2.pk}/promote/", form, **HTMX).content.decode()
+    assert "Canary: 10&nbsp;% of the traffic to the new version for 60&nbsp;s" in gate
+    assert 'name="canary_share" value="10"' in gate
+    answer = web_lena.post(f"/versions/{approved_v2.pk}/promote/", form)
+    assert answer.status_code == 302, answer.content
+    rollout = Rollout.objects.get(target_version=approved_v2)
+    assert (rollout.canary_share, rollout.canary_bake_seconds) == (10, 60)
+    page = web_lena.get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert "Traffic canary: 10&nbsp;% for 60&nbsp;s" in page
+
+
+def test_a_traffic_canary_the_deployment_cannot_run_is_refused_with_the_reason(
+    web_lena, lena, deployment, approved_v1
+):
+    form = {"deployment": deployment.name, "canary_share": "10", "canary_bake_seconds": "60"}
+    answer = web_lena.post(f"/versions/{approved_v1.pk}/promote/", form)
+    assert answer.status_code == 409
+    assert "has no front door" in answer.content.decode()
+    assert not Rollout.objects.exists()
