@@ -288,42 +288,32 @@ class PromotionSerializer(serializers.ModelSerializer):
         return rollout.pk if rollout else None
 
 
+class TrafficCanarySerializer(serializers.Serializer):
+    share = serializers.IntegerField(
+        min_value=1, max_value=50, help_text="Percent of the adapter's requests."
+    )
+    bake_seconds = serializers.IntegerField(
+        min_value=1,
+        # The setting's value when the schema is made (SERVING_CANARY_MAX_BAKE_SECONDS).
+        max_value=settings.SERVING_CANARY_MAX_BAKE_SECONDS,
+        help_text="How long the canary bakes before its gates decide "
+        "(at most SERVING_CANARY_MAX_BAKE_SECONDS).",
+    )
+
+
 class PromotionCreateSerializer(serializers.Serializer):
     deployment = serializers.SlugField()
     version = serializers.IntegerField()
     canary = serializers.BooleanField(required=False, allow_null=True, default=None)
-    canary_share = serializers.IntegerField(
+    traffic_canary = TrafficCanarySerializer(
         required=False,
         allow_null=True,
         default=None,
-        min_value=1,
-        max_value=50,
-        help_text="A traffic canary: the percentage of the adapter's requests the new "
-        "version takes at the front door while it bakes (with canary_bake_seconds). "
-        "Needs a front door, a version served already and two replicas (409 "
-        "canary_not_possible).",
+        help_text="A traffic canary: the new version takes `share` percent of the "
+        "adapter's requests at the front door for `bake_seconds`, then every replica "
+        "if its health gates hold, else it is rolled back. Needs a front door, a "
+        "version served already and two replicas (409 canary_not_possible).",
     )
-    canary_bake_seconds = serializers.IntegerField(
-        required=False,
-        allow_null=True,
-        default=None,
-        min_value=1,
-        help_text="How long the canary bakes before its gates decide; required with "
-        "canary_share, at most SERVING_CANARY_MAX_BAKE_SECONDS (3600 by default).",
-    )
-
-    def validate(self, data):
-        share, bake = data.get("canary_share"), data.get("canary_bake_seconds")
-        if (share is None) != (bake is None):
-            raise serializers.ValidationError(
-                {"canary_bake_seconds": "canary_share and canary_bake_seconds go together."}
-            )
-        limit = settings.SERVING_CANARY_MAX_BAKE_SECONDS
-        if bake is not None and bake > limit:
-            raise serializers.ValidationError(
-                {"canary_bake_seconds": f"At most {limit} (SERVING_CANARY_MAX_BAKE_SECONDS)."}
-            )
-        return data
 
 
 class ReviewSerializer(serializers.Serializer):

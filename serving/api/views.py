@@ -255,8 +255,8 @@ class PromotionViewSet(
             deployment=deployment,
             version=version,
             canary=data.validated_data["canary"],
-            canary_share=data.validated_data["canary_share"],
-            canary_bake_seconds=data.validated_data["canary_bake_seconds"],
+            canary_share=(data.validated_data["traffic_canary"] or {}).get("share"),
+            canary_bake_seconds=(data.validated_data["traffic_canary"] or {}).get("bake_seconds"),
         )
         return Response(s.PromotionSerializer(promotion).data, status=status.HTTP_201_CREATED)
 

@@ -14,6 +14,8 @@ from tests.support.authorization import CALLERS, caller_client
 
 pytestmark = pytest.mark.django_db
 
+TEN_FOR_30 = {"share": 10, "bake_seconds": 30}
+
 
 @pytest.fixture
 def front_door(settings, deployment, tmp_path):
@@ -35,28 +37,29 @@ def promote(client, deployment, version, **extra):
 
 
 @pytest.mark.parametrize(
-    "extra,field",
+    "canary",
     [
-        ({"canary_share": 10}, "canary_bake_seconds"),
-        ({"canary_bake_seconds": 30}, "canary_bake_seconds"),
-        ({"canary_share": 0, "canary_bake_seconds": 30}, "canary_share"),
-        ({"canary_share": 51, "canary_bake_seconds": 30}, "canary_share"),
-        ({"canary_share": 10, "canary_bake_seconds": 0}, "canary_bake_seconds"),
-        ({"canary_share": 10, "canary_bake_seconds": 3601}, "canary_bake_seconds"),
-        ({"canary_share": "a tenth", "canary_bake_seconds": 30}, "canary_share"),
+        {"share": 10},
+        {"bake_seconds": 30},
+        {"share": 0, "bake_seconds": 30},
+        {"share": 51, "bake_seconds": 30},
+        {"share": 10, "bake_seconds": 0},
+        {"share": 10, "bake_seconds": 3601},
+        {"share": "a tenth", "bake_seconds": 30},
+        "ten percent",
     ],
 )
 def test_a_bad_share_or_bake_is_a_400_naming_the_field(
-    as_lena, deployment, served_v1, approved_v2, extra, field
+    as_lena, deployment, served_v1, approved_v2, canary
 ):
-    response = promote(as_lena, deployment, approved_v2, **extra)
+    response = promote(as_lena, deployment, approved_v2, traffic_canary=canary)
     assert response.status_code == 400, response.content
-    assert field in response.json()["error"]["details"]["fields"], response.json()
+    assert "traffic_canary" in response.json()["error"]["details"]["fields"], response.json()
     assert not Rollout.objects.filter(target_version=approved_v2).exists()
 
 
 def test_a_canary_without_a_front_door_is_refused(as_lena, lena, deployment, approved_v1):
-    response = promote(as_lena, deployment, approved_v1, canary_share=10, canary_bake_seconds=30)
+    response = promote(as_lena, deployment, approved_v1, traffic_canary=TEN_FOR_30)
     assert response.status_code == 409
     error = response.json()["error"]
     assert error["code"] == "canary_not_possible"
@@ -64,7 +67,7 @@ def test_a_canary_without_a_front_door_is_refused(as_lena, lena, deployment, app
 
 
 def test_a_canary_of_a_first_version_is_refused(as_lena, deployment, approved_v1, front_door):
-    response = promote(as_lena, deployment, approved_v1, canary_share=10, canary_bake_seconds=30)
+    response = promote(as_lena, deployment, approved_v1, traffic_canary=TEN_FOR_30)
     assert response.status_code == 409
     assert "no old version to compare with" in response.json()["error"]["message"]
 
@@ -73,13 +76,13 @@ def test_a_canary_on_one_replica_is_refused(as_lena, deployment, served_v1, appr
     deployment.replicas.filter(pk=deployment.replicas.order_by("pk").first().pk).update(
         active=False
     )
-    response = promote(as_lena, deployment, approved_v2, canary_share=10, canary_bake_seconds=30)
+    response = promote(as_lena, deployment, approved_v2, traffic_canary=TEN_FOR_30)
     assert response.status_code == 409
     assert "has 1 replica(s)" in response.json()["error"]["message"]
 
 
 def test_a_canary_promotion_records_its_share_and_bake(as_lena, deployment, served_v1, approved_v2):
-    response = promote(as_lena, deployment, approved_v2, canary_share=10, canary_bake_seconds=30)
+    response = promote(as_lena, deployment, approved_v2, traffic_canary=TEN_FOR_30)
     assert response.status_code == 201, response.content
     assert (response.json()["canary_share"], response.json()["canary_bake_seconds"]) == (10, 30)
     rollout = Rollout.objects.get(pk=response.json()["rollout"])

@@ -88,7 +88,7 @@ def test_a_good_canary_bakes_on_its_share_survives_its_worker_and_takes_all_traf
         with Traffic(url, "legal-contracts") as traffic:
             promotion = ok(
                 platform.promote(
-                    "canary-cpu", v2["id"], canary_share=SHARE, canary_bake_seconds=25
+                    "canary-cpu", v2["id"], traffic_canary={"share": SHARE, "bake_seconds": 25}
                 ),
                 201,
             )
@@ -166,7 +166,7 @@ def test_a_broken_canary_is_switched_out_in_under_a_second_and_rolled_back(
             with Traffic(url, "legal-memos") as traffic:
                 time.sleep(1)
                 rollout = platform.promote_and_wait(
-                    "canary-bad", v2["id"], canary_share=SHARE, canary_bake_seconds=120
+                    "canary-bad", v2["id"], traffic_canary={"share": SHARE, "bake_seconds": 120}
                 )
                 failed_during = traffic.failed()
                 time.sleep(2)
