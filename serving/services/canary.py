@@ -134,7 +134,7 @@ def _swap_canary(ctx, canary: Replica, name: str, load, verify) -> bool:
     (the other replicas serve meanwhile). Again on a resumed bake: the
     replica may have been repaired back while no worker held the adapter."""
     step = ctx.steps[canary.pk]
-    # Everything but the canary replica, were this to fail: it alone changed.
+    # Were this to fail, only the canary replica has changed: it alone goes back.
     ctx.rollback_order = [canary]
     engine._phase(ctx, [step], RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
     gateway_drain(ctx.deployment, name, [canary])
@@ -157,17 +157,25 @@ def _bake(ctx, served: ServedAdapter, canary: Replica, rest: list[Replica], name
     ends or a person decides. Returns (outcome, reason)."""
     rollout = ctx.rollout
     deployment = ctx.deployment
-    first = rollout.canary_bake_until is None
-    if first:
+    if rollout.canary_bake_until is None:
         rollout.canary_bake_until = timezone.now() + timedelta(seconds=rollout.canary_bake_seconds)
         Rollout.objects.filter(pk=rollout.pk).update(canary_bake_until=rollout.canary_bake_until)
     engine._set_status(ctx, RolloutStatus.BAKING)
     weights = gates.split_weights(rollout.canary_share, str(canary.pk), [str(r.pk) for r in rest])
     _split(ctx, served, canary, rest, name, {int(pk): w for pk, w in weights.items()})
-    state = (rollout.canary_gates or {}).get("counters")
-    if first or state is None:
-        epoch, samples = _read(deployment, name)
-        state = gates.start(samples, epoch)
+    # A resumed bake goes on with the counts it had; a first one starts them now.
+    started = "counters" in (rollout.canary_gates or {})
+    state = rollout.canary_gates["counters"] if started else None
+    if state is None:
+        try:
+            epoch, samples = _read(deployment, name)
+            state = gates.start(samples, epoch)
+        except GatewayError as error:
+            # Counted from the first read that works (below): never from zero,
+            # which would count the old version's answers on the canary server.
+            logger.warning("rollout %s: front door unreadable: %s", rollout.pk, error)
+            state = None
+    if not started:
         with transaction.atomic():
             report = {"counters": state, "weights": weights, "share": rollout.canary_share}
             _save_gates(rollout, report)
@@ -200,12 +208,19 @@ def _bake(ctx, served: ServedAdapter, canary: Replica, rest: list[Replica], name
             raise
         try:
             epoch, samples = _read(deployment, name)
-            state = gates.advance(state, samples, epoch)
+            state = (
+                gates.start(samples, epoch)
+                if state is None
+                else gates.advance(state, samples, epoch)
+            )
         except GatewayError as error:
             # Unreadable for now: the counters carry on in HAProxy; judged when readable.
             logger.warning("rollout %s: front door unreadable: %s", rollout.pk, error)
             samples = {}
-        canary_side, old_side = gates.sides(state, samples, str(canary.pk))
+        if state is None:
+            canary_side = old_side = gates.Side(0, 0, None)
+        else:
+            canary_side, old_side = gates.sides(state, samples, str(canary.pk))
         now = timezone.now()
         verdict = gates.judge(
             canary_side, old_side, limits, bake_over=now >= rollout.canary_bake_until

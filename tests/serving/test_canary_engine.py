@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from django.utils import timezone
 
 from core.models import AuditEvent
 from serving.gateway.services import front_door_for, gateway_sync
@@ -63,11 +64,17 @@ def start_canary(lena, deployment, version, bake: int):
     return rollout, worker, ended
 
 
-def wait_baking(rollout: Rollout, timeout: float = 30) -> Rollout:
+def wait_baking(rollout: Rollout, timeout: float = 30, after: str = "") -> Rollout:
+    """Until the worker bakes (and has judged the gates since `after`, an ISO time)."""
     deadline = time.monotonic() + timeout
     while True:
         rollout.refresh_from_db()
-        if rollout.status == RolloutStatus.BAKING and rollout.canary_gates.get("counters"):
+        gates = rollout.canary_gates
+        if (
+            rollout.status == RolloutStatus.BAKING
+            and gates.get("counters")
+            and gates.get("checked_at", "") > after
+        ):
             return rollout
         assert time.monotonic() < deadline, (rollout.status, rollout.error)
         time.sleep(0.1)
@@ -178,3 +185,43 @@ def test_a_cancelled_canary_takes_no_more_traffic_at_once(
     assert ended["status"] == RolloutStatus.CANCELLED
     assert weights(door, "legal-contracts")[canary] == "0"
     assert ServedAdapter.objects.get(deployment=deployment).gateway_weights == {}
+
+
+def test_a_worker_killed_mid_bake_is_resumed_on_the_same_deadline_and_counts(
+    door, alex, lena, deployment, served_v1, approved_v2, settings
+):
+    settings.SERVING_CLAIM_SECONDS = 3.0
+    rollout, worker, ended = start_canary(lena, deployment, approved_v2, bake=300)
+    rollout = wait_baking(rollout)
+    deadline, counters = rollout.canary_bake_until, rollout.canary_gates["counters"]
+    # Its claim taken from it, the worker stops at its next heartbeat.
+    served = ServedAdapter.objects.get(deployment=deployment)
+    ServedAdapter.objects.filter(pk=served.pk).update(lease_owner="killed-worker")
+    worker.join(30)
+    assert not worker.is_alive()
+    rollout.refresh_from_db()
+    assert rollout.status == RolloutStatus.BAKING  # left as it was
+    ServedAdapter.objects.filter(pk=served.pk).update(lease_owner="", lease_until=None)
+
+    resumed: dict = {}
+    second = threading.Thread(
+        target=lambda: resumed.setdefault("status", rollout_execute(rollout.pk, "worker-2")),
+        daemon=True,
+    )
+    second.start()
+    deadline_at = time.monotonic() + 30
+    while ServedAdapter.objects.get(pk=served.pk).lease_owner != "worker-2":
+        assert time.monotonic() < deadline_at
+        time.sleep(0.1)
+    rollout = wait_baking(rollout, after=timezone.now().isoformat())
+    assert rollout.canary_bake_until == deadline
+    assert rollout.canary_gates["counters"]["base"] == counters["base"]
+    canary, other = servers_of(deployment)
+    assert weights(door, "legal-contracts") == {canary: "10", other: "90"}
+    rollout_canary_decide(actor=actor(alex), rollout=rollout, request=CanaryRequest.ABORT)
+    second.join(30)
+    assert resumed["status"] == RolloutStatus.ROLLED_BACK
+    started = AuditEvent.objects.filter(
+        object_id=str(rollout.pk), action="rollout.canary_started"
+    ).count()
+    assert started == 1
