@@ -380,6 +380,11 @@ class CanaryRollbackSerializer(serializers.Serializer):
         help_text="The traffic switch: weight 0 on the canary at the front door."
     )
     drained_ms = serializers.FloatField(help_text="Until its requests in flight were done.")
+    restored_ms = serializers.FloatField(
+        required=False,
+        help_text="Until the old version served again on the canary replica: what a "
+        "rollback by reload would have taken before traffic was safe.",
+    )
 
 
 class CanarySplitSerializer(serializers.Serializer):

@@ -100,6 +100,25 @@ def gateway_weigh(deployment: Deployment, name: str, weights: dict[int, int]) ->
     return changes
 
 
+def gateway_switch_off(deployment: Deployment, name: str, replica: Replica) -> float:
+    """A canary's rollback: weight 0 for `name` on `replica`, so that its next
+    request goes elsewhere. Returns the seconds until HAProxy had it (the
+    runtime command's round trip), measured before it is recorded. Raises
+    GatewayError if HAProxy refused."""
+    door = front_door_for(deployment)
+    if door is None:
+        return 0.0
+    started = time.monotonic()
+    try:
+        changes = door.weigh(name, {server_name(replica.pk): 0})
+    except GatewayError as error:
+        _record(deployment, [], started, error=str(error))
+        raise
+    seconds = time.monotonic() - started
+    _record(deployment, changes, started)
+    return seconds
+
+
 def gateway_samples(deployment: Deployment, name: str):
     """(epoch, {replica id: ServerSample}) of `name`'s backend, or None without
     a front door. A read: nothing is recorded."""

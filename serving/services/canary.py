@@ -43,6 +43,7 @@ from serving.gateway.services import (
     gateway_drain,
     gateway_ready,
     gateway_samples,
+    gateway_switch_off,
     gateway_sync,
     gateway_weigh,
 )
@@ -359,10 +360,10 @@ def _roll_back(ctx, served, canary: Replica, rest: list[Replica], name: str, rea
     rollout = ctx.rollout
     started = time.monotonic()
     try:
-        gateway_weigh(ctx.deployment, name, {canary.pk: 0})
+        switch_ms = gateway_switch_off(ctx.deployment, name, canary) * 1000
     except GatewayError as error:
         logger.warning("rollout %s: weight 0 refused (%s); draining", rollout.pk, error)
-    switch_ms = (time.monotonic() - started) * 1000
+        switch_ms = (time.monotonic() - started) * 1000
     gateway_drain(ctx.deployment, name, [canary])
     drained_ms = (time.monotonic() - started) * 1000
     report = dict(rollout.canary_gates or {})
@@ -382,5 +383,8 @@ def _roll_back(ctx, served, canary: Replica, rest: list[Replica], name: str, rea
     engine._rollback_everywhere(
         ctx, f"{reason.rstrip('.')}. Traffic left the canary in {switch_ms:.1f} ms"
     )
+    # What a rollback by reload would have cost: the old version serving again there.
+    report["rollback"]["restored_ms"] = round((time.monotonic() - started) * 1000, 1)
+    _save_gates(rollout, report)
     _unsplit(ctx, served, name, [canary, *rest])
     gateway_sync(ctx.deployment, release=name)

@@ -115,7 +115,9 @@ def test_a_person_aborts_a_baking_canary_and_traffic_leaves_it_at_once(
     rollout.refresh_from_db()
     assert rollout.canary_outcome == "aborted"
     assert rollout.error.startswith(f"Aborted by {alex.username}. Traffic left the canary in ")
-    assert rollout.canary_gates["rollback"]["switch_ms"] < 1000
+    switch = rollout.canary_gates["rollback"]
+    assert switch["switch_ms"] < 1000
+    assert switch["restored_ms"] > switch["drained_ms"] >= switch["switch_ms"]
     assert weights(door, "legal-contracts") == {canary: "1", other: "1"}
     assert ServedAdapter.objects.get(deployment=deployment).gateway_weights == {}
     v1_root = ServedAdapter.objects.get(deployment=deployment).served_path

@@ -177,7 +177,8 @@ def test_a_broken_canary_is_switched_out_in_under_a_second_and_rolled_back(
                 f"\n[canary] broken: rolled back after {split['canary']['requests']} canary "
                 f"requests ({split['canary']['errors']} errors), share "
                 f"{_measured_share(rollout):.1%} measured; traffic switch "
-                f"{switch['switch_ms']:.1f} ms, drained {switch['drained_ms']:.0f} ms; "
+                f"{switch['switch_ms']:.1f} ms, drained {switch['drained_ms']:.0f} ms, the old "
+                f"version back on that replica after {switch['restored_ms']:.0f} ms; "
                 f"clients {dict(traffic.statuses)}"
             )
             assert split["outcome"] == "failed"
@@ -186,6 +187,7 @@ def test_a_broken_canary_is_switched_out_in_under_a_second_and_rolled_back(
             started = Rollout.objects.get(pk=rollout["id"]).started_at.timestamp()
             assert time.time() - started < 90
             assert switch["switch_ms"] < 1000
+            assert switch["restored_ms"] > switch["drained_ms"] >= switch["switch_ms"]
             assert abs(_measured_share(rollout) - SHARE / 100) < 0.05
             # The clients saw the canary's failures while it took its share, and
             # none once traffic left it.
