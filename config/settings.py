@@ -341,6 +341,15 @@ SERVING_LOAD_TIMEOUT_SECONDS = cfg.number("SERVING_LOAD_TIMEOUT_SECONDS", 60.0, 
 SERVING_RETRY_DEADLINE_SECONDS = cfg.number("SERVING_RETRY_DEADLINE_SECONDS", 90.0)
 SERVING_RETRY_BASE_SECONDS = cfg.number("SERVING_RETRY_BASE_SECONDS", 0.5)
 SERVING_RETRY_MAX_DELAY_SECONDS = cfg.number("SERVING_RETRY_MAX_DELAY_SECONDS", 5.0)
+# Unloading then loading one adapter name kills vLLM 0.32's engine when requests
+# under the old LoRA id are still running as requests under the new id arrive
+# (docs/upstream/vllm-unload-keyerror.md). After an unload that a load follows,
+# the control plane waits until vLLM's /metrics shows no request of that name
+# running or waiting, for at most SERVING_UNLOAD_SETTLE_SECONDS (then the swap
+# fails rather than risk the replica). Unloads on one replica go one at a time,
+# at least SERVING_UNLOAD_PACE_SECONDS apart.
+SERVING_UNLOAD_SETTLE_SECONDS = cfg.number("SERVING_UNLOAD_SETTLE_SECONDS", 60.0, minimum=0)
+SERVING_UNLOAD_PACE_SECONDS = cfg.number("SERVING_UNLOAD_PACE_SECONDS", 0.0, minimum=0)
 # Claims on serving work (a rollout's adapter, a reconcile's deployment) last this
 # long and are renewed every third of it while the work goes on; a dead worker's
 # claim is free again after at most this long.

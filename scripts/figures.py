@@ -14,9 +14,9 @@ wrote with `--json`, bench/results.py), one of its tables
 (`promote_to_served.cases`), `faults` (the fault tier's convergence table,
 from test-artifacts/faults.json, written by tests/faults/conftest.py), or
 `summary` (the README's table: each bench's headlines, in SUMMARY order, and
-the fault tier's outcome). Each block ends with the commit and date of the
-run it came from. A block whose
-figures are missing fails the run (exit 1) and is left as it was, unless
+the fault tier's outcome, its audit chain's check included). Each block
+ends with the commit and date of the run it came from. A block whose figures
+are missing fails the run (exit 1) and is left as it was, unless
 --keep-missing.
 """
 
@@ -107,11 +107,19 @@ def render_bench(data: dict, table_name: str | None = None) -> list[str]:
     return lines
 
 
-def render_faults(faults: dict) -> list[str]:
-    run, rows = faults["run"], faults["scenarios"]
+def _chain(row: dict) -> str:
+    # `manage.py audit_verify` on the hash chain after the scenario
+    # (tests/faults/conftest.py Measure.settle); None: the scenario never settled.
+    return {True: "verified", False: "**broken**"}.get(row.get("chain_ok"), "not checked")
+
+
+def fault_rows(rows: list[dict]) -> list[str]:
+    """The fault table, one row per scenario; tests/faults/conftest.py writes
+    the same table to test-artifacts/faults.md."""
     lines = [
-        "| scenario | converged after the fault ended | rows left stuck | audit events lost |",
-        "| --- | --- | --- | --- |",
+        "| scenario | converged after the fault ended | rows left stuck | audit events lost "
+        "| audit chain |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for row in sorted(rows, key=lambda r: r["scenario"]):
         seconds = row["converged_seconds"]
@@ -121,15 +129,20 @@ def render_faults(faults: dict) -> list[str]:
             else f"**not within {row['limit_seconds']:.0f} s**"
         )
         lines.append(
-            f"| {row['scenario']} | {shown} | {row['rows_stuck']} | {row['audit_events_lost']} |"
+            f"| {row['scenario']} | {shown} | {row['rows_stuck']} | {row['audit_events_lost']} "
+            f"| {_chain(row)} |"
         )
+    return lines
+
+
+def render_faults(faults: dict) -> list[str]:
+    run = faults["run"]
     dirty = " (uncommitted changes)" if run.get("dirty") else ""
-    lines += [
+    return fault_rows(faults["scenarios"]) + [
         "",
         f"_Measured by the fault tier at {run['commit']}{dirty} on {run['finished_at']}, "
         f"{run['machine']}, {run['database']}; the tier took {run['tier_seconds']:.0f} s._",
     ]
-    return lines
 
 
 # The benches whose headlines make the README's summary, in its order.
@@ -140,6 +153,7 @@ SUMMARY = [
     "new_pod_to_served",
     "upload_throughput",
     "swap_under_traffic",
+    "swap_through_gateway",
     "many_adapters",
 ]
 
@@ -160,10 +174,17 @@ def render_summary(results: dict[str, dict]) -> list[str] | None:
     late = [r for r in scenarios if r["converged_seconds"] is None]
     stuck = sum(r["rows_stuck"] for r in scenarios)
     lost = sum(r["audit_events_lost"] for r in scenarios)
+    # A scenario whose chain was not checked (chain_ok None) is not a verified one.
+    unverified = [r for r in scenarios if r.get("chain_ok") is not True]
+    chain = (
+        "audit chain verified in every case"
+        if not unverified
+        else f"**audit chain not verified in {len(unverified)}**"
+    )
     figure = (
         "all converge" if not late else f"**{len(late)} did not converge**"
-    ) + f", {stuck} rows stuck, {lost} audit events lost"
-    met = not late and not stuck and not lost
+    ) + f", {stuck} rows stuck, {lost} audit events lost, {chain}"
+    met = not late and not stuck and not lost and not unverified
     lines.append(
         f"| fault tier, {len(scenarios)} cases | {figure} | each scenario's limit | "
         f"{'met' if met else '**MISSED**'} |"

@@ -55,6 +55,7 @@ from serving.replica_calls import (
     ensure_loaded,
     ensure_unloaded,
     probe_weights,
+    reload_adapter,
 )
 from serving.replica_facts import base_card_facts
 from serving.replica_facts import disputes as fact_disputes
@@ -607,10 +608,10 @@ def _repair_weights(deployment, client, job: _Job) -> None:
         return
     # Unload, then load: a load of the same name and path is "already loaded"
     # (vLLM keeps what it has), and load_inplace to the same path can reuse stale
-    # prefix-cache blocks (vLLM #42125).
+    # prefix-cache blocks (vLLM #42125). In the replica's unload lane, and not
+    # loaded again while requests of the old load run (they would kill vLLM 0.32).
     steps = [
-        lambda: ensure_unloaded(client, name, NO_RETRY),
-        lambda: ensure_loaded(client, name, path, NO_RETRY, known_version=job.replica.vllm_version),
+        lambda: reload_adapter(client, name, path, NO_RETRY, ReplicaOutcome()),
         lambda: verify_with_fingerprint(
             client, name, path, NO_RETRY, deployment=deployment, fingerprint=fingerprint
         ),

@@ -38,10 +38,12 @@ TIMEOUT = 420  # seconds per bench: generous, the machine is shared and loaded
 # Which lane each bench runs in. A bench with a __main__ that is in none fails
 # test_every_bench_has_a_smoke_run (so a new bench cannot be left out).
 SHARED_VLLM = ["promote_to_served", "many_adapters", "swap_under_traffic", "fingerprint_spread"]
-OWN_VLLM = ["lora_pool_memory", "swap_through_gateway"]
+OWN_VLLM = ["lora_pool_memory"]
 NO_VLLM = ["tensor_values", "scale", "scale_promotions"]
 NO_VLLM_2 = ["new_pod_to_served", "upload_throughput"]
-GATEWAY = ["swap_through_gateway"]  # two servers of its own behind a real HAProxy
+# Two vLLM servers of its own behind a real HAProxy: a lane of its own (only
+# one: a bench in two lanes would run twice at once and set its result twice).
+GATEWAY = ["swap_through_gateway"]
 EVERY = SHARED_VLLM + OWN_VLLM + NO_VLLM + NO_VLLM_2 + GATEWAY
 
 
@@ -150,6 +152,18 @@ def haproxy_runs() -> bool:
 
 def test_every_bench_has_a_smoke_run():
     assert benches_with_main() == set(EVERY)
+    assert len(EVERY) == len(set(EVERY)), "a bench is in two lanes"
+
+
+@pytest.mark.parametrize("name", sorted(benches_with_main()))
+def test_bench_says_how_to_run_it(name):
+    result = subprocess.run(
+        [sys.executable, "-m", f"bench.{name}", "--help"],
+        cwd=REPO, env=bench_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    for option in ("--smoke", "--json"):
+        assert option in result.stdout, f"bench.{name} --help does not name {option}"
 
 
 @pytest.mark.parametrize("name", EVERY)

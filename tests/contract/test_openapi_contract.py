@@ -1,6 +1,7 @@
 """The OpenAPI contract is exact: schemathesis (`--checks all`) over every
 operation of /api/schema/, against a live server this test starts, once per
-caller in CALLERS (a member's pipeline token, a platform admin's session).
+caller in CALLERS (a member's pipeline token, a platform admin's session,
+a department's service account's token).
 
 Training pipelines generate their clients from the schema, so every status,
 content type and body an operation can answer must be in it, and every
@@ -26,6 +27,7 @@ import pytest
 from django.test import Client
 
 from core.models import Ability
+from core.services.service_accounts import service_account_create, service_account_token_create
 from core.services.tokens import token_create
 from registry.models import VersionStatus
 from registry.services.versions import version_transition
@@ -91,7 +93,15 @@ def cast(legal, finance, lena, alex, fred, root, legal_token, settings, tmp_path
             volume_serve_path=str(tmp_path / name),
         )
         deployment.allowed_departments.set([department])
-    return {"token": legal_token.secret, "root": root}
+    # A pipeline that is not a person: legal's approver makes the account and
+    # mints its token (id 4, after the cast's three; the dictionaries leave it
+    # out, so the run never revokes its own credentials).
+    account = service_account_create(actor=actor(alex), department=legal, name="nightly")
+    service_token, service_secret = service_account_token_create(
+        actor=actor(alex), account=account, name="ci", abilities=list(Ability.values)
+    )
+    assert service_token.pk == 4
+    return {"token": legal_token.secret, "root": root, "service_token": service_secret}
 
 
 def bearer(token: str) -> list[str]:
@@ -123,6 +133,7 @@ def admin_session_headers(root) -> list[str]:
 CALLERS = {
     "member_token": lambda cast: bearer(cast["token"]),
     "admin_session": lambda cast: admin_session_headers(cast["root"]),
+    "service_account_token": lambda cast: bearer(cast["service_token"]),
 }
 
 

@@ -37,6 +37,7 @@ from django.apps import apps
 from django.db import connection, connections
 
 from core.claims import Lease
+from scripts.figures import fault_rows
 from tests.serving.vllm.conftest import MAX_LORA_RANK, SERVED_BASE, Platform, api_for
 from tests.support.fault_proxy import FaultProxy
 from tests.support.processes import CeleryBeat, CeleryWorker, RedisServer, TcpProxy
@@ -733,24 +734,9 @@ def fault_figures() -> Iterator[None]:
 
 
 def markdown_table(run: dict, rows: list[dict]) -> str:
-    """The fault table of docs/figures.md, from one run's figures."""
-    lines = [
-        "| scenario | converged after the fault ended | rows left stuck | audit events lost "
-        "| audit chain |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for row in sorted(rows, key=lambda r: r["scenario"]):
-        seconds = row["converged_seconds"]
-        shown = (
-            f"{seconds:.1f} s (limit {row['limit_seconds']:.0f} s)"
-            if seconds is not None
-            else f"**not within {row['limit_seconds']:.0f} s**"
-        )
-        chain = {True: "verified", False: "**broken**"}.get(row.get("chain_ok"), "not checked")
-        lines.append(
-            f"| {row['scenario']} | {shown} | {row['rows_stuck']} | {row['audit_events_lost']} "
-            f"| {chain} |"
-        )
+    """The fault table of docs/figures.md, from one run's figures (the same
+    rows scripts/figures.py renders there)."""
+    lines = fault_rows(rows)
     lines.append("")
     lines.append(
         f"Run of {run['finished_at']} on {run['branch']} at {run['commit']}"

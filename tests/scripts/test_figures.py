@@ -39,9 +39,9 @@ FAULTS = {
     },
     "scenarios": [
         {"scenario": "2. Redis restarted", "limit_seconds": 60, "converged_seconds": 3.1,
-         "rows_stuck": 0, "audit_events_lost": 0},
+         "rows_stuck": 0, "audit_events_lost": 0, "chain_ok": True},
         {"scenario": "1. worker SIGKILLed", "limit_seconds": 60, "converged_seconds": None,
-         "rows_stuck": 1, "audit_events_lost": 0},
+         "rows_stuck": 1, "audit_events_lost": 0, "chain_ok": False},
     ],
 }  # fmt: skip
 
@@ -88,8 +88,8 @@ def test_blocks_are_rendered_from_the_json_and_nothing_else_changes(tmp_path):
         line for line in faults.splitlines() if line.startswith("| 1.") or line.startswith("| 2.")
     ]
     assert rows == [
-        "| 1. worker SIGKILLed | **not within 60 s** | 1 | 0 |",
-        "| 2. Redis restarted | 3.1 s (limit 60 s) | 0 | 0 |",
+        "| 1. worker SIGKILLed | **not within 60 s** | 1 | 0 | **broken** |",
+        "| 2. Redis restarted | 3.1 s (limit 60 s) | 0 | 0 | verified |",
     ]
     assert "at abc1234 on 2026-12-01T12:00:00+00:00" in faults
 
@@ -135,9 +135,29 @@ def test_the_summary_block_takes_each_bench_headlines_and_the_fault_outcome(tmp_
     rows = [line for line in text.splitlines() if line.startswith("| what ")][1:]
     assert rows == [f"| what {i} | {i} ms | bare | < 1 s: met |" for i in range(len(SUMMARY))]
     assert (
-        "| fault tier, 2 cases | **1 did not converge**, 1 rows stuck, 0 audit events lost "
-        "| each scenario's limit | **MISSED** |"
+        "| fault tier, 2 cases | **1 did not converge**, 1 rows stuck, 0 audit events lost, "
+        "**audit chain not verified in 1** | each scenario's limit | **MISSED** |"
     ) in text
+
+    # Every case converged, nothing stuck or lost, but one chain unchecked
+    # (a scenario that never settled): the fault tier's target is not met.
+    clean = [{**row, "converged_seconds": 1.0, "rows_stuck": 0} for row in FAULTS["scenarios"]]
+    clean[1] = {**clean[1], "chain_ok": None}
+    (tmp_path / "faults.json").write_text(json.dumps({**FAULTS, "scenarios": clean}))
+    (tmp_path / "doc.md").write_text(doc)
+    assert render(tmp_path).returncode == 0
+    assert (
+        "| fault tier, 2 cases | all converge, 0 rows stuck, 0 audit events lost, "
+        "**audit chain not verified in 1** | each scenario's limit | **MISSED** |"
+    ) in (tmp_path / "doc.md").read_text()
+    clean[1] = {**clean[1], "chain_ok": True}
+    (tmp_path / "faults.json").write_text(json.dumps({**FAULTS, "scenarios": clean}))
+    (tmp_path / "doc.md").write_text(doc)
+    assert render(tmp_path).returncode == 0
+    assert (
+        "| fault tier, 2 cases | all converge, 0 rows stuck, 0 audit events lost, "
+        "audit chain verified in every case | each scenario's limit | met |"
+    ) in (tmp_path / "doc.md").read_text()
 
     (tmp_path / "results" / f"{SUMMARY[0]}.json").unlink()
     (tmp_path / "doc.md").write_text(doc)

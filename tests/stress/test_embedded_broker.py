@@ -1,16 +1,28 @@
 """The embedded broker under load: several processes (like web and beat) and
 their threads enqueue at once while a real `celery worker` subprocess consumes.
-Zero worker crashes, zero lost tasks, none delivered twice."""
+Zero worker crashes, zero lost tasks, none delivered twice.
+
+And a publisher that sends as beat does (one thread, one send at a time) beside
+`make run`'s three workers polling their queues 50 times a second: while each
+empty poll took SQLite's write lock, every send queued behind the polls, and a
+poll waited for any writer (up to the 60 s busy timeout, then "database is
+locked", a connection error to kombu)."""
 
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
+from queue import Empty
 
 import pytest
+from kombu import Connection
+
+import config.celery  # noqa: F401 - registers the sqlite:// transport (config/broker.py)
 
 pytestmark = pytest.mark.stress
 
@@ -92,3 +104,101 @@ def test_many_producers_and_a_worker_lose_nothing(tmp_path):
             worker.wait(timeout=30)
         except subprocess.TimeoutExpired:
             worker.kill()
+
+
+def test_an_empty_poll_takes_no_lock_and_waits_for_no_writer(tmp_path):
+    path = tmp_path / "broker.sqlite3"
+    # A busy timeout of 2 s instead of 60: a poll that waits for the lock fails the test
+    # in 2 s (a "database is locked" error) instead of passing after a minute.
+    broker = Connection(f"sqlite:///{path}", transport_options={"connect_args": {"timeout": 2}})
+    channel = broker.channel()
+    channel._new_queue("rollouts")
+    writer = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # another process is writing (a publish)
+        started = time.monotonic()
+        with pytest.raises(Empty):
+            channel._get("rollouts")
+        assert time.monotonic() - started < 0.5
+        writer.execute("ROLLBACK")
+
+        channel._put("rollouts", {"body": "one"})
+        assert channel._get("rollouts") == {"body": "one"}  # a message is still taken
+        with pytest.raises(Empty):
+            channel._get("rollouts")  # once
+    finally:
+        writer.close()
+        broker.release()
+
+
+PUBLISHER = """
+import json, sys, time
+import tests.support.broker_stress  # the product's app and broker settings
+from config.celery import app
+seconds, took = float(sys.argv[1]), []
+end = time.monotonic() + seconds
+with app.producer_or_acquire() as producer:
+    while time.monotonic() < end:
+        started = time.monotonic()
+        app.send_task("tests.stress.touch", args=[f"beat-{len(took)}"], queue="reconcile",
+                      producer=producer)
+        took.append(time.monotonic() - started)
+        time.sleep(0.05)
+print(json.dumps(took))
+"""
+# make run's workers (scripts/run.sh): the queues each one polls.
+MAKE_RUN_WORKERS = (("rollouts", "2"), ("reconcile,celery", "2"), ("housekeeping", "1"))
+# Seconds one send may take on a loaded machine; a send that waited for the
+# busy timeout (60 s) is a stalled beat.
+SEND_LIMIT = 5.0
+
+
+def test_beat_like_sends_are_prompt_while_make_runs_workers_poll(tmp_path):
+    (tmp_path / "out").mkdir()
+    env = _env(tmp_path)
+    workers = []
+    try:
+        for queues, concurrency in MAKE_RUN_WORKERS:
+            log = open(tmp_path / f"worker-{queues}.log", "wb")  # noqa: SIM115 - closed below
+            workers.append((log, subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "tests.support.broker_stress", "worker",
+                 f"--concurrency={concurrency}", "--loglevel=INFO", "-Q", queues,
+                 "-n", f"{queues.split(',')[0]}@%h"],
+                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+            )))  # fmt: skip
+        deadline = time.monotonic() + 90
+        for log, _ in workers:
+            while b" ready." not in Path(log.name).read_bytes():
+                assert time.monotonic() < deadline, Path(log.name).read_text()[-3000:]
+                time.sleep(0.5)
+
+        done = subprocess.run(
+            [sys.executable, "-c", PUBLISHER, "15"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        took = sorted(json.loads(done.stdout.splitlines()[-1]))
+        median, p99 = took[len(took) // 2], took[int(len(took) * 0.99)]
+        print(f"\n{len(took)} sends beside 3 polling workers: median {median * 1000:.1f} ms, "
+              f"p99 {p99 * 1000:.1f} ms, max {took[-1] * 1000:.1f} ms")  # fmt: skip
+
+        assert len(took) > 100
+        assert took[-1] < SEND_LIMIT, f"a send took {took[-1]:.1f} s"
+        out = tmp_path / "out"
+        deadline = time.monotonic() + 60
+        while len(list(out.iterdir())) < len(took) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(list(out.iterdir())) == len(took)  # each consumed, once
+        for log, worker in workers:
+            assert worker.poll() is None, Path(log.name).read_text()[-3000:]
+            text = Path(log.name).read_text(errors="replace")
+            assert "Traceback" not in text and "locked" not in text, text[-3000:]
+    finally:
+        for _log, worker in workers:
+            worker.terminate()
+        for log, worker in workers:
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+            log.close()

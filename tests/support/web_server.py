@@ -6,6 +6,12 @@ a subprocess of its own, on a free port, over a migrated SQLite database.
 
 `setup` is Python run with `manage.py shell -c` before the server starts;
 whatever it prints comes back as `setup_output`.
+
+One worker process. `threads` > 1 makes it gunicorn's threaded worker
+(gthread): requests are answered side by side in that one process, sharing its
+GIL, so a request that holds the GIL (a runaway regex) would freeze the others,
+which is what a test of "the web process keeps answering" needs to see.
+Production's several sync workers would hide it behind another process.
 """
 
 from __future__ import annotations
@@ -41,7 +47,9 @@ def _environment(tmp_path: Path, extra: dict[str, str]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def registry_web_server(tmp_path: Path, setup: str = "", env: dict[str, str] | None = None):
+def registry_web_server(
+    tmp_path: Path, setup: str = "", env: dict[str, str] | None = None, threads: int = 1
+):
     environment = _environment(tmp_path, env or {})
 
     def manage(*args):
@@ -63,7 +71,13 @@ def registry_web_server(tmp_path: Path, setup: str = "", env: dict[str, str] | N
     gunicorn = Path(sys.executable).with_name("gunicorn")
     with open(tmp_path / "gunicorn.log", "wb") as log:
         proc = subprocess.Popen(
-            [str(gunicorn), "config.wsgi:application", f"--bind=127.0.0.1:{port}", "--workers=1"],
+            [
+                str(gunicorn),
+                "config.wsgi:application",
+                f"--bind=127.0.0.1:{port}",
+                "--workers=1",
+                f"--threads={threads}",
+            ],
             cwd=ROOT,
             env=environment,
             stdout=log,
