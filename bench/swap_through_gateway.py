@@ -232,6 +232,20 @@ def run(
     }
 
 
+def _django(var_dir: Path) -> None:
+    """The product's settings, no database: the swap reads its unload pacing
+    (SERVING_UNLOAD_PACE_SECONDS, serving/replica_calls.py) from them."""
+    import os
+
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("DJANGO_DEBUG", "true")
+    os.environ.setdefault("VAR_DIR", str(var_dir))
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    django.setup()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--swaps", type=int, default=10)
@@ -250,6 +264,7 @@ def main() -> None:
     if args.smoke:
         args.swaps, args.steady, args.pause = 2, 3.0, 0.5
     with tempfile.TemporaryDirectory(prefix="swap-gateway-") as work:
+        _django(Path(work))
         result = run(args.swaps, args.clients, args.steady, args.pause, Path(work), args.replicas)
     g, s, r = result["gateway"], result["steady"], result["raw_unload_load"]
     out = bench_results.Results("swap_through_gateway", args)
