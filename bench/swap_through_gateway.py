@@ -1,6 +1,7 @@
 """Version swaps through the front door, under continuous traffic, on 2 real vLLM replicas.
 
-    .venv/bin/python -m bench.swap_through_gateway [--swaps 10] [--smoke] [--json PATH]
+    .venv/bin/python -m bench.swap_through_gateway [--swaps 10] [--replicas 2] [--smoke]
+        [--json PATH]
 
 Two real vLLM 0.32 servers (CPU, tiny model) behind a real HAProxy front door
 (serving/gateway/haproxy.py). Clients keep sending one-token completions with
@@ -20,6 +21,13 @@ over the whole swap phase, each against steady state (target >= 0.9); and the
 requests that reached a replica without the adapter, counted from vLLM's own
 access logs (404 on a completion) and from HAProxy's log (requests it had to
 send again to another replica), target 0.
+
+With --replicas 1 (a deployment of a single replica) there is no other replica
+to drain to: the front door keeps the only one serving (make before break
+cannot hold) and the swap happens in place, which on vLLM 0.32 is unload then
+load under the same name. Its cost is the gap between the two: reported as the
+failed requests per swap through the front door and the gap's length, from the
+first failed request of a swap to its last, beside the same raw baseline.
 """
 
 from __future__ import annotations
@@ -96,15 +104,17 @@ def raw_swap(server, path: str) -> None:
         assert loaded.ok, loaded.error
 
 
-def run(swaps: int, clients: int, steady_seconds: float, pause: float, work: Path) -> dict:
+def run(
+    swaps: int, clients: int, steady_seconds: float, pause: float, work: Path, replicas: int = 2
+) -> dict:
     ensure_vllm_installed()
     model = ensure_tiny_model()
     paths = [
         str(write_adapter_dir(work / f"v{n}", AdapterSpec(seed=n + 1))) for n in range(swaps + 1)
     ]
     servers = start_servers(
-        2,
-        names=["bench-a", "bench-b"],
+        replicas,
+        names=["bench-a", "bench-b"][:replicas],
         model_dir=model,
         served_name=SERVED_BASE,
         max_loras=2,
@@ -154,6 +164,17 @@ def run(swaps: int, clients: int, steady_seconds: float, pause: float, work: Pat
             if traffic.count([b])[0]  # the first swap has no second before it
         ] or [0.0]
         failed_total = sum(1 for r in traffic.results if not r[1])
+        # A swap's gap: from its first failed request to its last (0 without one).
+        gaps, failing_swaps = [], 0
+        for start, end in windows:
+            # A request that failed in the gap may end a moment after the swap did.
+            failed_at = [r[0] for r in traffic.results if start <= r[0] < end + 1 and not r[1]]
+            failing_swaps += bool(failed_at)
+            gaps.append(max(failed_at) - min(failed_at) if failed_at else 0.0)
+        statuses: dict[int, int] = {}
+        for r in traffic.results:
+            if not r[1]:
+                statuses[r[2]] = statuses.get(r[2], 0) + 1
 
         # Baseline: unload+load on the same servers, clients on a replica directly.
         raw_windows = []
@@ -172,11 +193,16 @@ def run(swaps: int, clients: int, steady_seconds: float, pause: float, work: Pat
     return {
         "swaps": swaps,
         "clients": clients,
+        "replicas": replicas,
         "steady": {"requests": steady_n, "failed": steady_failed, "rps": round(steady_rps, 2)},
         "gateway": {
             "requests": len(traffic.results),
             "failed": failed_total,
             "failed_in_swap_windows": swap_failed,
+            "failed_by_status": statuses,
+            "swaps_that_failed_requests": failing_swaps,
+            "gap_seconds_median": round(statistics.median(gaps), 3),
+            "gap_seconds_max": round(max(gaps), 3),
             "rps_in_swap_windows": round(swap_rps, 2),
             "rps_over_swap_phase": round(phase_rps, 2),
             "ratio_in_swap_windows": round(swap_rps / max(steady_rps, 1e-9), 3),
@@ -206,25 +232,54 @@ def run(swaps: int, clients: int, steady_seconds: float, pause: float, work: Pat
     }
 
 
+def _django(var_dir: Path) -> None:
+    """The product's settings, no database: the swap reads its unload pacing
+    (SERVING_UNLOAD_PACE_SECONDS, serving/replica_calls.py) from them."""
+    import os
+
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("DJANGO_DEBUG", "true")
+    os.environ.setdefault("VAR_DIR", str(var_dir))
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    django.setup()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--swaps", type=int, default=10)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--steady", type=float, default=8.0, help="seconds of steady state")
     parser.add_argument("--pause", type=float, default=1.0, help="seconds between swaps")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        choices=[1, 2],
+        default=2,
+        help="1: a single-replica deployment, where a swap happens in place",
+    )
     bench_results.add_arguments(parser)  # --smoke (2 swaps, short phases), --json PATH
     args = parser.parse_args()
     if args.smoke:
         args.swaps, args.steady, args.pause = 2, 3.0, 0.5
     with tempfile.TemporaryDirectory(prefix="swap-gateway-") as work:
-        result = run(args.swaps, args.clients, args.steady, args.pause, Path(work))
+        _django(Path(work))
+        result = run(args.swaps, args.clients, args.steady, args.pause, Path(work), args.replicas)
     g, s, r = result["gateway"], result["steady"], result["raw_unload_load"]
     out = bench_results.Results("swap_through_gateway", args)
+    n = result["replicas"]
+    replicas = f"{n} real vLLM replica{'s' if n > 1 else ''}"
     out.note(
-        f"{result['swaps']} swaps, {result['clients']} clients, 2 real vLLM replicas behind "
+        f"{result['swaps']} swaps, {result['clients']} clients, {replicas} behind "
         "a real HAProxy; the baseline is raw unload+load on the same servers, clients on a "
         "replica directly"
     )
+    if n == 1:
+        out.note(
+            "one replica: nothing to drain to, so the swap is in place (vLLM 0.32: unload, "
+            "then load under the same name); its cost is the gap between the two"
+        )
     failures = out.table(
         "failures",
         ["path", "requests", "failed", "failed per swap", "reached a replica without it"],
@@ -253,6 +308,20 @@ def main() -> None:
         g["ratio_to_just_before"],
     )  # fmt: skip
     throughput.row("swap by swap, median", "", g["ratio_per_swap_median"])
+    if n == 1:
+        gap = out.table(
+            "gap",
+            ["measure", "value"],
+            "a swap in place on a single replica, through the front door",
+        )
+        gap.row(
+            "swaps that failed requests", f"{g['swaps_that_failed_requests']} of {result['swaps']}"
+        )
+        gap.row("failed requests per swap", round(g["failed"] / result["swaps"], 2))
+        gap.row("failed, by status", json.dumps(g["failed_by_status"]))
+        gap.row("gap (first to last failure), median s", g["gap_seconds_median"])
+        gap.row("gap, max s", g["gap_seconds_max"])
+        gap.row("unload+load (the swap step), median s", g["step_seconds_median"]["swap"])
     steps = out.table("steps", ["step", "median s", "max s"], "each step of a swap, per replica")
     for step, median in g["step_seconds_median"].items():
         steps.row(step, median, g["step_seconds_max"][step])
@@ -264,12 +333,19 @@ def main() -> None:
                 g["misrouted_vllm_404"] + g["retried_by_haproxy"], target="0",
                 met=g["misrouted_vllm_404"] + g["retried_by_haproxy"] == 0, unit="")  # fmt: skip
     out.headline(
-        "version swap under traffic through the front door (2 replicas)",
+        f"version swap under traffic through the front door ({n} replica{'s' if n > 1 else ''})",
         f"{g['failed']} failed requests in {result['swaps']} swaps",
         f"raw unload+load: {r['failed_per_swap']} per swap",
         f"0: {'met' if g['failed'] == 0 else 'not met'}",
     )
-    print(f"{result['swaps']} swaps, {result['clients']} clients, 2 real vLLM replicas")
+    print(f"{result['swaps']} swaps, {result['clients']} clients, {replicas}")
+    if n == 1:
+        print(
+            f"  one replica, swap in place: {g['swaps_that_failed_requests']} of "
+            f"{result['swaps']} swaps failed requests, {g['failed']} in all "
+            f"({g['failed_by_status']}); gap median {g['gap_seconds_median']} s, max "
+            f"{g['gap_seconds_max']} s; unload+load median {g['step_seconds_median']['swap']} s"
+        )
     print(f"  steady state through the front door: {s['rps']} req/s, {s['failed']} failed")
     print(
         f"  through the front door (drain, swap, verify, ready): {g['failed']} failed of "

@@ -436,6 +436,18 @@ SERVING_GATEWAYS = cfg.env.dict("SERVING_GATEWAYS", default={})
 # master CLI is the next port, and SERVING_GATEWAY_DIR a volume both mount.
 SERVING_GATEWAY_ADMIN = cfg.env.dict("SERVING_GATEWAY_ADMIN", default={})
 SERVING_GATEWAY_DRAIN_SECONDS = cfg.number("SERVING_GATEWAY_DRAIN_SECONDS", 60.0, minimum=0)
+# A traffic canary (serving/services/canary.py, docs/gateway.md#canary): its bake
+# time is stated per rollout, at most SERVING_CANARY_MAX_BAKE_SECONDS. Its gates:
+# at least SERVING_CANARY_MIN_REQUESTS to the canary before it is judged; its error
+# rate at most SERVING_CANARY_MAX_ERROR_RATE_INCREASE above the old version's; its
+# mean response time at most SERVING_CANARY_MAX_LATENCY_RATIO times the old one's
+# (+50 ms).
+SERVING_CANARY_MAX_BAKE_SECONDS = cfg.integer("SERVING_CANARY_MAX_BAKE_SECONDS", 3600, minimum=1)
+SERVING_CANARY_MIN_REQUESTS = cfg.integer("SERVING_CANARY_MIN_REQUESTS", 20, minimum=1)
+SERVING_CANARY_MAX_ERROR_RATE_INCREASE = cfg.number(
+    "SERVING_CANARY_MAX_ERROR_RATE_INCREASE", 0.02, minimum=0, maximum=1
+)
+SERVING_CANARY_MAX_LATENCY_RATIO = cfg.number("SERVING_CANARY_MAX_LATENCY_RATIO", 1.5, minimum=1)
 # Kubernetes replica discovery (manage.py watch_replicas). "auto": in-cluster
 # credentials when running in a pod, else the kubeconfig.
 KUBERNETES_AUTH = cfg.choice("KUBERNETES_AUTH", "auto", {"auto", "in-cluster", "kubeconfig"})

@@ -227,6 +227,9 @@ class ServedAdapter(models.Model):
         AdapterVersion, on_delete=models.PROTECT, null=True, blank=True, related_name="served_in"
     )
     served_path = models.CharField(max_length=1000, blank=True)
+    # A canary's split at the front door, {server: weight}, so that a reload of
+    # the gateway keeps it; empty when no canary is baking (serving/services/canary.py).
+    gateway_weights = models.JSONField(default=dict, blank=True)
     lease_owner = models.CharField(max_length=100, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -270,6 +273,10 @@ class Promotion(models.Model):
     version = models.ForeignKey(AdapterVersion, on_delete=models.PROTECT, related_name="promotions")
     status = models.CharField(max_length=20, choices=PromotionStatus.choices)
     canary = models.BooleanField(default=False)
+    # A traffic canary's share (percent) and bake time, kept until the approval
+    # starts the rollout (Rollout.canary_share).
+    canary_share = models.PositiveSmallIntegerField(null=True, blank=True)
+    canary_bake_seconds = models.PositiveIntegerField(null=True, blank=True)
     gate_report = models.JSONField(default=list)
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
@@ -307,10 +314,27 @@ class RolloutStatus(models.TextChoices):
     STAGING = "staging", "Staging"
     LOADING = "loading", "Loading"
     VERIFYING = "verifying", "Verifying"
+    # A canary: the new version serves its share of the traffic on one replica
+    # while the health gates compare it with the old one.
+    BAKING = "baking", "Baking"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
     ROLLED_BACK = "rolled_back", "Rolled back"
     CANCELLED = "cancelled", "Cancelled"
+
+
+class CanaryOutcome(models.TextChoices):
+    UNDECIDED = "", "Undecided"
+    PASSED = "passed", "Gates passed"
+    FAILED = "failed", "Gates failed"
+    PROMOTED = "promoted", "Promoted by a person"
+    ABORTED = "aborted", "Aborted by a person"
+
+
+class CanaryRequest(models.TextChoices):
+    NONE = "", "None"
+    PROMOTE = "promote", "Promote now"
+    ABORT = "abort", "Abort"
 
 
 class Rollout(models.Model):
@@ -331,6 +355,27 @@ class Rollout(models.Model):
         max_length=12, choices=RolloutStatus.choices, default=RolloutStatus.PENDING
     )
     canary = models.BooleanField(default=False)
+    # A traffic canary (serving/services/canary.py): the new version takes this
+    # percentage of the adapter's requests at the front door for the bake time,
+    # then all of them if the health gates hold. Null: no traffic split.
+    canary_share = models.PositiveSmallIntegerField(null=True, blank=True)
+    canary_bake_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # The worker's state, so that a worker killed mid-bake is resumed where it was.
+    canary_replica = models.ForeignKey(
+        "Replica", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    canary_bake_until = models.DateTimeField(null=True, blank=True)
+    canary_gates = models.JSONField(default=dict, blank=True)
+    canary_outcome = models.CharField(
+        max_length=10, choices=CanaryOutcome.choices, blank=True, default=""
+    )
+    # What a person asked for while it bakes; the worker acts on it within a second.
+    canary_request = models.CharField(
+        max_length=10, choices=CanaryRequest.choices, blank=True, default=""
+    )
+    canary_requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
     staged_path = models.CharField(max_length=1000, blank=True)
     served_path = models.CharField(max_length=1000, blank=True)
     error = models.TextField(blank=True)

@@ -6,6 +6,7 @@ from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
 from django.db.models import Prefetch, Q, QuerySet
+from django.utils import timezone
 
 from core.access import visible_department_ids
 from core.actors import Actor
@@ -102,6 +103,7 @@ def rollouts_for(actor: Actor) -> QuerySet[Rollout]:
             "target_version",
             "previous_version",
             "requested_by",
+            "canary_replica",
         ).prefetch_related(Prefetch("replica_steps", queryset=steps)),
         actor,
         "adapter__department_id",
@@ -177,6 +179,9 @@ def _hide_infrastructure(rollout: Rollout, labels: dict[int, str]) -> None:
             attempt.error = redact(_without_address(attempt.error, base_url, label))
         replica.base_url = label
         replica.last_error = ""
+    canary = rollout.canary_replica if rollout.canary_replica_id else None
+    if canary is not None:
+        canary.base_url = labels.get(canary.pk, "replica")
     # Staging and storage failures ("Staging failed: ...", "Waiting for the
     # artifact store: ...") name the volume, the bucket and the endpoint.
     rollout.error = redact(rollout.error)
@@ -383,4 +388,43 @@ def placement_pending(served: ServedAdapter) -> dict:
         "reason_text": "not served yet: placed at its first promotion",
         "detail": "",
         "demand": None,
+    }
+
+
+def canary_split(rollout: Rollout) -> dict | None:
+    """A traffic canary as the API and the page show it: its split, its gates
+    and their verdict, the seconds left of its bake; None for other rollouts."""
+    if not rollout.canary_share:
+        return None
+    report = rollout.canary_gates or {}
+    verdict = report.get("verdict") or {}
+    until = rollout.canary_bake_until
+    left = None
+    if until is not None and not rollout.canary_outcome:
+        left = max(0, int((until - timezone.now()).total_seconds() + 0.999))
+    replica = rollout.canary_replica
+
+    def side(key):
+        data = report.get(key)
+        if not data:
+            return None
+        requests = data["requests"]
+        return {**data, "error_rate": data["errors"] / requests if requests else 0.0}
+
+    return {
+        "share": rollout.canary_share,
+        "bake_seconds": rollout.canary_bake_seconds,
+        "bake_until": until,
+        "seconds_left": left,
+        "replica": replica.base_url if replica else None,
+        "weights": report.get("weights") or {},
+        "outcome": rollout.canary_outcome,
+        "requested": rollout.canary_request if not rollout.canary_outcome else "",
+        "verdict": verdict.get("outcome"),
+        "reason": verdict.get("reason", ""),
+        "canary": side("canary"),
+        "baseline": side("baseline"),
+        "gates": verdict.get("gates") or [],
+        "checked_at": report.get("checked_at"),
+        "rollback": report.get("rollback"),
     }

@@ -16,7 +16,14 @@ ROLLOUT_TRANSITIONS: dict[str, frozenset[str]] = {
     S.STAGING: frozenset({S.LOADING, S.FAILED, S.CANCELLED}),
     # loading <-> verifying: a canary is loaded and verified, then the rest.
     S.LOADING: frozenset({S.VERIFYING, S.SUCCEEDED, S.FAILED, S.ROLLED_BACK, S.CANCELLED}),
-    S.VERIFYING: frozenset({S.LOADING, S.SUCCEEDED, S.FAILED, S.ROLLED_BACK, S.CANCELLED}),
+    S.VERIFYING: frozenset(
+        {S.LOADING, S.BAKING, S.SUCCEEDED, S.FAILED, S.ROLLED_BACK, S.CANCELLED}
+    ),
+    # A traffic canary bakes after its replica is verified; then either the
+    # others are swapped (loading), or the canary is rolled back. A resumed
+    # worker goes through loading and verifying again (idempotent) before it
+    # bakes on.
+    S.BAKING: frozenset({S.LOADING, S.FAILED, S.ROLLED_BACK, S.CANCELLED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
     S.ROLLED_BACK: frozenset(),

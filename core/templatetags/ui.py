@@ -60,6 +60,14 @@ def compact(value: int | None) -> str:
 
 
 @register.filter
+def percent(value: float | None) -> str:
+    """0.0213 -> 2.1 %: an error rate (a fraction) as people read it."""
+    if value is None:
+        return "—"
+    return f"{100 * value:.1f}\xa0%"
+
+
+@register.filter
 def get_item(mapping: dict, key):
     return mapping.get(key) if mapping else None
 

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from serving.capacity import Tiers, deployment_tiers
 from serving.models import (
     Adoption,
+    CanaryOutcome,
+    CanaryRequest,
     Deployment,
     DriftEvent,
     HttpAttempt,
@@ -16,7 +19,7 @@ from serving.models import (
     Rollout,
 )
 from serving.replica_facts import disputes as fact_disputes
-from serving.selectors import rollout_replica_summary
+from serving.selectors import canary_split, rollout_replica_summary
 from serving.services.deployments import IDENTITY_FIELDS
 
 
@@ -279,6 +282,8 @@ class PromotionSerializer(serializers.ModelSerializer):
             "version_number",
             "status",
             "canary",
+            "canary_share",
+            "canary_bake_seconds",
             "gate_report",
             "requested_by",
             "reviewed_by",
@@ -293,10 +298,32 @@ class PromotionSerializer(serializers.ModelSerializer):
         return rollout.pk if rollout else None
 
 
+class TrafficCanarySerializer(serializers.Serializer):
+    share = serializers.IntegerField(
+        min_value=1, max_value=50, help_text="Percent of the adapter's requests."
+    )
+    bake_seconds = serializers.IntegerField(
+        min_value=1,
+        # The setting's value when the schema is made (SERVING_CANARY_MAX_BAKE_SECONDS).
+        max_value=settings.SERVING_CANARY_MAX_BAKE_SECONDS,
+        help_text="How long the canary bakes before its gates decide "
+        "(at most SERVING_CANARY_MAX_BAKE_SECONDS).",
+    )
+
+
 class PromotionCreateSerializer(serializers.Serializer):
     deployment = serializers.SlugField()
     version = serializers.IntegerField()
     canary = serializers.BooleanField(required=False, allow_null=True, default=None)
+    traffic_canary = TrafficCanarySerializer(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="A traffic canary: the new version takes `share` percent of the "
+        "adapter's requests at the front door for `bake_seconds`, then every replica "
+        "if its health gates hold, else it is rolled back. Needs a front door, a "
+        "version served already and two replicas (409 canary_not_possible).",
+    )
 
 
 class ReviewSerializer(serializers.Serializer):
@@ -338,6 +365,62 @@ class ReplicaSummarySerializer(serializers.Serializer):
     text = serializers.CharField(help_text='e.g. "3 of 4 replicas serve v2, 1 deferred (down)"')
 
 
+class CanarySideSerializer(serializers.Serializer):
+    requests = serializers.IntegerField(help_text="Since the bake began.")
+    errors = serializers.IntegerField(
+        help_text="5xx answers and failed connections or responses at the front door."
+    )
+    error_rate = serializers.FloatField()
+    latency_ms = serializers.FloatField(
+        allow_null=True, help_text="Mean response time of the last 1024 requests (HAProxy)."
+    )
+
+
+class CanaryGateSerializer(serializers.Serializer):
+    name = serializers.ChoiceField(choices=["errors", "latency"])
+    verdict = serializers.ChoiceField(choices=["pass", "fail", "wait"])
+    canary = serializers.FloatField(allow_null=True)
+    baseline = serializers.FloatField(allow_null=True)
+    limit = serializers.FloatField(allow_null=True)
+    message = serializers.CharField()
+
+
+class CanaryRollbackSerializer(serializers.Serializer):
+    switch_ms = serializers.FloatField(
+        help_text="The traffic switch: weight 0 on the canary at the front door."
+    )
+    drained_ms = serializers.FloatField(help_text="Until its requests in flight were done.")
+    restored_ms = serializers.FloatField(
+        required=False,
+        help_text="Until the old version served again on the canary replica: what a "
+        "rollback by reload would have taken before traffic was safe.",
+    )
+
+
+class CanarySplitSerializer(serializers.Serializer):
+    """A traffic canary as it bakes, or as it was decided."""
+
+    share = serializers.IntegerField(help_text="Percent of the adapter's requests.")
+    bake_seconds = serializers.IntegerField()
+    bake_until = serializers.DateTimeField(allow_null=True)
+    seconds_left = serializers.IntegerField(allow_null=True)
+    replica = serializers.CharField(allow_null=True, help_text="The canary replica's URL.")
+    weights = serializers.DictField(child=serializers.IntegerField())
+    outcome = serializers.ChoiceField(choices=CanaryOutcome.choices, allow_blank=True)
+    requested = serializers.ChoiceField(
+        choices=CanaryRequest.choices,
+        allow_blank=True,
+        help_text="promote or abort, asked by a person and not acted on yet.",
+    )
+    verdict = serializers.ChoiceField(choices=["pass", "fail", "wait"], allow_null=True)
+    reason = serializers.CharField(allow_blank=True)
+    canary = CanarySideSerializer(allow_null=True)
+    baseline = CanarySideSerializer(allow_null=True)
+    gates = CanaryGateSerializer(many=True)
+    checked_at = serializers.DateTimeField(allow_null=True)
+    rollback = CanaryRollbackSerializer(allow_null=True)
+
+
 class RolloutSerializer(serializers.ModelSerializer):
     deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
     cancelled_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
@@ -350,6 +433,7 @@ class RolloutSerializer(serializers.ModelSerializer):
         source="previous_version.number", read_only=True, allow_null=True
     )
     replicas = ReplicaRolloutSerializer(source="replica_steps", many=True, read_only=True)
+    canary_split = serializers.SerializerMethodField()
 
     class Meta:
         model = Rollout
@@ -365,6 +449,9 @@ class RolloutSerializer(serializers.ModelSerializer):
             "previous_version",
             "previous_version_number",
             "canary",
+            "canary_share",
+            "canary_bake_seconds",
+            "canary_split",
             "staged_path",
             "served_path",
             "error",
@@ -375,6 +462,10 @@ class RolloutSerializer(serializers.ModelSerializer):
             "replicas_summary",
             "replicas",
         ]
+
+    @extend_schema_field(CanarySplitSerializer(allow_null=True))
+    def get_canary_split(self, rollout) -> dict | None:
+        return canary_split(rollout)
 
     @extend_schema_field(ReplicaSummarySerializer)
     def get_replicas_summary(self, rollout) -> dict:

@@ -22,13 +22,13 @@ from serving import kserve, selectors
 from serving.api import serializers as s
 from serving.capacity import tiers_by_deployment
 from serving.gate import evaluate_gate
-from serving.models import Deployment, Promotion, Rollout
+from serving.models import CanaryRequest, Deployment, Promotion, Rollout
 from serving.services.adoptions import adoption_create, strays_of
 from serving.services.deployments import deployment_create, deployment_delete, deployment_update
 from serving.services.manifests import kserve_export
 from serving.services.placements import served_placement_set
 from serving.services.promotions import promotion_create, promotion_review, retire, rollback_to
-from serving.services.rollouts import rollout_cancel
+from serving.services.rollouts import rollout_canary_decide, rollout_cancel
 
 # Platform admins read the whole deployment, members and tokens its summary:
 # the schema says "one of the two", and each has fields the other lacks.
@@ -286,6 +286,8 @@ class PromotionViewSet(
             deployment=deployment,
             version=version,
             canary=data.validated_data["canary"],
+            canary_share=(data.validated_data["traffic_canary"] or {}).get("share"),
+            canary_bake_seconds=(data.validated_data["traffic_canary"] or {}).get("bake_seconds"),
         )
         return Response(s.PromotionSerializer(promotion).data, status=status.HTTP_201_CREATED)
 
@@ -361,6 +363,33 @@ class RolloutViewSet(ActorMixin, viewsets.ReadOnlyModelViewSet):
             actor=self.actor, rollout=self.get_object(), comment=data.validated_data["comment"]
         )
         return Response(_rollout_body(self.actor, rollout.pk))
+
+    def _canary(self, request, decision: str) -> Response:
+        data = s.CancelSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        rollout = rollout_canary_decide(
+            actor=self.actor,
+            rollout=self.get_object(),
+            request=decision,
+            comment=data.validated_data["comment"],
+        )
+        return Response(_rollout_body(self.actor, rollout.pk), status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=s.CancelSerializer, responses={202: s.RolloutSerializer})
+    @action(detail=True, methods=["post"], url_path="promote-now")
+    def promote_now(self, request, pk=None):
+        """A baking canary takes all the traffic now, whatever its gates say so far
+        (approvers of the department and platform admins). The worker swaps the
+        other replicas within a second; 409 canary_not_baking otherwise."""
+        return self._canary(request, CanaryRequest.PROMOTE)
+
+    @extend_schema(request=s.CancelSerializer, responses={202: s.RolloutSerializer})
+    @action(detail=True, methods=["post"], url_path="abort-canary")
+    def abort_canary(self, request, pk=None):
+        """A baking canary is rolled back now: the front door sends it nothing new
+        (a traffic switch) and its replica goes back to the old version
+        (approvers of the department and platform admins)."""
+        return self._canary(request, CanaryRequest.ABORT)
 
     @extend_schema(request=None, responses={202: s.RolloutSerializer})
     @action(detail=True, methods=["post"])

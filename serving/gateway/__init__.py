@@ -30,6 +30,15 @@ class FrontDoor(Protocol):
     def ready(self, model: str, server: str) -> list[str]:
         """Sends `model`'s requests to `server` again."""
 
+    def weigh(self, model: str, weights: dict[str, int]) -> list[str]:
+        """Sets `model`'s weight on these servers (a canary's split; 0 sends
+        it nothing new). In effect for the next request."""
+
+    def samples(self, model: str) -> tuple[str, dict]:
+        """A read: per server of `model`, its cumulative requests, errors and
+        mean response time (ServerSample), and the epoch that counted them
+        (counters restart when it changes)."""
+
     def model_counters(self) -> dict:
         """A read, not a change: per adapter, the requests and the 4xx and 5xx
         answered so far (they restart at zero when the gateway reloads)."""

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from serving.canary_gates import ServerSample
 from serving.gateway.routing import Route, RoutingTable, ServerState
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,9 @@ UNAVAILABLE_BODY = (
 # Clients get the OpenAI API only: loading adapters and the metrics stay the
 # control plane's (it calls the replicas directly).
 BLOCKED_PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/metrics")
+
+
+SPLIT_BALANCE = "roundrobin"
 
 
 class GatewayError(Exception):
@@ -159,8 +163,12 @@ def render_config(
         backend = backend_for(route)
         out += [
             f"backend {backend}",
-            # Generation times vary a lot: the replica with the fewest requests in flight.
-            "    balance leastconn",
+            # Generation times vary a lot: the replica with the fewest requests in
+            # flight. A canary's split is weighted round robin instead: weighted
+            # leastconn gives a light server nothing until the heavy ones have
+            # `weight` requests in flight each, so at a few clients a 10 % canary
+            # would get none.
+            f"    balance {SPLIT_BALANCE if route.weights else 'leastconn'}",
             "    errorfile 503 " + str(d / "unavailable.http"),
         ]
         for endpoint in table.endpoints:
@@ -172,6 +180,9 @@ def render_config(
                 words.append("disabled")
             elif state == ServerState.DRAIN:
                 words.append("weight 0")
+            elif endpoint.server in route.weights:
+                # A reload keeps the canary's split.
+                words.append(f"weight {route.weights[endpoint.server]}")
             out.append(" ".join(words))
         out.append("")
     return "\n".join(out)
@@ -278,6 +289,30 @@ class RuntimeAPI:
                 row["pxname"], row["svname"], state, in_flight
             )
         return found
+
+    def server_samples(self, backend: str) -> dict[str, ServerSample]:
+        """Each server's cumulative counters in `backend` (since this worker
+        started). Errors: 5xx answers, and connections or responses that failed."""
+        rows = csv.DictReader(io.StringIO(self.command("show stat").lstrip("# ")))
+        found = {}
+        for row in rows:
+            if row.get("pxname") != backend or row["svname"] in ("FRONTEND", "BACKEND"):
+                continue
+            failed = int(row["econ"] or 0) + int(row["eresp"] or 0)
+            found[row["svname"]] = ServerSample(
+                requests=int(row["req_tot"] or 0) + failed,
+                errors=int(row["hrsp_5xx"] or 0) + failed,
+                latency_ms=float(row["rtime"] or 0),
+            )
+        return found
+
+    def balance(self, backend: str) -> str | None:
+        """The backend's load-balancing algorithm, as it runs now."""
+        rows = csv.DictReader(io.StringIO(self.command("show stat").lstrip("# ")))
+        for row in rows:
+            if row.get("pxname") == backend and row["svname"] == "BACKEND":
+                return row.get("algo") or None
+        return None
 
     def backend_counters(self) -> dict[str, BackendCounters]:
         """Every backend's cumulative request counters (since this worker started:
@@ -395,7 +430,12 @@ class HAProxyFrontDoor:
                 for endpoint in table.endpoints
             }
             changes = []
-            if not wanted <= set(current):
+            # A split needs weighted round robin, which a backend takes at a reload only.
+            rebalance = any(
+                route.weights and self.runtime.balance(backend_for(route)) != SPLIT_BALANCE
+                for route in table.routes.values()
+            )
+            if not wanted <= set(current) or rebalance:
                 changes.append(self._reload(table, held))
                 current = self.runtime.servers()
             for route in table.routes.values():
@@ -436,6 +476,28 @@ class HAProxyFrontDoor:
                 changes.append(f"drain of {backend}/{server}: {status.in_flight} still in flight")
                 return changes
             time.sleep(0.02)
+
+    def weigh(self, model: str, weights: dict[str, int]) -> list[str]:
+        """Sets `model`'s server weights (a canary's split, or its end); each
+        is one runtime command, in effect for the next request."""
+        backend = f"{ADAPTER_BACKEND_PREFIX}{model}"
+        changes = []
+        with self._locked():
+            servers = self.runtime.servers()
+            for server, weight in sorted(weights.items()):
+                if (backend, server) not in servers:
+                    continue
+                line = f"set weight {backend}/{server} {weight}"
+                _checked(self.runtime.command(line), line)
+                changes.append(line)
+        return changes
+
+    def samples(self, model: str) -> tuple[str, dict[str, ServerSample]]:
+        """The counters of `model`'s servers, and the worker that counted them
+        (its pid: a reload starts a new count)."""
+        backend = f"{ADAPTER_BACKEND_PREFIX}{model}"
+        pid = self.runtime.worker_pid()
+        return str(pid), self.runtime.server_samples(backend)
 
     def model_counters(self) -> dict[str, BackendCounters]:
         """Each adapter's request counters (its backend m_<model>); the base

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 
@@ -40,6 +40,8 @@ class Route:
     # swap, verify, ready): a sync from the table must leave them alone.
     held: bool = False
     base: bool = False
+    # A canary's split, {server: weight} (weighted round robin); empty: equal.
+    weights: Mapping[str, int] = field(default_factory=dict)
 
     def ready_servers(self) -> list[str]:
         return sorted(s for s, state in self.states.items() if state == ServerState.READY)
@@ -66,6 +68,7 @@ class ServedView:
     name: str
     path: str
     held: bool
+    weights: Mapping[str, int] = field(default_factory=dict)
 
 
 def server_name(replica_id: int) -> str:
@@ -118,6 +121,7 @@ def routing_table(
                 for r in replicas
             },
             held=adapter.held,
+            weights=dict(adapter.weights),
         )
     return RoutingTable(
         deployment=deployment, base_model=base_model, endpoints=endpoints, routes=routes

@@ -30,10 +30,11 @@ def routing_table_for(deployment: Deployment) -> RoutingTable:
             name=row["adapter__served_name"],
             path=row["served_path"],
             held=row["lease_until"] is not None and row["lease_until"] > now,
+            weights=row["gateway_weights"] or {},
         )
         for row in ServedAdapter.objects.filter(
             deployment=deployment, version__isnull=False
-        ).values("adapter__served_name", "served_path", "lease_until")
+        ).values("adapter__served_name", "served_path", "lease_until", "gateway_weights")
     ]
     return routing_table(
         deployment=deployment.name,

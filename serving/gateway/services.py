@@ -122,6 +122,53 @@ def gateway_ready(deployment: Deployment, name: str, replicas: list[Replica]) ->
     return _each(deployment, replicas, lambda server: door.ready(name, server))
 
 
+def gateway_weigh(deployment: Deployment, name: str, weights: dict[int, int]) -> list[str]:
+    """Sets `name`'s weight on these replicas ({replica id: weight}): a canary's
+    split, its end, or (weight 0) the traffic switch of its rollback. Recorded;
+    a gateway that fails raises GatewayError, for the canary decides what then."""
+    door = front_door_for(deployment)
+    if door is None:
+        return []
+    started = time.monotonic()
+    try:
+        changes = door.weigh(name, {server_name(pk): w for pk, w in weights.items()})
+    except GatewayError as error:
+        _record(deployment, [], started, error=str(error))
+        raise
+    _record(deployment, changes, started)
+    return changes
+
+
+def gateway_switch_off(deployment: Deployment, name: str, replica: Replica) -> float:
+    """A canary's rollback: weight 0 for `name` on `replica`, so that its next
+    request goes elsewhere. Returns the seconds until HAProxy had it (the
+    runtime command's round trip), measured before it is recorded. Raises
+    GatewayError if HAProxy refused."""
+    door = front_door_for(deployment)
+    if door is None:
+        return 0.0
+    started = time.monotonic()
+    try:
+        changes = door.weigh(name, {server_name(replica.pk): 0})
+    except GatewayError as error:
+        _record(deployment, [], started, error=str(error))
+        raise
+    seconds = time.monotonic() - started
+    _record(deployment, changes, started)
+    return seconds
+
+
+def gateway_samples(deployment: Deployment, name: str):
+    """(epoch, {replica id: ServerSample}) of `name`'s backend, or None without
+    a front door. A read: nothing is recorded."""
+    door = front_door_for(deployment)
+    if door is None:
+        return None
+    epoch, samples = door.samples(name)
+    ids = {server_name(pk): pk for pk in deployment.replicas.values_list("pk", flat=True)}
+    return epoch, {ids[server]: sample for server, sample in samples.items() if server in ids}
+
+
 def _each(deployment: Deployment, replicas: list[Replica], change) -> list[str]:
     """`change(server)` for each replica, recorded. A front door that fails is
     logged and recorded, and the rollout goes on: a swap's own verification

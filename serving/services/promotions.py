@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -89,6 +90,12 @@ def _require_servable(version: AdapterVersion) -> None:
 def _start_rollout(
     actor, deployment, version, canary, promotion=None, kind=None, audit=True
 ) -> Rollout:
+    split = {}
+    if promotion is not None and promotion.canary_share:
+        split = {
+            "canary_share": promotion.canary_share,
+            "canary_bake_seconds": promotion.canary_bake_seconds,
+        }
     served, _ = ServedAdapter.objects.select_for_update().get_or_create(
         deployment=deployment, adapter=version.adapter
     )
@@ -111,7 +118,39 @@ def _start_rollout(
         canary=canary,
         promotion=promotion,
         audit=audit,
+        **split,
     )
+
+
+CANARY_MAX_SHARE = 50
+
+
+def _require_canary_split(share: int, bake: int | None) -> None:
+    # The canary is the minority: above half, the old version would be the canary.
+    if not 1 <= share <= CANARY_MAX_SHARE:
+        raise ValidationFailed(
+            f"canary_share is a percentage from 1 to {CANARY_MAX_SHARE}, not {share}.",
+            code="invalid_canary_share",
+        )
+    limit = settings.SERVING_CANARY_MAX_BAKE_SECONDS
+    if bake is None or not 1 <= bake <= limit:
+        raise ValidationFailed(
+            f"canary_bake_seconds is required with canary_share, from 1 to {limit} "
+            "(SERVING_CANARY_MAX_BAKE_SECONDS).",
+            code="invalid_canary_bake",
+        )
+
+
+def _require_canary_possible(deployment: Deployment, served: ServedAdapter | None) -> None:
+    from serving.services.canary import canary_refusal
+
+    replicas = deployment.replicas.filter(active=True).count()
+    refusal = canary_refusal(deployment, served.version_id if served else None, replicas)
+    if refusal:
+        raise Conflict(
+            f"A traffic canary cannot run on {deployment.name}: {refusal}",
+            code="canary_not_possible",
+        )
 
 
 def _recheck_capacity_locked(deployment: Deployment, version: AdapterVersion) -> None:
@@ -129,10 +168,18 @@ def _recheck_capacity_locked(deployment: Deployment, version: AdapterVersion) ->
 
 
 def promotion_create(
-    *, actor: Actor, deployment: Deployment, version: AdapterVersion, canary: bool | None = None
+    *,
+    actor: Actor,
+    deployment: Deployment,
+    version: AdapterVersion,
+    canary: bool | None = None,
+    canary_share: int | None = None,
+    canary_bake_seconds: int | None = None,
 ) -> Promotion:
     """Runs the gate; then either starts the rollout or, where the deployment's
-    policy asks for it, waits for a second person's approval."""
+    policy asks for it, waits for a second person's approval. With a
+    `canary_share` (percent) and `canary_bake_seconds`, the rollout is a
+    traffic canary (serving/services/canary.py)."""
     _require_may_deploy(actor, deployment, version.adapter)
     _require_servable(version)
     report = _require_gate(deployment, version)
@@ -143,6 +190,10 @@ def promotion_create(
             f"Version {version.number} is already served on {deployment.name}.",
             code="already_served",
         )
+    if canary_share is not None:
+        canary = True
+        _require_canary_split(canary_share, canary_bake_seconds)
+        _require_canary_possible(deployment, served)
     department = version.adapter.department  # read now, not under the audit lock
     with transaction.atomic():
         _recheck_capacity_locked(deployment, version)
@@ -162,6 +213,8 @@ def promotion_create(
             version=version,
             status=status,
             canary=canary,
+            canary_share=canary_share,
+            canary_bake_seconds=canary_bake_seconds if canary_share is not None else None,
             gate_report=report.as_list(),
             requested_by=actor.user,
         )

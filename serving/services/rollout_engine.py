@@ -336,6 +336,12 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
         # The fingerprint is recorded or matched after, in the replicas' order.
         return verify_with_fingerprint(client, name, path, ctx.policy, deployment=deployment)
 
+    if rollout.canary_share:
+        # A traffic canary: a share of the requests, a bake, health gates.
+        from serving.services.canary import canary_run
+
+        canary_run(ctx, served, name, load, verify)
+        return
     groups = [pushed[:1], pushed[1:]] if rollout.canary and len(pushed) > 1 else [pushed]
     # Behind a front door, a version swap goes one replica at a time: drained
     # there, swapped, verified, put back (serving/gateway/, docs/gateway.md).

@@ -19,6 +19,7 @@ from core.errors import Conflict
 from core.state import move
 from registry.models import AdapterVersion
 from serving.models import (
+    CanaryRequest,
     Deployment,
     ReplicaRollout,
     ReplicaStepStatus,
@@ -48,6 +49,8 @@ def rollout_create(
     canary: bool = False,
     promotion=None,
     audit: bool = True,
+    canary_share: int | None = None,
+    canary_bake_seconds: int | None = None,
 ) -> Rollout:
     """Records the rollout and enqueues it after commit. Call inside a transaction.
     With audit=False the caller audits it (rollout_audit_created) as the last
@@ -58,6 +61,8 @@ def rollout_create(
         kind=kind,
         target_version=target,
         canary=canary,
+        canary_share=canary_share,
+        canary_bake_seconds=canary_bake_seconds,
         promotion=promotion,
         requested_by=actor.user if actor else None,
         enqueued_at=timezone.now(),
@@ -80,6 +85,8 @@ def rollout_audit_created(actor: Actor | None, rollout: Rollout) -> None:
             "deployment": rollout.deployment.name,
             "target_version": target.number if target else None,
             "canary": rollout.canary,
+            "canary_share": rollout.canary_share,
+            "canary_bake_seconds": rollout.canary_bake_seconds,
         },
     )
 
@@ -147,5 +154,48 @@ def rollout_cancel(*, actor: Actor, rollout: Rollout, comment: str = "") -> Roll
             deployment_id=current.deployment_id, adapter_id=current.adapter_id
         ).first()
         if served is not None:
+            # A canary's split ends with it: the next sync renders equal weights.
+            ServedAdapter.objects.filter(pk=served.pk).update(gateway_weights={})
             served_adapter_release_if_expired(served.pk)
+    return current
+
+
+def rollout_canary_decide(
+    *, actor: Actor, rollout: Rollout, request: str, comment: str = ""
+) -> Rollout:
+    """A person decides a baking canary before its gates do: promote it now
+    (the others are swapped to the new version) or abort it (the canary is
+    rolled back, a traffic switch). Approvers of the department and platform
+    admins; tokens may not. The worker acts on it within a second."""
+    require_approver(actor, rollout.adapter.department_id, "Rollout")
+    if request not in (CanaryRequest.PROMOTE, CanaryRequest.ABORT):
+        raise ValueError(request)
+    with transaction.atomic():
+        # Compare-and-swap: only a baking canary nobody has decided yet.
+        asked = Rollout.objects.filter(
+            pk=rollout.pk,
+            status=RolloutStatus.BAKING,
+            canary_share__isnull=False,
+            canary_outcome="",
+            canary_request="",
+        ).update(canary_request=request, canary_requested_by=actor.user)
+        current = Rollout.objects.get(pk=rollout.pk)
+        if not asked:
+            raise Conflict(
+                f"Rollout {rollout.pk} is not a canary that is baking undecided "
+                f"(status {current.status}"
+                + (f", {current.canary_outcome}" if current.canary_outcome else "")
+                + (f", {current.canary_request} asked" if current.canary_request else "")
+                + ").",
+                code="canary_not_baking",
+                details={"status": current.status, "canary_outcome": current.canary_outcome},
+            )
+        audit_record(
+            actor=actor,
+            action=f"rollout.canary_{request}_requested",
+            obj=current,
+            department=current.adapter.department,
+            from_state=current.status,
+            comment=comment,
+        )
     return current

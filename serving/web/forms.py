@@ -16,6 +16,13 @@ class PromoteForm(PlainLabels, forms.Form):
         required=False,
         label="Canary: load and verify one replica first, then the rest",
     )
+    # A traffic canary: both or neither (the service says what is wrong).
+    canary_share = forms.IntegerField(
+        required=False, min_value=1, max_value=50, label="Canary share of the traffic (%)"
+    )
+    canary_bake_seconds = forms.IntegerField(
+        required=False, min_value=1, label="Canary bake time (seconds)"
+    )
 
     def __init__(self, *args, deployments=(), **kwargs):
         super().__init__(*args, **kwargs)

@@ -14,4 +14,9 @@ urlpatterns = [
     path("rollouts/<int:pk>/live/", views.rollout_live, name="rollout-live"),
     path("rollouts/<int:pk>/rollback/", views.rollout_rollback, name="rollout-rollback"),
     path("rollouts/<int:pk>/cancel/", views.rollout_cancel_view, name="rollout-cancel"),
+    path(
+        "rollouts/<int:pk>/canary/<slug:decision>/",
+        views.rollout_canary_view,
+        name="rollout-canary",
+    ),
 ]

@@ -27,7 +27,7 @@ from registry.models import AdapterVersion, VersionStatus
 from registry.web.views import version_page_context
 from serving import kserve, selectors
 from serving.gate import evaluate_gate
-from serving.models import PromotionStatus, Rollout, RolloutStatus, ServedAdapter
+from serving.models import CanaryRequest, PromotionStatus, Rollout, RolloutStatus, ServedAdapter
 from serving.replica_facts import disputes as fact_disputes
 from serving.services.manifests import kserve_export
 from serving.services.promotions import (
@@ -36,7 +36,7 @@ from serving.services.promotions import (
     promotion_review,
     rollback_to,
 )
-from serving.services.rollouts import rollout_cancel
+from serving.services.rollouts import rollout_canary_decide, rollout_cancel
 from serving.transitions import ROLLOUT_TERMINAL
 from serving.web import queries
 from serving.web.forms import PromoteForm, PromotionReviewForm
@@ -227,6 +227,8 @@ def promote(request, actor: Actor, pk: int):
             deployment=deployment,
             version=version,
             canary=True if form.cleaned_data["canary"] else None,
+            canary_share=form.cleaned_data.get("canary_share"),
+            canary_bake_seconds=form.cleaned_data.get("canary_bake_seconds"),
         )
     except NotFound:
         raise
@@ -310,11 +312,34 @@ def _cancel_option(actor: Actor, rollout: Rollout) -> dict | None:
     return {"disabled_reason": reason}
 
 
+def _canary_context(actor: Actor, rollout: Rollout) -> dict | None:
+    """A traffic canary's split, gates and countdown, and whether this person
+    may promote it now or abort it (approvers, while it bakes undecided)."""
+    split = selectors.canary_split(rollout)
+    if split is None:
+        return None
+    decidable = (
+        rollout.status == RolloutStatus.BAKING
+        and not rollout.canary_outcome
+        and not rollout.canary_request
+    )
+    may = can_approve(actor, rollout.adapter.department_id)
+    reason = "" if may else "Only an approver of this department or a platform admin may decide."
+    weights = split["weights"]
+    total = sum(weights.values()) or 1
+    return {
+        **split,
+        "canary_weight_share": round(100 * weights.get(str(rollout.canary_replica_id), 0) / total),
+        "decide": {"disabled_reason": reason} if decidable else None,
+    }
+
+
 def _rollout_context(actor: Actor, rollout: Rollout) -> dict:
     progress = queries.rollout_progress(rollout)
     return {
         "rollout": rollout,
         "progress": progress,
+        "canary": _canary_context(actor, rollout),
         "rollback": _rollback_option(actor, rollout) if progress["terminal"] else None,
         "cancel": _cancel_option(actor, rollout),
     }
@@ -356,6 +381,33 @@ def rollout_cancel_view(request, actor: Actor, pk: int):
         f"Cancelled rollout #{rollout.pk}. {rollout.adapter.name} on {rollout.deployment.name} "
         "is free for a new promotion; the reconcile puts back what was served before.",
     )
+    return redirect("serving:rollout", pk=rollout.pk)
+
+
+@require_POST
+@page
+def rollout_canary_view(request, actor: Actor, pk: int, decision: str):
+    rollout = selectors.rollout_get(actor, pk)
+    wanted = {"promote": CanaryRequest.PROMOTE, "abort": CanaryRequest.ABORT}.get(decision)
+    if wanted is None:
+        raise Http404("No such decision.")
+    try:
+        rollout_canary_decide(
+            actor=actor,
+            rollout=rollout,
+            request=wanted,
+            comment=request.POST.get("comment", "")[:2000],
+        )
+    except NotFound:
+        raise
+    except ApplicationError as error:
+        messages.error(request, f"Could not {decision} the canary: {error.message}")
+        return redirect("serving:rollout", pk=rollout.pk)
+    if wanted == CanaryRequest.PROMOTE:
+        text = "The canary takes all the traffic: the other replicas are swapped now."
+    else:
+        text = "The canary is aborted: traffic leaves it and its replica goes back."
+    messages.success(request, text)
     return redirect("serving:rollout", pk=rollout.pk)
 
 

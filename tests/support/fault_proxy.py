@@ -65,6 +65,11 @@ class FaultProxy:
         # path prefix -> HTTP status answered instead of forwarding (503: a replica
         # that is up but refusing work for a while, e.g. still warming up).
         self.fail_paths: dict[str, int] = {}
+        # A broken version: once an adapter is loaded through this proxy from a
+        # folder named here, clients' completions for it get a 500 (the control
+        # plane's probes still pass), until it is loaded from another folder.
+        self.broken_roots: set[str] = set()
+        self._roots: dict[str, str] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self.port = 0
@@ -127,7 +132,18 @@ class FaultProxy:
             return False
         if self.fail_probes_only and "logprobs" not in request:
             return False
+        if self._roots.get(model) in self.broken_roots and "logprobs" not in request:
+            return True
         return model in self.fail_completions_for
+
+    def _note_load(self, path: str, body: bytes) -> None:
+        if path.split("?", 1)[0] != "/v1/load_lora_adapter":
+            return
+        try:
+            request = json.loads(body or b"{}")
+            self._roots[request["lora_name"]] = request["lora_path"]
+        except (ValueError, KeyError, TypeError):
+            return
 
     def _handler(self):
         proxy = self
@@ -169,6 +185,7 @@ class FaultProxy:
                 if failing:
                     self._json_error(failing[0], "Injected fault: try again.", "Unavailable")
                     return
+                proxy._note_load(self.path, body)
                 if proxy._should_fail(self.command, self.path, body):
                     with proxy._lock:
                         proxy.faults_served += 1

@@ -1,0 +1,390 @@
+"""A traffic canary, the worker's side: the new version on one replica, a stated
+share of the adapter's requests sent there by the front door for the bake
+time, health gates comparing it with the old version on the others, then
+either every replica swapped (make before break) or the canary pulled out.
+
+    verified on the canary replica -> baking (split at the front door, gates
+    judged every second) -> passed: the others swapped one at a time, drained,
+    verified, put back -> succeeded
+                         -> failed: weight 0 on the canary (the traffic switch,
+    milliseconds), its requests in flight finish, the old version loaded there
+    again -> rolled_back
+
+Everything the worker needs to resume is in the rollout's row: the canary
+replica, the bake deadline, the gates' counters and verdict, the outcome. A
+worker killed mid-bake loses its claim; the sweeper sends the rollout again;
+the next worker checks the canary replica (idempotent: loaded and verified
+already), sets the split again and bakes on until the same deadline. Status
+changes go through serving.transitions with compare-and-swap, as the rest of
+the engine's (rollout_engine.py, whose helpers this module uses).
+
+The gates are pure functions (serving/canary_gates.py); the counters are the
+front door's, per server, in the adapter's backend (HAProxy's `show stat`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import asdict
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from core.audit import audit_record
+from serving import canary_gates as gates
+from serving.gateway.haproxy import GatewayError
+from serving.gateway.routing import server_name
+from serving.gateway.services import (
+    front_door_for,
+    gateway_drain,
+    gateway_ready,
+    gateway_samples,
+    gateway_switch_off,
+    gateway_sync,
+    gateway_weigh,
+)
+from serving.models import (
+    CanaryOutcome,
+    CanaryRequest,
+    Deployment,
+    Replica,
+    ReplicaStepStatus,
+    Rollout,
+    RolloutStatus,
+    ServedAdapter,
+)
+from serving.services import rollout_engine as engine
+from serving.services.fingerprints import fingerprints_check_rollout
+
+logger = logging.getLogger(__name__)
+
+# How often the gates are judged and a person's promote-now or abort is looked for.
+POLL_SECONDS = 1.0
+
+
+def thresholds() -> gates.Thresholds:
+    return gates.Thresholds(
+        min_requests=settings.SERVING_CANARY_MIN_REQUESTS,
+        max_error_rate_increase=settings.SERVING_CANARY_MAX_ERROR_RATE_INCREASE,
+        max_latency_ratio=settings.SERVING_CANARY_MAX_LATENCY_RATIO,
+    )
+
+
+def canary_refusal(deployment: Deployment, served_version_id: int | None, replicas: int) -> str:
+    """Why a traffic canary cannot run here ("" if it can). Asked when it is
+    requested (a 409) and again by the worker (the deployment may have changed)."""
+    if front_door_for(deployment) is None:
+        return (
+            f"{deployment.name} has no front door (SERVING_GATEWAYS): nothing can split "
+            "its traffic."
+        )
+    if served_version_id is None:
+        return (
+            "no version of this adapter is served there yet: there is no old version "
+            "to compare with."
+        )
+    if replicas < 2:
+        return (
+            f"{deployment.name} has {replicas} replica(s); a canary needs one for the new "
+            "version and at least one for the old."
+        )
+    return ""
+
+
+def canary_run(ctx, served: ServedAdapter, name: str, load, verify) -> None:
+    """The rollout after staging, for a rollout with a `canary_share`."""
+    rollout = ctx.rollout
+    refusal = canary_refusal(ctx.deployment, served.version_id, len(ctx.replicas))
+    if refusal and not rollout.canary_outcome:
+        engine._finish(ctx, RolloutStatus.FAILED, f"The canary cannot run: {refusal}")
+        gateway_sync(ctx.deployment, release=name)
+        return
+    canary = _canary_replica(ctx)
+    rest = [r for r in ctx.replicas if r.pk != canary.pk]
+    outcome = rollout.canary_outcome
+    reason = (rollout.canary_gates.get("verdict") or {}).get("reason", "")
+    if not outcome:
+        if not _swap_canary(ctx, canary, name, load, verify):
+            return
+        outcome, reason = _bake(ctx, served, canary, rest, name)
+    if outcome in (CanaryOutcome.PASSED, CanaryOutcome.PROMOTED):
+        _promote(ctx, served, canary, rest, name, load, verify)
+    else:
+        _roll_back(ctx, served, canary, rest, name, reason)
+
+
+def _canary_replica(ctx) -> Replica:
+    """The first replica by URL (as the page lists them), fixed in the row the
+    first time, so that a resumed worker bakes on the same one."""
+    rollout = ctx.rollout
+    by_id = {r.pk: r for r in ctx.replicas}
+    if rollout.canary_replica_id in by_id:
+        return by_id[rollout.canary_replica_id]
+    canary = ctx.replicas[0]
+    rollout.canary_replica_id = canary.pk
+    Rollout.objects.filter(pk=rollout.pk).update(canary_replica=canary)
+    return canary
+
+
+def _swap_canary(ctx, canary: Replica, name: str, load, verify) -> bool:
+    """Drained at the front door, the new version loaded and verified there
+    (the other replicas serve meanwhile). Again on a resumed bake: the
+    replica may have been repaired back while no worker held the adapter."""
+    step = ctx.steps[canary.pk]
+    # Were this to fail, only the canary replica has changed: it alone goes back.
+    ctx.rollback_order = [canary]
+    engine._phase(ctx, [step], RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
+    gateway_drain(ctx.deployment, name, [canary])
+    loaded = engine._fan_out(ctx, [canary], load)
+    if engine._failed(ctx, [step], loaded, "load"):
+        gateway_sync(ctx.deployment, release=name)
+        return False
+    engine._phase(ctx, [step], RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
+    verified = engine._fan_out(ctx, [canary], verify)
+    fingerprints_check_rollout(rollout=ctx.rollout, replicas=[canary], outcomes=verified)
+    if engine._failed(ctx, [step], verified, "verification"):
+        gateway_sync(ctx.deployment, release=name)
+        return False
+    engine._set_steps([step], ReplicaStepStatus.SUCCEEDED)
+    return True
+
+
+def _bake(ctx, served: ServedAdapter, canary: Replica, rest: list[Replica], name: str):
+    """Splits the traffic and judges the gates until they decide, the bake
+    ends or a person decides. Returns (outcome, reason)."""
+    rollout = ctx.rollout
+    deployment = ctx.deployment
+    if rollout.canary_bake_until is None:
+        rollout.canary_bake_until = timezone.now() + timedelta(seconds=rollout.canary_bake_seconds)
+        Rollout.objects.filter(pk=rollout.pk).update(canary_bake_until=rollout.canary_bake_until)
+    engine._set_status(ctx, RolloutStatus.BAKING)
+    weights = gates.split_weights(rollout.canary_share, str(canary.pk), [str(r.pk) for r in rest])
+    _split(ctx, served, canary, rest, name, {int(pk): w for pk, w in weights.items()})
+    # A resumed bake goes on with the counts it had; a first one starts them now.
+    started = "counters" in (rollout.canary_gates or {})
+    state = rollout.canary_gates["counters"] if started else None
+    if state is None:
+        try:
+            epoch, samples = _read(deployment, name)
+            state = gates.start(samples, epoch)
+        except GatewayError as error:
+            # Counted from the first read that works (below): never from zero,
+            # which would count the old version's answers on the canary server.
+            logger.warning("rollout %s: front door unreadable: %s", rollout.pk, error)
+            state = None
+    if not started:
+        with transaction.atomic():
+            report = {"counters": state, "weights": weights, "share": rollout.canary_share}
+            _save_gates(rollout, report)
+            audit_record(
+                actor=None,
+                action="rollout.canary_started",
+                obj=rollout,
+                department=rollout.adapter.department,
+                to_state=RolloutStatus.BAKING,
+                details={
+                    "share": rollout.canary_share,
+                    "bake_seconds": rollout.canary_bake_seconds,
+                    "bake_until": rollout.canary_bake_until.isoformat(),
+                    # Its server at the front door, not its address: the audit
+                    # log is the department's to read, the addresses the platform's.
+                    "canary_server": server_name(canary.pk),
+                    "weights": {server_name(int(k)): w for k, w in weights.items()},
+                },
+            )
+    limits = thresholds()
+    while True:
+        try:
+            ctx.watch.check()
+        except engine.Stopped:
+            if ctx.watch.reason == "the rollout was cancelled":
+                # Cancelled: the new version takes no more of the traffic now, not
+                # at the next reconcile (which puts the old version back there).
+                with contextlib.suppress(GatewayError):
+                    gateway_weigh(deployment, name, {canary.pk: 0})
+            raise
+        try:
+            epoch, samples = _read(deployment, name)
+            state = (
+                gates.start(samples, epoch)
+                if state is None
+                else gates.advance(state, samples, epoch)
+            )
+        except GatewayError as error:
+            # Unreadable for now: the counters carry on in HAProxy; judged when readable.
+            logger.warning("rollout %s: front door unreadable: %s", rollout.pk, error)
+            samples = {}
+        if state is None:
+            canary_side = old_side = gates.Side(0, 0, None)
+        else:
+            canary_side, old_side = gates.sides(state, samples, str(canary.pk))
+        now = timezone.now()
+        verdict = gates.judge(
+            canary_side, old_side, limits, bake_over=now >= rollout.canary_bake_until
+        )
+        report = {
+            "counters": state,
+            "weights": weights,
+            "share": rollout.canary_share,
+            "canary": asdict(canary_side),
+            "baseline": asdict(old_side),
+            "verdict": verdict.as_dict(),
+            "checked_at": now.isoformat(),
+        }
+        asked = (
+            Rollout.objects.filter(pk=rollout.pk)
+            .values_list("canary_request", "canary_requested_by__username")
+            .first()
+        )
+        request, who = asked or ("", None)
+        outcome, reason = "", ""
+        if request == CanaryRequest.PROMOTE:
+            outcome, reason = CanaryOutcome.PROMOTED, f"Promoted by {who} before the gates decided."
+        elif request == CanaryRequest.ABORT:
+            outcome, reason = CanaryOutcome.ABORTED, f"Aborted by {who}."
+        elif verdict.outcome == gates.FAIL:
+            outcome, reason = CanaryOutcome.FAILED, f"Canary gates failed: {verdict.reason}"
+        elif verdict.outcome == gates.PASS:
+            outcome, reason = CanaryOutcome.PASSED, f"Canary gates passed: {verdict.reason}"
+        if not outcome:
+            _save_gates(rollout, report)
+            time.sleep(POLL_SECONDS)
+            continue
+        report["verdict"]["reason"] = reason
+        _decide(ctx, outcome, reason, report)
+        return outcome, reason
+
+
+def _read(deployment: Deployment, name: str):
+    found = gateway_samples(deployment, name)
+    if found is None:
+        raise GatewayError(f"{deployment.name} has no front door")
+    epoch, samples = found
+    return epoch, {str(pk): sample for pk, sample in samples.items()}
+
+
+def _save_gates(rollout: Rollout, report: dict) -> None:
+    rollout.canary_gates = report
+    Rollout.objects.filter(pk=rollout.pk).update(canary_gates=report)
+
+
+def _decide(ctx, outcome: str, reason: str, report: dict) -> None:
+    """The outcome, once: a compare-and-swap on "undecided", with its audit."""
+    rollout = ctx.rollout
+    with transaction.atomic():
+        decided = Rollout.objects.filter(pk=rollout.pk, canary_outcome="").update(
+            canary_outcome=outcome, canary_gates=report
+        )
+        if not decided:
+            raise engine.Stopped("another worker decided this canary")
+        rollout.canary_outcome, rollout.canary_gates = outcome, report
+        audit_record(
+            actor=None,
+            action=f"rollout.canary_{outcome}",
+            obj=rollout,
+            department=rollout.adapter.department,
+            from_state=RolloutStatus.BAKING,
+            comment=reason[:2000],
+            details={
+                "canary": report.get("canary"),
+                "baseline": report.get("baseline"),
+                "gates": report["verdict"]["gates"],
+            },
+        )
+
+
+def _split(ctx, served, canary: Replica, rest: list[Replica], name: str, weights) -> None:
+    """The front door sends the canary its share: the weights go into the
+    desired state first (a reload renders them, in weighted round robin), then
+    into the running HAProxy, the old version's servers before the canary's."""
+    deployment = ctx.deployment
+    ServedAdapter.objects.filter(pk=served.pk).update(
+        gateway_weights={server_name(pk): w for pk, w in weights.items()}
+    )
+    gateway_sync(deployment)
+    gateway_weigh(deployment, name, {r.pk: weights[r.pk] for r in rest})
+    gateway_ready(deployment, name, [canary])
+    gateway_weigh(deployment, name, {canary.pk: weights[canary.pk]})
+
+
+def _unsplit(ctx, served, name: str, replicas: list[Replica]) -> None:
+    ServedAdapter.objects.filter(pk=served.pk).update(gateway_weights={})
+    try:
+        gateway_weigh(ctx.deployment, name, {r.pk: 1 for r in replicas})
+    except GatewayError as error:  # the next sync renders equal weights
+        logger.warning("rollout %s: equal weights not set: %s", ctx.rollout.pk, error)
+
+
+def _promote(ctx, served, canary: Replica, rest: list[Replica], name: str, load, verify) -> None:
+    """Every other replica, one at a time: drained there, swapped, verified,
+    put back; the canary serves the new version throughout (make before break)."""
+    _unsplit(ctx, served, name, [canary, *rest])
+    swapped = [canary]
+    for replica in rest:
+        step = ctx.steps[replica.pk]
+        if step.status == ReplicaStepStatus.SUCCEEDED:  # a resumed promotion
+            swapped.append(replica)
+            continue
+        engine._phase(ctx, [step], RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
+        gateway_drain(ctx.deployment, name, [replica])
+        loaded = engine._fan_out(ctx, [replica], load)
+        if not all(o.ok for o in loaded.values()):
+            engine._switch_back(ctx, name, [replica], swapped)
+        if engine._failed(ctx, [step], loaded, "load"):
+            gateway_sync(ctx.deployment, release=name)
+            return
+        engine._phase(ctx, [step], RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
+        verified = engine._fan_out(ctx, [replica], verify)
+        fingerprints_check_rollout(rollout=ctx.rollout, replicas=[replica], outcomes=verified)
+        if not all(o.ok for o in verified.values()):
+            engine._switch_back(ctx, name, [replica], swapped)
+        if engine._failed(ctx, [step], verified, "verification"):
+            gateway_sync(ctx.deployment, release=name)
+            return
+        gateway_ready(ctx.deployment, name, [replica])
+        swapped.append(replica)
+        engine._set_steps([step], ReplicaStepStatus.SUCCEEDED)
+    engine._succeed(ctx, served)
+    gateway_sync(ctx.deployment, release=name)
+
+
+def _roll_back(ctx, served, canary: Replica, rest: list[Replica], name: str, reason: str) -> None:
+    """The rollback is a traffic switch: weight 0 on the canary server (one
+    runtime command; the next request goes to the old version), timed. Its
+    requests in flight finish, then the old version is loaded there again,
+    verified by the load, and the canary replica goes back into the pool."""
+    rollout = ctx.rollout
+    started = time.monotonic()
+    try:
+        switch_ms = gateway_switch_off(ctx.deployment, name, canary) * 1000
+    except GatewayError as error:
+        logger.warning("rollout %s: weight 0 refused (%s); draining", rollout.pk, error)
+        switch_ms = (time.monotonic() - started) * 1000
+    gateway_drain(ctx.deployment, name, [canary])
+    drained_ms = (time.monotonic() - started) * 1000
+    report = dict(rollout.canary_gates or {})
+    report["rollback"] = {"switch_ms": round(switch_ms, 2), "drained_ms": round(drained_ms, 1)}
+    with transaction.atomic():
+        _save_gates(rollout, report)
+        audit_record(
+            actor=None,
+            action="rollout.canary_switched_back",
+            obj=rollout,
+            department=rollout.adapter.department,
+            comment=reason[:2000],
+            details=report["rollback"],
+        )
+    ServedAdapter.objects.filter(pk=served.pk).update(gateway_weights={})
+    ctx.rollback_order = [canary]
+    engine._rollback_everywhere(
+        ctx, f"{reason.rstrip('.')}. Traffic left the canary in {switch_ms:.1f} ms"
+    )
+    # What a rollback by reload would have cost: the old version serving again there.
+    report["rollback"]["restored_ms"] = round((time.monotonic() - started) * 1000, 1)
+    _save_gates(rollout, report)
+    _unsplit(ctx, served, name, [canary, *rest])
+    gateway_sync(ctx.deployment, release=name)

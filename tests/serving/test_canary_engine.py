@@ -1,0 +1,229 @@
+"""The canary's worker (serving/services/canary.py) on a real HAProxy in front
+of two stand-in replicas: the split it sets, and each way a bake ends without
+the gates' numbers deciding it (a person aborts, a person promotes, too few
+requests to prove anything). The gates deciding on real traffic are in
+tests/serving/vllm/test_canary_real.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.utils import timezone
+
+from core.models import AuditEvent
+from serving.gateway.services import front_door_for, gateway_sync
+from serving.models import CanaryRequest, Rollout, RolloutStatus, ServedAdapter
+from serving.services.promotions import promotion_create
+from serving.services.rollout_engine import rollout_execute
+from serving.services.rollouts import rollout_canary_decide
+from tests.conftest import actor
+from tests.support.haproxy import haproxy_available, running_haproxy
+from tests.support.vllm_servers import free_port
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not haproxy_available(), reason="haproxy is not installed"),
+]
+
+
+@pytest.fixture
+def door(settings, deployment, tmp_path):
+    settings.SERVING_GATEWAYS = {deployment.name: f"127.0.0.1:{free_port()}"}
+    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    settings.SERVING_GATEWAY_DRAIN_SECONDS = 5.0
+    gateway_sync(deployment)
+    door = front_door_for(deployment)
+    with running_haproxy(door, log=tmp_path / "haproxy.log"):
+        yield door
+
+
+@pytest.fixture
+def served_v1(lena, deployment, approved_v1, door):
+    promotion = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
+    assert rollout_execute(promotion.rollouts.get().pk, "w") == RolloutStatus.SUCCEEDED
+    return approved_v1
+
+
+def start_canary(lena, deployment, version, bake: int):
+    promotion = promotion_create(
+        actor=actor(lena),
+        deployment=deployment,
+        version=version,
+        canary_share=10,
+        canary_bake_seconds=bake,
+    )
+    rollout = promotion.rollouts.get()
+    ended: dict = {}
+    worker = threading.Thread(
+        target=lambda: ended.setdefault("status", rollout_execute(rollout.pk, "worker-1")),
+        daemon=True,
+    )
+    worker.start()
+    return rollout, worker, ended
+
+
+def wait_baking(rollout: Rollout, timeout: float = 30, after: str = "") -> Rollout:
+    """Until the worker bakes (and has judged the gates since `after`, an ISO time)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rollout.refresh_from_db()
+        gates = rollout.canary_gates
+        if (
+            rollout.status == RolloutStatus.BAKING
+            and gates.get("counters")
+            and gates.get("checked_at", "") > after
+        ):
+            return rollout
+        assert time.monotonic() < deadline, (rollout.status, rollout.error)
+        time.sleep(0.1)
+
+
+def weights(door, model: str) -> dict[str, str]:
+    import csv
+    import io
+
+    rows = csv.DictReader(io.StringIO(door.runtime.command("show stat").lstrip("# ")))
+    return {
+        row["svname"]: row["weight"]
+        for row in rows
+        if row["pxname"] == f"m_{model}" and row["svname"] not in ("FRONTEND", "BACKEND")
+    }
+
+
+def servers_of(deployment) -> tuple[str, str]:
+    canary, other = deployment.replicas.order_by("base_url")
+    return f"r{canary.pk}", f"r{other.pk}"
+
+
+def test_a_person_aborts_a_baking_canary_and_traffic_leaves_it_at_once(
+    door, alex, lena, deployment, served_v1, approved_v2, fake_replicas
+):
+    rollout, worker, ended = start_canary(lena, deployment, approved_v2, bake=300)
+    rollout = wait_baking(rollout)
+    canary, other = servers_of(deployment)
+    assert weights(door, "legal-contracts") == {canary: "10", other: "90"}
+    # The split is in the rendered configuration too: a reload keeps it.
+    config = door.config_path.read_text().split("backend m_legal-contracts")[1].split("\n\n")[0]
+    assert "balance roundrobin" in config
+    assert f"server {canary} " in config and f"{other} " in config and "weight 90" in config
+
+    rollout_canary_decide(actor=actor(alex), rollout=rollout, request=CanaryRequest.ABORT)
+    worker.join(30)
+    assert ended["status"] == RolloutStatus.ROLLED_BACK
+    rollout.refresh_from_db()
+    assert rollout.canary_outcome == "aborted"
+    assert rollout.error.startswith(f"Aborted by {alex.username}. Traffic left the canary in ")
+    switch = rollout.canary_gates["rollback"]
+    assert switch["switch_ms"] < 1000
+    assert switch["restored_ms"] > switch["drained_ms"] >= switch["switch_ms"]
+    assert weights(door, "legal-contracts") == {canary: "1", other: "1"}
+    assert ServedAdapter.objects.get(deployment=deployment).gateway_weights == {}
+    v1_root = ServedAdapter.objects.get(deployment=deployment).served_path
+    for replica in fake_replicas:
+        assert replica.adapters == {"legal-contracts": v1_root}
+    actions = list(
+        AuditEvent.objects.filter(object_id=str(rollout.pk), object_type="serving.rollout")
+        .order_by("id")
+        .values_list("action", flat=True)
+    )
+    assert actions == [
+        "rollout.swap",
+        "rollout.canary_started",
+        "rollout.canary_abort_requested",
+        "rollout.canary_aborted",
+        "rollout.canary_switched_back",
+        "rollout.rolled_back",
+    ]
+
+
+def test_a_person_promotes_a_baking_canary_and_every_replica_takes_the_new_version(
+    door, alex, lena, deployment, served_v1, approved_v2, fake_replicas
+):
+    rollout, worker, ended = start_canary(lena, deployment, approved_v2, bake=300)
+    rollout = wait_baking(rollout)
+    rollout_canary_decide(actor=actor(alex), rollout=rollout, request=CanaryRequest.PROMOTE)
+    worker.join(30)
+    assert ended["status"] == RolloutStatus.SUCCEEDED
+    rollout.refresh_from_db()
+    assert rollout.canary_outcome == "promoted"
+    served = ServedAdapter.objects.get(deployment=deployment)
+    assert served.version_id == approved_v2.pk and served.gateway_weights == {}
+    for replica in fake_replicas:
+        assert replica.adapters == {"legal-contracts": rollout.served_path}
+    canary, other = servers_of(deployment)
+    assert weights(door, "legal-contracts") == {canary: "1", other: "1"}
+
+
+def test_a_canary_without_enough_requests_in_its_bake_is_not_proven_and_rolled_back(
+    door, lena, deployment, served_v1, approved_v2, fake_replicas, settings
+):
+    settings.SERVING_CANARY_MIN_REQUESTS = 5
+    rollout, worker, ended = start_canary(lena, deployment, approved_v2, bake=2)
+    worker.join(60)
+    assert ended["status"] == RolloutStatus.ROLLED_BACK
+    rollout.refresh_from_db()
+    assert rollout.canary_outcome == "failed"
+    assert rollout.error.startswith(
+        "Canary gates failed: not proven: the canary had 0 requests in its bake time, "
+        "5 are needed to judge it. Traffic left the canary in "
+    )
+    v1_root = ServedAdapter.objects.get(deployment=deployment).served_path
+    for replica in fake_replicas:
+        assert replica.adapters == {"legal-contracts": v1_root}
+
+
+def test_a_cancelled_canary_takes_no_more_traffic_at_once(
+    door, alex, lena, deployment, served_v1, approved_v2
+):
+    from serving.services.rollouts import rollout_cancel
+
+    rollout, worker, ended = start_canary(lena, deployment, approved_v2, bake=300)
+    rollout = wait_baking(rollout)
+    canary, other = servers_of(deployment)
+    rollout_cancel(actor=actor(alex), rollout=rollout)
+    worker.join(30)
+    assert ended["status"] == RolloutStatus.CANCELLED
+    assert weights(door, "legal-contracts")[canary] == "0"
+    assert ServedAdapter.objects.get(deployment=deployment).gateway_weights == {}
+
+
+def test_a_worker_killed_mid_bake_is_resumed_on_the_same_deadline_and_counts(
+    door, alex, lena, deployment, served_v1, approved_v2, settings
+):
+    settings.SERVING_CLAIM_SECONDS = 3.0
+    rollout, worker, ended = start_canary(lena, deployment, approved_v2, bake=300)
+    rollout = wait_baking(rollout)
+    deadline, counters = rollout.canary_bake_until, rollout.canary_gates["counters"]
+    # Its claim taken from it, the worker stops at its next heartbeat.
+    served = ServedAdapter.objects.get(deployment=deployment)
+    ServedAdapter.objects.filter(pk=served.pk).update(lease_owner="killed-worker")
+    worker.join(30)
+    assert not worker.is_alive()
+    rollout.refresh_from_db()
+    assert rollout.status == RolloutStatus.BAKING  # left as it was
+    ServedAdapter.objects.filter(pk=served.pk).update(lease_owner="", lease_until=None)
+
+    resumed: dict = {}
+    second = threading.Thread(
+        target=lambda: resumed.setdefault("status", rollout_execute(rollout.pk, "worker-2")),
+        daemon=True,
+    )
+    second.start()
+    deadline_at = time.monotonic() + 30
+    while ServedAdapter.objects.get(pk=served.pk).lease_owner != "worker-2":
+        assert time.monotonic() < deadline_at
+        time.sleep(0.1)
+    rollout = wait_baking(rollout, after=timezone.now().isoformat())
+    assert rollout.canary_bake_until == deadline
+    assert rollout.canary_gates["counters"]["base"] == counters["base"]
+    canary, other = servers_of(deployment)
+    assert weights(door, "legal-contracts") == {canary: "10", other: "90"}
+    rollout_canary_decide(actor=actor(alex), rollout=rollout, request=CanaryRequest.ABORT)
+    second.join(30)
+    assert resumed["status"] == RolloutStatus.ROLLED_BACK
+    started = AuditEvent.objects.filter(
+        object_id=str(rollout.pk), action="rollout.canary_started"
+    ).count()
+    assert started == 1

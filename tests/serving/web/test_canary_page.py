@@ -1,0 +1,147 @@
+"""The rollout page of a traffic canary: the split, the gates and the countdown,
+polled live; approvers promote it now or abort it from there."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from serving.models import Rollout, RolloutStatus
+from serving.services.promotions import promotion_create
+from serving.services.rollout_engine import rollout_execute
+from tests.conftest import actor
+
+pytestmark = pytest.mark.django_db
+
+HTMX = {"HTTP_HX_REQUEST": "true"}
+
+
+@pytest.fixture
+def baking(settings, tmp_path, lena, deployment, approved_v1, approved_v2) -> Rollout:
+    settings.SERVING_GATEWAYS = {deployment.name: "127.0.0.1:1"}
+    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    first = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
+    assert rollout_execute(first.rollouts.get().pk, "w") == RolloutStatus.SUCCEEDED
+    promotion = promotion_create(
+        actor=actor(lena),
+        deployment=deployment,
+        version=approved_v2,
+        canary_share=10,
+        canary_bake_seconds=120,
+    )
+    rollout = promotion.rollouts.get()
+    canary = deployment.replicas.order_by("base_url").first()
+    # What the worker writes while it bakes (serving/services/canary.py).
+    report = {
+        "weights": {str(canary.pk): 10, "9999": 90},
+        "share": 10,
+        "canary": {"requests": 40, "errors": 1, "latency_ms": 120.0},
+        "baseline": {"requests": 360, "errors": 0, "latency_ms": 100.0},
+        "verdict": {
+            "outcome": "wait",
+            "reason": "baking",
+            "gates": [
+                {
+                    "name": "errors",
+                    "verdict": "pass",
+                    "canary": 0.025,
+                    "baseline": 0.0,
+                    "limit": 0.02,
+                    "message": "error rate 2.5% against 0.0%",
+                },
+                {
+                    "name": "latency",
+                    "verdict": "wait",
+                    "canary": 120.0,
+                    "baseline": 100.0,
+                    "limit": 200.0,
+                    "message": "120 ms against 100 ms",
+                },
+            ],
+        },
+        "checked_at": timezone.now().isoformat(),
+    }
+    Rollout.objects.filter(pk=rollout.pk).update(
+        status=RolloutStatus.BAKING,
+        canary_replica=canary,
+        canary_bake_until=timezone.now() + timedelta(seconds=90),
+        canary_gates=report,
+    )
+    return rollout
+
+
+def test_the_page_shows_the_split_the_gates_and_the_countdown_live(web_alex, baking):
+    html = web_alex.get(f"/rollouts/{baking.pk}/live/", **HTMX).content.decode()
+    assert 'hx-trigger="every 1s"' in html  # polled while it bakes
+    assert "Baking: the canary replica serves v2 to 10&nbsp;%" in html
+    assert "<strong>10&nbsp;%</strong> of the requests to v2" in html
+    assert "front-door weights: 10 / 90" in html
+    countdown = html.split('data-testid="canary-countdown">')[1].split("</p>")[0]
+    seconds = int(countdown.split("<strong>")[1].split("&nbsp;")[0])
+    assert 85 <= seconds <= 90
+    assert "left of 120&nbsp;s" in countdown
+    gates = html.split('data-testid="canary-gates"')[1].split("</table>")[0]
+    assert "2.5\xa0%" in gates and "≤&nbsp;2.0\xa0%" in gates
+    assert "120&nbsp;ms" in gates and 'data-verdict="wait"' in gates
+    assert '<td class="num">40</td>' in gates and '<td class="num">360</td>' in gates
+    assert 'data-testid="canary-promote"' in html
+    assert 'data-testid="canary-promote" disabled' not in html
+
+
+def test_members_see_the_canary_but_may_not_decide_it(web_lena, baking):
+    html = web_lena.get(f"/rollouts/{baking.pk}/").content.decode()
+    assert 'data-testid="canary-promote" disabled' in html
+    assert 'data-testid="canary-abort" disabled' in html
+    assert "Only an approver of this department or a platform admin may decide." in html
+    # The member sees a label, not the replica's address.
+    assert baking.deployment.replicas.order_by("base_url").first().base_url not in html
+    assert web_lena.post(f"/rollouts/{baking.pk}/canary/abort/").status_code == 302
+    baking.refresh_from_db()
+    assert baking.canary_request == ""
+
+
+def test_an_approver_aborts_it_from_the_page(web_alex, baking):
+    answer = web_alex.post(f"/rollouts/{baking.pk}/canary/abort/", follow=True)
+    html = answer.content.decode()
+    baking.refresh_from_db()
+    assert baking.canary_request == "abort"
+    assert "The canary is aborted" in html
+    assert "<strong>abort</strong> asked" in html
+    assert 'data-testid="canary-abort"' not in html  # decided: no more buttons
+    assert web_alex.post(f"/rollouts/{baking.pk}/canary/sideways/").status_code == 404
+
+
+def test_outsiders_get_a_404(web_fred, baking):
+    assert web_fred.get(f"/rollouts/{baking.pk}/live/", **HTMX).status_code == 404
+    assert web_fred.post(f"/rollouts/{baking.pk}/canary/promote/").status_code == 404
+
+
+def test_a_traffic_canary_is_started_from_the_promote_form(
+    web_lena, settings, tmp_path, lena, deployment, approved_v1, approved_v2
+):
+    settings.SERVING_GATEWAYS = {deployment.name: "127.0.0.1:1"}
+    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    first = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
+    assert rollout_execute(first.rollouts.get().pk, "w") == RolloutStatus.SUCCEEDED
+    form = {"deployment": deployment.name, "canary_share": "10", "canary_bake_seconds": "60"}
+    gate = web_lena.get(f"/versions/{approved_v2.pk}/promote/", form, **HTMX).content.decode()
+    assert "Canary: 10&nbsp;% of the traffic to the new version for 60&nbsp;s" in gate
+    assert 'name="canary_share" value="10"' in gate
+    answer = web_lena.post(f"/versions/{approved_v2.pk}/promote/", form)
+    assert answer.status_code == 302, answer.content
+    rollout = Rollout.objects.get(target_version=approved_v2)
+    assert (rollout.canary_share, rollout.canary_bake_seconds) == (10, 60)
+    page = web_lena.get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert "Traffic canary: 10&nbsp;% for 60&nbsp;s" in page
+
+
+def test_a_traffic_canary_the_deployment_cannot_run_is_refused_with_the_reason(
+    web_lena, lena, deployment, approved_v1
+):
+    form = {"deployment": deployment.name, "canary_share": "10", "canary_bake_seconds": "60"}
+    answer = web_lena.post(f"/versions/{approved_v1.pk}/promote/", form)
+    assert answer.status_code == 409
+    assert "has no front door" in answer.content.decode()
+    assert not Rollout.objects.exists()
