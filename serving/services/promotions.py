@@ -146,6 +146,15 @@ def _require_canary_possible(deployment: Deployment, served: ServedAdapter | Non
 
     replicas = deployment.replicas.filter(active=True).count()
     refusal = canary_refusal(deployment, served.version_id if served else None, replicas)
+    capped = served.max_replicas if served is not None else None
+    if not refusal and capped is not None and capped < 2:
+        # The worker pushes to the adapter's placed replicas only (serving.placement):
+        # on one, there is no old version left for the split.
+        refusal = (
+            f"placement holds {served.adapter.served_name} on {capped} replica "
+            "(max_replicas); a canary needs one for the new version and at least one "
+            "for the old: raise max_replicas to 2 first."
+        )
     if refusal:
         raise Conflict(
             f"A traffic canary cannot run on {deployment.name}: {refusal}",

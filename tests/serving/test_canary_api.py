@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from core.models import AuditEvent
-from serving.models import Promotion, Rollout, RolloutStatus
+from serving.models import Promotion, Rollout, RolloutStatus, ServedAdapter
 from serving.services.promotions import promotion_create, promotion_review
 from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
@@ -79,6 +79,22 @@ def test_a_canary_on_one_replica_is_refused(as_lena, deployment, served_v1, appr
     response = promote(as_lena, deployment, approved_v2, traffic_canary=TEN_FOR_30)
     assert response.status_code == 409
     assert "has 1 replica(s)" in response.json()["error"]["message"]
+
+
+def test_a_canary_of_an_adapter_placed_on_one_replica_is_refused(
+    as_lena, deployment, served_v1, approved_v2
+):
+    # Two replicas, but placement holds the adapter on one (max_replicas 1): the
+    # rollout would push to that one only, leaving no old version to compare with.
+    ServedAdapter.objects.filter(deployment=deployment, adapter=approved_v2.adapter).update(
+        max_replicas=1
+    )
+    response = promote(as_lena, deployment, approved_v2, traffic_canary=TEN_FOR_30)
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert error["code"] == "canary_not_possible"
+    assert "on 1 replica (max_replicas)" in error["message"]
+    assert not Rollout.objects.filter(target_version=approved_v2).exists()
 
 
 def test_a_canary_promotion_records_its_share_and_bake(as_lena, deployment, served_v1, approved_v2):
