@@ -9,6 +9,7 @@ was lost, stops retrying at once instead of at the deadline.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ from django.conf import settings
 
 from core.backoff import backoff_delay
 from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
-from serving.replica_facts import busy_adapters_from_metrics
+from serving.replica_facts import busy_adapters_from_metrics, lora_activity_from_metrics
 from serving.vllm_client import (
     AttemptResult,
     VLLMClient,
@@ -29,6 +30,8 @@ from serving.vllm_client import (
     server_version,
     supports_load_inplace,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class RetryStopped(Exception):
@@ -195,6 +198,14 @@ def unload_lane(base_url: str, policy: RetryPolicy) -> Iterator[None]:
             lane.last = time.monotonic()
 
 
+# Requests that vLLM's API server resolved to the old load just before the
+# unload reach the engine (and its metrics) a moment later.
+UNLOAD_GRACE_SECONDS = 0.25
+# vLLM records its LoRA metrics after every engine step; no new record for this
+# long means no step ran: nothing is running.
+ENGINE_IDLE_SECONDS = 1.0
+
+
 def settle_after_unload(
     client: VLLMClient, name: str, outcome: ReplicaOutcome, policy: RetryPolicy
 ) -> bool:
@@ -206,14 +217,31 @@ def settle_after_unload(
     running under the old id, batched with one under the new id, leaves one id
     without a slot, and the engine dies (KeyError in convert_mapping, then
     EngineDeadError; docs/upstream/vllm-unload-keyerror.md). Once unloaded, the
-    name answers 404 to new requests, so the old ones only finish."""
+    name answers 404 to new requests, so the old ones only finish.
+
+    vLLM's metrics are as of its last engine step, so "idle" counts only from a
+    record made after the first read (or when no step has run for
+    ENGINE_IDLE_SECONDS): a request admitted during the step in progress is not
+    in the record before it (seen on real vLLM: the engine died after one read)."""
     deadline = time.monotonic() + settings.SERVING_UNLOAD_SETTLE_SECONDS
+    try:
+        policy.sleep(UNLOAD_GRACE_SECONDS)
+    except RetryStopped:
+        return False
+    first: float | None = None
+    first_read = time.monotonic()
     delay = 0.05
     while True:
         read = client.metrics()
         outcome.attempts.append(("unload_settle", read))
-        busy = busy_adapters_from_metrics(read)
-        if busy is None or name not in busy:
+        activity = lora_activity_from_metrics(read)
+        if activity is None:
+            return True
+        recorded, busy = activity
+        if first is None:
+            first = recorded
+        fresh = recorded > first or time.monotonic() - first_read >= ENGINE_IDLE_SECONDS
+        if fresh and name not in busy:
             return True
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -222,7 +250,7 @@ def settle_after_unload(
             policy.sleep(min(delay, remaining))
         except RetryStopped:
             return False
-        delay = min(delay * 2, 1.0)
+        delay = min(delay * 2, 0.5)
 
 
 def _idle_or_loaded(client: VLLMClient, name: str, outcome: ReplicaOutcome, policy) -> bool:
@@ -314,6 +342,10 @@ def _base_was_contaminated(
         if probe is None:
             continue
         if not has_no_effect(adapter, probe) and any(has_no_effect(probe, p) for p in seen):
+            logger.info(
+                "%s: the base model answered like the adapter once, then twice like itself",
+                client.base_url,
+            )
             return True
         seen.append(probe)
     return False
