@@ -318,7 +318,7 @@ def ensure_unloaded(client: VLLMClient, name: str, policy: RetryPolicy) -> Repli
     return outcome.fail(_describe(result))
 
 
-BASE_RECHECKS = 4
+BASE_RECHECKS = 6
 
 
 def _base_was_contaminated(
@@ -330,25 +330,37 @@ def _base_was_contaminated(
     go through the LAST LoRA slot's weights (their index -1 picks the last row
     of the stacked weights; docs/upstream/vllm-cpu-base-tokens-last-slot.md).
     Right after its own probe the adapter often sits in that slot, so under
-    traffic the base answer can be the adapter's answer exactly. The adapter's
-    own answers are right. So the base model is asked again: two fresh answers
-    that agree with each other and differ from the adapter's are the base
-    model's, and the adapter has an effect. An inert adapter answers like the
-    base model every time; only two identical contaminations could hide it."""
+    traffic the base answer can be the adapter's answer exactly; the adapter's
+    own answers are right. So the base model is asked again. It was
+    contaminated when two fresh answers agree with each other and differ from
+    the adapter's, or when no fresh answer equals the adapter's (an inert
+    adapter answers exactly like the base model, so the base model, asked six
+    times, would have answered like it again). Under traffic that contaminates
+    every base answer, an inert adapter can pass here; on GPUs, and on a quiet
+    CPU replica, base answers are the base model's."""
     seen: list[Probe] = []
+    like_adapter = asked = 0
     for _ in range(BASE_RECHECKS):
+        asked += 1
         answer = _probe_call(client, base_name, "verify_base", outcome, policy)
         probe = Probe.from_body(answer.body) if answer.ok else None
         if probe is None:
             continue
-        if not has_no_effect(adapter, probe) and any(has_no_effect(probe, p) for p in seen):
-            logger.info(
-                "%s: the base model answered like the adapter once, then twice like itself",
-                client.base_url,
-            )
-            return True
+        if has_no_effect(adapter, probe):
+            like_adapter += 1
+        elif any(has_no_effect(probe, p) for p in seen):
+            break
         seen.append(probe)
-    return False
+    else:
+        if like_adapter or not seen:
+            return False
+    logger.info(
+        "%s: the base model answered like the adapter, then %d of %d times again",
+        client.base_url,
+        like_adapter,
+        asked,
+    )
+    return True
 
 
 def verify_serving(
