@@ -203,7 +203,7 @@ def unload_lane(base_url: str, policy: RetryPolicy) -> Iterator[None]:
 UNLOAD_GRACE_SECONDS = 0.25
 # vLLM records its LoRA metrics after every engine step; no new record for this
 # long means no step ran: nothing is running.
-ENGINE_IDLE_SECONDS = 1.0
+ENGINE_IDLE_SECONDS = 0.5
 
 
 def settle_after_unload(
