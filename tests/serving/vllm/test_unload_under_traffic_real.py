@@ -22,6 +22,7 @@ import pytest
 import requests
 
 from serving.models import Deployment, ServedAdapter
+from serving.replica_facts import busy_adapters_from_metrics
 from serving.services.promotions import promotion_create, retire
 from serving.services.reconcile import reconcile_deployment
 from serving.services.rollout_engine import rollout_execute
@@ -51,6 +52,12 @@ def _ask(server, model: str, tokens: int, *, long: bool = False) -> int | str:
     except requests.RequestException as error:
         return type(error).__name__
     return answer.status_code
+
+
+def _busy(server) -> set[str]:
+    """Adapters with requests running or waiting, as vLLM's metrics say now."""
+    with server.client(timeout=30) as client:
+        return busy_adapters_from_metrics(client.metrics()) or set()
 
 
 def _run(promotion) -> str:
@@ -91,7 +98,11 @@ def _sequence(server, name: str, others: list[str], reload) -> int | str:
         target=lambda: answers.setdefault("long", _ask(server, name, 150, long=True))
     )
     long.start()
-    time.sleep(0.5)
+    # Running under the current load's id (on a busy machine it may wait a while).
+    deadline = time.monotonic() + 60
+    while name not in _busy(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert name in _busy(server), f"{name} never ran"
     reload()
     for other in others:
         _ask(server, other, 1)
