@@ -9,6 +9,7 @@ was lost, stops retrying at once instead of at the deadline.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ from django.conf import settings
 
 from core.backoff import backoff_delay
 from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
-from serving.replica_facts import busy_adapters_from_metrics
+from serving.replica_facts import busy_adapters_from_metrics, lora_activity_from_metrics
 from serving.vllm_client import (
     AttemptResult,
     VLLMClient,
@@ -29,6 +30,8 @@ from serving.vllm_client import (
     server_version,
     supports_load_inplace,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class RetryStopped(Exception):
@@ -195,6 +198,14 @@ def unload_lane(base_url: str, policy: RetryPolicy) -> Iterator[None]:
             lane.last = time.monotonic()
 
 
+# Requests that vLLM's API server resolved to the old load just before the
+# unload reach the engine (and its metrics) a moment later.
+UNLOAD_GRACE_SECONDS = 0.25
+# vLLM records its LoRA metrics after every engine step; no new record for this
+# long means no step ran: nothing is running.
+ENGINE_IDLE_SECONDS = 0.5
+
+
 def settle_after_unload(
     client: VLLMClient, name: str, outcome: ReplicaOutcome, policy: RetryPolicy
 ) -> bool:
@@ -206,14 +217,31 @@ def settle_after_unload(
     running under the old id, batched with one under the new id, leaves one id
     without a slot, and the engine dies (KeyError in convert_mapping, then
     EngineDeadError; docs/upstream/vllm-unload-keyerror.md). Once unloaded, the
-    name answers 404 to new requests, so the old ones only finish."""
+    name answers 404 to new requests, so the old ones only finish.
+
+    vLLM's metrics are as of its last engine step, so "idle" counts only from a
+    record made after the first read (or when no step has run for
+    ENGINE_IDLE_SECONDS): a request admitted during the step in progress is not
+    in the record before it (seen on real vLLM: the engine died after one read)."""
     deadline = time.monotonic() + settings.SERVING_UNLOAD_SETTLE_SECONDS
+    try:
+        policy.sleep(UNLOAD_GRACE_SECONDS)
+    except RetryStopped:
+        return False
+    first: float | None = None
+    first_read = time.monotonic()
     delay = 0.05
     while True:
         read = client.metrics()
         outcome.attempts.append(("unload_settle", read))
-        busy = busy_adapters_from_metrics(read)
-        if busy is None or name not in busy:
+        activity = lora_activity_from_metrics(read)
+        if activity is None:
+            return True
+        recorded, busy = activity
+        if first is None:
+            first = recorded
+        fresh = recorded > first or time.monotonic() - first_read >= ENGINE_IDLE_SECONDS
+        if fresh and name not in busy:
             return True
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -222,7 +250,7 @@ def settle_after_unload(
             policy.sleep(min(delay, remaining))
         except RetryStopped:
             return False
-        delay = min(delay * 2, 1.0)
+        delay = min(delay * 2, 0.5)
 
 
 def _idle_or_loaded(client: VLLMClient, name: str, outcome: ReplicaOutcome, policy) -> bool:
@@ -290,7 +318,7 @@ def ensure_unloaded(client: VLLMClient, name: str, policy: RetryPolicy) -> Repli
     return outcome.fail(_describe(result))
 
 
-BASE_RECHECKS = 4
+BASE_RECHECKS = 6
 
 
 def _base_was_contaminated(
@@ -302,21 +330,37 @@ def _base_was_contaminated(
     go through the LAST LoRA slot's weights (their index -1 picks the last row
     of the stacked weights; docs/upstream/vllm-cpu-base-tokens-last-slot.md).
     Right after its own probe the adapter often sits in that slot, so under
-    traffic the base answer can be the adapter's answer exactly. The adapter's
-    own answers are right. So the base model is asked again: two fresh answers
-    that agree with each other and differ from the adapter's are the base
-    model's, and the adapter has an effect. An inert adapter answers like the
-    base model every time; only two identical contaminations could hide it."""
+    traffic the base answer can be the adapter's answer exactly; the adapter's
+    own answers are right. So the base model is asked again. It was
+    contaminated when two fresh answers agree with each other and differ from
+    the adapter's, or when no fresh answer equals the adapter's (an inert
+    adapter answers exactly like the base model, so the base model, asked six
+    times, would have answered like it again). Under traffic that contaminates
+    every base answer, an inert adapter can pass here; on GPUs, and on a quiet
+    CPU replica, base answers are the base model's."""
     seen: list[Probe] = []
+    like_adapter = asked = 0
     for _ in range(BASE_RECHECKS):
+        asked += 1
         answer = _probe_call(client, base_name, "verify_base", outcome, policy)
         probe = Probe.from_body(answer.body) if answer.ok else None
         if probe is None:
             continue
-        if not has_no_effect(adapter, probe) and any(has_no_effect(probe, p) for p in seen):
-            return True
+        if has_no_effect(adapter, probe):
+            like_adapter += 1
+        elif any(has_no_effect(probe, p) for p in seen):
+            break
         seen.append(probe)
-    return False
+    else:
+        if like_adapter or not seen:
+            return False
+    logger.info(
+        "%s: the base model answered like the adapter, then %d of %d times again",
+        client.base_url,
+        like_adapter,
+        asked,
+    )
+    return True
 
 
 def verify_serving(

@@ -61,12 +61,12 @@ def max_lora_from_metrics(result: AttemptResult) -> int | None:
     return None
 
 
-def busy_adapters_from_metrics(result: AttemptResult) -> set[str] | None:
-    """Adapters with requests running or waiting at vLLM's newest
-    vllm:lora_requests_info series (each series' value is the time vLLM recorded
-    it; the older ones are stale states). None where the metrics cannot tell:
-    not answered, not Prometheus text, or no series (LoRA disabled, or vLLM has
-    not run a step since it started, so nothing can be running)."""
+def lora_activity_from_metrics(result: AttemptResult) -> tuple[float, set[str]] | None:
+    """(when, adapters with requests running or waiting) at vLLM's newest
+    vllm:lora_requests_info series: each series' value is the time vLLM recorded
+    that state (after an engine step), the older ones are stale states. None
+    where the metrics cannot tell: not answered, not Prometheus text, or no
+    series (LoRA disabled, or no step run since vLLM started)."""
     if not result.ok or not isinstance(result.body, str):
         return None
     newest: tuple[float, set[str]] | None = None
@@ -82,7 +82,12 @@ def busy_adapters_from_metrics(result: AttemptResult) -> set[str] | None:
                     newest = (sample.value, names)
     except ValueError:
         return None
-    return None if newest is None else newest[1]
+    return newest
+
+
+def busy_adapters_from_metrics(result: AttemptResult) -> set[str] | None:
+    activity = lora_activity_from_metrics(result)
+    return None if activity is None else activity[1]
 
 
 def _normalise(name: str) -> str:

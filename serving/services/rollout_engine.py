@@ -46,6 +46,7 @@ from serving.models import (
     RolloutKind,
     RolloutStatus,
     ServedAdapter,
+    VersionFingerprint,
 )
 from serving.replica_calls import (
     ReplicaOutcome,
@@ -332,9 +333,17 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
     def load(client, replica):
         return ensure_loaded(client, name, path, ctx.policy, known_version=replica.vllm_version)
 
+    # A version fingerprinted here before (a swap back, a re-promotion) is proven
+    # by matching its fingerprint, which was found unlike the base model.
+    fingerprinted = VersionFingerprint.objects.filter(
+        deployment=deployment, version=target
+    ).exists()
+
     def verify(client, replica):
         # The fingerprint is recorded or matched after, in the replicas' order.
-        return verify_with_fingerprint(client, name, path, ctx.policy, deployment=deployment)
+        return verify_with_fingerprint(
+            client, name, path, ctx.policy, deployment=deployment, compare_base=not fingerprinted
+        )
 
     if rollout.canary_share:
         # A traffic canary: a share of the requests, a bake, health gates.

@@ -314,3 +314,16 @@ def test_the_end_of_a_retire_is_audited(lena, deployment, approved_v1, fake_repl
     assert rollout_execute(gone.pk, "w") == "succeeded"
     event = AuditEvent.objects.get(action="rollout.succeeded", object_id=str(gone.pk))
     assert event.details["kind"] == "retire" and event.details["failed_replicas"] == 0
+
+
+def test_a_swap_back_to_a_fingerprinted_version_matches_the_fingerprint_without_the_base(
+    lena, deployment, approved_v1, approved_v2, fake_replicas
+):
+    rollout_execute(promote(lena, deployment, approved_v1)[1].pk, "w")
+    rollout_execute(promote(lena, deployment, approved_v2)[1].pk, "w")
+    _, back = promote(lena, deployment, approved_v1)
+    assert rollout_execute(back.pk, "w") == "succeeded"
+    purposes = set(
+        HttpAttempt.objects.filter(replica_rollout__rollout=back).values_list("purpose", flat=True)
+    )
+    assert "verify_completion" in purposes and "verify_base" not in purposes
