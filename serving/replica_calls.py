@@ -240,8 +240,11 @@ def settle_after_unload(
         recorded, busy = activity
         if first is None:
             first = recorded
-        fresh = recorded > first or time.monotonic() - first_read >= ENGINE_IDLE_SECONDS
-        if fresh and name not in busy:
+        if recorded > first and name not in busy:
+            return True
+        if recorded == first and time.monotonic() - first_read >= ENGINE_IDLE_SECONDS:
+            # No engine step since the first read: nothing is running, whatever
+            # the last record (made before the requests ended) still lists.
             return True
         remaining = deadline - time.monotonic()
         if remaining <= 0:
