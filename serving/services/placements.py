@@ -162,35 +162,68 @@ def placement_targets(
     state = State.from_dict(served.placement)
     placed = [k for k in state.replicas if k in up]
     if not placed or len(placed) < state.wanted:
-        now = timezone.now()
-        others = list(
-            ServedAdapter.objects.filter(deployment=deployment, version__isnull=False)
-            .exclude(pk=served.pk)
-            .select_related("adapter")
-            .only(
-                "adapter__served_name",
-                "version_id",
-                "min_replicas",
-                "max_replicas",
-                "placement",
-                "lease_until",
-            )
-        )
-        # The adapter about to be served: a version to place (the row may have none yet).
-        me = ServedAdapter(
-            pk=served.pk,
-            adapter=served.adapter,
-            version_id=served.version_id or -1,
-            min_replicas=served.min_replicas,
-            max_replicas=served.max_replicas,
-            placement=served.placement,
-        )
-        result = placement_compute(deployment, [*others, me], replicas, up=up, now=now)
-        state = result.states[served.adapter.served_name]
-        served.placement = state.as_dict()
-        ServedAdapter.objects.filter(pk=served.pk).update(placement=served.placement)
+        # Under the deployment's row lock (no HTTP inside): rollouts running side
+        # by side each placed their adapter from the same counts, and a replica
+        # got one more than its capacity (seen on real vLLM: 21 and 19 of 2 x 20).
+        with transaction.atomic():
+            Deployment.objects.select_for_update().filter(pk=deployment.pk).exists()
+            state = _place_first(deployment, served, replicas, up)
         placed = list(state.replicas)
     return [r for r in replicas if r.pk in set(placed)], state
+
+
+def _place_first(
+    deployment: Deployment, served: ServedAdapter, replicas: list[Replica], up: set[int]
+) -> State:
+    now = timezone.now()
+    rows = (
+        ServedAdapter.objects.filter(deployment=deployment)
+        .filter(Q(version__isnull=False) | Q(lease_until__gt=now))
+        .exclude(pk=served.pk)
+        .select_related("adapter")
+        .only(
+            "adapter__served_name",
+            "version_id",
+            "min_replicas",
+            "max_replicas",
+            "placement",
+            "lease_until",
+        )
+    )
+    # Served adapters, and those another rollout placed for their first version
+    # (served from when it succeeds; its slot is taken already).
+    others = [_as_served(row) for row in rows if row.version_id is not None or row.placement]
+    # The adapter about to be served: a version to place, and not held (the
+    # claim is this rollout's own: a held adapter keeps what it has, here nothing).
+    me = ServedAdapter(
+        pk=served.pk,
+        adapter=served.adapter,
+        version_id=served.version_id or -1,
+        min_replicas=served.min_replicas,
+        max_replicas=served.max_replicas,
+        placement=served.placement,
+    )
+    result = placement_compute(deployment, [*others, me], replicas, up=up, now=now)
+    state = result.states[served.adapter.served_name]
+    served.placement = state.as_dict()
+    ServedAdapter.objects.filter(pk=served.pk).update(placement=served.placement)
+    return state
+
+
+def _as_served(row: ServedAdapter) -> ServedAdapter:
+    """The row as placement sees an adapter to serve: a version to place (a
+    first rollout's row has none yet)."""
+    if row.version_id is not None:
+        return row
+    return ServedAdapter(
+        pk=row.pk,
+        adapter=row.adapter,
+        version_id=-1,
+        min_replicas=row.min_replicas,
+        max_replicas=row.max_replicas,
+        placement=row.placement,
+        lease_until=row.lease_until,
+    )
 
 
 def replica_demand_report(replicas: Iterable[Replica], demand: Mapping[int, dict]) -> int:
