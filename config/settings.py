@@ -130,6 +130,26 @@ globals().update(_sso_settings())
 # First: django-axes refuses a locked-out username or address before any
 # backend looks at the password.
 AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", *AUTHENTICATION_BACKENDS]  # noqa: F821
+# --- SCIM 2.0 provisioning (sso/scim/, django-scim2) under /scim/v2/ -----------
+# The identity provider authenticates with a SCIM token (manage.py scim_token).
+SCIM_MAX_RESULTS = cfg.integer("SCIM_MAX_RESULTS", 100, minimum=1)
+SCIM_FILTER_MAX_LENGTH = cfg.integer("SCIM_FILTER_MAX_LENGTH", 1000, minimum=50)
+SCIM_TOKEN_DEFAULT_DAYS = cfg.integer("SCIM_TOKEN_DEFAULT_DAYS", 365, minimum=1)
+SCIM_SERVICE_PROVIDER = {
+    # Resources' locations come from the request (BASE_LOCATION_GETTER); the
+    # library insists on a NETLOC all the same.
+    "NETLOC": "unused",
+    "AUTHENTICATION_SCHEMES": [{"type": "oauthbearertoken", "name": "SCIM token"}],
+    "USER_ADAPTER": "sso.scim.adapters.ScimUserAdapter",
+    "GROUP_ADAPTER": "sso.scim.adapters.ScimGroupAdapter",
+    "GROUP_MODEL": "sso.models.ScimGroup",
+    "USER_FILTER_PARSER": "sso.scim.filters.UserFilterQuery",
+    "GROUP_FILTER_PARSER": "sso.scim.filters.GroupFilterQuery",
+    "SERVICE_PROVIDER_CONFIG_MODEL": "sso.scim.views.ServiceProviderConfig",
+    "BASE_LOCATION_GETTER": "sso.scim.views.base_location",
+    "AUTH_CHECK_MIDDLEWARE": "sso.scim.auth.ScimTokenChecked",
+    "SCHEMAS_GETTER": "sso.scim.schemas.schemas_getter",
+}
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
@@ -275,6 +295,8 @@ CELERY_TASK_ROUTES = {
     # The MLflow mirror (mlflow_bridge.*), and its old names (registry.mlflow.*).
     "registry.mlflow.*": {"queue": "housekeeping"},
     "mlflow*": {"queue": "housekeeping"},
+    # The periodic check against the identity provider (sso/checks.py): slow calls out.
+    "sso.*": {"queue": "housekeeping"},
 }
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
@@ -341,6 +363,15 @@ SERVING_LOAD_TIMEOUT_SECONDS = cfg.number("SERVING_LOAD_TIMEOUT_SECONDS", 60.0, 
 SERVING_RETRY_DEADLINE_SECONDS = cfg.number("SERVING_RETRY_DEADLINE_SECONDS", 90.0)
 SERVING_RETRY_BASE_SECONDS = cfg.number("SERVING_RETRY_BASE_SECONDS", 0.5)
 SERVING_RETRY_MAX_DELAY_SECONDS = cfg.number("SERVING_RETRY_MAX_DELAY_SECONDS", 5.0)
+# Unloading then loading one adapter name kills vLLM 0.32's engine when requests
+# under the old LoRA id are still running as requests under the new id arrive
+# (docs/upstream/vllm-unload-keyerror.md). After an unload that a load follows,
+# the control plane waits until vLLM's /metrics shows no request of that name
+# running or waiting, for at most SERVING_UNLOAD_SETTLE_SECONDS (then the swap
+# fails rather than risk the replica). Unloads on one replica go one at a time,
+# at least SERVING_UNLOAD_PACE_SECONDS apart.
+SERVING_UNLOAD_SETTLE_SECONDS = cfg.number("SERVING_UNLOAD_SETTLE_SECONDS", 60.0, minimum=0)
+SERVING_UNLOAD_PACE_SECONDS = cfg.number("SERVING_UNLOAD_PACE_SECONDS", 0.0, minimum=0)
 # Claims on serving work (a rollout's adapter, a reconcile's deployment) last this
 # long and are renewed every third of it while the work goes on; a dead worker's
 # claim is free again after at most this long.
@@ -369,6 +400,18 @@ SERVING_STAGED_REVERIFY_SECONDS = cfg.integer(
 # Reconcile repairs: how many HTTP calls at once in all, and to one replica.
 SERVING_RECONCILE_CONCURRENCY = cfg.integer("SERVING_RECONCILE_CONCURRENCY", 32, minimum=1)
 SERVING_RECONCILE_PER_REPLICA = cfg.integer("SERVING_RECONCILE_PER_REPLICA", 4, minimum=1)
+# Placement (serving/placement.py, docs/operators/placement.md): an adapter with
+# min_replicas/max_replicas follows its demand (running + waiting in vLLM's
+# /metrics) smoothed over SERVING_PLACEMENT_WINDOW_SECONDS, one replica per
+# SERVING_PLACEMENT_DEMAND_PER_REPLICA of it; it gives up a replica only after
+# fewer were wanted for SERVING_PLACEMENT_QUIET_SECONDS; one reconcile tick starts
+# at most SERVING_PLACEMENT_CHURN_BUDGET loads plus unloads (0: no limit).
+SERVING_PLACEMENT_WINDOW_SECONDS = cfg.number("SERVING_PLACEMENT_WINDOW_SECONDS", 60.0, minimum=0)
+SERVING_PLACEMENT_QUIET_SECONDS = cfg.number("SERVING_PLACEMENT_QUIET_SECONDS", 300.0, minimum=0)
+SERVING_PLACEMENT_CHURN_BUDGET = cfg.integer("SERVING_PLACEMENT_CHURN_BUDGET", 32, minimum=0)
+SERVING_PLACEMENT_DEMAND_PER_REPLICA = cfg.number(
+    "SERVING_PLACEMENT_DEMAND_PER_REPLICA", 1.0, minimum=0.01
+)
 SERVING_ATTEMPT_RETENTION_DAYS = cfg.integer("SERVING_ATTEMPT_RETENTION_DAYS", 14, minimum=1)
 # A replica's probe (serving/probe.py) matches the version's fingerprint when no
 # token's logprob differs by more than this. Measured with bench/fingerprint_spread.py
@@ -424,6 +467,13 @@ CELERY_BEAT_SCHEDULE = {
     "serving-housekeeping": {"task": "serving.housekeeping", "schedule": 600.0},
 }
 CELERY_BEAT_SCHEDULE.update(_MLFLOW_BEAT)
+if OIDC_CHECK_INTERVAL_SECONDS:  # noqa: F821 - from sso.conf
+    # A quarter of the interval: each run checks only the identities that are due.
+    CELERY_BEAT_SCHEDULE["sso-check-identities"] = {
+        "task": "sso.check_identities",
+        "schedule": max(60.0, OIDC_CHECK_INTERVAL_SECONDS / 4),  # noqa: F821
+        "options": {"expires": max(60.0, OIDC_CHECK_INTERVAL_SECONDS / 4)},  # noqa: F821
+    }
 
 # --- Observability (observability/) -------------------------------------------
 # GET /metrics needs `Authorization: Bearer <METRICS_TOKEN>`, unless anonymous

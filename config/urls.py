@@ -29,6 +29,8 @@ urlpatterns = [
     path("login/", sso_views.LoginView.as_view(), name="login"),
     path("logout/", sso_views.logout, name="logout"),
     path("oidc/", include("sso.urls")),
+    # SCIM 2.0 provisioning (RFC 7644), for the identity provider only.
+    path("scim/v2/", include("sso.scim.urls", namespace="scim")),
     path("", include("observability.urls")),
     path("", include("serving.web.urls")),
     path("", include("registry.web.urls")),

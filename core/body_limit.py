@@ -120,6 +120,14 @@ def _response(request, error: RequestTooLarge):
             }
         }
         response = JsonResponse(body, status=error.status)
+    elif request.path.startswith("/scim/"):
+        # SCIM's own error shape (RFC 7644 §3.12): the identity provider parses it.
+        body = {
+            "schemas": ["urn:ietf:params:scim:api:messages:2.0:Error"],
+            "status": str(error.status),
+            "detail": error.message,
+        }
+        response = JsonResponse(body, status=error.status, content_type="application/scim+json")
     else:
         response = HttpResponse(error.message, status=error.status, content_type="text/plain")
     # The unread body is still on the socket: this connection cannot carry another request.

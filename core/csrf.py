@@ -9,6 +9,12 @@ check unchanged (cookie secret, masked token comparison, Origin and Referer);
 without the header (a form posted without JavaScript) it reads the body, as
 before, but only for someone signed in: an anonymous caller is sent to the
 sign-in page before one byte of a body that may be gigabytes is read.
+
+A form posted without the header must carry an Origin header, which every
+current browser sends with a POST: Django checks Origin before it looks for the
+token, so a cross-site form is refused with its body unread, and only a
+same-origin form's body is parsed to find the token. A post with neither
+(no browser sends that) is refused before the body as well.
 """
 
 from __future__ import annotations
@@ -20,6 +26,11 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import QueryDict
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
+
+REASON_NO_ORIGIN = (
+    "A form post without the X-CSRFToken header must carry an Origin header "
+    "(browsers send one): the body is not read without either."
+)
 
 
 class _BodyUnread:
@@ -56,6 +67,11 @@ def csrf_before_body(view):
         if not request.user.is_authenticated:
             response = redirect_to_login(request.get_full_path())
             response["Connection"] = "close"  # the unread body is still on the socket
+            return response
+        if settings.CSRF_HEADER_NAME not in request.META and "HTTP_ORIGIN" not in request.META:
+            # Django's own refusal (the 403 page, logged on django.security.csrf).
+            response = checker._reject(request, REASON_NO_ORIGIN)
+            response["Connection"] = "close"
             return response
         refused = checker.process_view(csrf_subject(request), None, (), {})
         if refused is not None:

@@ -47,6 +47,7 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
+from serving.placement import placed_keys
 from serving.sync_state import SyncState, classify, loaded_adapters
 
 TERMINAL = (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.ROLLED_BACK)
@@ -315,10 +316,24 @@ class ControlPlaneCollector:
             labels=["deployment", "replica"],
         )
         wanted = defaultdict(dict)
-        for deployment_id, served_name, path in ServedAdapter.objects.filter(
-            version__isnull=False
-        ).values_list("deployment_id", "adapter__served_name", "served_path"):
-            wanted[deployment_id][served_name] = path
+        for served in (
+            ServedAdapter.objects.filter(version__isnull=False)
+            .only(
+                "deployment_id",
+                "adapter__served_name",
+                "served_path",
+                "version_id",
+                "min_replicas",
+                "max_replicas",
+                "placement",
+            )
+            .select_related("adapter")
+        ):
+            # (its path, the replicas placement puts it on; None: every one)
+            wanted[served.deployment_id][served.adapter.served_name] = (
+                served.served_path,
+                placed_keys(served),
+            )
         health = defaultdict(lambda: defaultdict(int))
         for replica in Replica.objects.filter(active=True).only(
             "deployment_id", "base_url", "health", "loaded_adapters"
@@ -330,8 +345,9 @@ class ControlPlaneCollector:
             if replica.health == ReplicaHealth.UP:
                 absent = sum(
                     1
-                    for name, path in wanted[replica.deployment_id].items()
-                    if classify(path, roots.get(name), replica.health) != SyncState.IN_SYNC
+                    for name, (path, placed) in wanted[replica.deployment_id].items()
+                    if (placed is None or replica.pk in placed)
+                    and classify(path, roots.get(name), replica.health) != SyncState.IN_SYNC
                 )
                 missing.add_metric([deployment, replica.base_url], absent)
         for deployment_id, deployment in names.items():

@@ -29,6 +29,7 @@ from observability.usage import front_door_usage_record
 from observability.vllm_metrics import (
     LoraSnapshot,
     MetricsParseError,
+    demand_units,
     fetch_metrics,
     parse_lora_metrics,
 )
@@ -37,6 +38,7 @@ from serving.fanout import fan_out, replica_session
 from serving.models import Deployment, HttpAttempt, Replica, ReplicaHealth
 from serving.replica_calls import ReplicaOutcome
 from serving.services.attempts import attempts_record_all
+from serving.services.placements import replica_demand_report
 from serving.services.replica_facts import replica_max_lora_report
 
 logger = logging.getLogger(__name__)
@@ -198,6 +200,18 @@ def vllm_metrics_observe(
         _state_apply(deployment, states[replica.pk], snapshot, outcome, now)
         result.snapshots[replica.pk] = snapshot
     _update_rows(ReplicaLoraState, list(states.values()), _STATE_FIELDS, before)
+    # Each replica's demand per adapter since the previous read, for placement
+    # (written only where it changed: an idle tick writes nothing).
+    replica_demand_report(
+        replicas,
+        {
+            replica.pk: demand_units(
+                snapshot.since(before[states[replica.pk].pk]["series_timestamp"])
+            )
+            for replica, (_, snapshot) in zip(replicas, readings, strict=True)
+            if snapshot is not None
+        },
+    )
     # The replica's real --max-loras, for the deployment record's check (written
     # only where it changed).
     for replica, (_, snapshot) in zip(replicas, readings, strict=True):

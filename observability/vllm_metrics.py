@@ -68,6 +68,18 @@ class LoraSnapshot:
         return tuple(dict.fromkeys((*self.running, *self.waiting)))
 
 
+def demand_units(series: tuple[LoraSeries, ...]) -> dict[str, int]:
+    """Per adapter, what placement counts as its demand on one replica over
+    these label sets: 1 if one listed it running, 1 more if one listed it
+    waiting (vLLM 0.32 lists names, not request counts)."""
+    units: dict[str, int] = {}
+    running = {name for s in series for name in s.running}
+    waiting = {name for s in series for name in s.waiting}
+    for name in running | waiting:
+        units[name] = (name in running) + (name in waiting)
+    return units
+
+
 def _names(value: str | None) -> tuple[str, ...]:
     return tuple(name for name in (part.strip() for part in (value or "").split(",")) if name)
 

@@ -14,6 +14,7 @@ from registry.models import AdapterVersion
 from serving.base_models import EMBEDDING_MODULES, KNOWN_ARCHITECTURES
 from serving.capacity import cold_load, pool_figures
 from serving.models import Deployment, Rollout, RolloutKind, ServedAdapter
+from serving.placement import Wish, placements_needed
 from serving.transitions import ROLLOUT_TERMINAL
 
 
@@ -125,7 +126,7 @@ def check_shapes(deployment: Deployment, version: AdapterVersion) -> GateCheck:
     return GateCheck("shapes", True, "Tensor shapes fit the base model's dimensions.")
 
 
-def _registered_with(deployment: Deployment, version: AdapterVersion) -> int:
+def _registered_adapter_ids(deployment: Deployment, version: AdapterVersion) -> list[int]:
     """Adapters the deployment would serve once this version is promoted: those it
     serves, those whose first rollout is still under way (promotions enqueued in a
     burst each see the others), and this one. A new version of an adapter already
@@ -143,7 +144,15 @@ def _registered_with(deployment: Deployment, version: AdapterVersion) -> int:
         .union(arriving.order_by().values_list("adapter_id", flat=True))
     )
     others = set(both) - {version.adapter_id}
-    return len(others) + 1
+    return [*sorted(others), version.adapter_id]
+
+
+def _registered_with(deployment: Deployment, version: AdapterVersion) -> int:
+    """Adapters the deployment would serve once this version is promoted: those it
+    serves, those whose first rollout is still under way (promotions enqueued in a
+    burst each see the others), and this one. A new version of an adapter already
+    served takes its place, not a new one."""
+    return len(_registered_adapter_ids(deployment, version))
 
 
 def check_capacity(deployment: Deployment, version: AdapterVersion) -> GateCheck:
@@ -163,26 +172,89 @@ def check_capacity(deployment: Deployment, version: AdapterVersion) -> GateCheck
     )
 
 
+def _placement_wishes(deployment: Deployment, version: AdapterVersion) -> tuple[list[Wish], Wish]:
+    """The bounds of every adapter the deployment would serve with this version
+    (serving.placement), the version's own last: an adapter without a
+    ServedAdapter row yet has none (every replica)."""
+    adapter_ids = _registered_adapter_ids(deployment, version)
+    bounds = {
+        row["adapter_id"]: (row["min_replicas"], row["max_replicas"])
+        for row in ServedAdapter.objects.filter(
+            deployment=deployment, adapter_id__in=adapter_ids
+        ).values("adapter_id", "min_replicas", "max_replicas")
+    }
+    wishes = {
+        pk: Wish(name=str(pk), min_replicas=low, max_replicas=high)
+        for pk, (low, high) in ((pk, bounds.get(pk, (None, None))) for pk in adapter_ids)
+    }
+    mine = wishes.pop(version.adapter_id)
+    return [*wishes.values(), mine], mine
+
+
+def _replica_count(deployment: Deployment) -> int:
+    active = deployment.replicas.filter(active=True).count()
+    # Before the first reconcile, a static list says how many there will be.
+    return active or len(deployment.replica_urls or []) or 1
+
+
 def check_host_cache(deployment: Deployment, version: AdapterVersion) -> GateCheck:
-    """Above max_cpu_loras vLLM evicts the least recently used adapter from host
-    memory and re-reads it from its lora_path on its next request. That works (it
-    is how hundreds of adapters are served), so this only says what it costs."""
-    needed = _registered_with(deployment, version)
+    """The deployment's total host cache (every replica's max_cpu_loras) against
+    the placements its adapters need (serving.placement: an adapter without
+    bounds is on every replica, a bounded one on at least its min_replicas).
+
+    An adapter without bounds above it still works: vLLM evicts the least
+    recently used adapter from host memory and re-reads it from its lora_path on
+    its next request (how hundreds of adapters are served), so that is only said.
+    A bounded adapter is never placed past a replica's host cache: without room
+    it would not be served at all, so that refuses."""
+    wishes, mine = _placement_wishes(deployment, version)
+    replicas = _replica_count(deployment)
     cached = deployment.max_cpu_loras
-    if needed <= cached:
+    if not any(w.bounded for w in wishes):
+        # Every adapter on every replica: the total is one replica's, times the replicas.
+        needed = len(wishes)
+        if needed <= cached:
+            return GateCheck(
+                "host_cache",
+                True,
+                f"{needed} of {cached} adapters in vLLM's host cache (max_cpu_loras): "
+                "none is re-read from disk.",
+                advisory=True,
+            )
         return GateCheck(
             "host_cache",
-            True,
-            f"{needed} of {cached} adapters in vLLM's host cache (max_cpu_loras): "
-            "none is re-read from disk.",
+            False,
+            f"{needed} adapters registered, {cached} cached in host memory (max_cpu_loras): "
+            f"a request to an evicted adapter waits while vLLM re-reads it from disk; "
+            f"{cold_load(deployment).describe()}.",
             advisory=True,
+        )
+    needed = placements_needed(wishes, replicas)
+    per_replica = deployment.placement_capacity or cached
+    total = replicas * per_replica
+    limit = (
+        f"placement_capacity {per_replica}"
+        if deployment.placement_capacity
+        else f"max_cpu_loras {cached}"
+    )
+    figures = (
+        f"{needed} placements needed, {total} in the host caches of {replicas} replica(s) x {limit}"
+    )
+    if needed <= total:
+        return GateCheck("host_cache", True, f"{figures}: every one has room.", advisory=True)
+    if mine.bounded:
+        return GateCheck(
+            "host_cache",
+            False,
+            f"{figures}: no room. Placement never fills a replica past that, so "
+            "this adapter would not be served: lower min_replicas/max_replicas, retire an "
+            "adapter, or add replicas.",
         )
     return GateCheck(
         "host_cache",
         False,
-        f"{needed} adapters registered, {cached} cached in host memory (max_cpu_loras): "
-        f"a request to an evicted adapter waits while vLLM re-reads it from disk; "
-        f"{cold_load(deployment).describe()}.",
+        f"{figures}: adapters without bounds are re-read from disk when evicted; "
+        f"{cold_load(deployment).describe()}. Adapters with bounds may find no room.",
         advisory=True,
     )
 

@@ -5,6 +5,7 @@ vLLM keeps nothing across a restart: a pod comes back with only its
 args (at its immutable, versioned staged path) means a restarted pod serves
 the promoted set before the reconcile reaches it; the reconcile then only
 confirms. Re-render and re-apply after promotions to keep the two close.
+Adapters with placement bounds follow placement instead (see lora_modules).
 
 The shape follows the product document's servingruntime-vllm-multilora.yaml,
 minus `--lora-extra-vocab-size`, which vLLM removed (passing it fails start-up).
@@ -21,6 +22,7 @@ from django.http import HttpResponse
 
 from core.errors import Conflict
 from serving.models import Deployment, ServedAdapter
+from serving.placement import placed_keys
 from serving.volume import serve_path_for
 
 MODEL_MOUNT = "/mnt/models"
@@ -44,7 +46,11 @@ def promoted(deployment: Deployment) -> list[ServedAdapter]:
 
 
 def lora_modules(deployment: Deployment, served: list[ServedAdapter]) -> list[dict]:
-    """One {"name", "path", "base_model_name"} per promoted adapter."""
+    """One {"name", "path", "base_model_name"} per promoted adapter that is on
+    every replica. Every pod of a ServingRuntime gets the same args, so an
+    adapter with placement bounds (serving.placement) is left out: the control
+    plane loads it at run time on the replicas placement puts it on, and a
+    restarted pod must not load it everywhere (past its host cache)."""
     return [
         {
             "name": s.adapter.served_name,
@@ -52,7 +58,13 @@ def lora_modules(deployment: Deployment, served: list[ServedAdapter]) -> list[di
             "base_model_name": deployment.base_model_name,
         }
         for s in served
+        if placed_keys(s) is None
     ]
+
+
+def placed_at_run_time(served: list[ServedAdapter]) -> list[str]:
+    """The promoted adapters placement puts on some replicas only."""
+    return [s.adapter.served_name for s in served if placed_keys(s) is not None]
 
 
 def vllm_args(deployment: Deployment, served: list[ServedAdapter]) -> list[str]:
@@ -207,13 +219,21 @@ def manifests(deployment: Deployment) -> list[dict]:
     # Each pod is its own adapter registry: plain Deployments (no scale to zero,
     # no activator between the control plane and a pod) keep every pod addressable.
     service["metadata"]["annotations"] = {"serving.kserve.io/deploymentMode": "RawDeployment"}
+    placed = placed_at_run_time(served)
+    if placed:
+        # Said where the next person applying this looks: these are not in the args.
+        service["metadata"]["annotations"]["lora-adapter-registry/placed-at-run-time"] = ",".join(
+            placed
+        )
     return [runtime, service]
 
 
 def render_yaml(deployment: Deployment) -> str:
     header = (
         f"# KServe manifests for deployment {deployment.name}, rendered by the LoRA adapter\n"
-        "# registry with every promoted adapter in --lora-modules. Re-render after promotions.\n"
+        "# registry with every promoted adapter that is on every replica in --lora-modules\n"
+        "# (adapters with placement bounds are loaded at run time where they are placed).\n"
+        "# Re-render after promotions.\n"
     )
     return header + yaml.safe_dump_all(manifests(deployment), sort_keys=False)
 

@@ -72,6 +72,10 @@ class Deployment(models.Model):
     max_loras = models.PositiveIntegerField(default=4)
     max_cpu_loras = models.PositiveIntegerField(default=8)
     max_lora_rank = models.PositiveIntegerField(default=16)
+    # Adapters with placement bounds that placement puts on one replica at most
+    # (serving.placement); null: max_cpu_loras, so each replica's set stays within
+    # vLLM's host cache. Above it vLLM evicts and re-reads from disk (LRU).
+    placement_capacity = models.PositiveIntegerField(null=True, blank=True)
     max_registered_adapters = models.PositiveIntegerField(
         default=500,
         help_text="Adapters this deployment may serve at once. Above max_cpu_loras they are "
@@ -190,6 +194,10 @@ class Replica(models.Model):
     # {"base_model": served name, "root": model path} from /v1/models' base card and
     # {"max_lora": n} from the max_lora label of vllm:lora_requests_info.
     reported_facts = models.JSONField(default=dict, blank=True)
+    # Demand for each adapter at the last /metrics reading, for placement
+    # (serving.placement): {served name: 1 if listed running + 1 if listed waiting}.
+    # Written by observability only when it changes, so an idle tick writes nothing.
+    lora_demand = models.JSONField(default=dict, blank=True)
 
     class Meta:
         constraints = [
@@ -222,10 +230,28 @@ class ServedAdapter(models.Model):
     lease_owner = models.CharField(max_length=100, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # How many replicas hold it (serving.placement). Both null: every replica,
+    # as before placement existed; a null min is the max.
+    min_replicas = models.PositiveSmallIntegerField(null=True, blank=True)
+    max_replicas = models.PositiveSmallIntegerField(null=True, blank=True)
+    # Where it is placed and why (serving.placement.State.as_dict), written by the
+    # reconcile where it changes and by a rollout for the adapter it holds.
+    placement = models.JSONField(default=dict, blank=True, editable=False)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["deployment", "adapter"], name="one_served_version")
+            models.UniqueConstraint(fields=["deployment", "adapter"], name="one_served_version"),
+            models.CheckConstraint(
+                condition=models.Q(min_replicas__isnull=True)
+                | models.Q(max_replicas__isnull=True)
+                | models.Q(min_replicas__lte=models.F("max_replicas")),
+                name="served_min_replicas_le_max",
+            ),
+            models.CheckConstraint(
+                condition=(models.Q(min_replicas__isnull=True) | models.Q(min_replicas__gte=1))
+                & (models.Q(max_replicas__isnull=True) | models.Q(max_replicas__gte=1)),
+                name="served_replicas_at_least_one",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -398,6 +424,8 @@ class DriftKind(models.TextChoices):
     REPLICA_UP = "replica_up", "Replica back up"
     FINGERPRINT_MISMATCH = "fingerprint_mismatch", "Stale weights (fingerprint mismatch)"
     FACT_DISPUTED = "fact_disputed", "Replica disagrees with the deployment record"
+    PLACED_LOADED = "placed_loaded", "Loaded and verified where placement put it"
+    UNPLACED_UNLOADED = "unplaced_unloaded", "Unloaded where placement no longer puts it"
 
 
 class DriftEvent(models.Model):

@@ -9,14 +9,17 @@ was lost, stops retrying at once instead of at the deadline.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 from django.conf import settings
 
 from core.backoff import backoff_delay
 from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
+from serving.replica_facts import busy_adapters_from_metrics
 from serving.vllm_client import (
     AttemptResult,
     VLLMClient,
@@ -131,6 +134,15 @@ def ensure_loaded(
         if not answer.ok:
             return outcome.fail(_describe(answer))
         outcome.vllm_version = server_version(answer)
+    # Requests of this name running where it is not loaded are a previous load's
+    # (retired, or unloaded behind our back): loading now would batch them with the
+    # new load's and kill vLLM 0.32 (settle_after_unload). One /metrics read tells.
+    if not _idle_or_loaded(client, name, outcome, policy):
+        return outcome.fail(
+            f"requests through {name} from an earlier load were still running after "
+            f"{settings.SERVING_UNLOAD_SETTLE_SECONDS:g} s (SERVING_UNLOAD_SETTLE_SECONDS); "
+            "not loaded while they run."
+        )
     # Load first: the common case (a new adapter) costs one call. Only a name that
     # is already loaded needs a look at /v1/models, to tell "done" from "swap".
     loaded = call_with_retry(lambda: client.load_adapter(name, path), "load", outcome, policy)
@@ -149,6 +161,108 @@ def ensure_loaded(
     return _swap(client, name, path, policy, outcome)
 
 
+class _UnloadLane:
+    """One replica's unloads, one at a time and paced: a rollout's swap, a
+    reconcile's repair and a retire of the same replica in this process wait for
+    each other here, whatever path they came by."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last = 0.0
+
+
+_lanes_lock = threading.Lock()
+_lanes: dict[str, _UnloadLane] = {}
+
+
+@contextmanager
+def unload_lane(base_url: str, policy: RetryPolicy) -> Iterator[None]:
+    """Held while an adapter is unloaded from the replica at `base_url` (and,
+    for a reload, until it is loaded again). Waits SERVING_UNLOAD_PACE_SECONDS
+    after the replica's previous unload, through the policy's sleep (so a
+    cancelled rollout stops waiting)."""
+    with _lanes_lock:
+        lane = _lanes.setdefault(base_url, _UnloadLane())
+    with lane.lock:
+        gap = settings.SERVING_UNLOAD_PACE_SECONDS - (time.monotonic() - lane.last)
+        if gap > 0:
+            # A stopped rollout's sleep raises at once; the unload itself is quick.
+            with suppress(RetryStopped):
+                policy.sleep(gap)
+        try:
+            yield
+        finally:
+            lane.last = time.monotonic()
+
+
+def settle_after_unload(
+    client: VLLMClient, name: str, outcome: ReplicaOutcome, policy: RetryPolicy
+) -> bool:
+    """After unloading `name`, waits until vLLM shows no request of that name
+    running or waiting; True when none is, or when /metrics cannot tell.
+
+    Why: vLLM 0.32 gives every load a new LoRA id, and its batch keeps one
+    LoRARequest per NAME (LoRARequest compares by lora_name). A request still
+    running under the old id, batched with one under the new id, leaves one id
+    without a slot, and the engine dies (KeyError in convert_mapping, then
+    EngineDeadError; docs/upstream/vllm-unload-keyerror.md). Once unloaded, the
+    name answers 404 to new requests, so the old ones only finish."""
+    deadline = time.monotonic() + settings.SERVING_UNLOAD_SETTLE_SECONDS
+    delay = 0.05
+    while True:
+        read = client.metrics()
+        outcome.attempts.append(("unload_settle", read))
+        busy = busy_adapters_from_metrics(read)
+        if busy is None or name not in busy:
+            return True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        try:
+            policy.sleep(min(delay, remaining))
+        except RetryStopped:
+            return False
+        delay = min(delay * 2, 1.0)
+
+
+def _idle_or_loaded(client: VLLMClient, name: str, outcome: ReplicaOutcome, policy) -> bool:
+    """True when no request of `name` runs, or when `name` is loaded (its
+    requests are then the current load's, and a load is refused as already
+    loaded); else waits as after an unload."""
+    read = client.metrics()
+    outcome.attempts.append(("unload_settle", read))
+    busy = busy_adapters_from_metrics(read)
+    if busy is None or name not in busy:
+        return True
+    listing = call_with_retry(client.list_models, "list_models", outcome, policy)
+    if listing.ok and _find(listing, name) is not None:
+        return True
+    return settle_after_unload(client, name, outcome, policy)
+
+
+def reload_adapter(
+    client: VLLMClient, name: str, path: str, policy: RetryPolicy, outcome: ReplicaOutcome
+) -> ReplicaOutcome:
+    """Unload then load `name` (vLLM <= 0.32's swap, and a repair's reload), in
+    the replica's unload lane, with the old id's requests finished in between."""
+    with unload_lane(client.base_url, policy):
+        unloaded = call_with_retry(lambda: client.unload_adapter(name), "unload", outcome, policy)
+        if not (unloaded.ok or is_not_found_error(unloaded)):
+            return outcome.fail(_describe(unloaded))
+        if not settle_after_unload(client, name, outcome, policy):
+            return outcome.fail(
+                f"{name} was unloaded, but requests through it were still running after "
+                f"{settings.SERVING_UNLOAD_SETTLE_SECONDS:g} s (SERVING_UNLOAD_SETTLE_SECONDS); "
+                "not loaded again while they run: vLLM 0.32's engine dies when the old and "
+                "the new load of one name are batched together."
+            )
+        loaded = call_with_retry(lambda: client.load_adapter(name, path), "load", outcome, policy)
+        if not loaded.ok:
+            return outcome.fail(_describe(loaded))
+    outcome.loaded_root = path
+    return outcome.succeed()
+
+
 def _swap(client, name, path, policy, outcome: ReplicaOutcome) -> ReplicaOutcome:
     if supports_load_inplace(outcome.vllm_version):
         # Validates the new weights before switching, so a failure leaves the old serving.
@@ -162,22 +276,47 @@ def _swap(client, name, path, policy, outcome: ReplicaOutcome) -> ReplicaOutcome
             return outcome.fail(_describe(swapped))
     else:
         # vLLM <= 0.32: load_inplace sticks and re-reads from disk every step (#33791).
-        unloaded = call_with_retry(lambda: client.unload_adapter(name), "unload", outcome, policy)
-        if not (unloaded.ok or is_not_found_error(unloaded)):
-            return outcome.fail(_describe(unloaded))
-        loaded = call_with_retry(lambda: client.load_adapter(name, path), "load", outcome, policy)
-        if not loaded.ok:
-            return outcome.fail(_describe(loaded))
+        return reload_adapter(client, name, path, policy, outcome)
     outcome.loaded_root = path
     return outcome.succeed()
 
 
 def ensure_unloaded(client: VLLMClient, name: str, policy: RetryPolicy) -> ReplicaOutcome:
     outcome = ReplicaOutcome()
-    result = call_with_retry(lambda: client.unload_adapter(name), "unload", outcome, policy)
+    with unload_lane(client.base_url, policy):
+        result = call_with_retry(lambda: client.unload_adapter(name), "unload", outcome, policy)
     if result.ok or is_not_found_error(result):
         return outcome.succeed()
     return outcome.fail(_describe(result))
+
+
+BASE_RECHECKS = 4
+
+
+def _base_was_contaminated(
+    client: VLLMClient, base_name: str, adapter: Probe, outcome: ReplicaOutcome, policy
+) -> bool:
+    """The base model's probe equalled the adapter's: was that the base model?
+
+    On vLLM 0.32's CPU backend, base-model tokens batched with adapter requests
+    go through the LAST LoRA slot's weights (their index -1 picks the last row
+    of the stacked weights; docs/upstream/vllm-cpu-base-tokens-last-slot.md).
+    Right after its own probe the adapter often sits in that slot, so under
+    traffic the base answer can be the adapter's answer exactly. The adapter's
+    own answers are right. So the base model is asked again: two fresh answers
+    that agree with each other and differ from the adapter's are the base
+    model's, and the adapter has an effect. An inert adapter answers like the
+    base model every time; only two identical contaminations could hide it."""
+    seen: list[Probe] = []
+    for _ in range(BASE_RECHECKS):
+        answer = _probe_call(client, base_name, "verify_base", outcome, policy)
+        probe = Probe.from_body(answer.body) if answer.ok else None
+        if probe is None:
+            continue
+        if not has_no_effect(adapter, probe) and any(has_no_effect(probe, p) for p in seen):
+            return True
+        seen.append(probe)
+    return False
 
 
 def verify_serving(
@@ -217,16 +356,11 @@ def verify_serving(
         if not base.ok:
             return outcome.fail(_describe(base))
         base_probe = Probe.from_body(base.body)
-        if base_probe is not None and has_no_effect(outcome.probe, base_probe):
-            # Seen on real vLLM 0.32 with many adapters churning through a small
-            # host cache: now and then one answer through an adapter equals the
-            # base model's on one replica only. An inert adapter repeats that
-            # (greedy decoding is deterministic), so one fresh probe decides.
-            again = _probe_call(client, name, "verify_completion", outcome, policy)
-            again_probe = Probe.from_body(again.body) if again.ok else None
-            if again_probe is not None and not has_no_effect(again_probe, base_probe):
-                outcome.probe = again_probe
-                return outcome.succeed()
+        if (
+            base_probe is not None
+            and has_no_effect(outcome.probe, base_probe)
+            and not _base_was_contaminated(client, base_name, outcome.probe, outcome, policy)
+        ):
             return outcome.fail(
                 f"{name} has no effect: through it the probe gives exactly the base model's "
                 "output (an untrained adapter, or weights that cancel out)."

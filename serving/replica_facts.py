@@ -61,6 +61,30 @@ def max_lora_from_metrics(result: AttemptResult) -> int | None:
     return None
 
 
+def busy_adapters_from_metrics(result: AttemptResult) -> set[str] | None:
+    """Adapters with requests running or waiting at vLLM's newest
+    vllm:lora_requests_info series (each series' value is the time vLLM recorded
+    it; the older ones are stale states). None where the metrics cannot tell:
+    not answered, not Prometheus text, or no series (LoRA disabled, or vLLM has
+    not run a step since it started, so nothing can be running)."""
+    if not result.ok or not isinstance(result.body, str):
+        return None
+    newest: tuple[float, set[str]] | None = None
+    try:
+        for family in text_string_to_metric_families(result.body):
+            for sample in family.samples:
+                if sample.name != LORA_INFO:
+                    continue
+                names = set()
+                for label in ("running_lora_adapters", "waiting_lora_adapters"):
+                    names |= {n for n in sample.labels.get(label, "").split(",") if n}
+                if newest is None or sample.value >= newest[0]:
+                    newest = (sample.value, names)
+    except ValueError:
+        return None
+    return None if newest is None else newest[1]
+
+
 def _normalise(name: str) -> str:
     return (name or "").strip().rstrip("/").lower()
 

@@ -23,7 +23,8 @@ from serving.models import (
     ServedAdapter,
     VersionFingerprint,
 )
-from serving.sync_state import SyncState, classify, loaded_adapters
+from serving.placement import placed_keys
+from serving.sync_state import SyncState, classify, desired_root, loaded_adapters
 
 
 def deployments_for(actor: Actor) -> QuerySet[Deployment]:
@@ -192,6 +193,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
     desired state and the replica has not been found down since: a replica that
     is down lists nothing, whatever it said before."""
     served = list(served_adapters_for(actor, deployment))
+    placed = {s.pk: placed_keys(s) for s in served}
     visible_names = {s.adapter.served_name for s in served}
     # Unknown adapters could be any department's; replica URLs are the platform's.
     show_unknown = sees_infrastructure(actor)
@@ -204,13 +206,15 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
         adapters = []
         for s in served:
             actual = loaded.get(s.adapter.served_name)
-            desired = s.served_path if s.version_id else None
+            # None where retired, or where placement does not put it (serving.placement).
+            desired = desired_root(s, replica.pk, placed[s.pk])
             state = classify(desired, actual, replica.health)
             adapters.append(
                 {
                     "served_name": s.adapter.served_name,
                     "desired_root": desired,
                     "actual_root": actual,
+                    "placed": placed[s.pk] is None or replica.pk in placed[s.pk],
                     "in_sync": state == SyncState.IN_SYNC,
                     # Decided on the full roots; a member's view shows folder names only.
                     "state": state.value,
@@ -307,3 +311,76 @@ def kserve_manifests(actor: Actor, deployment: Deployment) -> str:
     if refusal:
         raise NotAuthorized(refusal, code="kserve_forbidden")
     return render_yaml(deployment)
+
+
+def deployment_placement(actor: Actor, deployment: Deployment) -> list[dict]:
+    """Where each adapter the actor may see lives on the deployment, and why
+    (serving.placement). Replicas are named by label (replica-1, ...) for
+    everyone; platform admins also get their addresses. An adapter without
+    bounds is on every active replica; its placement is not stored."""
+    from serving.placement import REASON_TEXT, Reason, State, is_bounded
+
+    show_urls = sees_infrastructure(actor)
+    labels = replica_labels(deployment)
+    replicas = {r.pk: r for r in deployment.replicas.filter(active=True).order_by("base_url")}
+
+    def named(keys) -> list[dict]:
+        rows = []
+        for key in keys:
+            replica = replicas.get(key)
+            if replica is None:
+                continue
+            row = {"label": labels.get(key, "replica"), "health": replica.health}
+            if show_urls:
+                row["base_url"] = replica.base_url
+            rows.append(row)
+        return rows
+
+    items = []
+    for served in served_adapters_for(actor, deployment).order_by("adapter__served_name"):
+        if served.version_id is None:
+            continue
+        bounded = is_bounded(served.min_replicas, served.max_replicas)
+        state = State.from_dict(served.placement) if bounded else None
+        if state is None:
+            keys, reason, wanted, detail, demand = list(replicas), Reason.EVERYWHERE, None, "", None
+        else:
+            keys, wanted, detail, demand = state.replicas, state.wanted, state.detail, state.demand
+            known = {r.value for r in Reason}
+            reason = Reason(state.reason) if state.reason in known else None
+        placed = named(keys)
+        items.append(
+            {
+                "served_name": served.adapter.served_name,
+                "department": served.adapter.department.slug,
+                "version": served.version.number,
+                "min_replicas": served.min_replicas,
+                "max_replicas": served.max_replicas,
+                "wanted": len(placed) if wanted is None else wanted,
+                "replicas": placed,
+                # Not placed yet (bounds just set): the next reconcile places it.
+                "reason": reason.value if reason else "pending",
+                "reason_text": REASON_TEXT[reason] if reason else "not placed yet",
+                "detail": detail,
+                "demand": demand,
+            }
+        )
+    return items
+
+
+def placement_pending(served: ServedAdapter) -> dict:
+    """The placement answer of an adapter whose bounds are set before its first
+    promotion: nowhere yet."""
+    return {
+        "served_name": served.adapter.served_name,
+        "department": served.adapter.department.slug,
+        "version": None,
+        "min_replicas": served.min_replicas,
+        "max_replicas": served.max_replicas,
+        "wanted": 0,
+        "replicas": [],
+        "reason": "pending",
+        "reason_text": "not served yet: placed at its first promotion",
+        "detail": "",
+        "demand": None,
+    }

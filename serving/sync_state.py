@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from enum import StrEnum
 
 from serving.models import ReplicaHealth
+from serving.placement import placed_keys
 
 
 class SyncState(StrEnum):
@@ -38,6 +39,20 @@ def classify(desired: str | None, actual: str | None, health: str = ReplicaHealt
     if actual is None:
         return SyncState.MISSING
     return SyncState.IN_SYNC if actual == desired else SyncState.WRONG_ROOT
+
+
+def desired_root(served, replica_id: int, placed: frozenset[int] | None = ()) -> str | None:
+    """The root `served` (a ServedAdapter) is meant to be served from on replica
+    `replica_id`: its path where placement puts it (serving.placement), None
+    where it is retired or not placed there. `placed`: its placed replica keys
+    if already known (None: every replica); left out, they are read from the row."""
+    if served.version_id is None:
+        return None
+    if placed == ():
+        placed = placed_keys(served)
+    if placed is not None and replica_id not in placed:
+        return None
+    return served.served_path
 
 
 def loaded_adapters(replica) -> dict[str, str]:

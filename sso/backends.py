@@ -75,6 +75,15 @@ class OIDCBackend(OIDCAuthenticationBackend):
     def verify_claims(self, claims):
         return isinstance(claims.get("sub"), str) and bool(claims["sub"])
 
+    def get_token(self, payload):
+        # The library passes on the ID and access tokens only; the refresh
+        # token (scope offline_access) is what the periodic check asks with.
+        token_info = super().get_token(payload)
+        self._refresh_token = (
+            token_info.get("refresh_token") if isinstance(token_info, dict) else None
+        )
+        return token_info
+
     def get_or_create_user(self, access_token, id_token, payload):
         try:
             return self._sign_in(access_token, id_token, payload)
@@ -93,6 +102,13 @@ class OIDCBackend(OIDCAuthenticationBackend):
         result = sso_sign_in(
             request=self.request, issuer=settings.OIDC_ISSUER or payload["iss"], claims=claims
         )
+        if result.user.is_active:
+            from sso.checks import identity_keep_refresh_token
+
+            identity_keep_refresh_token(
+                identity=result.user.sso_identity,
+                refresh_token=getattr(self, "_refresh_token", None),
+            )
         self.request.session[TOKEN_EXPIRES_AT] = int(payload["exp"])
         self.request.sso_sign_in = result
         return result.user

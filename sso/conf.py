@@ -101,6 +101,8 @@ def from_env() -> dict:
         "OIDC_VERIFY_SSL": ca_bundle or cfg.boolean("OIDC_VERIFY_TLS", True),
         "OIDC_TIMEOUT": cfg.number("OIDC_TIMEOUT_SECONDS", 10.0, minimum=0.5),
         "OIDC_CLOCK_SKEW_SECONDS": cfg.integer("OIDC_CLOCK_SKEW_SECONDS", 30, minimum=0),
+        # The periodic check against the provider (sso/checks.py); 0 turns it off.
+        "OIDC_CHECK_INTERVAL_SECONDS": cfg.integer("OIDC_CHECK_INTERVAL_SECONDS", 3600, minimum=0),
         **endpoints,
         # Fixed choices of how the library runs (not configurable on purpose).
         "OIDC_USE_PKCE": True,

@@ -83,14 +83,31 @@ def _sign_in(request, issuer: str, claims: dict) -> SignIn:
         request_id=getattr(request, "request_id", "") or current_request_id(),
         client_address=client_address_of(request),
     )
+    if hasattr(user, "scim_user"):
+        # Provisioned through SCIM: the SCIM groups decide, and a provider whose
+        # ID tokens carry no groups claim must not take those roles away here.
+        groups = scim_group_names(user)
     result = SignIn(user=user, groups=groups, unmapped=group_map.unmapped(groups))
-    result.changes += _sync_admin(actor, user, group_map, groups)
-    result.roles, changes = _sync_memberships(actor, user, group_map, groups)
-    result.changes += changes
+    result.roles, result.changes = roles_sync(actor=actor, user=user, groups=groups, via="sso")
     Identity.objects.filter(pk=identity.pk).update(groups=groups, last_sign_in_at=timezone.now())
     if result.unmapped:
         log.info("sso: %s has groups no OIDC_GROUP_MAP entry names: %s", user, result.unmapped)
     return result
+
+
+def scim_group_names(user) -> list[str]:
+    return sorted(user.scim_user.groups.values_list("display_name", flat=True))
+
+
+def roles_sync(*, actor: Actor, user, groups: list[str], via: str) -> tuple[dict[str, str], int]:
+    """Makes platform admin and the memberships in mapped departments say what
+    these provider groups say (OIDC_GROUP_MAP); audited with `via`. Used by
+    sign-in (the groups claim) and by SCIM (the groups the provider pushed).
+    Returns ({department: role}, number of changes)."""
+    group_map: GroupMap = settings.OIDC_GROUP_MAP
+    changes = _sync_admin(actor, user, group_map, groups, via)
+    roles, more = _sync_memberships(actor, user, group_map, groups, via)
+    return roles, changes + more
 
 
 def _user_for(request, issuer: str, claims: dict):
@@ -111,6 +128,17 @@ def _user_for(request, issuer: str, claims: dict):
                 email=email[:254],
             )
         return user, identity
+    provisioned = _provisioned_for(claims)
+    if provisioned is not None:
+        identity = Identity.objects.create(user=provisioned, issuer=issuer, subject=claims["sub"])
+        audit_record(
+            actor=Actor(user=provisioned, client_address=client_address_of(request)),
+            action="user.identity_linked",
+            obj=provisioned,
+            department=None,
+            details={"via": "sso", "issuer": issuer, "subject": claims["sub"]},
+        )
+        return provisioned, identity
     User = get_user_model()
     user = User.objects.create_user(username=_free_username(claims), email=email[:254])
     user.set_unusable_password()  # this person signs in at the provider only
@@ -128,6 +156,24 @@ def _user_for(request, issuer: str, claims: dict):
     return user, identity
 
 
+def _provisioned_for(claims: dict):
+    """The SCIM-provisioned account this first sign-in belongs to: its externalId
+    is the subject, or else its userName is the provider's username. Safe where
+    taking over a local account is not (_free_username): the same provider made
+    the account and vouches for both names. Accounts already linked to another
+    subject, or deleted through SCIM, are never taken."""
+    from sso.models import ScimUser
+
+    free = ScimUser.objects.select_related("user").filter(
+        deleted_at__isnull=True, user__sso_identity__isnull=True
+    )
+    match = free.filter(external_id=claims["sub"]).first()
+    wanted = claims.get(settings.OIDC_USERNAME_CLAIM)
+    if match is None and isinstance(wanted, str) and wanted:
+        match = free.filter(user__username=wanted).first()
+    return match.user if match is not None else None
+
+
 def _free_username(claims: dict) -> str:
     """The provider's username if nobody has it; a local account of the same name
     is never taken over (that would hand its memberships to whoever holds the name
@@ -141,7 +187,7 @@ def _free_username(claims: dict) -> str:
     return f"{base[:100]}-{claims['sub'][:40]}"
 
 
-def _sync_admin(actor: Actor, user, group_map: GroupMap, groups: list[str]) -> int:
+def _sync_admin(actor: Actor, user, group_map: GroupMap, groups: list[str], via: str) -> int:
     if not group_map.manages_admin:
         return 0  # no admin group configured: is_staff stays as the Django admin set it
     wanted = group_map.is_admin(groups)
@@ -161,14 +207,14 @@ def _sync_admin(actor: Actor, user, group_map: GroupMap, groups: list[str]) -> i
             from_state=str(not wanted).lower(),
             to_state=str(wanted).lower(),
             details={
-                "via": "sso",
+                "via": via,
                 "groups": sorted(g for g in groups if g in group_map.admin_groups),
             },
         )
     return 1
 
 
-def _sync_memberships(actor: Actor, user, group_map: GroupMap, groups: list[str]):
+def _sync_memberships(actor: Actor, user, group_map: GroupMap, groups: list[str], via: str):
     """Departments named in OIDC_GROUP_MAP follow the provider; memberships in
     other departments (granted by a platform admin) are left alone."""
     wanted = group_map.wanted_roles(groups)
@@ -190,7 +236,7 @@ def _sync_memberships(actor: Actor, user, group_map: GroupMap, groups: list[str]
             user=user,
             department=department,
             role=role,
-            details={"via": "sso", "groups": because},
+            details={"via": via, "groups": because},
         )
         changes += before is None or before.role != role
     stale = Membership.objects.filter(user=user, department__in=departments.values()).exclude(
@@ -201,7 +247,7 @@ def _sync_memberships(actor: Actor, user, group_map: GroupMap, groups: list[str]
             membership_revoke(
                 actor=actor,
                 membership=membership,
-                details={"via": "sso", "reason": "no longer in a mapped group"},
+                details={"via": via, "reason": "no longer in a mapped group"},
             )
             changes += 1
         except Conflict:

@@ -109,5 +109,8 @@ def usage_page(request, actor: Actor):
         context["report"] = usage_report(actor, request.GET)
     except ValidationError as error:
         context["errors"] = error.detail
-    context["csv_query"] = urlencode({**context["query"], "format": "csv"})
+    # The form sends its blank fields; the API refuses a blank parameter (as its
+    # schema says), so the link carries only the ones given.
+    given = {name: value for name, value in context["query"].items() if value}
+    context["csv_query"] = urlencode({**given, "format": "csv"})
     return render(request, "observability/usage.html", context)

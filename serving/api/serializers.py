@@ -11,6 +11,7 @@ from serving.models import (
     HttpAttempt,
     Promotion,
     Replica,
+    ReplicaHealth,
     ReplicaRollout,
     Rollout,
 )
@@ -160,6 +161,7 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
             "has_api_key",
             "max_loras",
             "max_cpu_loras",
+            "placement_capacity",
             "max_lora_rank",
             "max_registered_adapters",
             "gpu_memory_bytes",
@@ -188,7 +190,14 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
         ]
         read_only_fields = ["last_reconciled_at", "created_at", "updated_at"]
         # The model's CheckConstraint, in the schema and answered as a 400 naming the field.
-        extra_kwargs = {"max_registered_adapters": {"min_value": 1}}
+        extra_kwargs = {
+            "max_registered_adapters": {"min_value": 1},
+            "placement_capacity": {
+                "min_value": 1,
+                "help_text": "Adapters with placement bounds one replica holds at most; "
+                "null: max_cpu_loras.",
+            },
+        }
 
     def get_has_api_key(self, deployment) -> bool:
         return bool(deployment.vllm_api_key)
@@ -224,6 +233,7 @@ class DeploymentSummarySerializer(TiersMixin, serializers.ModelSerializer):
             "module_dims",
             "max_loras",
             "max_cpu_loras",
+            "placement_capacity",
             "max_lora_rank",
             "max_registered_adapters",
             "gpu_memory_bytes",
@@ -449,3 +459,50 @@ class AdoptionSerializer(serializers.ModelSerializer):
             "created_at",
             "finished_at",
         ]
+
+
+class PlacedReplicaSerializer(serializers.Serializer):
+    label = serializers.CharField(help_text="replica-1, replica-2, ... in address order.")
+    health = serializers.ChoiceField(choices=ReplicaHealth.choices)
+    base_url = serializers.CharField(
+        required=False, help_text="Platform admins only: the replica's address."
+    )
+
+
+class PlacementSerializer(serializers.Serializer):
+    """Where one adapter lives on the deployment, and why (serving.placement)."""
+
+    served_name = serializers.CharField()
+    department = serializers.SlugField()
+    version = serializers.IntegerField(allow_null=True, help_text="Null: not served yet.")
+    min_replicas = serializers.IntegerField(allow_null=True)
+    max_replicas = serializers.IntegerField(allow_null=True)
+    wanted = serializers.IntegerField(help_text="How many replicas placement wants it on.")
+    replicas = PlacedReplicaSerializer(many=True)
+    reason = serializers.ChoiceField(
+        choices=["everywhere", "demand", "min", "max", "no_room", "held", "pending"]
+    )
+    reason_text = serializers.CharField()
+    detail = serializers.CharField(allow_blank=True)
+    demand = serializers.FloatField(
+        allow_null=True,
+        help_text="Smoothed requests running and waiting (null: no bounds, not tracked).",
+    )
+
+
+class PlacementBoundsSerializer(serializers.Serializer):
+    adapter = serializers.IntegerField(help_text="The adapter's id.")
+    min_replicas = serializers.IntegerField(
+        allow_null=True, min_value=1, max_value=1024, help_text="Null: the max."
+    )
+    max_replicas = serializers.IntegerField(
+        allow_null=True, min_value=1, max_value=1024, help_text="Null: every replica."
+    )
+
+    def validate(self, attrs):
+        low, high = attrs.get("min_replicas"), attrs.get("max_replicas")
+        if None not in (low, high) and low > high:
+            raise serializers.ValidationError(
+                {"min_replicas": f"must not be above max_replicas ({high})"}
+            )
+        return attrs

@@ -26,6 +26,7 @@ from serving.models import Deployment, Promotion, Rollout
 from serving.services.adoptions import adoption_create, strays_of
 from serving.services.deployments import deployment_create, deployment_delete, deployment_update
 from serving.services.manifests import kserve_export
+from serving.services.placements import served_placement_set
 from serving.services.promotions import promotion_create, promotion_review, retire, rollback_to
 from serving.services.rollouts import rollout_cancel
 
@@ -128,6 +129,36 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
     def state(self, request, name=None):
         """Desired versus actual, per replica."""
         return Response(selectors.deployment_state(self.actor, self.get_object()))
+
+    @extend_schema(methods=["GET"], responses=s.PlacementSerializer(many=True))
+    @extend_schema(
+        methods=["PUT"], request=s.PlacementBoundsSerializer, responses=s.PlacementSerializer
+    )
+    # A bare list: one row per adapter the actor may see.
+    @action(detail=True, methods=["get", "put"], pagination_class=None)
+    def placement(self, request, name=None):
+        """Where each adapter lives and why (GET); how many replicas hold one
+        adapter (PUT: min_replicas and max_replicas, null for every replica).
+        The next reconcile or rollout moves it."""
+        deployment = self.get_object()
+        if request.method == "GET":
+            return Response(selectors.deployment_placement(self.actor, deployment))
+        data = s.PlacementBoundsSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        adapter = registry_selectors.adapter_get(self.actor, values["adapter"])
+        served = served_placement_set(
+            actor=self.actor,
+            deployment=deployment,
+            adapter=adapter,
+            min_replicas=values["min_replicas"],
+            max_replicas=values["max_replicas"],
+        )
+        rows = selectors.deployment_placement(self.actor, deployment)
+        mine = next((r for r in rows if r["served_name"] == adapter.served_name), None)
+        if mine is None:  # not served yet: its bounds wait for its first promotion
+            mine = selectors.placement_pending(served)
+        return Response(mine)
 
     @extend_schema(responses={(200, "application/yaml"): str})
     @action(detail=True, methods=["get"])

@@ -76,6 +76,45 @@ def gateway_drain(
     )
 
 
+def gateway_drain_each(
+    deployment: Deployment,
+    pairs: list[tuple[str, Replica]],
+    *,
+    keep_one: bool = True,
+    tick=None,
+    interval: float = 1.0,
+) -> list[list[str]]:
+    """gateway_drain of each (adapter name, replica) pair at once, the waits in
+    pool threads that touch no database while `tick()` runs in this one every
+    `interval` seconds (a caller's claim outlives drains of up to
+    SERVING_GATEWAY_DRAIN_SECONDS); recorded here after. Returns each pair's
+    changes, in order; a front door that fails gives that pair none."""
+    door = front_door_for(deployment)
+    if door is None or not pairs:
+        return [[] for _ in pairs]
+    timeout = settings.SERVING_GATEWAY_DRAIN_SECONDS
+
+    def drain(pair) -> tuple[list[str], str, float]:
+        name, replica = pair
+        started = time.monotonic()
+        try:
+            changes = door.drain(name, server_name(replica.pk), timeout=timeout, keep_one=keep_one)
+        except GatewayError as error:
+            return [], str(error), started
+        return changes, "", started
+
+    from serving.fanout import fan_out
+
+    results = fan_out(pairs, drain, limit=16, tick=tick, interval=interval)
+    for (_, replica), (changes, error, started) in zip(pairs, results, strict=True):
+        if error:
+            logger.warning("front door of %s: %s", deployment.name, error)
+            _record(deployment, [f"{server_name(replica.pk)}/ failed"], started, error=error)
+        else:
+            _record(deployment, changes, started)
+    return [changes for changes, _, _ in results]
+
+
 def gateway_ready(deployment: Deployment, name: str, replicas: list[Replica]) -> list[str]:
     door = front_door_for(deployment)
     if door is None:

@@ -38,6 +38,7 @@ from serving.fanout import (
     replica_session,
     verify_with_fingerprint,
 )
+from serving.gateway.services import gateway_drain_each
 from serving.models import (
     Deployment,
     DriftEvent,
@@ -48,6 +49,7 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
+from serving.placement import placed_keys
 from serving.probe import Probe, describe_distance
 from serving.replica_calls import (
     ReplicaOutcome,
@@ -55,6 +57,7 @@ from serving.replica_calls import (
     ensure_loaded,
     ensure_unloaded,
     probe_weights,
+    reload_adapter,
 )
 from serving.replica_facts import base_card_facts
 from serving.replica_facts import disputes as fact_disputes
@@ -75,8 +78,16 @@ from serving.services.leases import (
     served_adapters_release,
     served_adapters_renew,
 )
+from serving.services.placements import placement_tick
 from serving.signals import reconcile_finished
-from serving.sync_state import SyncState, as_listing, classify, loaded_adapters, loaded_from
+from serving.sync_state import (
+    SyncState,
+    as_listing,
+    classify,
+    desired_root,
+    loaded_adapters,
+    loaded_from,
+)
 from serving.vllm_client import model_cards, server_version
 from serving.volume import StagingError, stage_versions
 
@@ -194,7 +205,7 @@ class _Job:
         return (
             self.served is not None
             and self.served.version_id is not None
-            and self.kind != RECORD_FINGERPRINT
+            and self.kind not in (RECORD_FINGERPRINT, DriftKind.UNPLACED_UNLOADED)
         )
 
 
@@ -224,9 +235,18 @@ def _desired_root(served: ServedAdapter) -> str | None:
 
 def _job_for(tick: _Tick, name: str, served: ServedAdapter, loaded: dict) -> _Job | None:
     actual = loaded.get(name)
-    kind = _REPAIR_FOR.get(classify(_desired_root(served), actual))
+    placed = placed_keys(served)
+    state = classify(desired_root(served, tick.replica.pk, placed), actual)
+    kind = _REPAIR_FOR.get(state)
     if kind is None:
         return None
+    if placed is not None and served.version_id is not None:
+        # Placement (serving.placement): loaded where it is placed, and verified
+        # there before the front door routes to it; unloaded where it is not.
+        if state == SyncState.NOT_UNLOADED:
+            kind = DriftKind.UNPLACED_UNLOADED
+        elif state == SyncState.MISSING:
+            kind = DriftKind.PLACED_LOADED
     return _Job(tick, name, kind, actual or "", served)
 
 
@@ -319,7 +339,16 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
         s.adapter.served_name: s
         for s in ServedAdapter.objects.filter(deployment=deployment)
         .select_related("adapter")
-        .only("adapter_id", "version_id", "served_path", "adapter__served_name")
+        .only(
+            "adapter_id",
+            "version_id",
+            "served_path",
+            "adapter__served_name",
+            "min_replicas",
+            "max_replicas",
+            "placement",
+            "lease_until",
+        )
         # The fingerprints the sampled re-check compares with, in the same query.
         .annotate(fingerprint_probe=fingerprint_probe_annotation())
     }
@@ -361,9 +390,14 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
             drifts.add(replica, DriftKind.REPLICA_UP)
             tick.drifted = True
         tick.snapshot = loaded_from({"id": c.id, "root": c.root} for c in cards)
-        _plan(deployment, tick, desired, drifts)
 
     up = [tick for tick in ticks if tick.outcome.ok]
+    # Where each adapter lives this tick (written only where it changed), then
+    # what each replica needs to match it.
+    placement_tick(deployment, desired, replicas, up={t.replica.pk for t in up}, now=now)
+    for tick in up:
+        _plan(deployment, tick, desired, drifts)
+    _hold_unplaced_unloads(up, desired)
     report.fingerprint_cursor = _plan_weight_check(deployment, up, desired, keeper, report)
 
     jobs = [job for tick in ticks for job in tick.jobs]
@@ -392,6 +426,28 @@ def _plan(deployment, tick: _Tick, desired: dict, drifts: _Drifts) -> None:
         elif name not in previous_names:
             drifts.add(replica, DriftKind.UNKNOWN_REPORTED, name, actual=root)
             tick.drifted = True
+
+
+def _hold_unplaced_unloads(up: list[_Tick], desired: dict) -> None:
+    """Make before break: an adapter leaves a replica placement no longer puts
+    it on only once every replica that placement puts it on and that is up
+    serves it from its path (loaded and verified by an earlier tick)."""
+    busy = {(tick.replica.pk, job.name) for tick in up for job in tick.jobs}
+
+    def served_where_placed(name: str) -> bool:
+        served = desired[name]
+        placed = [t for t in up if t.replica.pk in (placed_keys(served) or ())]
+        return bool(placed) and all(
+            t.snapshot.get(name) == served.served_path and (t.replica.pk, name) not in busy
+            for t in placed
+        )
+
+    for tick in up:
+        tick.jobs = [
+            job
+            for job in tick.jobs
+            if job.kind != DriftKind.UNPLACED_UNLOADED or served_where_placed(job.name)
+        ]
 
 
 def _plan_weight_check(deployment, up: list[_Tick], desired, keeper, report) -> str | None:
@@ -485,6 +541,7 @@ def _repair(deployment, worker, jobs: list[_Job], keeper: _Keeper, drifts, repor
             again = _replan(job, served)
             if again is not None:
                 runnable.append(again)
+        runnable = _drain_unplaced(deployment, runnable, keeper)
         _stage(deployment, [job for job in runnable if job.loads], keeper)
         _run_lanes(deployment, [job for job in runnable if not job.staging_error], keeper)
         for job in runnable:
@@ -499,6 +556,29 @@ def _repair(deployment, worker, jobs: list[_Job], keeper: _Keeper, drifts, repor
         keeper.served = set()
 
 
+def _drain_unplaced(deployment, jobs: list[_Job], keeper: _Keeper) -> list[_Job]:
+    """Before an adapter leaves a replica placement moved it from, the front
+    door stops sending it there and its requests in flight finish (all such
+    drains at once, the claims renewed meanwhile). Where the front door finds
+    that replica the only one serving it, it stays."""
+    leaving = [job for job in jobs if job.kind == DriftKind.UNPLACED_UNLOADED]
+    if not leaving:
+        return jobs
+    answers = gateway_drain_each(
+        deployment,
+        [(job.name, job.replica) for job in leaving],
+        keep_one=True,
+        tick=keeper.beat,
+        interval=_beat_seconds(),
+    )
+    kept = {
+        id(job)
+        for job, changes in zip(leaving, answers, strict=True)
+        if any(change.startswith("kept ") for change in changes)
+    }
+    return [job for job in jobs if id(job) not in kept]
+
+
 def _replan(job: _Job, served: ServedAdapter) -> _Job | None:
     """The job again, against the row as it is now that it is claimed."""
     if job.kind in (DriftKind.FINGERPRINT_MISMATCH, RECORD_FINGERPRINT):
@@ -510,7 +590,10 @@ def _replan(job: _Job, served: ServedAdapter) -> _Job | None:
         served.fingerprint_probe = job.served.fingerprint_probe
         job.served = served
         return job
-    seen = {} if job.kind == DriftKind.MISSING_RELOADED else {job.name: job.actual}
+    missing = (DriftKind.MISSING_RELOADED, DriftKind.PLACED_LOADED)
+    seen = {} if job.kind in missing else {job.name: job.actual}
+    # A placed load verifies against the fingerprint the tick read.
+    served.fingerprint_probe = getattr(job.served, "fingerprint_probe", None)
     return _job_for(job.tick, job.name, served, seen)
 
 
@@ -580,6 +663,8 @@ def _run_job(deployment, client, job: _Job) -> None:
         job.outcome = verify_with_fingerprint(
             client, job.name, job.served.served_path, NO_RETRY, deployment=deployment
         )
+    elif job.kind == DriftKind.PLACED_LOADED:
+        _load_placed(deployment, client, job)
     elif job.loads:
         job.outcome = ensure_loaded(
             client,
@@ -590,6 +675,30 @@ def _run_job(deployment, client, job: _Job) -> None:
         )
     else:
         job.outcome = ensure_unloaded(client, job.name, NO_RETRY)
+
+
+def _load_placed(deployment, client, job: _Job) -> None:
+    """Load where placement put it, then verify as a rollout does (listed, a
+    completion unlike the base model's, the version's fingerprint if it has
+    one): the front door routes to a replica only once it lists the adapter, so
+    what fails verification is unloaded again."""
+    name, path = job.name, job.served.served_path
+    probe = getattr(job.served, "fingerprint_probe", None)
+    fingerprint = Probe.from_dict(probe) if probe else None
+    outcome = job.outcome = ensure_loaded(
+        client, name, path, NO_RETRY, known_version=job.replica.vllm_version
+    )
+    if not outcome.ok:
+        return
+    verified = verify_with_fingerprint(
+        client, name, path, NO_RETRY, deployment=deployment, fingerprint=fingerprint
+    )
+    outcome.attempts += verified.attempts
+    if verified.ok:
+        return
+    undone = ensure_unloaded(client, name, NO_RETRY)
+    outcome.attempts += undone.attempts
+    outcome.fail(f"Loaded but not verified, so unloaded again: {verified.error}")
 
 
 def _repair_weights(deployment, client, job: _Job) -> None:
@@ -607,10 +716,10 @@ def _repair_weights(deployment, client, job: _Job) -> None:
         return
     # Unload, then load: a load of the same name and path is "already loaded"
     # (vLLM keeps what it has), and load_inplace to the same path can reuse stale
-    # prefix-cache blocks (vLLM #42125).
+    # prefix-cache blocks (vLLM #42125). In the replica's unload lane, and not
+    # loaded again while requests of the old load run (they would kill vLLM 0.32).
     steps = [
-        lambda: ensure_unloaded(client, name, NO_RETRY),
-        lambda: ensure_loaded(client, name, path, NO_RETRY, known_version=job.replica.vllm_version),
+        lambda: reload_adapter(client, name, path, NO_RETRY, ReplicaOutcome()),
         lambda: verify_with_fingerprint(
             client, name, path, NO_RETRY, deployment=deployment, fingerprint=fingerprint
         ),

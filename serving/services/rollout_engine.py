@@ -63,6 +63,7 @@ from serving.services.leases import (
     served_adapter_heartbeat,
     served_adapter_release,
 )
+from serving.services.placements import placement_targets
 from serving.signals import served_version_changed
 from serving.sync_state import as_listing, loaded_adapters
 from serving.transitions import (
@@ -280,12 +281,20 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
     # By URL, as the page lists them: the canary is the first, whatever order
     # discovery returned.
     replicas = sorted(replicas_sync(deployment), key=lambda r: r.base_url)
+    placement = None
+    if rollout.kind != RolloutKind.RETIRE and replicas:
+        # Only where placement puts the adapter (serving.placement); a retire
+        # unloads it wherever it may be.
+        replicas, placement = placement_targets(deployment, served, replicas)
     steps = _steps_for(rollout, replicas)
     pushed = [r for r in replicas if steps[r.pk].status != ReplicaStepStatus.DEFERRED]
     policy = replace(RetryPolicy.from_settings(), sleep=watch.sleep)
     ctx = _Context(rollout, deployment, pushed, steps, policy, watch)
     if not replicas:
-        _finish(ctx, RolloutStatus.FAILED, "The deployment has no replicas.")
+        why = "The deployment has no replicas."
+        if placement is not None:
+            why = f"No room: no replica that is up has room for it ({placement.detail})."
+        _finish(ctx, RolloutStatus.FAILED, why)
         return
     if rollout.kind == RolloutKind.RETIRE:
         _retire(ctx)

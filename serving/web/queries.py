@@ -161,9 +161,12 @@ DRIFT = {state.value for state in SyncState if state.drifted}
 class Cell:
     state: str
     actual_root: str | None
+    placed: bool = True  # placement puts the adapter on this replica (serving.placement)
 
     @property
     def label(self) -> str:
+        if not self.placed and self.state == IN_SYNC:
+            return "not placed"
         return CELL_LABELS[self.state]
 
     @property
@@ -174,15 +177,21 @@ class Cell:
 def _cell(replica: dict, row: dict, changed_at) -> Cell:
     # The state deployment_state classified on the full roots: members see only
     # the folder names of the roots.
-    state, actual = row["state"], row["actual_root"]
+    state, actual, placed = row["state"], row["actual_root"], row.get("placed", True)
     if state == DOWN:
-        return Cell(DOWN, actual)
+        return Cell(DOWN, actual, placed)
     checked = replica["last_checked_at"]
     if checked is None:
-        return Cell(UNCHECKED, actual)
+        return Cell(UNCHECKED, actual, placed)
     if state != IN_SYNC and changed_at is not None and changed_at > checked:
-        return Cell(CHANGED, actual)
-    return Cell(state, actual)
+        return Cell(CHANGED, actual, placed)
+    return Cell(state, actual, placed)
+
+
+def _served_root(desired: dict | None) -> str | None:
+    if desired is None or not desired["version_id"]:
+        return None
+    return desired["served_path"]
 
 
 def deployment_matrix(actor: Actor, deployment: Deployment) -> dict:
@@ -197,6 +206,7 @@ def deployment_matrix(actor: Actor, deployment: Deployment) -> dict:
         )
     )
     replicas = state["replicas"]
+    placement = {p["served_name"]: p for p in selectors.deployment_placement(actor, deployment)}
     rows: dict[str, dict] = {}
     for index, replica in enumerate(replicas):
         for item in replica["adapters"]:
@@ -206,7 +216,9 @@ def deployment_matrix(actor: Actor, deployment: Deployment) -> dict:
                 {
                     "served_name": name,
                     "desired": desired.get(name),
-                    "desired_root": item["desired_root"],
+                    # The version's path, also where placement leaves a replica out.
+                    "desired_root": _served_root(desired.get(name)),
+                    "placement": placement.get(name),
                     "cells": [None] * len(replicas),
                 },
             )
@@ -224,6 +236,7 @@ def deployment_matrix(actor: Actor, deployment: Deployment) -> dict:
                 "served_name": n,
                 "desired": d,
                 "desired_root": d["served_path"],
+                "placement": placement.get(n),
                 "cells": [],
                 "drift": False,
             }

@@ -30,6 +30,7 @@ EXCUSED = {
     "POST /api/v1/deployments/{name}/rollback/": "422",
     "POST /api/v1/rollouts/{id}/rollback/": "422",
     "GET /api/v1/usage/": "400",
+    "PUT /api/v1/deployments/{name}/placement/": "400",
 }
 
 

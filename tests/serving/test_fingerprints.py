@@ -262,9 +262,9 @@ def test_a_weight_repair_longer_than_a_claim_keeps_its_claims(
     load_stale(urls[1], rollout.served_path)
     settings.SERVING_CLAIM_SECONDS = 1.0
     expired, loads = [], []
-    real = reconcile.ensure_loaded
+    real = reconcile.reload_adapter
 
-    def slow_load(client, name, path, policy, **kwargs):
+    def slow_load(client, name, path, policy, outcome):
         time.sleep(1.5)
         # Another thread, another connection: it sees only committed claims.
         now = timezone.now()
@@ -276,9 +276,9 @@ def test_a_weight_repair_longer_than_a_claim_keeps_its_claims(
             expired.append("adapter")
         connections.close_all()
         loads.append(client.base_url)
-        return real(client, name, path, policy, **kwargs)
+        return real(client, name, path, policy, outcome)
 
-    monkeypatch.setattr(reconcile, "ensure_loaded", slow_load)
+    monkeypatch.setattr(reconcile, "reload_adapter", slow_load)
     report = reconcile_deployment(deployment.pk, "beat")
 
     assert report.repairs == [f"{urls[1]}: fingerprint_mismatch {NAME}"]

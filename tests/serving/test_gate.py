@@ -316,3 +316,41 @@ def test_an_embedding_lora_on_an_architecture_vllm_serves_none_for_names_the_fix
     assert not check.ok
     assert "Qwen2ForCausalLM" in check.message
     assert "Retrain without embed_tokens" in check.message
+
+
+def test_the_host_cache_is_the_deployments_total_when_adapters_have_bounds(
+    lena, alex, legal, deployment, contracts, approved_v1, tmp_path
+):
+    # 2 replicas x max_cpu_loras 4 = 8 placements; 6 adapters on one replica each fit,
+    # though 6 is above one replica's 4.
+    from tests.support.fleet import served_adapters_clone
+
+    others = served_adapters_clone(deployment, approved_v1, 5, prefix="bounded")
+    ServedAdapter.objects.filter(pk__in=[s.pk for s in others]).update(max_replicas=1)
+    ServedAdapter.objects.create(deployment=deployment, adapter=contracts, max_replicas=1)
+
+    host = checks(evaluate_gate(deployment, approved_v1))["host_cache"]
+
+    assert host.ok, host.message
+    assert host.message == (
+        "6 placements needed, 8 in the host caches of 2 replica(s) x max_cpu_loras 4: "
+        "every one has room."
+    )
+
+
+def test_a_bounded_adapter_with_no_room_is_refused(
+    lena, alex, legal, deployment, contracts, approved_v1
+):
+    from tests.support.fleet import served_adapters_clone
+
+    # 4 adapters without bounds fill both replicas' host caches (4 each).
+    served_adapters_clone(deployment, approved_v1, 4, prefix="everywhere")
+    ServedAdapter.objects.create(deployment=deployment, adapter=contracts, max_replicas=1)
+
+    report = evaluate_gate(deployment, approved_v1)
+
+    host = checks(report)["host_cache"]
+    assert not host.ok and not host.advisory
+    assert "9 placements needed, 8 in the host caches of 2 replica(s)" in host.message
+    assert "no room" in host.message
+    assert not report.passed

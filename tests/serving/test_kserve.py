@@ -255,3 +255,18 @@ def test_resources_can_be_overridden_and_bad_shapes_are_refused(root, cluster_re
         deployment_update(
             actor=actor(root), deployment=cluster_ready, runtime_resources={"cpu": "4"}
         )
+
+
+def test_an_adapter_with_placement_bounds_is_left_to_placement(cluster_ready, promoted):
+    from serving.models import ServedAdapter
+
+    ServedAdapter.objects.filter(
+        deployment=cluster_ready, adapter__served_name="legal-memos"
+    ).update(max_replicas=1)
+
+    runtime, service, container = runtime_and_service(cluster_ready)
+
+    # Every pod gets the same args: one placed on some replicas only is not in them.
+    assert [m["name"] for m in modules(container["args"])] == ["legal-contracts"]
+    annotations = service["metadata"]["annotations"]
+    assert annotations["lora-adapter-registry/placed-at-run-time"] == "legal-memos"

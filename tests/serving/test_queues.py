@@ -21,6 +21,7 @@ from config.celery import app
         # The MLflow app's own name since it moved out of registry/.
         ("mlflow_bridge.sync_version", "housekeeping"),
         ("mlflow_bridge.catch_up", "housekeeping"),
+        ("sso.check_identities", "housekeeping"),
         ("registry.something_else", "celery"),
     ],
 )
@@ -36,3 +37,9 @@ def test_beat_runs_the_sweeper_every_few_seconds(settings):
     entry = settings.CELERY_BEAT_SCHEDULE["serving-sweep"]
     assert entry["task"] == "serving.sweep"
     assert entry["schedule"] <= 10
+
+
+def test_beat_checks_sso_people_a_few_times_per_interval(settings):
+    entry = settings.CELERY_BEAT_SCHEDULE["sso-check-identities"]
+    assert entry["task"] == "sso.check_identities"
+    assert entry["schedule"] == max(60.0, settings.OIDC_CHECK_INTERVAL_SECONDS / 4)

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from serving.models import HttpAttempt, Rollout, ServedAdapter
+from serving.replica_calls import BASE_RECHECKS
 from serving.services.promotions import promotion_create, retire, rollback_to
 from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
@@ -136,18 +137,37 @@ def test_canary_stops_before_touching_the_other_replicas(
     assert not any(p == "/v1/load_lora_adapter" for _, p, _ in rest.requests)
 
 
-def test_one_answer_like_the_base_model_is_probed_again_before_it_fails_a_replica(
+def test_a_base_answer_equal_to_the_adapters_is_asked_again_before_it_fails_a_replica(
     lena, deployment, approved_v1, fake_replicas
 ):
-    fake_replicas[0].no_effect_once = {"legal-contracts"}
+    # vLLM 0.32 on CPU runs base tokens batched with adapter requests through the
+    # last LoRA slot: the base model's answer was the adapter's own, once.
+    fake_replicas[0].base_as_adapter_once = {"legal-contracts"}
     _, rollout = promote(lena, deployment, approved_v1)
     assert rollout_execute(rollout.pk, "w") == "succeeded"
-    probes = [
-        a
-        for a in HttpAttempt.objects.filter(replica_rollout__rollout=rollout)
-        if a.purpose == "verify_completion"
-    ]
-    assert len(probes) == 3  # twice on the replica that answered like the base once
+    attempts = HttpAttempt.objects.filter(replica_rollout__rollout=rollout, purpose="verify_base")
+    by_replica = {r.base_url: 0 for r in fake_replicas}
+    for attempt in attempts.select_related("replica"):
+        by_replica[attempt.replica.base_url] += 1
+    # Once, then twice more (two answers that agree, unlike the adapter's) there;
+    # once on the other replica.
+    assert by_replica == {fake_replicas[0].base_url: 3, fake_replicas[1].base_url: 1}
+
+
+def test_an_adapter_that_answers_like_the_base_model_every_time_has_no_effect(
+    lena, deployment, approved_v1, fake_replicas
+):
+    fake_replicas[0].no_effect = {"legal-contracts"}
+    _, rollout = promote(lena, deployment, approved_v1)
+    assert rollout_execute(rollout.pk, "w") == "rolled_back"
+    rollout.refresh_from_db()
+    assert "has no effect" in rollout.error
+    attempts = HttpAttempt.objects.filter(
+        replica_rollout__rollout=rollout,
+        purpose="verify_base",
+        replica__base_url=fake_replicas[0].base_url,
+    )
+    assert attempts.count() == 1 + BASE_RECHECKS
 
 
 def test_an_adapter_that_changes_nothing_fails_verification(

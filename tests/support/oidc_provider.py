@@ -90,6 +90,13 @@ class OidcProvider:
             self._directory["accounts"][sub]["groups"] = list(groups)
             self._write()
 
+    def remove_account(self, sub: str) -> None:
+        """The person leaves: the provider no longer knows them (its refresh
+        tokens for them are then refused with invalid_grant)."""
+        with self._lock:
+            self._directory["accounts"].pop(sub, None)
+            self._write()
+
     def set_ttl(self, **seconds: int) -> None:
         """IdToken=…, AccessToken=… for tokens issued from now on; no argument resets
         (the clock too)."""

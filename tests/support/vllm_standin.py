@@ -31,8 +31,10 @@ Fault knobs, for unit tests of error paths (real vLLM cannot be made to do
 these on demand; the contract covers the replica without them):
 `unavailable = N` answers the next N requests 503; `fail_load = (status,
 message)`; `fail_completion_for = {names}` answers their completions 500;
-`no_effect = {names}` (and `no_effect_once`) answer like the base model, as an
-adapter whose every lora_B is zero; `metrics_text` replaces /metrics, and
+`no_effect = {names}` answer like the base model, as an adapter whose every
+lora_B is zero; `base_as_adapter_once = {name}` makes the next base-model
+completion answer as that adapter, as vLLM 0.32's CPU backend does to base
+tokens batched with an adapter in its last LoRA slot; `metrics_text` replaces /metrics, and
 `metrics_route = False` answers it 404 as a server (or proxy) without it.
 
 In this process:
@@ -107,7 +109,7 @@ class StandinReplica:
     fail_load: tuple[int, str] | None = None
     fail_completion_for: set[str] = field(default_factory=set)
     no_effect: set[str] = field(default_factory=set)
-    no_effect_once: set[str] = field(default_factory=set)
+    base_as_adapter_once: set[str] = field(default_factory=set)
     metrics_text: str | None = None
     metrics_route: bool = True
     # Set while served on a port.
@@ -451,10 +453,10 @@ def build_app(replica: StandinReplica) -> web.Application:
         finally:
             replica.running[model] -= 1
             replica.note_lora_requests()
-        if model == replica.base_model or model in replica.no_effect:
-            seed = replica.base_root
-        elif model in replica.no_effect_once:
-            replica.no_effect_once.discard(model)
+        if model == replica.base_model and replica.base_as_adapter_once:
+            lent = replica.base_as_adapter_once.pop()
+            seed = replica.adapters[lent] + "|" + replica.weights.get(lent, "")
+        elif model == replica.base_model or model in replica.no_effect:
             seed = replica.base_root
         else:
             seed = replica.adapters[model] + "|" + replica.weights.get(model, "")

@@ -248,3 +248,10 @@ def test_every_operation_that_runs_the_compatibility_gate_documents_its_422(sche
     ]
     for path in gated:
         assert "422" in schema["paths"][path]["post"]["responses"], path
+
+
+def test_scim_is_not_in_the_openapi_schema(schema):
+    # /scim/v2/ is RFC 7644's protocol (django-scim2 views, not DRF): its
+    # schemas are served by the endpoint itself (/scim/v2/Schemas) and
+    # scim2-tester checks them (tests/sso/test_scim_conformance.py).
+    assert not [path for path in schema["paths"] if path.startswith("/scim")]

@@ -129,7 +129,58 @@ def test_a_form_field_token_still_works_and_takes_the_staging_path(browser, cont
             "files": [SimpleUploadedFile("adapter.tar.gz", tar_gz_bytes(files))],
             "csrfmiddlewaretoken": csrf_cookie(browser),
         },
+        headers={"Origin": "http://testserver"},
     )
 
     assert response.status_code == 302
     assert sorted(written) == sorted(("put_file", name) for name in files)
+
+
+@pytest.fixture
+def bodies_parsed(monkeypatch):
+    """Every multipart body Django parses (request.POST / request.FILES)."""
+    from django.http import multipartparser
+
+    parsed = []
+    original = multipartparser.MultiPartParser.parse
+
+    def spying(self):
+        parsed.append(True)
+        return original(self)
+
+    monkeypatch.setattr(multipartparser.MultiPartParser, "parse", spying)
+    return parsed
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Origin": "https://attacker.example"}, {"Origin": "null"}],
+    ids=["no-origin", "cross-site", "opaque-origin"],
+)
+def test_a_form_post_without_the_header_is_refused_before_its_body_unless_same_origin(
+    headers, browser, contracts, written, bodies_parsed, tmp_path
+):
+    # A cross-site form carries the attacker's Origin (browsers always send one
+    # with a POST): refused on it, the body never parsed. With no Origin at all
+    # (no browser does that) the body is not read either.
+    response = browser.post(
+        WEB.format(pk=contracts.pk),
+        {"files": [archive(5)], "csrfmiddlewaretoken": csrf_cookie(browser)},
+        headers=headers,
+    )
+
+    assert response.status_code == 403
+    assert bodies_parsed == []
+    assert written == []
+    assert_nothing_stored(tmp_path)
+
+
+def test_a_same_origin_form_post_is_parsed_to_find_its_token(browser, contracts, bodies_parsed):
+    response = browser.post(
+        WEB.format(pk=contracts.pk),
+        {"files": [archive(6)], "csrfmiddlewaretoken": csrf_cookie(browser)},
+        headers={"Origin": "http://testserver"},
+    )
+
+    assert response.status_code == 302
+    assert bodies_parsed == [True]

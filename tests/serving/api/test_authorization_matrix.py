@@ -72,6 +72,19 @@ MATRIX = {
         None,
         statuses(401, 200, 200, 200, 200, 200),
     ),
+    "deployment placement": (
+        "get",
+        "/api/v1/deployments/staging-cpu/placement/",
+        None,
+        statuses(401, 200, 200, 200, 200, 200),
+    ),
+    "set placement bounds": (
+        "put",
+        "/api/v1/deployments/staging-cpu/placement/",
+        lambda c: {"adapter": c["adapter"], "min_replicas": None, "max_replicas": 1},
+        # Whoever may promote the adapter there: an outsider may not learn it exists.
+        statuses(401, 404, 200, 200, 200, 200),
+    ),
     "deployment drift events": (
         "get",
         "/api/v1/deployments/staging-cpu/drift-events/",

@@ -126,9 +126,33 @@ def celery_worker(transactional_db) -> Iterator[Any]:
         shutdown_timeout=60,
         loglevel="WARNING",
     ) as worker:
-        yield worker
+        try:
+            yield worker
+        finally:
+            # A test that failed mid-burst leaves rollouts queued and running:
+            # stopping the worker then timed out with its threads still in the
+            # database, and the flush after the test failed (so did the next test).
+            settle_worker(app)
     purge_queues(app)
     connections.close_all()
+
+
+def settle_worker(app, timeout: float = 120.0) -> None:
+    """No task left running: queued messages purged, unfinished rollouts
+    cancelled (a task holding one sees the cancel within seconds and stops, one
+    not yet started returns at once), then waits until the worker is idle."""
+    from celery.worker import state
+
+    from serving.models import Rollout, RolloutStatus
+    from serving.transitions import ROLLOUT_TERMINAL
+
+    purge_queues(app)
+    # A direct UPDATE, not rollout_cancel: this is the test's clean-up, with no
+    # person acting and nothing to audit; the rows are flushed right after.
+    Rollout.objects.exclude(status__in=ROLLOUT_TERMINAL).update(status=RolloutStatus.CANCELLED)
+    deadline = time.monotonic() + timeout
+    while (state.active_requests or state.reserved_requests) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 # -- the people, through the REST API ------------------------------------------------

@@ -61,11 +61,15 @@ const provider = new Provider(issuer, {
     client_secret: process.env.OIDC_TEST_CLIENT_SECRET,
     redirect_uris: process.env.OIDC_TEST_REDIRECT_URIS.split(','),
     post_logout_redirect_uris: process.env.OIDC_TEST_POST_LOGOUT_URIS.split(','),
-    grant_types: ['authorization_code'],
+    // refresh_token: the registry's periodic check (sso/checks.py) redeems one.
+    grant_types: ['authorization_code', 'refresh_token'],
     response_types: ['code'],
     token_endpoint_auth_method: 'client_secret_post',
   }],
   jwks: { keys: [signingKey] },
+  // A refresh token at every code exchange, as a provider does for the scope
+  // offline_access (which oidc-provider honours only with a consent prompt).
+  issueRefreshToken: async (ctx, client) => client.grantTypeAllowed('refresh_token'),
   cookies: { keys: [randomBytes(32).toString('hex')] },
   // A confidential client must still use PKCE here: the RP is tested to send it.
   pkce: { required: () => true },

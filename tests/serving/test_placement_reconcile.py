@@ -1,0 +1,229 @@
+"""Placement through the reconcile and the rollouts, against the vLLM stand-in:
+an adapter with bounds is loaded (and verified) only where it is placed, is
+unloaded where it is not once its placed replicas serve it, moves off a replica
+that goes down, and is pushed by a rollout to its placed replicas only. An
+in-sync tick with bounded adapters costs what one without does."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from serving.models import DriftEvent, DriftKind, Replica, ServedAdapter
+from serving.placement import Reason, State
+from serving.services.reconcile import reconcile_deployment
+from serving.services.rollout_engine import rollout_execute
+from tests.serving.conftest import make_deployment
+from tests.serving.test_reconcile_scale import MAX_STATEMENTS
+from tests.serving.test_rollouts import promote
+from tests.support.fleet import fingerprints_record, measure, served_adapters_clone, standin_fleet
+from tests.support.haproxy import haproxy_available, running_haproxy
+from tests.support.vllm_servers import free_port
+
+pytestmark = pytest.mark.django_db
+
+IDLE = (
+    "# TYPE vllm:lora_requests_info gauge\n"
+    'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",'
+    'waiting_lora_adapters=""} 1.0\n'
+)
+
+
+@pytest.fixture
+def fleet():
+    with standin_fleet(3) as fleet:
+        for replica in fleet.replicas:
+            replica.metrics_text = IDLE  # the tick's own probes are not demand
+        yield fleet
+
+
+@pytest.fixture
+def placed(root, fleet, tmp_path, approved_v1):
+    """6 adapters, each on one replica by placement; max_cpu_loras 4 per replica."""
+    deployment = make_deployment(root, fleet.urls, tmp_path / "volume", name="placed")
+    served = served_adapters_clone(deployment, approved_v1, 6, prefix="one")
+    ServedAdapter.objects.filter(deployment=deployment).update(max_replicas=1)
+    fingerprints_record_first(deployment, fleet, served)
+    return deployment, served
+
+
+def fingerprints_record_first(deployment, fleet, served):
+    """Fingerprints as the rollouts would have recorded them (on the first replica)."""
+    first = fleet.replicas[0]
+    for s in served:
+        first.adapters[s.adapter.served_name] = s.served_path
+    fingerprints_record(deployment, served)
+    first.adapters.clear()
+
+
+def _holders(fleet, name):
+    return [i for i, r in enumerate(fleet.replicas) if name in r.adapters]
+
+
+def test_each_adapter_is_loaded_only_where_it_is_placed_and_verified_there(placed, fleet):
+    deployment, served = placed
+    report = reconcile_deployment(deployment.pk, "beat")
+    assert not report.skipped
+    for s in served:
+        assert len(_holders(fleet, s.adapter.served_name)) == 1, s.adapter.served_name
+    # No replica past max_cpu_loras (4): 6 adapters over 3 replicas.
+    assert all(len(r.adapters) <= 4 for r in fleet.replicas)
+    kinds = set(DriftEvent.objects.values_list("kind", flat=True))
+    assert DriftKind.PLACED_LOADED in kinds
+    # Verified like a rollout: a completion through each adapter where it was loaded.
+    completions = sum(
+        1
+        for r in fleet.replicas
+        for _method, path, body in r.requests
+        if "completions" in path and str(body.get("model", "")).startswith("one-")
+    )
+    assert completions >= 6
+    for row in ServedAdapter.objects.filter(deployment=deployment):
+        state = State.from_dict(row.placement)
+        assert len(state.replicas) == 1
+        assert state.reason == Reason.MAX or state.reason == Reason.MIN
+
+
+def test_an_in_sync_tick_with_placement_costs_no_more_statements(placed, fleet):
+    deployment, _ = placed
+    reconcile_deployment(deployment.pk, "beat")
+    reconcile_deployment(deployment.pk, "beat")
+    tick = measure(lambda: reconcile_deployment(deployment.pk, "beat"))
+    assert tick.result.in_sync == 3 and tick.result.repairs == []
+    assert tick.statements <= MAX_STATEMENTS, tick.sql
+    assert not [s for s in tick.sql if 'serving_servedadapter" SET' in s], tick.sql
+
+
+def test_an_adapter_moves_off_a_replica_that_goes_down(placed, fleet):
+    deployment, served = placed
+    reconcile_deployment(deployment.pk, "beat")
+    before = {s.adapter.served_name: _holders(fleet, s.adapter.served_name) for s in served}
+    lost = fleet.replicas[0]
+    lost.unavailable = 10**6  # answers 503 from now on
+    reconcile_deployment(deployment.pk, "beat")
+    for name, holders in before.items():
+        now = [i for i in _holders(fleet, name) if i != 0]
+        assert len(now) == 1, (name, now)
+        if holders != [0]:
+            assert now == holders  # only what the lost replica held moved
+
+
+def test_an_unplaced_copy_is_unloaded_only_once_the_placed_replica_serves_it(placed, fleet):
+    deployment, served = placed
+    reconcile_deployment(deployment.pk, "beat")
+    name = served[0].adapter.served_name
+    [home] = _holders(fleet, name)
+    row = ServedAdapter.objects.get(pk=served[0].pk)
+    other = next(
+        r
+        for r in Replica.objects.filter(deployment=deployment)
+        if r.pk not in State.from_dict(row.placement).replicas
+    )
+    elsewhere = next(r for r in fleet.replicas if r.base_url == other.base_url)
+    # Placement moves it: the stored placement now names the other replica.
+    row.placement = {**row.placement, "replicas": [other.pk]}
+    ServedAdapter.objects.filter(pk=row.pk).update(placement=row.placement)
+    reconcile_deployment(deployment.pk, "beat")
+    # Loaded on the new replica; still on the old one (make before break).
+    assert name in elsewhere.adapters
+    assert name in fleet.replicas[home].adapters
+    reconcile_deployment(deployment.pk, "beat")
+    assert name not in fleet.replicas[home].adapters
+    assert DriftEvent.objects.filter(kind=DriftKind.UNPLACED_UNLOADED, adapter_name=name).exists()
+
+
+def test_a_rollout_pushes_to_the_placed_replicas_only(
+    root, lena, fleet, tmp_path, contracts, approved_v1, approved_v2
+):
+    deployment = make_deployment(root, fleet.urls, tmp_path / "volume", name="rollout")
+    ServedAdapter.objects.create(deployment=deployment, adapter=contracts, max_replicas=1)
+    _, rollout = promote(lena, deployment, approved_v1)
+    assert rollout_execute(rollout.pk, "w") == "succeeded"
+    holders = _holders(fleet, "legal-contracts")
+    assert len(holders) == 1
+    assert rollout.replica_steps.count() == 1
+    served = ServedAdapter.objects.get(deployment=deployment)
+    assert len(State.from_dict(served.placement).replicas) == 1
+
+    # The swap goes to the same placed replica, and the reconcile leaves it there.
+    _, swap = promote(lena, deployment, approved_v2)
+    assert rollout_execute(swap.pk, "w") == "succeeded"
+    assert _holders(fleet, "legal-contracts") == holders
+    reconcile_deployment(deployment.pk, "beat")
+    assert _holders(fleet, "legal-contracts") == holders
+
+
+def test_a_rollout_that_finds_no_room_fails_and_says_so(
+    root, lena, fleet, tmp_path, contracts, approved_v1
+):
+    deployment = make_deployment(
+        root, fleet.urls, tmp_path / "volume", name="full", max_loras=1, max_cpu_loras=1
+    )
+    ServedAdapter.objects.create(deployment=deployment, adapter=contracts, max_replicas=1)
+    _, rollout = promote(lena, deployment, approved_v1)  # the gate saw room
+    # Adapters without bounds arrive meanwhile and fill every replica's one slot.
+    served_adapters_clone(deployment, approved_v1, 1, prefix="full")
+    assert rollout_execute(rollout.pk, "w") == "failed"
+    rollout.refresh_from_db()
+    assert rollout.error.startswith("No room")
+    assert _holders(fleet, "legal-contracts") == []
+
+
+@pytest.mark.skipif(not haproxy_available(), reason="haproxy is not installed")
+def test_behind_a_front_door_a_moved_adapter_is_drained_before_it_is_unloaded(
+    placed, fleet, settings, tmp_path
+):
+    from serving.gateway.selectors import routing_table_for
+    from serving.gateway.services import front_door_for
+    from serving.models import HttpAttempt
+
+    deployment, served = placed
+    listen = f"127.0.0.1:{free_port()}"
+    settings.SERVING_GATEWAYS = {deployment.name: listen}
+    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    door = front_door_for(deployment)
+    door.write(routing_table_for(deployment))
+    name = served[0].adapter.served_name
+    url = f"http://{listen}/v1/completions"
+    body = {"model": name, "prompt": "hi", "max_tokens": 1}
+    with running_haproxy(door, log=tmp_path / "haproxy.log"):
+        reconcile_deployment(deployment.pk, "beat")  # placed, loaded, routed
+        assert requests.post(url, json=body, timeout=10).status_code == 200
+        row = ServedAdapter.objects.get(pk=served[0].pk)
+        [home] = State.from_dict(row.placement).replicas
+        other = Replica.objects.filter(deployment=deployment).exclude(pk=home).first()
+        ServedAdapter.objects.filter(pk=row.pk).update(
+            placement={**row.placement, "replicas": [other.pk]}
+        )
+        reconcile_deployment(deployment.pk, "beat")  # loaded on the other; both serve
+        assert requests.post(url, json=body, timeout=10).status_code == 200
+        reconcile_deployment(deployment.pk, "beat")  # drained at the front door, unloaded
+        assert requests.post(url, json=body, timeout=10).status_code == 200
+    old = next(r for r in fleet.replicas if r.base_url == Replica.objects.get(pk=home).base_url)
+    assert name not in old.adapters
+    drains = HttpAttempt.objects.filter(
+        purpose="gateway", replica_id=home, url__contains=f"m_{name}/r{home} state drain"
+    )
+    assert drains.exists(), list(HttpAttempt.objects.filter(purpose="gateway").values("url"))
+    unload = HttpAttempt.objects.filter(replica_id=home, purpose="unload").latest("started_at")
+    assert drains.latest("started_at").started_at <= unload.started_at
+
+
+def test_a_rollout_moves_the_placement_off_a_replica_that_is_down(
+    root, lena, fleet, tmp_path, contracts, approved_v1, approved_v2
+):
+    deployment = make_deployment(root, fleet.urls, tmp_path / "volume", name="moving")
+    ServedAdapter.objects.create(deployment=deployment, adapter=contracts, max_replicas=1)
+    assert rollout_execute(promote(lena, deployment, approved_v1)[1].pk, "w") == "succeeded"
+    [home] = _holders(fleet, "legal-contracts")
+    fleet.replicas[home].unavailable = 10**6
+    Replica.objects.filter(base_url=fleet.replicas[home].base_url).update(health="down")
+
+    _, swap = promote(lena, deployment, approved_v2)
+    assert rollout_execute(swap.pk, "w") == "succeeded"
+
+    holders = [i for i in _holders(fleet, "legal-contracts") if i != home]
+    assert len(holders) == 1
+    served = ServedAdapter.objects.get(deployment=deployment)
+    new_home = fleet.replicas[holders[0]]
+    assert new_home.adapters["legal-contracts"] == served.served_path

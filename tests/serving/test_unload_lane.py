@@ -1,0 +1,163 @@
+"""Unloads that cannot take a vLLM 0.32 replica down: a reload waits for the old
+load's requests to finish before loading the name again, and unloads on one
+replica go one at a time (docs/upstream/vllm-unload-keyerror.md)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from serving.replica_calls import (
+    ReplicaOutcome,
+    RetryPolicy,
+    ensure_loaded,
+    ensure_unloaded,
+    reload_adapter,
+)
+from serving.replica_facts import busy_adapters_from_metrics
+from serving.vllm_client import AttemptResult, VLLMClient
+from tests.support.adapters import write_adapter_dir
+from tests.support.vllm_standin import serve_standin
+
+POLICY = RetryPolicy(deadline_seconds=0, base_delay=0, max_delay=0)
+
+
+def _lora_info(series: list[tuple[str, float]]) -> str:
+    lines = ["# TYPE vllm:lora_requests_info gauge"]
+    for running, stamp in series:
+        lines.append(
+            f'vllm:lora_requests_info{{max_lora="2",running_lora_adapters="{running}",'
+            f'waiting_lora_adapters=""}} {stamp}'
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _ok(body) -> AttemptResult:
+    return AttemptResult(
+        method="GET",
+        url="http://replica/",
+        started_at=datetime.now(UTC),
+        duration_ms=1.0,
+        status_code=200,
+        ok=True,
+        error="",
+        transient=False,
+        body=body,
+    )
+
+
+def _metrics(text: str) -> AttemptResult:
+    return _ok(text)
+
+
+def test_the_newest_lora_series_says_which_adapters_are_busy():
+    text = _lora_info([("legal,hr", 100.0), ("hr", 200.0), ("legal", 50.0)])
+    assert busy_adapters_from_metrics(_metrics(text)) == {"hr"}
+
+
+def test_no_lora_series_cannot_tell():
+    assert busy_adapters_from_metrics(_metrics("# nothing here\n")) is None
+
+
+@pytest.fixture
+def folders(tmp_path):
+    return {v: str(write_adapter_dir(tmp_path / v)) for v in ("v1", "v2")}
+
+
+@pytest.fixture
+def replica():
+    server = serve_standin(version="0.32.0")
+    yield server
+    server.close()
+
+
+def _client(replica) -> VLLMClient:
+    return VLLMClient(replica.base_url, timeout=5)
+
+
+def test_a_reload_does_not_load_while_the_old_loads_requests_run(replica, folders, settings):
+    settings.SERVING_UNLOAD_SETTLE_SECONDS = 0.5
+    with _client(replica) as client:
+        assert ensure_loaded(client, "legal", folders["v1"], POLICY).ok
+        replica.metrics_text = _lora_info([("legal", time.time())])
+        started = time.monotonic()
+        outcome = ensure_loaded(client, "legal", folders["v2"], POLICY, known_version="0.32.0")
+    assert not outcome.ok
+    assert "still running" in outcome.error and "SERVING_UNLOAD_SETTLE_SECONDS" in outcome.error
+    assert time.monotonic() - started >= 0.5
+    paths = [path for _, path, _ in replica.requests]
+    unloaded_at = paths.index("/v1/unload_lora_adapter")
+    assert "/v1/load_lora_adapter" not in paths[unloaded_at:]  # not loaded again
+    assert "legal" not in replica.adapters
+    assert [p for p, _ in outcome.attempts].count("unload_settle") >= 2
+
+
+def test_a_reload_loads_once_the_name_is_idle(replica, folders, settings):
+    settings.SERVING_UNLOAD_SETTLE_SECONDS = 10
+    with _client(replica) as client:
+        assert ensure_loaded(client, "legal", folders["v1"], POLICY).ok
+        replica.metrics_text = _lora_info([("legal", 1.0)])
+
+        def idle_soon():
+            time.sleep(0.3)
+            replica.metrics_text = _lora_info([("legal", 1.0), ("", 2.0)])
+
+        threading.Thread(target=idle_soon).start()
+        outcome = ensure_loaded(client, "legal", folders["v2"], POLICY, known_version="0.32.0")
+    assert outcome.ok, outcome.error
+    assert replica.adapters["legal"] == folders["v2"]
+
+
+class _SlowUnloads:
+    """A client whose unloads take a while, noting how many overlap."""
+
+    def __init__(self, base_url: str):
+        self.base_url = base_url
+        self.at_once = 0
+        self.most = 0
+        self.lock = threading.Lock()
+
+    def unload_adapter(self, name):
+        with self.lock:
+            self.at_once += 1
+            self.most = max(self.most, self.at_once)
+        time.sleep(0.05)
+        with self.lock:
+            self.at_once -= 1
+        return _ok("")
+
+    def metrics(self):
+        return _metrics(_lora_info([("", 1.0)]))
+
+    def load_adapter(self, name, path):
+        return _ok("")
+
+
+def test_unloads_on_one_replica_go_one_at_a_time_whoever_asks():
+    client = _SlowUnloads("http://replica-one:8000")
+    other = _SlowUnloads("http://replica-two:8000")
+    calls = [
+        lambda: ensure_unloaded(client, "a", POLICY),
+        lambda: reload_adapter(client, "b", "/b", POLICY, ReplicaOutcome()),
+        lambda: ensure_unloaded(client, "c", POLICY),
+        lambda: ensure_unloaded(other, "a", POLICY),
+        lambda: ensure_unloaded(other, "b", POLICY),
+    ]
+    threads = [threading.Thread(target=call) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert client.most == 1 and other.most == 1
+
+
+def test_unloads_on_one_replica_are_paced(settings):
+    settings.SERVING_UNLOAD_PACE_SECONDS = 0.2
+    client = _SlowUnloads("http://replica-paced:8000")
+    started = time.monotonic()
+    for name in ("a", "b", "c"):
+        assert ensure_unloaded(client, name, POLICY).ok
+    assert time.monotonic() - started >= 0.4
