@@ -37,6 +37,7 @@ def fast_retries(settings):
 
 
 def start_server(architecture: str, model_dir, cases: int, log_dir) -> VLLMServer:
+    """Starts it; ServerPool.get waits until it is ready."""
     # Host cache sized for every case of the architecture: none is evicted
     # mid-comparison, so a verdict never depends on a re-read from disk.
     server = VLLMServer(
@@ -49,21 +50,83 @@ def start_server(architecture: str, model_dir, cases: int, log_dir) -> VLLMServe
         log_dir=log_dir,
     )
     server.start()
-    server.wait_ready(timeout=400)
     return server
 
 
-@pytest.fixture
-def server_for(tmp_path_factory) -> Iterator:
-    started: list[VLLMServer] = []
+@pytest.fixture(scope="session")
+def server_pool(request, tmp_path_factory) -> Iterator[ServerPool]:
+    # The architectures in the order this session runs them (pytest-randomly
+    # may have shuffled them), so the next ones' servers boot ahead.
+    order = [
+        item.callspec.params["architecture"]
+        for item in request.session.items
+        if item.originalname == "test_the_product_agrees_with_vllm_and_peft"
+        and hasattr(item, "callspec")
+    ]
+    pool = ServerPool(order, tmp_path_factory.mktemp("conformance-logs"))
+    yield pool
+    pool.stop_all()
 
-    def start(architecture: str, model_dir, cases: int) -> VLLMServer:
-        server = start_server(
-            architecture, model_dir, cases, tmp_path_factory.mktemp("conformance-logs")
-        )
-        started.append(server)
+
+class ServerPool:
+    """One vLLM server per architecture, the next ones booting while this one's
+    cases run. A boot is 47-86 s on the shared 2 cores, mostly the imports of
+    two processes, and it was ~75% of a cached run (438 of 598 s), while an
+    architecture's 8 cases take 15-25 s, most of it waiting on rollouts: so
+    AHEAD servers boot ahead, at most AHEAD + 1 are alive at once (about 1 GB
+    each), and each is stopped when its architecture is done. A server still
+    only ever serves its own architecture's verdicts and rollouts."""
+
+    AHEAD = 2
+
+    def __init__(self, order: list[str], log_dir) -> None:
+        self.order, self.log_dir = order, log_dir
+        self.specs: dict[str, tuple] = {}  # architecture: (model folder, cases)
+        self.servers: dict[str, VLLMServer] = {}
+
+    def know(self, models: dict, cases: dict) -> None:
+        for architecture, model_dir in models.items():
+            count = sum(1 for c in cases.values() if c.case.architecture == architecture)
+            self.specs[architecture] = (model_dir, count)
+
+    def _start(self, architecture: str) -> VLLMServer:
+        if architecture not in self.servers:
+            model_dir, count = self.specs[architecture]
+            self.servers[architecture] = start_server(architecture, model_dir, count, self.log_dir)
+        return self.servers[architecture]
+
+    def get(self, architecture: str) -> VLLMServer:
+        server = self._start(architecture)
+        if architecture in self.order:
+            following = self.order[self.order.index(architecture) + 1 :]
+            for ahead in following[: self.AHEAD]:
+                if ahead in self.specs:
+                    self._start(ahead)  # boots while this one's cases run
+        started = time.monotonic()
+        server.wait_ready(timeout=400)
+        waited = time.monotonic() - started
+        print(f"[conformance] {architecture}: waited {waited:.0f} s for its server")
         return server
 
-    yield start
-    for server in started:
-        server.stop()
+    def done(self, architecture: str) -> None:
+        server = self.servers.pop(architecture, None)
+        if server is not None:
+            server.stop()
+
+    def stop_all(self) -> None:
+        for architecture in list(self.servers):
+            self.done(architecture)
+
+
+@pytest.fixture
+def server_for(server_pool, generated) -> Iterator:
+    server_pool.know(*generated)
+    used: list[str] = []
+
+    def get(architecture: str) -> VLLMServer:
+        used.append(architecture)
+        return server_pool.get(architecture)
+
+    yield get
+    for architecture in used:
+        server_pool.done(architecture)
