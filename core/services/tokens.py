@@ -27,6 +27,18 @@ def hash_token_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+def token_lifetime_days(requested: int | None, default: int) -> int:
+    """The days a new token lives: `requested` or `default`, within API_TOKEN_MAX_DAYS
+    (API tokens and SCIM tokens alike)."""
+    days = requested or default
+    if not 1 <= days <= settings.API_TOKEN_MAX_DAYS:
+        raise ValidationFailed(
+            f"expires_in_days must be between 1 and {settings.API_TOKEN_MAX_DAYS}.",
+            code="bad_expiry",
+        )
+    return days
+
+
 def token_create(
     *,
     actor: Actor,
@@ -73,12 +85,7 @@ def token_mint(
         raise ValidationFailed("Name at least one ability.", code="bad_ability")
     if not name.strip():
         raise ValidationFailed("A token needs a name.", code="bad_name")
-    days = expires_in_days or settings.API_TOKEN_DEFAULT_DAYS
-    if not 1 <= days <= settings.API_TOKEN_MAX_DAYS:
-        raise ValidationFailed(
-            f"expires_in_days must be between 1 and {settings.API_TOKEN_MAX_DAYS}.",
-            code="bad_expiry",
-        )
+    days = token_lifetime_days(expires_in_days, settings.API_TOKEN_DEFAULT_DAYS)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with transaction.atomic():
         token = ApiToken.objects.create(

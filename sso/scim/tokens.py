@@ -5,7 +5,6 @@ the SCIM check never looks at API tokens or sessions."""
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,6 +17,7 @@ from core.access import require_platform_admin
 from core.actors import Actor
 from core.audit import audit_record
 from core.errors import Conflict, ValidationFailed
+from core.services.tokens import hash_token_secret, token_lifetime_days
 from sso.models import ScimToken
 
 SCIM_TOKEN_PREFIX = "lrs_"  # noqa: S105 - a public marker, not a secret
@@ -40,28 +40,19 @@ class ScimActor(Actor):
         return f"scim:{prefix} (created by {self.user.get_username()})"
 
 
-def _digest(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
 def scim_token_create(*, actor: Actor, name: str, expires_in_days: int | None = None):
     """A platform admin mints the provider's token. Returns (row, secret)."""
     require_platform_admin(actor)
     name = name.strip()
     if not name:
         raise ValidationFailed("A SCIM token needs a name.", code="bad_name")
-    days = expires_in_days or settings.SCIM_TOKEN_DEFAULT_DAYS
-    if not 1 <= days <= settings.API_TOKEN_MAX_DAYS:
-        raise ValidationFailed(
-            f"expires_in_days must be between 1 and {settings.API_TOKEN_MAX_DAYS}.",
-            code="bad_expiry",
-        )
+    days = token_lifetime_days(expires_in_days, settings.SCIM_TOKEN_DEFAULT_DAYS)
     secret = SCIM_TOKEN_PREFIX + secrets.token_urlsafe(32)
     with transaction.atomic():
         token = ScimToken.objects.create(
             name=name[:100],
             prefix=secret[: len(SCIM_TOKEN_PREFIX) + 8],
-            secret_sha256=_digest(secret),
+            secret_sha256=hash_token_secret(secret),
             created_by=actor.user,
             expires_at=timezone.now() + timedelta(days=days),
         )
@@ -94,7 +85,9 @@ def scim_token_authenticate(secret: str) -> ScimToken | None:
     if not secret.startswith(SCIM_TOKEN_PREFIX):
         return None
     token = (
-        ScimToken.objects.select_related("created_by").filter(secret_sha256=_digest(secret)).first()
+        ScimToken.objects.select_related("created_by")
+        .filter(secret_sha256=hash_token_secret(secret))
+        .first()
     )
     now = timezone.now()
     if token is None or token.revoked_at is not None or token.expires_at <= now:
