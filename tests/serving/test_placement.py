@@ -3,6 +3,7 @@ quiet period, rendezvous hashing's stability, room, and the churn budget."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -231,11 +232,12 @@ def test_placements_needed_counts_every_replica_for_an_unbounded_adapter():
     assert placements_needed(wishes, 4) == 4 + 1 + 2
 
 
-def test_500_adapters_on_16_replicas_are_placed_in_under_a_second():
-    import time
-
+def test_500_adapters_on_16_replicas_are_each_placed_twice_and_spread_evenly():
+    # How fast this is belongs to bench/placement.py (a timed unit test failed CI on a
+    # loaded machine); here: the shape of the answer at that size.
     wishes = [Wish(f"adapter-{i:04d}", max_replicas=2) for i in range(500)]
-    started = time.perf_counter()
     result = place(wishes, slots(16), settings=UNLIMITED, now=NOW, elapsed=10)
-    assert time.perf_counter() - started < 1.0
-    assert sum(len(s.replicas) for s in result.states.values()) == 1000
+    assert all(len(set(state.replicas)) == 2 for state in result.states.values())
+    per_replica = Counter(r for state in result.states.values() for r in state.replicas)
+    assert len(per_replica) == 16
+    assert max(per_replica.values()) - min(per_replica.values()) <= 0.5 * 1000 / 16

@@ -467,7 +467,7 @@ def test_the_longest_filter_allowed_is_answered_quickly(scim, settings):
         started = time.monotonic()
         response = scim.call("get", "Users", data={"filter": query})
         assert response.status_code == 200, response.content
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 5.0
         assert response.json()["totalResults"] == 1
 
 

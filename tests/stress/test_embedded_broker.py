@@ -119,7 +119,7 @@ def test_an_empty_poll_takes_no_lock_and_waits_for_no_writer(tmp_path):
         started = time.monotonic()
         with pytest.raises(Empty):
             channel._get("rollouts")
-        assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < 1.5  # below the 2 s busy timeout
         writer.execute("ROLLBACK")
 
         channel._put("rollouts", {"body": "one"})
