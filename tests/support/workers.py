@@ -14,3 +14,24 @@ def purge_queues(app) -> None:
     with app.connection_for_write() as connection:
         for name in queue_names(app):
             connection.default_channel.queue_purge(name)
+
+
+def wait_rollouts_succeeded(ids, *, timeout: float) -> None:
+    """Wait until every rollout in ids has ended, then require that each succeeded
+    (the failures name the adapter and its error)."""
+    import time
+
+    from serving.models import Rollout, RolloutStatus
+    from serving.transitions import ROLLOUT_TERMINAL
+
+    ids = list(ids)
+    deadline = time.monotonic() + timeout
+    while True:
+        statuses = dict(Rollout.objects.filter(pk__in=ids).values_list("pk", "status"))
+        waiting = sorted(s for s in statuses.values() if s not in ROLLOUT_TERMINAL)
+        if not waiting:
+            break
+        assert time.monotonic() < deadline, f"not finished after {timeout:.0f} s: {waiting}"
+        time.sleep(0.5)
+    failed = Rollout.objects.filter(pk__in=ids).exclude(status=RolloutStatus.SUCCEEDED)
+    assert not failed.exists(), [(r.adapter.served_name, r.error) for r in failed]

@@ -16,12 +16,13 @@ import time
 import pytest
 
 from serving.capacity import deployment_tiers
-from serving.models import Deployment, HttpAttempt, Rollout, RolloutStatus
+from serving.models import Deployment, HttpAttempt
 from serving.services.promotions import promotion_create
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version
 from tests.serving.vllm.conftest import SERVED_BASE, adapters_on
 from tests.support.adapters import AdapterSpec
+from tests.support.workers import wait_rollouts_succeeded
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db(transaction=True)]
 
@@ -33,22 +34,6 @@ def _promote(lena, deployment, version):
     promotion = promotion_create(actor=actor(lena), deployment=deployment, version=version)
     host_cache = next(c for c in promotion.gate_report if c["name"] == "host_cache")
     return promotion.rollouts.get(), host_cache
-
-
-def _wait_all(rollouts, timeout: float) -> None:
-    ids = [r.pk for r in rollouts]
-    deadline = time.monotonic() + timeout
-    terminal = {RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.ROLLED_BACK}
-    while True:
-        statuses = dict(Rollout.objects.filter(pk__in=ids).values_list("pk", "status"))
-        if all(s in terminal for s in statuses.values()):
-            break
-        if time.monotonic() > deadline:
-            waiting = sorted(s for s in statuses.values() if s not in terminal)
-            raise AssertionError(f"rollouts not finished after {timeout:.0f}s: {waiting}")
-        time.sleep(0.5)
-    failed = Rollout.objects.filter(pk__in=ids).exclude(status=RolloutStatus.SUCCEEDED)
-    assert not failed.exists(), [(r.adapter.served_name, r.error) for r in failed]
 
 
 def _completion_ms(client, model: str) -> float:
@@ -80,7 +65,7 @@ def test_sixty_adapters_over_max_cpu_loras_four_all_answer(
     # The host cache's worth first, so that the gate has loads to predict from.
     first = [_promote(lena, deployment, v) for v in versions[:4]]
     assert all(check["ok"] for _, check in first), [c for _, c in first]
-    _wait_all([r for r, _ in first], timeout=120)
+    wait_rollouts_succeeded([r.pk for r, _ in first], timeout=120)
     rest = [_promote(lena, deployment, v) for v in versions[4:]]
     # Above max_cpu_loras the gate passes, with the cost in words.
     fifth = rest[0][1]
@@ -90,7 +75,7 @@ def test_sixty_adapters_over_max_cpu_loras_four_all_answer(
     assert "from the 8 most recent successful loads" in fifth["message"]
     # Promotions in a burst count each other's rollouts still under way.
     assert f"{ADAPTERS} adapters registered" in rest[-1][1]["message"]
-    _wait_all([r for r, _ in rest], timeout=240)
+    wait_rollouts_succeeded([r.pk for r, _ in rest], timeout=240)
     promoted_at = time.monotonic()
 
     names = [v.adapter.served_name for v in versions]

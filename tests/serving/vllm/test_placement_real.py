@@ -11,13 +11,12 @@ for adapters without bounds (tests/serving/vllm/test_many_adapters_real.py)."""
 from __future__ import annotations
 
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
-from serving.models import Deployment, Rollout, RolloutStatus, ServedAdapter
+from serving.models import Deployment, ServedAdapter
 from serving.placement import State
 from serving.services.promotions import promotion_create
 from serving.services.reconcile import reconcile_deployment
@@ -27,6 +26,7 @@ from tests.serving.vllm.conftest import adapters_on, ok
 from tests.support.adapters import AdapterSpec
 from tests.support.haproxy import haproxy_available, running_haproxy, vllm_404s
 from tests.support.vllm_servers import free_port
+from tests.support.workers import wait_rollouts_succeeded
 
 pytestmark = [
     pytest.mark.vllm,
@@ -38,19 +38,6 @@ pytestmark = [
 ]
 
 ADAPTERS = 40
-
-
-def _wait_all(ids: list[int], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    terminal = {RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.ROLLED_BACK}
-    while True:
-        statuses = dict(Rollout.objects.filter(pk__in=ids).values_list("pk", "status"))
-        if all(s in terminal for s in statuses.values()):
-            break
-        assert time.monotonic() < deadline, f"rollouts not finished after {timeout:.0f} s"
-        time.sleep(0.5)
-    failed = Rollout.objects.filter(pk__in=ids).exclude(status=RolloutStatus.SUCCEEDED)
-    assert not failed.exists(), [(r.adapter.served_name, r.error) for r in failed]
 
 
 def test_forty_adapters_each_on_one_of_two_replicas_all_answer_through_the_front_door(
@@ -93,7 +80,7 @@ def test_forty_adapters_each_on_one_of_two_replicas_all_answer_through_the_front
             host = next(c for c in promotion.gate_report if c["name"] == "host_cache")
             assert host["ok"], host  # 2 x placement_capacity 20 = 40 placements: room
             rollouts.append(promotion.rollouts.get().pk)
-        _wait_all(rollouts, timeout=900)
+        wait_rollouts_succeeded(rollouts, timeout=900)
         reconcile_deployment(deployment.pk, "test")  # and the front door follows it
 
         # Each adapter on exactly one replica, 20 each: placement, not every replica.
