@@ -14,6 +14,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from serving.models import ReplicaHealth
+from serving.sync_state import SyncState, classify
+
+
+def _health(replica: ReplicaView) -> str:
+    return ReplicaHealth.DOWN if replica.down else ReplicaHealth.UP
+
 
 class ServerState(enum.StrEnum):
     READY = "ready"  # gets new requests
@@ -115,7 +122,8 @@ def routing_table(
             states={
                 server_name(r.id): (
                     ServerState.READY
-                    if not r.down and r.loaded.get(adapter.name) == adapter.path
+                    if classify(adapter.path, r.loaded.get(adapter.name), _health(r))
+                    == SyncState.IN_SYNC
                     else ServerState.MAINT
                 )
                 for r in replicas

@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from serving.gateway.routing import ReplicaView, RoutingTable, ServedView, routing_table
 from serving.models import Deployment, Replica, ReplicaHealth, ServedAdapter
+from serving.sync_state import loaded_from
 
 
 def routing_table_for(deployment: Deployment) -> RoutingTable:
@@ -15,11 +16,7 @@ def routing_table_for(deployment: Deployment) -> RoutingTable:
             id=row["pk"],
             base_url=row["base_url"],
             down=row["health"] == ReplicaHealth.DOWN,
-            loaded={
-                item.get("id"): item.get("root")
-                for item in row["loaded_adapters"] or []
-                if item.get("id")
-            },
+            loaded=loaded_from(row["loaded_adapters"] or []),
         )
         for row in Replica.objects.filter(deployment=deployment, active=True).values(
             "pk", "base_url", "health", "loaded_adapters"

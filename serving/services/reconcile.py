@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db.models import F, Max
+from django.db.models import F
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -41,7 +41,6 @@ from serving.fanout import (
 from serving.gateway.services import gateway_drain_each
 from serving.models import (
     Deployment,
-    DriftEvent,
     DriftKind,
     Replica,
     ReplicaRollout,
@@ -63,6 +62,7 @@ from serving.replica_facts import base_card_facts
 from serving.replica_facts import disputes as fact_disputes
 from serving.replica_rows import health_changes, replicas_sync
 from serving.services.attempts import attempts_record, attempts_record_all
+from serving.services.drifts import DriftRecorder
 from serving.services.fingerprints import (
     fingerprint_check,
     fingerprint_probe_annotation,
@@ -250,69 +250,6 @@ def _job_for(tick: _Tick, name: str, served: ServedAdapter, loaded: dict) -> _Jo
     return _Job(tick, name, kind, actual or "", served)
 
 
-class _Drifts:
-    """Drift found during a tick, written at its end in a few statements: an
-    event equal to the latest one of the same replica and adapter (same kind,
-    paths and detail) is that event seen again, so it is counted, not repeated.
-    The one recorder of DriftEvents."""
-
-    def __init__(self, deployment: Deployment):
-        self.deployment = deployment
-        self.pending: list[DriftEvent] = []
-
-    def add(self, replica, kind, adapter_name="", expected="", actual="", detail="") -> None:
-        self.pending.append(
-            DriftEvent(
-                deployment=self.deployment,
-                replica=replica,
-                kind=kind,
-                adapter_name=adapter_name,
-                expected_root=expected or "",
-                actual_root=actual or "",
-                detail=(detail or "")[:4000],
-            )
-        )
-        logger.info("drift %s on %s: %s %s", kind, replica.base_url, adapter_name, detail)
-
-    def flush(self, now) -> None:
-        if not self.pending:
-            return
-        replica_ids = {e.replica_id for e in self.pending}
-        names = {e.adapter_name for e in self.pending}
-        latest_ids = (
-            DriftEvent.objects.filter(replica_id__in=replica_ids, adapter_name__in=names)
-            .values("replica_id", "adapter_name")
-            .annotate(last=Max("pk"))
-            .values("last")
-        )
-        latest = {
-            (e.replica_id, e.adapter_name): e
-            for e in DriftEvent.objects.filter(pk__in=latest_ids).only(
-                "replica_id", "adapter_name", "kind", "expected_root", "actual_root", "detail"
-            )
-        }
-        repeated, new = [], []
-        for event in self.pending:
-            last = latest.get((event.replica_id, event.adapter_name))
-            same = last is not None and (
-                last.kind,
-                last.expected_root,
-                last.actual_root,
-                last.detail,
-            ) == (event.kind, event.expected_root, event.actual_root, event.detail)
-            if same:
-                repeated.append(last.pk)
-            else:
-                event.last_seen_at = now
-                new.append(event)
-        if repeated:
-            DriftEvent.objects.filter(pk__in=repeated).update(
-                count=F("count") + 1, last_seen_at=now
-            )
-        if new:
-            DriftEvent.objects.bulk_create(new)
-
-
 class _Keeper:
     """Keeps the deployment's claim and the claimed adapters' claims alive while
     repairs run (hundreds of loads take longer than a claim lasts)."""
@@ -353,7 +290,7 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
         .annotate(fingerprint_probe=fingerprint_probe_annotation())
     }
     keeper = _Keeper(heartbeat, worker)
-    drifts = _Drifts(deployment)
+    drifts = DriftRecorder(deployment)
 
     observations = on_replicas(
         deployment, replicas, _observe, limit=32, tick=keeper.beat, interval=_beat_seconds()
@@ -381,7 +318,7 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
         ticks.append(tick)
         if not outcome.ok:
             report.replicas_down += 1
-            # Every tick while down: the same event, counted (see _Drifts).
+            # Every tick while down: the same event, counted (see DriftRecorder).
             drifts.add(replica, DriftKind.REPLICA_DOWN, detail=outcome.error)
             continue
         report.replicas_up += 1
@@ -410,7 +347,7 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
     _write(ticks, drifts, now, report)
 
 
-def _plan(deployment, tick: _Tick, desired: dict, drifts: _Drifts) -> None:
+def _plan(deployment, tick: _Tick, desired: dict, drifts: DriftRecorder) -> None:
     """Which repairs the replica needs, from its listing alone (no I/O)."""
     replica, loaded = tick.replica, tick.snapshot
     for name, served in desired.items():
@@ -733,7 +670,7 @@ def _repair_weights(deployment, client, job: _Job) -> None:
     outcome.succeed()
 
 
-def _record(deployment, job: _Job, drifts: _Drifts, report: ReconcileReport) -> None:
+def _record(deployment, job: _Job, drifts: DriftRecorder, report: ReconcileReport) -> None:
     replica, served = job.replica, job.served
     expected = served.served_path if served is not None else ""
     snapshot = job.tick.snapshot
@@ -777,7 +714,7 @@ def _record(deployment, job: _Job, drifts: _Drifts, report: ReconcileReport) -> 
         report.repairs.append(f"{replica.base_url}: {job.kind} {job.name}")
 
 
-def _record_weights(job: _Job, drifts: _Drifts, report: ReconcileReport) -> None:
+def _record_weights(job: _Job, drifts: DriftRecorder, report: ReconcileReport) -> None:
     replica, path = job.replica, job.served.served_path
     job.tick.drifted = True
     if job.resolved:
@@ -863,7 +800,7 @@ def _complete_deferred(deployment, replica, desired, snapshot, report) -> None:
             ReplicaRollout.objects.filter(pk=step.pk).update(error=error[:2000])
 
 
-def _write(ticks: list[_Tick], drifts: _Drifts, now, report: ReconcileReport) -> None:
+def _write(ticks: list[_Tick], drifts: DriftRecorder, now, report: ReconcileReport) -> None:
     """The tick's writes. A replica up, in sync and as recorded costs nothing of
     its own: all of them share one UPDATE that counts the poll. Others get their
     row written, and their poll's attempts stored."""

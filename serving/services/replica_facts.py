@@ -5,8 +5,9 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from serving.models import Deployment, DriftEvent, DriftKind, Replica
+from serving.models import Deployment, DriftKind, Replica
 from serving.replica_facts import disputes
+from serving.services.drifts import DriftRecorder
 
 
 def replica_max_lora_report(deployment: Deployment, replica: Replica, max_lora: int) -> bool:
@@ -16,18 +17,11 @@ def replica_max_lora_report(deployment: Deployment, replica: Replica, max_lora: 
     if facts.get("max_lora") == max_lora:
         return False
     replica.reported_facts = {**facts, "max_lora": max_lora}
-    now = timezone.now()
+    drifts = DriftRecorder(deployment)
     with transaction.atomic():
         Replica.objects.filter(pk=replica.pk).update(reported_facts=replica.reported_facts)
-        found = [d for d in disputes(deployment, [replica]) if d.fact == "max_loras"]
-        DriftEvent.objects.bulk_create(
-            DriftEvent(
-                deployment=deployment,
-                replica=replica,
-                kind=DriftKind.FACT_DISPUTED,
-                detail=d.message[:4000],
-                last_seen_at=now,
-            )
-            for d in found
-        )
+        for dispute in disputes(deployment, [replica]):
+            if dispute.fact == "max_loras":
+                drifts.add(replica, DriftKind.FACT_DISPUTED, detail=dispute.message)
+        drifts.flush(timezone.now())
     return True

@@ -110,3 +110,17 @@ def test_register_local_deployment_reads_the_facts_from_the_live_replica(root, t
         replica.close()
     deployment = Deployment.objects.get(name="local-cpu")
     assert (deployment.base_model_name, deployment.max_loras) == ("tiny-llama", 3)
+
+def test_a_dispute_reported_again_is_the_same_drift_event_counted(deployment, fake_replicas):
+    # Through the one drift recorder (serving.services.drifts): a replica whose
+    # max_lora flips away and back to the disputed value is one event, seen twice.
+    from serving.services.replica_facts import replica_max_lora_report
+
+    reconcile_deployment(deployment.pk, "beat")
+    replica = Replica.objects.filter(deployment=deployment).first()
+    assert replica_max_lora_report(deployment, replica, 4)
+    assert replica_max_lora_report(deployment, replica, 2)  # agrees again: no event
+    assert replica_max_lora_report(deployment, replica, 4)
+
+    event = DriftEvent.objects.get(kind=DriftKind.FACT_DISPUTED)
+    assert (event.replica_id, event.count) == (replica.pk, 2)
