@@ -111,6 +111,7 @@ def test_register_local_deployment_reads_the_facts_from_the_live_replica(root, t
     deployment = Deployment.objects.get(name="local-cpu")
     assert (deployment.base_model_name, deployment.max_loras) == ("tiny-llama", 3)
 
+
 def test_a_dispute_reported_again_is_the_same_drift_event_counted(deployment, fake_replicas):
     # Through the one drift recorder (serving.services.drifts): a replica whose
     # max_lora flips away and back to the disputed value is one event, seen twice.
