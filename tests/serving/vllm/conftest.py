@@ -1,6 +1,7 @@
 """The real-vLLM tier: two real vLLM servers (CPU, tiny generated model) shared
-by every test here, a real Celery worker on the configured broker for each
-test, and the people of tests/conftest.py driving the REST API.
+by every test here (or one, vllm_server, for a module that needs no second), a
+real Celery worker on the configured broker for each test, and the people of
+tests/conftest.py driving the REST API.
 
 The worker runs in this process (threads), so tests that use it are
 `django_db(transaction=True)`: its threads have their own database
@@ -22,6 +23,7 @@ from celery.contrib.testing.worker import start_worker
 from django.db import connections
 from rest_framework.test import APIClient
 
+from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
 from serving.vllm_client import model_cards
 from tests.support.adapters import AdapterSpec, adapter_tar_gz
 from tests.support.vllm_servers import (
@@ -52,10 +54,34 @@ def tiny_model() -> Path:
 def vllm_servers(tiny_model, tmp_path_factory) -> Iterator[list[VLLMServer]]:
     """Two replicas, booted in parallel once for this tier and stopped after it
     (not at the end of the whole suite: 1.3 GB and some CPU while idle)."""
+    servers = boot(["replica-a", "replica-b"], tiny_model, tmp_path_factory)
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model, tmp_path_factory) -> Iterator[VLLMServer]:
+    """One replica, for a module whose tests need no second: run alone, it boots
+    one server instead of the tier's two (the machine has two cores). Stopped at
+    the module's end, before the next module boots the pair. Starts with no
+    runtime adapters (a fresh server)."""
+    (server,) = boot(["replica-solo"], tiny_model, tmp_path_factory)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def boot(names: list[str], tiny_model: Path, tmp_path_factory) -> list[VLLMServer]:
+    """Real servers of the tiny model, as every test of this tier configures them,
+    booted in parallel."""
     started = time.monotonic()
     servers = start_servers(
-        2,
-        names=["replica-a", "replica-b"],
+        len(names),
+        names=names,
         model_dir=tiny_model,
         served_name=SERVED_BASE,
         max_loras=2,
@@ -64,12 +90,8 @@ def vllm_servers(tiny_model, tmp_path_factory) -> Iterator[list[VLLMServer]]:
         log_dir=tmp_path_factory.mktemp("vllm-logs"),
         timeout=300,
     )
-    print(f"\n[vllm] two servers ready in {time.monotonic() - started:.1f}s")
-    try:
-        yield servers
-    finally:
-        for server in servers:
-            server.stop()
+    print(f"\n[vllm] {len(names)} server(s) ready in {time.monotonic() - started:.1f}s")
+    return servers
 
 
 def adapters_on(server: VLLMServer) -> dict[str, str | None]:
@@ -282,6 +304,17 @@ def chat_through_openai(base_url: str, model: str) -> str:
     )
     assert response.model == model
     return response.choices[0].message.content or ""
+
+
+def probe(server: VLLMServer, model: str) -> Probe:
+    """The greedy log-probabilities of `model` on a real server (serving.probe)."""
+    # Generous: the first completion after boot warms the engine up, on shared cores.
+    with server.client(timeout=240) as client:
+        answer = client.probe(model, prompt=PROBE_PROMPT, max_tokens=PROBE_TOKENS)
+    assert answer.ok, answer.error
+    result = Probe.from_body(answer.body)
+    assert result is not None, answer.body
+    return result
 
 
 def wait_until(condition, timeout: float, interval: float = 0.25, message: str = "") -> float:

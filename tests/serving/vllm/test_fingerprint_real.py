@@ -16,7 +16,7 @@ from django.conf import settings
 from safetensors.numpy import save as save_safetensors
 
 from serving.models import DriftEvent, VersionFingerprint
-from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect, matches
+from serving.probe import Probe, has_no_effect, matches
 from serving.services.promotions import promotion_create
 from serving.services.reconcile import reconcile_deployment
 from serving.services.rollout_engine import rollout_execute
@@ -25,19 +25,9 @@ from tests.factories import make_adapter, make_approved_version
 from tests.serving.conftest import make_deployment
 from tests.support.adapters import AdapterSpec, write_adapter_dir
 
-from .conftest import SERVED_BASE
+from .conftest import SERVED_BASE, probe
 
 pytestmark = pytest.mark.vllm
-
-
-def probe(server, model: str) -> Probe:
-    # Generous: the first completion after boot warms the engine up, on shared cores.
-    with server.client(timeout=240) as client:
-        answer = client.probe(model, prompt=PROBE_PROMPT, max_tokens=PROBE_TOKENS)
-    assert answer.ok, answer.error
-    result = Probe.from_body(answer.body)
-    assert result is not None, answer.body
-    return result
 
 
 def load(server, name: str, path) -> None:
