@@ -125,3 +125,28 @@ def test_a_dispute_reported_again_is_the_same_drift_event_counted(deployment, fa
 
     event = DriftEvent.objects.get(kind=DriftKind.FACT_DISPUTED)
     assert (event.replica_id, event.count) == (replica.pk, 2)
+
+
+def test_a_load_refused_for_its_rank_disputes_the_recorded_max_lora_rank(
+    root, lena, deployment, fake_replicas, approved_v1, approved_v2
+):
+    from serving.services.rollout_engine import rollout_execute
+
+    fake_replicas[1].max_lora_rank = 4  # started with --max-lora-rank 4; recorded 16
+    promotion = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
+    assert rollout_execute(promotion.rollouts.get().pk, "w") == "rolled_back"  # rank 8 > 4
+
+    event = DriftEvent.objects.get(kind=DriftKind.FACT_DISPUTED)
+    assert event.replica.base_url == fake_replicas[1].base_url
+    assert "max_lora_rank 4" in event.detail and "records 16" in event.detail
+    with pytest.raises(Conflict) as refused:
+        promotion_create(actor=actor(lena), deployment=deployment, version=approved_v2)
+    assert refused.value.code == "replica_facts_disputed"
+    assert "--max-lora-rank 16" in str(refused.value)
+
+    # Resolved by the admin: the record says 4, and the gate now refuses rank 8 itself.
+    response = _api(root).patch(
+        f"/api/v1/deployments/{deployment.name}/", {"max_lora_rank": 4}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["fact_disputes"] == []
