@@ -6,7 +6,7 @@ replica; a record typed wrong (a server started with --max-loras 4 recorded as
 8, another model behind the same served name) makes every check built on it
 wrong. Reconcile reads the base model from what it already fetches every tick
 (/v1/models' base card); observability, which reads /metrics after every
-reconcile, reports the max_lora label (serving.services.replica_facts); a load
+reconcile, reports the max_lora label (serving.services.reported_facts); a load
 vLLM refuses for its rank names the server's max_lora_rank. max_cpu_loras is not
 readable from vLLM 0.32 at all. Promotions are refused while a replica disputes
 the record (serving.services.promotions).

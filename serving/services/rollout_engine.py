@@ -65,7 +65,7 @@ from serving.services.leases import (
     served_adapter_release,
 )
 from serving.services.placements import placement_targets
-from serving.services.replica_facts import replica_load_refusals_report
+from serving.services.reported_facts import replica_load_refusals_report
 from serving.signals import served_version_changed
 from serving.sync_state import as_listing, loaded_adapters
 from serving.transitions import (

@@ -89,7 +89,7 @@ def test_the_same_facts_are_not_written_again(deployment, fake_replicas, django_
     report = reconcile_deployment(deployment.pk, "beat")
     vllm_metrics_observe(deployment, report.up)
     replicas = list(Replica.objects.all())
-    from serving.services.replica_facts import replica_max_lora_report
+    from serving.services.reported_facts import replica_max_lora_report
 
     with django_assert_num_queries(0):
         for replica in replicas:
@@ -115,7 +115,7 @@ def test_register_local_deployment_reads_the_facts_from_the_live_replica(root, t
 def test_a_dispute_reported_again_is_the_same_drift_event_counted(deployment, fake_replicas):
     # Through the one drift recorder (serving.services.drifts): a replica whose
     # max_lora flips away and back to the disputed value is one event, seen twice.
-    from serving.services.replica_facts import replica_max_lora_report
+    from serving.services.reported_facts import replica_max_lora_report
 
     reconcile_deployment(deployment.pk, "beat")
     replica = Replica.objects.filter(deployment=deployment).first()
@@ -139,6 +139,7 @@ def test_a_load_refused_for_its_rank_disputes_the_recorded_max_lora_rank(
     event = DriftEvent.objects.get(kind=DriftKind.FACT_DISPUTED)
     assert event.replica.base_url == fake_replicas[1].base_url
     assert "max_lora_rank 4" in event.detail and "records 16" in event.detail
+    reconcile_deployment(deployment.pk, "beat")  # the listing's facts do not erase it
     with pytest.raises(Conflict) as refused:
         promotion_create(actor=actor(lena), deployment=deployment, version=approved_v2)
     assert refused.value.code == "replica_facts_disputed"
