@@ -39,7 +39,7 @@ from serving.models import Deployment, HttpAttempt, Replica, ReplicaHealth
 from serving.replica_calls import ReplicaOutcome
 from serving.services.attempts import attempts_record_all
 from serving.services.placements import replica_demand_report
-from serving.services.replica_facts import replica_max_lora_report
+from serving.services.reported_facts import replica_max_lora_report
 
 logger = logging.getLogger(__name__)
 

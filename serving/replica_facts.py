@@ -6,12 +6,15 @@ replica; a record typed wrong (a server started with --max-loras 4 recorded as
 8, another model behind the same served name) makes every check built on it
 wrong. Reconcile reads the base model from what it already fetches every tick
 (/v1/models' base card); observability, which reads /metrics after every
-reconcile, reports the max_lora label (serving.services.replica_facts). Promotions
-are refused while a replica disputes the record (serving.services.promotions).
+reconcile, reports the max_lora label (serving.services.reported_facts); a load
+vLLM refuses for its rank names the server's max_lora_rank. max_cpu_loras is not
+readable from vLLM 0.32 at all. Promotions are refused while a replica disputes
+the record (serving.services.promotions).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,6 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from serving.vllm_client import AttemptResult, ModelCard
 
 LORA_INFO = "vllm:lora_requests_info"
+# vLLM's refusal of a load whose rank is above the server's --max-lora-rank
+# ("LoRA rank 64 is greater than max_lora_rank 16."): the only place vLLM 0.32
+# tells its max_lora_rank (neither /metrics nor any endpoint shows it).
+_RANK_REFUSAL = re.compile(r"LoRA rank (\d{1,6}) is greater than max_lora_rank (\d{1,6})")
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,12 @@ def max_lora_from_metrics(result: AttemptResult) -> int | None:
     except ValueError:
         return None
     return None
+
+
+def max_lora_rank_from_refusal(error: str) -> int | None:
+    """The server's max_lora_rank named by a refused load's error; None otherwise."""
+    found = _RANK_REFUSAL.search((error or "")[:4000])
+    return int(found.group(2)) if found else None
 
 
 def lora_activity_from_metrics(result: AttemptResult) -> tuple[float, set[str]] | None:
@@ -136,6 +149,18 @@ def disputes(deployment, replicas) -> list[FactDispute]:
                     max_lora,
                     f"Set the deployment's max_loras to {max_lora}, or restart the replica "
                     f"with --max-loras {deployment.max_loras}.",
+                )
+            )
+        max_lora_rank = facts.get("max_lora_rank")
+        if max_lora_rank is not None and max_lora_rank != deployment.max_lora_rank:
+            found.append(
+                FactDispute(
+                    replica.base_url,
+                    "max_lora_rank",
+                    deployment.max_lora_rank,
+                    max_lora_rank,
+                    f"Set the deployment's max_lora_rank to {max_lora_rank}, or restart the "
+                    f"replica with --max-lora-rank {deployment.max_lora_rank}.",
                 )
             )
     return found

@@ -92,6 +92,8 @@ from serving.vllm_client import model_cards, server_version
 from serving.volume import StagingError, stage_versions
 
 logger = logging.getLogger(__name__)
+# Facts a replica reports outside the listing this tick reads (kept across ticks).
+REPORTED_ELSEWHERE = ("max_lora", "max_lora_rank")
 
 # Not a drift: a served version without a fingerprint gets one recorded.
 RECORD_FINGERPRINT = "record_fingerprint"
@@ -304,11 +306,12 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
         )
         tick = _Tick(replica, outcome, changes, flipped)
         if outcome.ok:
-            # max_lora comes from /metrics, read after the reconcile by observability
-            # (serving.services.replica_facts); a replica back from down may have
-            # restarted with other flags, so it is unknown until read again.
+            # max_lora comes from /metrics, read after the reconcile by observability,
+            # and max_lora_rank from a refused load (serving.services.reported_facts);
+            # a replica back from down may have restarted with other flags, so they
+            # are unknown until read again.
             kept = {} if flipped else replica.reported_facts or {}
-            facts = {**{k: v for k, v in kept.items() if k == "max_lora"}, **facts}
+            facts = {**{k: v for k, v in kept.items() if k in REPORTED_ELSEWHERE}, **facts}
         if outcome.ok and facts != (replica.reported_facts or {}):
             # Written only when they change: an in-sync tick stays write-free.
             changes["reported_facts"] = replica.reported_facts = facts

@@ -65,6 +65,7 @@ from serving.services.leases import (
     served_adapter_release,
 )
 from serving.services.placements import placement_targets
+from serving.services.reported_facts import replica_load_refusals_report
 from serving.signals import served_version_changed
 from serving.sync_state import as_listing, loaded_adapters
 from serving.transitions import (
@@ -434,6 +435,9 @@ def _failed(ctx: _Context, steps, outcomes: dict[int, ReplicaOutcome], phase: st
     if not errors:
         return False
     _set_steps([s for s in steps if s.replica_id in errors], ReplicaStepStatus.FAILED, errors)
+    if phase == "load":  # a refusal may name a fact the record has wrong
+        by_pk = {r.pk: r for r in ctx.replicas}
+        replica_load_refusals_report(ctx.deployment, {by_pk[pk]: e for pk, e in errors.items()})
     by_url = {r.pk: r.base_url for r in ctx.replicas}
     summary = "; ".join(f"{by_url[pk]}: {message}" for pk, message in errors.items())
     _rollback_everywhere(ctx, f"{phase.capitalize()} failed on {len(errors)} replica(s): {summary}")

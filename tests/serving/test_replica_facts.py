@@ -89,7 +89,7 @@ def test_the_same_facts_are_not_written_again(deployment, fake_replicas, django_
     report = reconcile_deployment(deployment.pk, "beat")
     vllm_metrics_observe(deployment, report.up)
     replicas = list(Replica.objects.all())
-    from serving.services.replica_facts import replica_max_lora_report
+    from serving.services.reported_facts import replica_max_lora_report
 
     with django_assert_num_queries(0):
         for replica in replicas:
@@ -115,7 +115,7 @@ def test_register_local_deployment_reads_the_facts_from_the_live_replica(root, t
 def test_a_dispute_reported_again_is_the_same_drift_event_counted(deployment, fake_replicas):
     # Through the one drift recorder (serving.services.drifts): a replica whose
     # max_lora flips away and back to the disputed value is one event, seen twice.
-    from serving.services.replica_facts import replica_max_lora_report
+    from serving.services.reported_facts import replica_max_lora_report
 
     reconcile_deployment(deployment.pk, "beat")
     replica = Replica.objects.filter(deployment=deployment).first()
@@ -125,3 +125,29 @@ def test_a_dispute_reported_again_is_the_same_drift_event_counted(deployment, fa
 
     event = DriftEvent.objects.get(kind=DriftKind.FACT_DISPUTED)
     assert (event.replica_id, event.count) == (replica.pk, 2)
+
+
+def test_a_load_refused_for_its_rank_disputes_the_recorded_max_lora_rank(
+    root, lena, deployment, fake_replicas, approved_v1, approved_v2
+):
+    from serving.services.rollout_engine import rollout_execute
+
+    fake_replicas[1].max_lora_rank = 4  # started with --max-lora-rank 4; recorded 16
+    promotion = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
+    assert rollout_execute(promotion.rollouts.get().pk, "w") == "rolled_back"  # rank 8 > 4
+
+    event = DriftEvent.objects.get(kind=DriftKind.FACT_DISPUTED)
+    assert event.replica.base_url == fake_replicas[1].base_url
+    assert "max_lora_rank 4" in event.detail and "records 16" in event.detail
+    reconcile_deployment(deployment.pk, "beat")  # the listing's facts do not erase it
+    with pytest.raises(Conflict) as refused:
+        promotion_create(actor=actor(lena), deployment=deployment, version=approved_v2)
+    assert refused.value.code == "replica_facts_disputed"
+    assert "--max-lora-rank 16" in str(refused.value)
+
+    # Resolved by the admin: the record says 4, and the gate now refuses rank 8 itself.
+    response = _api(root).patch(
+        f"/api/v1/deployments/{deployment.name}/", {"max_lora_rank": 4}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["fact_disputes"] == []

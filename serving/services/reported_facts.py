@@ -6,22 +6,35 @@ from django.db import transaction
 from django.utils import timezone
 
 from serving.models import Deployment, DriftKind, Replica
-from serving.replica_facts import disputes
+from serving.replica_facts import disputes, max_lora_rank_from_refusal
 from serving.services.drifts import DriftRecorder
 
 
 def replica_max_lora_report(deployment: Deployment, replica: Replica, max_lora: int) -> bool:
     """Records the max_lora a replica's /metrics shows; returns whether it changed.
     Unchanged costs nothing; a change that disputes the record is a drift."""
+    return _report(deployment, replica, "max_lora", max_lora, disputed_as="max_loras")
+
+
+def replica_load_refusals_report(deployment: Deployment, errors: dict[Replica, str]) -> None:
+    """Loads a replica refused: where the error names the server's max_lora_rank
+    (a rank above it), that is a fact the replica reports."""
+    for replica, error in errors.items():
+        rank = max_lora_rank_from_refusal(error)
+        if rank is not None:
+            _report(deployment, replica, "max_lora_rank", rank, disputed_as="max_lora_rank")
+
+
+def _report(deployment, replica, fact: str, value, *, disputed_as: str) -> bool:
     facts = replica.reported_facts or {}
-    if facts.get("max_lora") == max_lora:
+    if facts.get(fact) == value:
         return False
-    replica.reported_facts = {**facts, "max_lora": max_lora}
+    replica.reported_facts = {**facts, fact: value}
     drifts = DriftRecorder(deployment)
     with transaction.atomic():
         Replica.objects.filter(pk=replica.pk).update(reported_facts=replica.reported_facts)
         for dispute in disputes(deployment, [replica]):
-            if dispute.fact == "max_loras":
+            if dispute.fact == disputed_as:
                 drifts.add(replica, DriftKind.FACT_DISPUTED, detail=dispute.message)
         drifts.flush(timezone.now())
     return True
