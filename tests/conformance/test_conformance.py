@@ -270,31 +270,8 @@ def the_record_is_checked_against_the_replica(deployment, cases, people, server,
     assert 'data-testid="fact-dispute"' in page and "--max-loras 1" in page
 
     default = cases[f"{matrix.QUICK_ARCHITECTURE}-default"]
-    adapter = ok(
-        member.post(
-            "/api/v1/adapters/",
-            {
-                "department": "legal",
-                "name": "facts-check",
-                "base_model": "conformance/llama",
-                "served_name": "facts-check",
-            },
-            format="json",
-        ),
-        201,
-    )
-    version = ok(
-        member.post(
-            f"/api/v1/adapters/{adapter['id']}/versions/",
-            {"files": [_archive(default.adapter)]},
-            format="multipart",
-        ),
-        201,
-    )
-    url = f"/api/v1/versions/{version['id']}"
-    ok(member.post(f"{url}/submit/"))
-    ok(approver.post(f"{url}/approve/", {"comment": "ok"}, format="json"))
-    body = {"deployment": record.name, "version": version["id"]}
+    version = _approved(member, approver, "facts-check", default.adapter)
+    body = {"deployment": record.name, "version": version}
     refused = member.post("/api/v1/promotions/", body, format="json")
     assert refused.status_code == 409, refused.content
     assert refused.json()["error"]["code"] == "replica_facts_disputed"
@@ -309,3 +286,48 @@ def the_record_is_checked_against_the_replica(deployment, cases, people, server,
     # (tests/serving/test_replica_facts.py); a record edited into dispute shows in
     # fact_disputes and on the page, as above.
     assert not DriftEvent.objects.filter(deployment=record, kind=DriftKind.FACT_DISPUTED).exists()
+
+    # max_lora_rank, which vLLM 0.32 shows only in a refused load: the record says
+    # 32 for a server started with --max-lora-rank 16, so the gate lets a rank-32
+    # adapter through, vLLM refuses it, and the refusal is the replica's report.
+    ok(admin.patch(f"/api/v1/deployments/{record.name}/", {"max_lora_rank": 32}, format="json"))
+    above = cases[f"{matrix.QUICK_ARCHITECTURE}-rank32"]
+    rank32 = {
+        "deployment": record.name,
+        "version": _approved(member, approver, "rank-check", above.adapter),
+    }
+    promoted = member.post("/api/v1/promotions/", rank32, format="json")
+    assert promoted.status_code == 201, promoted.content
+    assert _wait_rollout(admin, promoted.json()["rollout"])["status"] == "rolled_back"
+    assert Replica.objects.get(pk=replica.pk).reported_facts["max_lora_rank"] == 16
+    event = DriftEvent.objects.get(deployment=record, kind=DriftKind.FACT_DISPUTED)
+    assert "max_lora_rank 16" in event.detail and "records 32" in event.detail
+    refused = member.post("/api/v1/promotions/", rank32, format="json")
+    assert refused.status_code == 409 and "max_lora_rank" in refused.json()["error"]["message"]
+    ok(admin.patch(f"/api/v1/deployments/{record.name}/", {"max_lora_rank": 16}, format="json"))
+    assert ok(admin.get(f"/api/v1/deployments/{record.name}/"))["fact_disputes"] == []
+
+
+def _approved(member, approver, name: str, folder) -> int:
+    """A version of a new legal adapter `name` from `folder`, submitted and approved."""
+    adapter = ok(
+        member.post(
+            "/api/v1/adapters/",
+            {
+                "department": "legal",
+                "name": name,
+                "base_model": "conformance/llama",
+                "served_name": name,
+            },
+            format="json",
+        ),
+        201,
+    )
+    files = {"files": [_archive(folder)]}
+    version = ok(
+        member.post(f"/api/v1/adapters/{adapter['id']}/versions/", files, format="multipart"), 201
+    )
+    url = f"/api/v1/versions/{version['id']}"
+    ok(member.post(f"{url}/submit/"))
+    ok(approver.post(f"{url}/approve/", {"comment": "ok"}, format="json"))
+    return version["id"]
