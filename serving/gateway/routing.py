@@ -14,13 +14,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from serving.models import ReplicaHealth
-from serving.sync_state import SyncState, classify
-
-
-def _health(replica: ReplicaView) -> str:
-    return ReplicaHealth.DOWN if replica.down else ReplicaHealth.UP
-
 
 class ServerState(enum.StrEnum):
     READY = "ready"  # gets new requests
@@ -122,8 +115,10 @@ def routing_table(
             states={
                 server_name(r.id): (
                     ServerState.READY
-                    if classify(adapter.path, r.loaded.get(adapter.name), _health(r))
-                    == SyncState.IN_SYNC
+                    # sync_state.classify's IN_SYNC, kept here without Django: this
+                    # module renders the front door's configuration in benches and
+                    # tools that have no settings (bench/swap_through_gateway.py).
+                    if not r.down and r.loaded.get(adapter.name) == adapter.path
                     else ServerState.MAINT
                 )
                 for r in replicas

@@ -180,3 +180,16 @@ def test_the_command_bootstraps_a_front_door_then_syncs_the_deployment(
     assert config.count("    server r") == len(deployment.replica_urls)
     with pytest.raises(CommandError, match="SERVING_GATEWAYS"):
         call_command("gateway_sync", "elsewhere", "--base-model", "tiny")
+
+
+def test_the_front_door_modules_import_without_django_settings():
+    # bench/swap_through_gateway.py renders HAProxy's configuration before any
+    # settings exist: an import of serving.models here broke it.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    code = "import serving.gateway.haproxy, serving.gateway.routing"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
