@@ -154,6 +154,7 @@ SUMMARY = [
     "upload_throughput",
     "swap_under_traffic",
     "swap_through_gateway",
+    "placement",
     "many_adapters",
 ]
 
