@@ -9,7 +9,6 @@ reconcile's exception (if any) passes through untouched.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -30,7 +29,6 @@ from observability.usage import front_door_usage_record
 from observability.vllm_metrics import (
     LoraSnapshot,
     MetricsParseError,
-    clients_only,
     demand_units,
     fetch_metrics,
     parse_lora_metrics,
@@ -38,7 +36,6 @@ from observability.vllm_metrics import (
 from registry.models import Adapter
 from serving.fanout import fan_out, replica_session
 from serving.models import Deployment, HttpAttempt, Replica, ReplicaHealth
-from serving.probe import OwnRequests
 from serving.replica_calls import ReplicaOutcome
 from serving.services.attempts import attempts_record_all
 from serving.services.placements import replica_demand_report
@@ -64,7 +61,7 @@ def reconcile_finished(
     # Whether this reconcile stored attempt rows to tally (unknown: assume so).
     wrote = kwargs.get("attempts_written", True)
     if ok and settings.OBSERVABILITY_VLLM_METRICS:
-        readings = _guarded(vllm_metrics_observe, deployment, replicas, kwargs.get("probed"))
+        readings = _guarded(vllm_metrics_observe, deployment, replicas)
         wrote = wrote or readings is None or readings.wrote_attempts
     if settings.OBSERVABILITY_FRONT_DOOR_USAGE:
         # Whatever the reconcile's outcome: the front door counted requests anyway.
@@ -167,17 +164,13 @@ class MetricsReadings:
 
 
 def vllm_metrics_observe(
-    deployment: Deployment,
-    replicas: list[Replica] | None = None,
-    probed: Mapping[int, OwnRequests] | None = None,
+    deployment: Deployment, replicas: list[Replica] | None = None
 ) -> MetricsReadings:
     """Reads `vllm:lora_*` from every replica that is up, records each replica's
     LoRA state and when each adapter was last seen active. A successful read is
     counted on the replica's state (ok_reads); a failed one is an HttpAttempt row.
     Whatever the number of replicas, the states cost one locked SELECT and one
-    UPDATE. `probed`: per replica id, the adapters the reconcile just probed
-    there itself; label sets of those alone are not clients' activity or demand."""
-    probed = probed or {}
+    UPDATE."""
     if replicas is None:
         replicas = list(deployment.replicas.filter(active=True, health=ReplicaHealth.UP))
     if not replicas:
@@ -204,8 +197,7 @@ def vllm_metrics_observe(
             states[state.replica_id] = state
     before = {s.pk: {f: getattr(s, f) for f in _STATE_FIELDS} for s in states.values()}
     for replica, (outcome, snapshot) in zip(replicas, readings, strict=True):
-        own = probed.get(replica.pk)
-        _state_apply(deployment, states[replica.pk], snapshot, outcome, now, own)
+        _state_apply(deployment, states[replica.pk], snapshot, outcome, now)
         result.snapshots[replica.pk] = snapshot
     _update_rows(ReplicaLoraState, list(states.values()), _STATE_FIELDS, before)
     # Each replica's demand per adapter since the previous read, for placement
@@ -214,10 +206,7 @@ def vllm_metrics_observe(
         replicas,
         {
             replica.pk: demand_units(
-                clients_only(
-                    snapshot.since(before[states[replica.pk].pk]["series_timestamp"]),
-                    probed.get(replica.pk),
-                )
+                snapshot.since(before[states[replica.pk].pk]["series_timestamp"])
             )
             for replica, (_, snapshot) in zip(replicas, readings, strict=True)
             if snapshot is not None
@@ -298,7 +287,7 @@ def replica_lora_state_record(
     return state
 
 
-def _state_apply(deployment, state, snapshot: LoraSnapshot | None, outcome, now, own=None) -> None:
+def _state_apply(deployment, state, snapshot: LoraSnapshot | None, outcome, now) -> None:
     """One read's news on a replica's state (in memory; the caller saves)."""
     state.observed_at = now
     state.ok = snapshot is not None
@@ -318,8 +307,6 @@ def _state_apply(deployment, state, snapshot: LoraSnapshot | None, outcome, now,
     fresh = snapshot.since(state.series_timestamp)
     if fresh:
         state.series_timestamp = max(s.timestamp for s in fresh)
-    fresh = clients_only(fresh, own)
-    if fresh:
         state.samples += 1
         counts = dict(state.concurrency or {})
         for series in fresh:

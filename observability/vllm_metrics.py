@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.probe import OwnRequests
 from serving.vllm_client import TRANSIENT_STATUS, AttemptResult
 
 LORA_INFO = "vllm:lora_requests_info"
@@ -67,18 +66,6 @@ class LoraSnapshot:
     @property
     def active(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys((*self.running, *self.waiting)))
-
-
-def clients_only(series: tuple[LoraSeries, ...], own: OwnRequests | None) -> tuple[LoraSeries, ...]:
-    """The label sets that show clients' requests. One that lists only adapters
-    the control plane itself probed on that replica, stamped while it probed
-    them (the reconcile's weight check), is the control plane's own: vLLM lists
-    probes like any request. A client's request for the same adapter at the same
-    moment is then missed (vLLM 0.32 lists names, not requests); with clocks
-    apart, probes count as activity, as before. Idle sets stay: they are samples."""
-    if own is None or not own.names:
-        return series
-    return tuple(s for s in series if not own.explains(s.running, s.waiting, s.timestamp))
 
 
 def demand_units(series: tuple[LoraSeries, ...]) -> dict[str, int]:

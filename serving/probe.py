@@ -84,28 +84,3 @@ def has_no_effect(adapter: Probe, base: Probe) -> bool:
 
 def matches(fingerprint: Probe, probe: Probe, tolerance: float) -> bool:
     return fingerprint.distance(probe) <= tolerance
-
-
-# vLLM may stamp a request's label set on /metrics just after its answer was sent
-# (the engine step's stats come after its outputs).
-OWN_REQUEST_STAMP_SLACK_SECONDS = 0.25
-
-
-@dataclass(frozen=True)
-class OwnRequests:
-    """The requests the control plane itself sent to one replica: the adapters
-    it probed, between `started` and `finished` (time.time())."""
-
-    names: frozenset[str]
-    started: float
-    finished: float
-
-    def explains(self, running, waiting, stamp: float) -> bool:
-        """Whether a /metrics label set (its running and waiting adapters, and
-        when vLLM stamped it) shows only these requests."""
-        listed = {*running, *waiting}
-        return (
-            bool(listed)
-            and listed <= self.names
-            and self.started <= stamp <= self.finished + OWN_REQUEST_STAMP_SLACK_SECONDS
-        )

@@ -49,7 +49,7 @@ from serving.models import (
     ServedAdapter,
 )
 from serving.placement import placed_keys
-from serving.probe import OwnRequests, Probe, describe_distance
+from serving.probe import Probe, describe_distance
 from serving.replica_calls import (
     ReplicaOutcome,
     call_with_retry,
@@ -122,9 +122,6 @@ class ReconcileReport:
     fingerprint_cursor: str | None = None
     # The replicas found up, for what runs after the reconcile (reconcile_finished).
     up: list[Replica] = field(default_factory=list, repr=False)
-    # Per replica id, what the tick's weight check sent there: vLLM's metrics
-    # list those requests too, and they are not clients' activity or demand.
-    probed: dict[int, OwnRequests] = field(default_factory=dict, repr=False)
 
 
 def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
@@ -154,7 +151,6 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
             ok=ok,
             replicas=report.up if ok else None,
             attempts_written=report.attempts_written or not ok,
-            probed=report.probed,
         ):
             if isinstance(error, Exception):
                 logger.error(
@@ -420,7 +416,6 @@ def _plan_weight_check(deployment, up: list[_Tick], desired, keeper, report) -> 
         snapshot, planned = by_replica[replica.pk].snapshot, by_replica[replica.pk].jobs
         repairing = {job.name for job in planned}
         outcome, probes = ReplicaOutcome(), {}
-        started = time.time()
         for name in chosen:
             state = classify(_desired_root(desired[name]), snapshot.get(name))
             if state != SyncState.IN_SYNC or name in repairing:
@@ -430,8 +425,6 @@ def _plan_weight_check(deployment, up: list[_Tick], desired, keeper, report) -> 
                 # Not answering: each further probe could wait a whole HTTP timeout.
                 break
             probes[name] = probe
-        if probes:
-            report.probed[replica.pk] = OwnRequests(frozenset(probes), started, time.time())
         return outcome, probes
 
     replicas = [tick.replica for tick in up]

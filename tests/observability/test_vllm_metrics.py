@@ -156,19 +156,3 @@ def test_every_label_set_is_kept_with_when_it_was_last_current():
     assert [s.timestamp for s in snapshot.series] == [1.7644e9, 1.7645e9, 1.7646e9]
     assert [s.running for s in snapshot.since(1.7644e9)] == [(), ("legal-contracts", "hr-policy")]
     assert len(snapshot.since(None)) == 3 and snapshot.since(1.7646e9) == ()
-
-
-def test_only_label_sets_of_the_control_planes_own_probes_are_left_out():
-    from observability.vllm_metrics import LoraSeries, clients_only
-    from serving.probe import OwnRequests
-
-    own = OwnRequests(frozenset({"legal"}), started=100.0, finished=101.0)
-    probe = LoraSeries(running=("legal",), waiting=(), timestamp=100.5)
-    before = LoraSeries(running=("legal",), waiting=(), timestamp=99.0)  # a client's
-    mixed = LoraSeries(running=("legal", "hr"), waiting=(), timestamp=100.6)
-    idle = LoraSeries(running=(), waiting=(), timestamp=100.7)
-    stamped_late = LoraSeries(running=("legal",), waiting=(), timestamp=101.2)
-    series = (before, probe, mixed, idle, stamped_late)
-
-    assert clients_only(series, own) == (before, mixed, idle)
-    assert clients_only(series, None) == series

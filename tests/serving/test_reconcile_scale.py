@@ -278,25 +278,3 @@ def test_claims_stay_held_through_repairs_longer_than_a_claim(
     report = reconcile_deployment(deployment.pk, "beat")
     assert not report.skipped and len(report.repairs) == 6
     assert expired == []
-
-
-def test_the_ticks_own_probes_are_not_clients_activity_or_demand(root, approved_v1, tmp_path):
-    # vLLM (and the stand-in) lists the weight check's probes in /metrics like any
-    # request: unpinned here. They must not count as an adapter's use or demand,
-    # and the in-sync tick stays within its statements.
-    from observability.models import AdapterActivity
-
-    with standin_fleet(3) as live:
-        deployment = make_deployment(root, live.urls, tmp_path / "volume", name="live")
-        _serve(deployment, live, approved_v1, 5, "probed")
-        reconcile_deployment(deployment.pk, "beat")  # reads the set-up's own requests
-        AdapterActivity.objects.all().delete()
-        for _ in range(3):  # the sample rotates through every adapter
-            reconcile_deployment(deployment.pk, "beat")
-        tick = measure(lambda: reconcile_deployment(deployment.pk, "beat"))
-
-        assert tick.result.in_sync == 3 and tick.result.probed, tick.result
-        assert any(tick.result.probed.values())  # the sample did probe
-        assert not AdapterActivity.objects.exists()
-        assert all(not r.lora_demand for r in Replica.objects.filter(deployment=deployment))
-        assert tick.statements <= MAX_STATEMENTS, tick.sql
