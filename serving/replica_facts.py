@@ -29,6 +29,23 @@ _RANK_REFUSAL = re.compile(r"LoRA rank (\d{1,6}) is greater than max_lora_rank (
 
 
 @dataclass(frozen=True)
+class ReportedFlag:
+    """A server flag a replica reports outside its /v1/models listing."""
+
+    fact: str  # its key in Replica.reported_facts
+    field: str  # the Deployment field that records it
+    option: str  # vLLM's command-line option
+
+
+# max_lora from /metrics (observability reads it after each reconcile); max_lora_rank
+# from a refused load (serving.services.reported_facts).
+REPORTED_FLAGS = (
+    ReportedFlag("max_lora", "max_loras", "--max-loras"),
+    ReportedFlag("max_lora_rank", "max_lora_rank", "--max-lora-rank"),
+)
+
+
+@dataclass(frozen=True)
 class FactDispute:
     replica: str
     fact: str
@@ -139,28 +156,17 @@ def disputes(deployment, replicas) -> list[FactDispute]:
                     "on the recorded model.",
                 )
             )
-        max_lora = facts.get("max_lora")
-        if max_lora is not None and max_lora != deployment.max_loras:
-            found.append(
-                FactDispute(
-                    replica.base_url,
-                    "max_loras",
-                    deployment.max_loras,
-                    max_lora,
-                    f"Set the deployment's max_loras to {max_lora}, or restart the replica "
-                    f"with --max-loras {deployment.max_loras}.",
+        for flag in REPORTED_FLAGS:
+            reported, recorded = facts.get(flag.fact), getattr(deployment, flag.field)
+            if reported is not None and reported != recorded:
+                found.append(
+                    FactDispute(
+                        replica.base_url,
+                        flag.field,
+                        recorded,
+                        reported,
+                        f"Set the deployment's {flag.field} to {reported}, or restart the "
+                        f"replica with {flag.option} {recorded}.",
+                    )
                 )
-            )
-        max_lora_rank = facts.get("max_lora_rank")
-        if max_lora_rank is not None and max_lora_rank != deployment.max_lora_rank:
-            found.append(
-                FactDispute(
-                    replica.base_url,
-                    "max_lora_rank",
-                    deployment.max_lora_rank,
-                    max_lora_rank,
-                    f"Set the deployment's max_lora_rank to {max_lora_rank}, or restart the "
-                    f"replica with --max-lora-rank {deployment.max_lora_rank}.",
-                )
-            )
     return found

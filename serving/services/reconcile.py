@@ -58,7 +58,7 @@ from serving.replica_calls import (
     probe_weights,
     reload_adapter,
 )
-from serving.replica_facts import base_card_facts
+from serving.replica_facts import REPORTED_FLAGS, base_card_facts
 from serving.replica_facts import disputes as fact_disputes
 from serving.replica_rows import health_changes, replicas_sync
 from serving.services.attempts import attempts_record, attempts_record_all
@@ -93,7 +93,7 @@ from serving.volume import StagingError, stage_versions
 
 logger = logging.getLogger(__name__)
 # Facts a replica reports outside the listing this tick reads (kept across ticks).
-REPORTED_ELSEWHERE = ("max_lora", "max_lora_rank")
+REPORTED_ELSEWHERE = frozenset(flag.fact for flag in REPORTED_FLAGS)
 
 # Not a drift: a served version without a fingerprint gets one recorded.
 RECORD_FINGERPRINT = "record_fingerprint"

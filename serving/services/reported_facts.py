@@ -6,14 +6,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from serving.models import Deployment, DriftKind, Replica
-from serving.replica_facts import disputes, max_lora_rank_from_refusal
+from serving.replica_facts import REPORTED_FLAGS, disputes, max_lora_rank_from_refusal
 from serving.services.drifts import DriftRecorder
 
 
 def replica_max_lora_report(deployment: Deployment, replica: Replica, max_lora: int) -> bool:
     """Records the max_lora a replica's /metrics shows; returns whether it changed.
     Unchanged costs nothing; a change that disputes the record is a drift."""
-    return _report(deployment, replica, "max_lora", max_lora, disputed_as="max_loras")
+    return _report(deployment, replica, "max_lora", max_lora)
 
 
 def replica_load_refusals_report(deployment: Deployment, errors: dict[Replica, str]) -> None:
@@ -22,10 +22,11 @@ def replica_load_refusals_report(deployment: Deployment, errors: dict[Replica, s
     for replica, error in errors.items():
         rank = max_lora_rank_from_refusal(error)
         if rank is not None:
-            _report(deployment, replica, "max_lora_rank", rank, disputed_as="max_lora_rank")
+            _report(deployment, replica, "max_lora_rank", rank)
 
 
-def _report(deployment, replica, fact: str, value, *, disputed_as: str) -> bool:
+def _report(deployment, replica, fact: str, value) -> bool:
+    flag = next(f for f in REPORTED_FLAGS if f.fact == fact)
     facts = replica.reported_facts or {}
     if facts.get(fact) == value:
         return False
@@ -34,7 +35,7 @@ def _report(deployment, replica, fact: str, value, *, disputed_as: str) -> bool:
     with transaction.atomic():
         Replica.objects.filter(pk=replica.pk).update(reported_facts=replica.reported_facts)
         for dispute in disputes(deployment, [replica]):
-            if dispute.fact == disputed_as:
+            if dispute.fact == flag.field:
                 drifts.add(replica, DriftKind.FACT_DISPUTED, detail=dispute.message)
         drifts.flush(timezone.now())
     return True
