@@ -435,11 +435,10 @@ def _failed(ctx: _Context, steps, outcomes: dict[int, ReplicaOutcome], phase: st
     if not errors:
         return False
     _set_steps([s for s in steps if s.replica_id in errors], ReplicaStepStatus.FAILED, errors)
+    by_pk = {r.pk: r for r in ctx.replicas}
     if phase == "load":  # a refusal may name a fact the record has wrong
-        by_pk = {r.pk: r for r in ctx.replicas}
         replica_load_refusals_report(ctx.deployment, {by_pk[pk]: e for pk, e in errors.items()})
-    by_url = {r.pk: r.base_url for r in ctx.replicas}
-    summary = "; ".join(f"{by_url[pk]}: {message}" for pk, message in errors.items())
+    summary = "; ".join(f"{by_pk[pk].base_url}: {message}" for pk, message in errors.items())
     _rollback_everywhere(ctx, f"{phase.capitalize()} failed on {len(errors)} replica(s): {summary}")
     return True
 

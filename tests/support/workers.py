@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 
 def queue_names(app) -> list[str]:
     """Every queue the product routes to (config/settings.py CELERY_TASK_QUEUES):
@@ -19,8 +21,6 @@ def purge_queues(app) -> None:
 def wait_rollouts_succeeded(ids, *, timeout: float) -> None:
     """Wait until every rollout in ids has ended, then require that each succeeded
     (the failures name the adapter and its error)."""
-    import time
-
     from serving.models import Rollout, RolloutStatus
     from serving.transitions import ROLLOUT_TERMINAL
 
