@@ -9,6 +9,7 @@ reconcile's exception (if any) passes through untouched.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -29,6 +30,7 @@ from observability.usage import front_door_usage_record
 from observability.vllm_metrics import (
     LoraSnapshot,
     MetricsParseError,
+    clients_only,
     demand_units,
     fetch_metrics,
     parse_lora_metrics,
@@ -36,6 +38,7 @@ from observability.vllm_metrics import (
 from registry.models import Adapter
 from serving.fanout import fan_out, replica_session
 from serving.models import Deployment, HttpAttempt, Replica, ReplicaHealth
+from serving.probe import OwnRequests
 from serving.replica_calls import ReplicaOutcome
 from serving.services.attempts import attempts_record_all
 from serving.services.placements import replica_demand_report
@@ -61,7 +64,7 @@ def reconcile_finished(
     # Whether this reconcile stored attempt rows to tally (unknown: assume so).
     wrote = kwargs.get("attempts_written", True)
     if ok and settings.OBSERVABILITY_VLLM_METRICS:
-        readings = _guarded(vllm_metrics_observe, deployment, replicas)
+        readings = _guarded(vllm_metrics_observe, deployment, replicas, kwargs.get("probed"))
         wrote = wrote or readings is None or readings.wrote_attempts
     if settings.OBSERVABILITY_FRONT_DOOR_USAGE:
         # Whatever the reconcile's outcome: the front door counted requests anyway.
@@ -164,13 +167,17 @@ class MetricsReadings:
 
 
 def vllm_metrics_observe(
-    deployment: Deployment, replicas: list[Replica] | None = None
+    deployment: Deployment,
+    replicas: list[Replica] | None = None,
+    probed: Mapping[int, OwnRequests] | None = None,
 ) -> MetricsReadings:
     """Reads `vllm:lora_*` from every replica that is up, records each replica's
     LoRA state and when each adapter was last seen active. A successful read is
     counted on the replica's state (ok_reads); a failed one is an HttpAttempt row.
     Whatever the number of replicas, the states cost one locked SELECT and one
-    UPDATE."""
+    UPDATE. `probed`: per replica id, what the reconcile just asked there itself
+    (its weight check's probes), which is not clients' activity or demand."""
+    probed = probed or {}
     if replicas is None:
         replicas = list(deployment.replicas.filter(active=True, health=ReplicaHealth.UP))
     if not replicas:
@@ -197,7 +204,8 @@ def vllm_metrics_observe(
             states[state.replica_id] = state
     before = {s.pk: {f: getattr(s, f) for f in _STATE_FIELDS} for s in states.values()}
     for replica, (outcome, snapshot) in zip(replicas, readings, strict=True):
-        _state_apply(deployment, states[replica.pk], snapshot, outcome, now)
+        own = probed.get(replica.pk)
+        _state_apply(deployment, states[replica.pk], snapshot, outcome, now, own)
         result.snapshots[replica.pk] = snapshot
     _update_rows(ReplicaLoraState, list(states.values()), _STATE_FIELDS, before)
     # Each replica's demand per adapter since the previous read, for placement
@@ -206,7 +214,11 @@ def vllm_metrics_observe(
         replicas,
         {
             replica.pk: demand_units(
-                snapshot.since(before[states[replica.pk].pk]["series_timestamp"])
+                _clients_since(
+                    snapshot,
+                    before[states[replica.pk].pk]["series_timestamp"],
+                    probed.get(replica.pk),
+                )
             )
             for replica, (_, snapshot) in zip(replicas, readings, strict=True)
             if snapshot is not None
@@ -287,7 +299,12 @@ def replica_lora_state_record(
     return state
 
 
-def _state_apply(deployment, state, snapshot: LoraSnapshot | None, outcome, now) -> None:
+def _clients_since(snapshot: LoraSnapshot, after: float | None, own) -> tuple:
+    """The label sets current since `after` that show clients' requests."""
+    return clients_only(snapshot.since(after), own, after)
+
+
+def _state_apply(deployment, state, snapshot: LoraSnapshot | None, outcome, now, own=None) -> None:
     """One read's news on a replica's state (in memory; the caller saves)."""
     state.observed_at = now
     state.ok = snapshot is not None
@@ -304,9 +321,12 @@ def _state_apply(deployment, state, snapshot: LoraSnapshot | None, outcome, now)
     # Old label sets stay exported with the last time they were current: only
     # those current since the previous read are news (a request that came and
     # went between two reads included).
-    fresh = snapshot.since(state.series_timestamp)
+    after = state.series_timestamp
+    fresh = snapshot.since(after)
     if fresh:
         state.series_timestamp = max(s.timestamp for s in fresh)
+    fresh = clients_only(fresh, own, after)
+    if fresh:
         state.samples += 1
         counts = dict(state.concurrency or {})
         for series in fresh:

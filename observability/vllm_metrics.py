@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving.probe import OwnRequests
 from serving.vllm_client import TRANSIENT_STATUS, AttemptResult
 
 LORA_INFO = "vllm:lora_requests_info"
@@ -66,6 +67,30 @@ class LoraSnapshot:
     @property
     def active(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys((*self.running, *self.waiting)))
+
+
+def clients_only(
+    series: tuple[LoraSeries, ...], own: OwnRequests | None, after: float | None
+) -> tuple[LoraSeries, ...]:
+    """The label sets among `series` (those current since `after`) that show
+    clients' requests, given what the control plane itself just asked that
+    replica (serving.probe.OwnRequests). A set of probed adapters only is the
+    probes' if the read just before them did not show it as current since
+    `after`; if it did, a client was there first: it is kept, with the stamp
+    that read saw. A client's request for a probed adapter while the probes
+    ran is missed (the same series). Idle and mixed sets stay as they are."""
+    if own is None or own.before is None or not own.names:
+        return series
+    kept = []
+    for s in series:
+        listed = {*s.running, *s.waiting}
+        if not listed or not listed <= own.names:
+            kept.append(s)
+            continue
+        stamp = own.before.get((s.running, s.waiting))
+        if stamp is not None and (after is None or stamp > after):
+            kept.append(LoraSeries(s.running, s.waiting, stamp))
+    return tuple(kept)
 
 
 def demand_units(series: tuple[LoraSeries, ...]) -> dict[str, int]:

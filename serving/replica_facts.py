@@ -115,6 +115,32 @@ def lora_activity_from_metrics(result: AttemptResult) -> tuple[float, set[str]] 
     return newest
 
 
+def lora_label_sets(result: AttemptResult) -> dict[tuple, float] | None:
+    """Every vllm:lora_requests_info label set, (running, waiting) adapter
+    names as vLLM lists them, with the time vLLM last stamped it; None where
+    the metrics cannot tell (not answered, not Prometheus text)."""
+    if not result.ok or not isinstance(result.body, str):
+        return None
+    found: dict[tuple, float] = {}
+    try:
+        for family in text_string_to_metric_families(result.body):
+            for sample in family.samples:
+                if sample.name == LORA_INFO:
+                    key = tuple(
+                        _listed(sample.labels.get(label))
+                        for label in ("running_lora_adapters", "waiting_lora_adapters")
+                    )
+                    found[key] = float(sample.value)
+    except (ValueError, TypeError, IndexError):
+        return None
+    return found
+
+
+def _listed(value: str | None) -> tuple[str, ...]:
+    # As observability.vllm_metrics reads the same labels.
+    return tuple(name for name in (part.strip() for part in (value or "").split(",")) if name)
+
+
 def busy_adapters_from_metrics(result: AttemptResult) -> set[str] | None:
     activity = lora_activity_from_metrics(result)
     return None if activity is None else activity[1]

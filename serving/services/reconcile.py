@@ -49,7 +49,7 @@ from serving.models import (
     ServedAdapter,
 )
 from serving.placement import placed_keys
-from serving.probe import Probe, describe_distance
+from serving.probe import OwnRequests, Probe, describe_distance
 from serving.replica_calls import (
     ReplicaOutcome,
     call_with_retry,
@@ -58,7 +58,7 @@ from serving.replica_calls import (
     probe_weights,
     reload_adapter,
 )
-from serving.replica_facts import REPORTED_FLAGS, base_card_facts
+from serving.replica_facts import REPORTED_FLAGS, base_card_facts, lora_label_sets
 from serving.replica_facts import disputes as fact_disputes
 from serving.replica_rows import health_changes, replicas_sync
 from serving.services.attempts import attempts_record, attempts_record_all
@@ -97,6 +97,8 @@ REPORTED_ELSEWHERE = frozenset(flag.fact for flag in REPORTED_FLAGS)
 
 # Not a drift: a served version without a fingerprint gets one recorded.
 RECORD_FINGERPRINT = "record_fingerprint"
+# The weight check's read of /metrics just before its probes (serving.probe.OwnRequests).
+PROBE_METRICS = "probe_metrics"
 
 _SERVED_RELATED = ("adapter__department", "version__adapter__department")
 
@@ -122,6 +124,9 @@ class ReconcileReport:
     fingerprint_cursor: str | None = None
     # The replicas found up, for what runs after the reconcile (reconcile_finished).
     up: list[Replica] = field(default_factory=list, repr=False)
+    # Per replica id, what the tick's weight check asked there (reconcile_finished):
+    # vLLM's metrics list those requests too, and they are not clients' activity.
+    probed: dict[int, OwnRequests] = field(default_factory=dict, repr=False)
 
 
 def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
@@ -151,6 +156,7 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
             ok=ok,
             replicas=report.up if ok else None,
             attempts_written=report.attempts_written or not ok,
+            probed=report.probed,
         ):
             if isinstance(error, Exception):
                 logger.error(
@@ -416,10 +422,21 @@ def _plan_weight_check(deployment, up: list[_Tick], desired, keeper, report) -> 
         snapshot, planned = by_replica[replica.pk].snapshot, by_replica[replica.pk].jobs
         repairing = {job.name for job in planned}
         outcome, probes = ReplicaOutcome(), {}
-        for name in chosen:
-            state = classify(_desired_root(desired[name]), snapshot.get(name))
-            if state != SyncState.IN_SYNC or name in repairing:
-                continue  # not served there (yet): the listing's repairs' business
+        names = [
+            name
+            for name in chosen
+            # Not served there (yet): the listing's repairs' business.
+            if classify(_desired_root(desired[name]), snapshot.get(name)) == SyncState.IN_SYNC
+            and name not in repairing
+        ]
+        if names and settings.OBSERVABILITY_VLLM_METRICS:
+            # vLLM's metrics list the probes like clients' requests: what they
+            # showed just before is what the probes cannot have caused.
+            before = lora_label_sets(
+                call_with_retry(client.metrics, PROBE_METRICS, outcome, NO_RETRY)
+            )
+            report.probed[replica.pk] = OwnRequests(frozenset(names), before)
+        for name in names:
             probe = probe_weights(client, name, outcome, NO_RETRY)
             if probe is None:
                 # Not answering: each further probe could wait a whole HTTP timeout.
@@ -441,7 +458,10 @@ def _plan_weight_check(deployment, up: list[_Tick], desired, keeper, report) -> 
         if any(not attempt.ok for _, attempt in outcome.attempts):
             attempts_record(tick.replica, outcome)
             report.attempts_written = True
-            tick.drifted = True
+            # A replica whose /metrics does not answer is not drifted for it.
+            tick.drifted = any(
+                not attempt.ok for purpose, attempt in outcome.attempts if purpose != PROBE_METRICS
+            )
         for name, probe in probes.items():
             served = desired[name]
             if served.fingerprint_probe is None:

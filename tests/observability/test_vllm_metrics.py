@@ -156,3 +156,62 @@ def test_every_label_set_is_kept_with_when_it_was_last_current():
     assert [s.timestamp for s in snapshot.series] == [1.7644e9, 1.7645e9, 1.7646e9]
     assert [s.running for s in snapshot.since(1.7644e9)] == [(), ("legal-contracts", "hr-policy")]
     assert len(snapshot.since(None)) == 3 and snapshot.since(1.7646e9) == ()
+
+
+def test_label_sets_of_the_control_planes_own_probes_are_left_out_and_clients_kept():
+    from observability.vllm_metrics import LoraSeries, clients_only
+    from serving.probe import OwnRequests
+
+    # Read just before the probes: a client had asked legal (stamp 99) and,
+    # earlier, hr alone (stamp 50, before the previous read at 90).
+    own = OwnRequests(
+        frozenset({"legal", "hr"}), before={(("legal",), ()): 99.0, (("hr",), ()): 50.0}
+    )
+    # Read after: legal's set re-stamped by its probe, hr's by its probe, a
+    # mixed set with an adapter nobody probed, the idle set.
+    legal = LoraSeries(running=("legal",), waiting=(), timestamp=100.5)
+    hr = LoraSeries(running=("hr",), waiting=(), timestamp=100.6)
+    mixed = LoraSeries(running=("legal", "finance"), waiting=(), timestamp=100.7)
+    idle = LoraSeries(running=(), waiting=(), timestamp=100.8)
+    series = (legal, hr, mixed, idle)
+
+    kept = clients_only(series, own, after=90.0)
+
+    # legal's client request is kept with the stamp it had before the probes;
+    # hr's set is the probe's only (its client was before the previous read).
+    assert kept == (LoraSeries(("legal",), (), 99.0), mixed, idle)
+    assert clients_only(series, None, after=90.0) == series
+    # The read before failed: nothing can be told apart, everything counts.
+    assert clients_only(series, OwnRequests(frozenset({"legal"}), None), after=90.0) == series
+
+
+def test_the_label_sets_a_replica_shows_are_read_with_their_stamps():
+    from serving.replica_facts import lora_label_sets
+    from serving.vllm_client import AttemptResult
+
+    def result(body, ok=True):
+        return AttemptResult(
+            method="GET",
+            url="u",
+            started_at=None,
+            duration_ms=1,
+            status_code=200,
+            ok=ok,
+            error="",
+            transient=False,
+            body=body,
+        )
+
+    body = (
+        "# TYPE vllm:lora_requests_info gauge\n"
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="legal, hr",'
+        'waiting_lora_adapters=""} 1.7645e9\n'
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",'
+        'waiting_lora_adapters="legal"} 1.7646e9\n'
+    )
+    assert lora_label_sets(result(body)) == {
+        (("legal", "hr"), ()): 1.7645e9,
+        ((), ("legal",)): 1.7646e9,
+    }
+    assert lora_label_sets(result(body, ok=False)) is None
+    assert lora_label_sets(result("not {prometheus")) is None

@@ -278,3 +278,60 @@ def test_claims_stay_held_through_repairs_longer_than_a_claim(
     report = reconcile_deployment(deployment.pk, "beat")
     assert not report.skipped and len(report.repairs) == 6
     assert expired == []
+
+
+def _client_asks(fleet, replica, name):
+    import requests
+
+    answer = requests.post(
+        f"{replica.base_url}/v1/completions",
+        json={"model": name, "prompt": "hello", "max_tokens": 2},
+        timeout=10,
+    )
+    answer.raise_for_status()
+
+
+def test_the_ticks_own_probes_are_not_clients_activity_or_demand(root, approved_v1, tmp_path):
+    # vLLM (and the stand-in) lists the weight check's probes in /metrics like any
+    # request: unpinned here. They must not count as an adapter's use or demand,
+    # and the in-sync tick stays within its statements.
+    from observability.models import AdapterActivity
+
+    with standin_fleet(3) as live:
+        deployment = make_deployment(root, live.urls, tmp_path / "volume", name="live")
+        _serve(deployment, live, approved_v1, 5, "probed")
+        reconcile_deployment(deployment.pk, "beat")  # reads the set-up's own requests
+        AdapterActivity.objects.all().delete()
+        for _ in range(3):  # the sample rotates through every adapter
+            reconcile_deployment(deployment.pk, "beat")
+        tick = measure(lambda: reconcile_deployment(deployment.pk, "beat"))
+
+        assert tick.result.in_sync == 3 and any(tick.result.probed.values()), tick.result
+        assert not AdapterActivity.objects.exists()
+        assert all(not r.lora_demand for r in Replica.objects.filter(deployment=deployment))
+        assert tick.statements <= MAX_STATEMENTS, tick.sql
+
+
+def test_a_clients_request_before_the_probes_of_its_adapter_is_still_activity(
+    root, approved_v1, tmp_path, settings
+):
+    # The client's request and the probe of the same adapter are ONE series on
+    # vLLM, re-stamped by the probe: the read before the probes keeps the client's.
+    from observability.models import AdapterActivity
+
+    settings.SERVING_FINGERPRINT_SAMPLE = 50  # every adapter probed every tick
+    with standin_fleet(1) as live:
+        deployment = make_deployment(root, live.urls, tmp_path / "volume", name="live")
+        served = _serve(deployment, live, approved_v1, 3, "asked")
+        reconcile_deployment(deployment.pk, "beat")
+        AdapterActivity.objects.all().delete()
+        reconcile_deployment(deployment.pk, "beat")
+        assert not AdapterActivity.objects.exists()  # probes only
+
+        asked = served[1].adapter.served_name
+        _client_asks(live, live.replicas[0], asked)
+        report = reconcile_deployment(deployment.pk, "beat")
+
+        assert asked in report.probed[deployment.replicas.get().pk].names
+        assert list(AdapterActivity.objects.values_list("served_name", flat=True)) == [asked]
+        assert Replica.objects.get(deployment=deployment).lora_demand == {asked: 1}
