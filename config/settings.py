@@ -436,6 +436,12 @@ SERVING_GATEWAYS = cfg.env.dict("SERVING_GATEWAYS", default={})
 # master CLI is the next port, and SERVING_GATEWAY_DIR a volume both mount.
 SERVING_GATEWAY_ADMIN = cfg.env.dict("SERVING_GATEWAY_ADMIN", default={})
 SERVING_GATEWAY_DRAIN_SECONDS = cfg.number("SERVING_GATEWAY_DRAIN_SECONDS", 60.0, minimum=0)
+# Behind a front door, a swap of an adapter placement holds on fewer replicas than
+# the deployment has loads the new version on others first and moves the traffic
+# there (make before break); the old version stays loaded where it was, drained, for
+# SERVING_ROLLBACK_RETAIN_SECONDS, so that a rollback in that time is a switch of
+# traffic, not a reload (serving/services/rollout_engine.py, docs/gateway.md).
+SERVING_ROLLBACK_RETAIN_SECONDS = cfg.number("SERVING_ROLLBACK_RETAIN_SECONDS", 600.0, minimum=0)
 # A traffic canary (serving/services/canary.py, docs/gateway.md#canary): its bake
 # time is stated per rollout, at most SERVING_CANARY_MAX_BAKE_SECONDS. Its gates:
 # at least SERVING_CANARY_MIN_REQUESTS to the canary before it is judged; its error

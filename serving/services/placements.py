@@ -10,6 +10,7 @@ writes nothing here at all.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 
 from django.conf import settings
@@ -25,6 +26,7 @@ from core.models import Ability
 from registry.models import Adapter
 from serving.models import Deployment, Replica, ReplicaHealth, ServedAdapter
 from serving.placement import ReplicaSlot, Result, Settings, State, Wish, is_bounded, place
+from serving.sync_state import loaded_adapters
 
 # The most replicas a bound may name (the column is a small integer).
 MAX_BOUND = 1024
@@ -290,3 +292,54 @@ def served_placement_set(
             },
         )
     return row
+
+
+def swap_spares(
+    deployment: Deployment,
+    served: ServedAdapter,
+    placed: list[Replica],
+    replicas: list[Replica],
+    *,
+    path: str,
+    resumed: set[int],
+) -> list[Replica] | None:
+    """Where a version swap of `served` (placed on `placed`) can be made before
+    it breaks anything: one replica per placed one, up, not placed, and with
+    room in its host cache, on which the new version is loaded, verified and
+    sent the traffic before the old one is drained. A replica that already
+    holds the version at `path` (a retained copy: a rollback) comes first, then
+    the emptiest. None where there are not enough (the swap then goes replica by
+    replica in place). `resumed`: the replicas a resumed rollout already pushed
+    to; the same ones again, or none."""
+    name = served.adapter.served_name
+    taken = {r.pk for r in placed}
+    if resumed:
+        again = [r for r in replicas if r.pk in resumed]
+        return again if len(again) == len(placed) and not (resumed & taken) else None
+    capacity = replica_capacity(deployment)
+
+    def room(replica: Replica) -> bool:
+        loaded = loaded_adapters(replica)
+        return name in loaded or len(loaded) < capacity
+
+    candidates = [
+        r for r in replicas if r.pk not in taken and r.health != ReplicaHealth.DOWN and room(r)
+    ]
+    if len(candidates) < len(placed):
+        return None
+    candidates.sort(
+        key=lambda r: (
+            loaded_adapters(r).get(name) != path,
+            len(loaded_adapters(r)),
+            r.base_url,
+        )
+    )
+    return candidates[: len(placed)]
+
+
+def served_placement_moved(served: ServedAdapter, moves: Mapping[int, int]) -> dict:
+    """The placement of `served` with each replica `moves` names ({from: to})
+    replaced: where a swap made before break left the adapter."""
+    state = State.from_dict(served.placement)
+    moved = tuple(moves.get(key, key) for key in state.replicas)
+    return dataclasses.replace(state, replicas=moved).as_dict()

@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import F
@@ -293,6 +294,7 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
             "max_replicas",
             "placement",
             "lease_until",
+            "updated_at",
         )
         # The fingerprints the sampled re-check compares with, in the same query.
         .annotate(fingerprint_probe=fingerprint_probe_annotation())
@@ -343,7 +345,7 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
     placement_tick(deployment, desired, replicas, up={t.replica.pk for t in up}, now=now)
     for tick in up:
         _plan(deployment, tick, desired, drifts)
-    _hold_unplaced_unloads(up, desired)
+    _hold_unplaced_unloads(up, desired, now)
     report.fingerprint_cursor = _plan_weight_check(deployment, up, desired, keeper, report)
 
     jobs = [job for tick in ticks for job in tick.jobs]
@@ -374,11 +376,23 @@ def _plan(deployment, tick: _Tick, desired: dict, drifts: DriftRecorder) -> None
             tick.drifted = True
 
 
-def _hold_unplaced_unloads(up: list[_Tick], desired: dict) -> None:
+def _hold_unplaced_unloads(up: list[_Tick], desired: dict, now) -> None:
     """Make before break: an adapter leaves a replica placement no longer puts
     it on only once every replica that placement puts it on and that is up
-    serves it from its path (loaded and verified by an earlier tick)."""
+    serves it from its path (loaded and verified by an earlier tick). A copy of
+    another version that a swap left there (drained) stays for
+    SERVING_ROLLBACK_RETAIN_SECONDS after the swap: a rollback meanwhile moves
+    the traffic back to it instead of reloading it."""
     busy = {(tick.replica.pk, job.name) for tick in up for job in tick.jobs}
+    retain = timedelta(seconds=settings.SERVING_ROLLBACK_RETAIN_SECONDS)
+
+    def retained(job: _Job) -> bool:
+        served = desired[job.name]
+        return (
+            job.actual != served.served_path
+            and served.updated_at is not None
+            and now - served.updated_at < retain
+        )
 
     def served_where_placed(name: str) -> bool:
         served = desired[name]
@@ -392,7 +406,8 @@ def _hold_unplaced_unloads(up: list[_Tick], desired: dict) -> None:
         tick.jobs = [
             job
             for job in tick.jobs
-            if job.kind != DriftKind.UNPLACED_UNLOADED or served_where_placed(job.name)
+            if job.kind != DriftKind.UNPLACED_UNLOADED
+            or (served_where_placed(job.name) and not retained(job))
         ]
 
 

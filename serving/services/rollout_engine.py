@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from django.db import DatabaseError, transaction
 from django.utils import timezone
@@ -64,7 +64,11 @@ from serving.services.leases import (
     served_adapter_heartbeat,
     served_adapter_release,
 )
-from serving.services.placements import placement_targets
+from serving.services.placements import (
+    placement_targets,
+    served_placement_moved,
+    swap_spares,
+)
 from serving.services.reported_facts import replica_load_refusals_report
 from serving.signals import served_version_changed
 from serving.sync_state import as_listing, loaded_adapters
@@ -186,6 +190,10 @@ class _Context:
     # Behind a front door, the order a rollback goes through the replicas one
     # at a time, each drained there first (make before break); None: all at once.
     rollback_order: list[Replica] | None = None
+    # A swap made on spare replicas (swap_spares): per replica pushed to, the
+    # replica whose traffic it takes, which keeps the old version, drained.
+    moves: dict[int, Replica] = field(default_factory=dict)
+    moved: list[Replica] = field(default_factory=list)  # those that took it so far
 
 
 def _fan_out(ctx: _Context, replicas: list[Replica], work) -> dict[int, ReplicaOutcome]:
@@ -283,15 +291,19 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
     # By URL, as the page lists them: the canary is the first, whatever order
     # discovery returned.
     replicas = sorted(replicas_sync(deployment), key=lambda r: r.base_url)
+    everyone = replicas
     placement = None
     if rollout.kind != RolloutKind.RETIRE and replicas:
         # Only where placement puts the adapter (serving.placement); a retire
         # unloads it wherever it may be.
         replicas, placement = placement_targets(deployment, served, replicas)
+    moves = _moves_for(rollout, served, replicas, everyone) if placement is not None else {}
+    if moves:
+        replicas = [r for r in everyone if r.pk in moves]
     steps = _steps_for(rollout, replicas)
     pushed = [r for r in replicas if steps[r.pk].status != ReplicaStepStatus.DEFERRED]
     policy = replace(RetryPolicy.from_settings(), sleep=watch.sleep)
-    ctx = _Context(rollout, deployment, pushed, steps, policy, watch)
+    ctx = _Context(rollout, deployment, pushed, steps, policy, watch, moves=moves)
     if not replicas:
         why = "The deployment has no replicas."
         if placement is not None:
@@ -362,10 +374,10 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
     for group in groups:
         group_steps = [steps[r.pk] for r in group]
         _phase(ctx, group_steps, RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
-        if swap:
+        if swap and not ctx.moves:
             gateway_drain(deployment, name, group)
         loaded = _fan_out(ctx, group, load)
-        if swap and not all(o.ok for o in loaded.values()):
+        if swap and not ctx.moves and not all(o.ok for o in loaded.values()):
             _switch_back(ctx, name, group, swapped)
         if _failed(ctx, group_steps, loaded, "load"):
             gateway_sync(deployment, release=name)
@@ -373,7 +385,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
         _phase(ctx, group_steps, RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
         verified = _fan_out(ctx, group, verify)
         fingerprints_check_rollout(rollout=rollout, replicas=group, outcomes=verified)
-        if swap and not all(o.ok for o in verified.values()):
+        if swap and not ctx.moves and not all(o.ok for o in verified.values()):
             _switch_back(ctx, name, group, swapped)
         if _failed(ctx, group_steps, verified, "verification"):
             gateway_sync(deployment, release=name)
@@ -381,9 +393,66 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
         if swap:
             gateway_ready(deployment, name, group)
             swapped += group
+        if ctx.moves:
+            # The new version serves there: the old one's replica gets nothing
+            # new, finishes what it has, and keeps the old version loaded.
+            ctx.moved += group
+            gateway_drain(deployment, name, [ctx.moves[r.pk] for r in group])
         _set_steps(group_steps, ReplicaStepStatus.SUCCEEDED)
     _succeed(ctx, served)
     gateway_sync(deployment, release=name)
+
+
+def _moves_for(
+    rollout: Rollout, served: ServedAdapter, placed: list[Replica], everyone: list[Replica]
+) -> dict[int, Replica]:
+    """Make before break for a version swap of an adapter placement holds on
+    fewer replicas than the deployment has: {spare replica id: the placed
+    replica whose traffic it takes} (swap_spares), or {} where it cannot (a
+    first load, a canary, no front door, not enough room): in place, one by one."""
+    if (
+        rollout.canary
+        or rollout.canary_share
+        or not gateway_swaps_one_by_one(rollout.deployment, served)
+    ):
+        return {}
+    resumed = set(ReplicaRollout.objects.filter(rollout=rollout).values_list("replica", flat=True))
+    path = rollout.served_path or serve_path_for(rollout.deployment, rollout.target_version)
+    spares = swap_spares(rollout.deployment, served, placed, everyone, path=path, resumed=resumed)
+    return {spare.pk: old for spare, old in zip(spares or [], placed, strict=False)}
+
+
+def _move_back(ctx: _Context, reason: str) -> None:
+    """A swap made on spare replicas failed: the replicas that kept the old
+    version get its traffic back (the runtime API: milliseconds, no reload),
+    then the new version leaves the spares, drained first."""
+    name = ctx.rollout.adapter.served_name
+    gateway_ready(ctx.deployment, name, [ctx.moves[r.pk] for r in ctx.moved])
+    gateway_drain(ctx.deployment, name, ctx.moved)
+    outcomes = _fan_out(
+        ctx, ctx.replicas, lambda client, replica: ensure_unloaded(client, name, ctx.policy)
+    )
+    errors = {pk: o.error for pk, o in outcomes.items() if not o.ok}
+    _set_steps(
+        [s for pk, s in ctx.steps.items() if pk not in errors], ReplicaStepStatus.ROLLED_BACK
+    )
+    kept = ", ".join(sorted(old.base_url for old in ctx.moves.values()))
+    if errors:
+        by_url = {r.pk: r.base_url for r in ctx.replicas}
+        detail = "; ".join(f"{by_url[pk]}: {m}" for pk, m in errors.items())
+        _finish(
+            ctx,
+            RolloutStatus.FAILED,
+            f"{reason}. The old version still serves on {kept}; unloading the new one "
+            f"failed on {detail}; reconcile will keep trying.",
+        )
+        return
+    _finish(
+        ctx,
+        RolloutStatus.ROLLED_BACK,
+        f"{reason}. The old version never stopped serving on {kept}; the new one was "
+        "unloaded where it was tried.",
+    )
 
 
 def _switch_back(ctx: _Context, name: str, failed: list[Replica], swapped: list[Replica]):
@@ -446,6 +515,9 @@ def _failed(ctx: _Context, steps, outcomes: dict[int, ReplicaOutcome], phase: st
 def _rollback_everywhere(ctx: _Context, reason: str) -> None:
     """Puts every replica this rollout pushed to back on the previous version,
     or unloads the adapter where nothing was served before."""
+    if ctx.moves:
+        _move_back(ctx, reason)
+        return
     rollout = ctx.rollout
     previous = rollout.previous_version
     name = rollout.adapter.served_name
@@ -516,10 +588,17 @@ def _succeed(ctx: _Context, served: ServedAdapter) -> None:
     deferred = _deferred_count(ctx)
     with transaction.atomic():
         _set_status(ctx, RolloutStatus.SUCCEEDED, error="", finished_at=timezone.now())
+        placed = {}
+        if ctx.moves:
+            # Where the swap moved it; the replicas it left keep the old version
+            # for SERVING_ROLLBACK_RETAIN_SECONDS (a rollback is then a switch).
+            moved = {old.pk: spare for spare, old in ctx.moves.items()}
+            placed["placement"] = served_placement_moved(served, moved)
         ServedAdapter.objects.filter(pk=served.pk).update(
             version=rollout.target_version,
             served_path=rollout.served_path,
             updated_at=timezone.now(),
+            **placed,
         )
         mark_unreferenced(ctx.deployment)
         served_version_changed.send(

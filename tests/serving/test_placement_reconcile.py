@@ -227,3 +227,128 @@ def test_a_rollout_moves_the_placement_off_a_replica_that_is_down(
     served = ServedAdapter.objects.get(deployment=deployment)
     new_home = fleet.replicas[holders[0]]
     assert new_home.adapters["legal-contracts"] == served.served_path
+
+
+@pytest.fixture
+def behind_a_front_door(root, lena, fleet, tmp_path, settings, contracts, approved_v1):
+    """legal-contracts on ONE of the 3 replicas (max_replicas 1), v1 served and
+    routed through a real HAProxy."""
+    from serving.gateway.selectors import routing_table_for
+    from serving.gateway.services import front_door_for
+
+    deployment = make_deployment(root, fleet.urls, tmp_path / "volume", name="spare")
+    ServedAdapter.objects.create(deployment=deployment, adapter=contracts, max_replicas=1)
+    listen = f"127.0.0.1:{free_port()}"
+    settings.SERVING_GATEWAYS = {deployment.name: listen}
+    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    settings.SERVING_GATEWAY_DRAIN_SECONDS = 5.0
+    door = front_door_for(deployment)
+    door.write(routing_table_for(deployment))
+    with running_haproxy(door, log=tmp_path / "haproxy.log"):
+        assert rollout_execute(promote(lena, deployment, approved_v1)[1].pk, "w") == "succeeded"
+        yield deployment, f"http://{listen}/v1/completions"
+
+
+def _ask(url):
+    body = {"model": "legal-contracts", "prompt": "hi", "max_tokens": 1}
+    return requests.post(url, json=body, timeout=10).status_code
+
+
+def _server_changes(since):
+    from serving.models import HttpAttempt
+
+    rows = HttpAttempt.objects.filter(purpose="gateway", started_at__gte=since).order_by(
+        "started_at", "id"
+    )
+    return [(row.replica_id, row.url.split(" state ")[-1]) for row in rows if " state " in row.url]
+
+
+def test_a_swap_of_an_adapter_on_one_replica_is_made_on_another_first(
+    behind_a_front_door, fleet, lena, approved_v1, approved_v2, settings
+):
+    deployment, url = behind_a_front_door
+    [home] = _holders(fleet, "legal-contracts")
+    old_path = fleet.replicas[home].adapters["legal-contracts"]
+    assert _ask(url) == 200
+
+    _, swap = promote(lena, deployment, approved_v2)
+    assert rollout_execute(swap.pk, "w") == "succeeded"
+    swap.refresh_from_db()
+
+    # The new version went to another replica, which took the traffic before the
+    # old one was drained; the old one keeps v1 loaded (a rollback's switch).
+    holders = _holders(fleet, "legal-contracts")
+    [spare] = [i for i in holders if i != home]
+    assert fleet.replicas[spare].adapters["legal-contracts"] == swap.served_path
+    assert fleet.replicas[home].adapters["legal-contracts"] == old_path
+    by_url = {r.base_url: r.pk for r in Replica.objects.filter(deployment=deployment)}
+    spare_id, home_id = (
+        by_url[fleet.replicas[spare].base_url],
+        by_url[fleet.replicas[home].base_url],
+    )
+    # (maint: the rollout's last sync; the routing table serves v2 only.)
+    assert _server_changes(swap.started_at) == [
+        (spare_id, "ready"),
+        (home_id, "drain"),
+        (home_id, "maint"),
+    ]
+    row = ServedAdapter.objects.get(deployment=deployment)
+    assert State.from_dict(row.placement).replicas == (spare_id,)
+    assert _ask(url) == 200
+
+    # The reconcile keeps the drained copy for SERVING_ROLLBACK_RETAIN_SECONDS...
+    reconcile_deployment(deployment.pk, "beat")
+    assert fleet.replicas[home].adapters.get("legal-contracts") == old_path
+
+    # ...and a rollback meanwhile is a switch back to it, not a reload.
+    from serving.services.promotions import rollback_to
+    from tests.conftest import actor
+
+    seen = len(fleet.replicas[home].requests)
+    back = rollback_to(
+        actor=actor(lena), deployment=deployment, adapter=row.adapter, version=approved_v1
+    )
+    assert rollout_execute(back.pk, "w") == "succeeded"
+    back.refresh_from_db()
+    assert _server_changes(back.started_at) == [
+        (home_id, "ready"),
+        (spare_id, "drain"),
+        (spare_id, "maint"),
+    ]
+    assert fleet.replicas[home].adapters["legal-contracts"] == old_path
+    # Asked to load what it already had (vLLM answers "already loaded"), never
+    # to unload it: no reload.
+    paths = [path for _, path, _ in fleet.replicas[home].requests[seen:]]
+    assert "/v1/unload_lora_adapter" not in paths, paths
+    assert paths.count("/v1/load_lora_adapter") <= 1, paths
+    assert State.from_dict(ServedAdapter.objects.get(pk=row.pk).placement).replicas == (home_id,)
+    assert _ask(url) == 200
+
+    # Once the retention is over, the copy the rollback left is unloaded.
+    settings.SERVING_ROLLBACK_RETAIN_SECONDS = 0
+    reconcile_deployment(deployment.pk, "beat")
+    assert _holders(fleet, "legal-contracts") == [home]
+    assert _ask(url) == 200
+
+
+def test_a_swap_made_on_a_spare_that_fails_verification_never_stops_the_old_version(
+    behind_a_front_door, fleet, lena, approved_v2
+):
+    deployment, url = behind_a_front_door
+    [home] = _holders(fleet, "legal-contracts")
+    old_path = fleet.replicas[home].adapters["legal-contracts"]
+    for i, replica in enumerate(fleet.replicas):
+        if i != home:
+            replica.no_effect.add("legal-contracts")  # the new version looks like the base
+
+    _, swap = promote(lena, deployment, approved_v2)
+    assert rollout_execute(swap.pk, "w") == "rolled_back"
+    swap.refresh_from_db()
+
+    assert "never stopped serving" in swap.error, swap.error
+    assert _holders(fleet, "legal-contracts") == [home]
+    assert fleet.replicas[home].adapters["legal-contracts"] == old_path
+    home_id = Replica.objects.get(base_url=fleet.replicas[home].base_url).pk
+    # The old replica was never drained: no change of its state at the front door.
+    assert all(replica != home_id for replica, _ in _server_changes(swap.started_at))
+    assert _ask(url) == 200

@@ -34,9 +34,15 @@ def test_in_sync_means_one_models_call_per_replica_and_no_repairs(
     assert report.repairs == []
     for replica in fake_replicas:
         # One probe of the adapter's weights against its fingerprint (the sample,
-        # tests/serving/test_fingerprints.py); then observability reads vLLM's
+        # tests/serving/test_fingerprints.py), with a /metrics read just before it
+        # (what the probe cannot have caused); then observability reads vLLM's
         # /metrics (tests/observability/).
-        assert [p for _, p, _ in replica.requests] == ["/v1/models", "/v1/completions", "/metrics"]
+        assert [p for _, p, _ in replica.requests] == [
+            "/v1/models",
+            "/metrics",
+            "/v1/completions",
+            "/metrics",
+        ]
     assert kinds() == []
 
 

@@ -341,3 +341,71 @@ def test_a_swap_that_fails_verification_rolls_back_without_failing_a_request(
             for server in vllm_servers:
                 assert adapters_on(server) == {"legal-memos": first["served_path"]}
             assert complete(url, "legal-memos").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_adapter_on_one_of_two_replicas_swaps_made_before_break_and_rolls_back_by_a_switch(
+    platform, vllm_servers, celery_worker, settings, tmp_path
+):
+    """Placement holds legal-briefs on ONE replica (max_replicas 1). Its swap
+    loads v2 on the other replica, sends the traffic there, then drains the
+    first, which keeps v1 loaded; a rollback then switches the traffic back to
+    it (no reload). Under continuous traffic, through the real front door."""
+    listen = f"127.0.0.1:{free_port()}"
+    settings.SERVING_GATEWAYS = {"gw-one": listen}
+    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    settings.SERVING_GATEWAY_DRAIN_SECONDS = 30.0
+    platform.create_deployment("gw-one", [s.base_url for s in vllm_servers])
+    v1 = platform.approved_version("briefs", "legal-briefs", AdapterSpec(seed=5))
+    v2 = platform.approved_version("briefs", "legal-briefs", AdapterSpec(seed=6))
+    ok(
+        platform.member.put(
+            "/api/v1/deployments/gw-one/placement/",
+            {"adapter": v1["adapter"], "min_replicas": None, "max_replicas": 1},
+            format="json",
+        )
+    )
+    from serving.gateway.services import front_door_for, gateway_sync
+
+    deployment = Deployment.objects.get(name="gw-one")
+    gateway_sync(deployment)
+    log = tmp_path / "haproxy.log"
+    url = f"http://{listen}"
+    with running_haproxy(front_door_for(deployment), log=log):
+        first = platform.promote_and_wait("gw-one", v1["id"])
+        assert first["status"] == "succeeded", first["error"]
+        routed_after(url, "legal-briefs")
+        [home] = [s for s in vllm_servers if "legal-briefs" in adapters_on(s)]
+        [spare] = [s for s in vllm_servers if s is not home]
+
+        sizes = _log_sizes(vllm_servers)
+        with Traffic(url, "legal-briefs") as traffic:
+            time.sleep(2)
+            swap = platform.promote_and_wait("gw-one", v2["id"])
+            time.sleep(2)
+            assert swap["status"] == "succeeded", swap["error"]
+            assert adapters_on(spare) == {"legal-briefs": swap["served_path"]}
+            assert adapters_on(home) == {"legal-briefs": first["served_path"]}  # kept
+            served_by = requests_by_server(log)
+
+            back = ok(platform.admin.post(f"/api/v1/rollouts/{swap['id']}/rollback/"), 202)
+            rollback = platform.wait_rollout(back["id"])
+            time.sleep(2)
+        assert rollback["status"] == "succeeded", rollback["error"]
+        assert traffic.statuses[200] > 20
+        assert traffic.failed() == 0, (traffic.statuses, traffic.bodies[:5])
+        for server, since in zip(vllm_servers, sizes, strict=True):
+            assert vllm_404s(server.log_path, since) == 0
+        assert retried_requests(log) == 0
+        # Both replicas answered during the swap: the old until the new took over.
+        assert len({key[1] for key in served_by if key[0] == "m_legal-briefs"}) == 2, served_by
+        # The rollback was a switch: v1 was never unloaded or loaded again there.
+        assert adapters_on(home) == {"legal-briefs": first["served_path"]}
+        reloads = HttpAttempt.objects.filter(
+            replica__base_url=home.base_url,
+            purpose__in=["load", "unload"],
+            status_code=200,
+            started_at__gte=swap["started_at"],
+        )
+        assert not reloads.exists(), list(reloads.values("purpose", "url"))
+        # How long it took is bench/swap_through_gateway.py's figure, not a test's.
