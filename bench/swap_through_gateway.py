@@ -97,6 +97,76 @@ def gateway_swap(door: HAProxyFrontDoor, servers, path: str) -> None:
             STEPS[step].append(seconds)
 
 
+def _serve_check(server, path: str) -> None:
+    """What the product does before traffic goes to a replica: the load (a
+    no-op where it is loaded from `path` already) and the verification."""
+    with VLLMClient(server.base_url, timeout=60) as client:
+        loaded = ensure_loaded(client, NAME, path, POLICY)
+        assert loaded.ok, loaded.error
+        verified = verify_serving(client, NAME, path, POLICY, with_completion=True)
+        assert verified.ok, verified.error
+
+
+def moved_phase(door: HAProxyFrontDoor, servers, paths, swaps: int, clients: int, pause: float):
+    """An adapter placement holds on ONE of the two replicas. Each swap is made
+    before break (serving/services/rollout_engine.py, swap_spares): the new
+    version loaded and verified on the other replica, the traffic sent there,
+    the old replica drained; it keeps the old version. Then rollbacks, each
+    back to the version the other replica kept: verified there, a switch of
+    traffic (ready there, drain here), no reload."""
+    url = f"http://{door.listen}"
+    # From both replicas serving to one: r2 drained (it stays so), then unloaded.
+    door.drain(NAME, "r2", timeout=60, keep_one=True)
+    with VLLMClient(servers[1].base_url, timeout=60) as client:
+        client.unload_adapter(NAME)
+    holder = 0
+    moves, switches = [], []
+    with Traffic(url, clients, timeout=60) as traffic:
+        time.sleep(1.0)
+        started_phase = time.monotonic()
+        for new in paths[:swaps]:
+            spare = 1 - holder
+            started = time.monotonic()
+            _serve_check(servers[spare], new)
+            door.ready(NAME, f"r{spare + 1}")
+            door.drain(NAME, f"r{holder + 1}", timeout=60)
+            moves.append(time.monotonic() - started)
+            holder = spare
+            time.sleep(pause)
+        for _ in range(max(1, min(swaps, 5))):
+            back = 1 - holder  # holds the version before, drained
+            kept = _root_on(servers[back])  # the product knows it from its records
+            started = time.monotonic()
+            _serve_check(servers[back], kept)
+            door.ready(NAME, f"r{back + 1}")
+            door.drain(NAME, f"r{holder + 1}", timeout=60)
+            switches.append(time.monotonic() - started)
+            holder = back
+            time.sleep(pause)
+        phase = [(started_phase, time.monotonic())]
+    _, _, rps = traffic.count(phase)
+    return {
+        "moves": len(moves),
+        "rollbacks": len(switches),
+        "requests": len(traffic.results),
+        "failed": sum(1 for r in traffic.results if not r[1]),
+        "rps": round(rps, 2),
+        "move_seconds_median": round(statistics.median(moves), 3),
+        "rollback_switch_ms_median": round(statistics.median(switches) * 1000, 1),
+        "rollback_switch_ms_max": round(max(switches) * 1000, 1),
+    }
+
+
+def _root_on(server) -> str:
+    """The path the adapter is loaded from on `server` (its /v1/models)."""
+    with VLLMClient(server.base_url, timeout=60) as client:
+        listing = client.list_models()
+    from serving.vllm_client import model_cards
+
+    [card] = [c for c in model_cards(listing) if c.id == NAME]
+    return card.root
+
+
 def raw_swap(server, path: str) -> None:
     with VLLMClient(server.base_url, timeout=60) as client:
         client.unload_adapter(NAME)
@@ -152,6 +222,14 @@ def run(
                 phase = [(phase_start, time.monotonic())]
             misrouted = sum(vllm_404s(s.log_path, o) for s, o in zip(servers, offsets, strict=True))
             retried = retried_requests(log)
+            moved = None
+            if replicas == 2:
+                offsets = [s.log_path.stat().st_size for s in servers]
+                moved = moved_phase(door, servers, paths, swaps, clients, pause)
+                moved["misrouted_vllm_404"] = sum(
+                    vllm_404s(s.log_path, o) for s, o in zip(servers, offsets, strict=True)
+                )
+                moved["retried_by_haproxy"] = retried_requests(log) - retried
         steady_n, steady_failed, steady_rps = traffic.count(steady)
         swap_n, swap_failed, swap_rps = traffic.count(windows)
         phase_n, phase_failed, phase_rps = traffic.count(phase)
@@ -222,6 +300,12 @@ def run(
             "failed_in_swap_phase": phase_failed,
             "requests_in_swap_windows": swap_n,
         },
+        "moved": moved,
+        "rollback_by_reload_ms_median": round(
+            1000
+            * statistics.median(sum(STEPS[k][i] for k in STEPS) for i in range(len(STEPS["swap"]))),
+            1,
+        ),
         "raw_unload_load": {
             "requests": len(direct.results),
             "failed": raw_failed,
@@ -325,6 +409,28 @@ def main() -> None:
     steps = out.table("steps", ["step", "median s", "max s"], "each step of a swap, per replica")
     for step, median in g["step_seconds_median"].items():
         steps.row(step, median, g["step_seconds_max"][step])
+    m = result["moved"]
+    if m is not None:
+        made = out.table(
+            "make_before_break",
+            ["measure", "value"],
+            "an adapter on ONE of the two replicas: swaps made on the other first, "
+            "rollbacks by a switch of traffic",
+        )
+        made.row("swaps (new version on the other replica, then the traffic)", m["moves"])
+        made.row("failed requests", f"{m['failed']} of {m['requests']}")
+        made.row("reached a replica without it", m["misrouted_vllm_404"] + m["retried_by_haproxy"])
+        made.row("swap, median s", m["move_seconds_median"])
+        made.row("rollback by switch (verify, ready, drain), median ms",
+                 m["rollback_switch_ms_median"])  # fmt: skip
+        made.row("rollback by switch, max ms", m["rollback_switch_ms_max"])
+        made.row("baseline: rollback by reload on one replica (drain, unload+load, verify, "
+                 "ready), median ms", result["rollback_by_reload_ms_median"])  # fmt: skip
+        out.verdict("failed requests, adapter on one of two replicas", m["failed"],
+                    target="0", met=m["failed"] == 0, unit="")  # fmt: skip
+        out.verdict("rollback by a switch of traffic", m["rollback_switch_ms_max"],
+                    target="< 1000", met=m["rollback_switch_ms_max"] < 1000,
+                    unit="ms")  # fmt: skip
     out.verdict("failed requests through the front door", g["failed"], target="0",
                 met=g["failed"] == 0, unit="")  # fmt: skip
     out.verdict("throughput in swap windows vs steady", g["ratio_in_swap_windows"],
@@ -364,6 +470,13 @@ def main() -> None:
         f"  baseline, raw unload+load, clients on the replica: {r['failed']} failed of "
         f"{r['requests']} ({r['failed_per_swap']} per swap)"
     )
+    if m is not None:
+        print(
+            f"  adapter on one of two replicas, made before break: {m['failed']} failed of "
+            f"{m['requests']} in {m['moves']} swaps; rollback by switch median "
+            f"{m['rollback_switch_ms_median']} ms, max {m['rollback_switch_ms_max']} ms "
+            f"(by reload: {result['rollback_by_reload_ms_median']} ms median)"
+        )
     print(json.dumps(result))
     out.write()
 
