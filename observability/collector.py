@@ -11,6 +11,7 @@ however many deployments, replicas and adapters there are
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from datetime import timedelta
 
@@ -48,6 +49,7 @@ from serving.models import (
     ServedAdapter,
 )
 from serving.placement import placed_keys
+from serving.retention import Retained
 from serving.sync_state import SyncState, classify, loaded_adapters
 
 TERMINAL = (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.ROLLED_BACK)
@@ -326,13 +328,16 @@ class ControlPlaneCollector:
                 "min_replicas",
                 "max_replicas",
                 "placement",
+                "retained",
             )
             .select_related("adapter")
         ):
-            # (its path, the replicas placement puts it on; None: every one)
+            # (its path, the replicas placement puts it on (None: every one), the
+            # copies of the version before a swap keeps for a rollback: not missing)
             wanted[served.deployment_id][served.adapter.served_name] = (
                 served.served_path,
                 placed_keys(served),
+                Retained.from_dict(served.retained),
             )
         health = defaultdict(lambda: defaultdict(int))
         for replica in Replica.objects.filter(active=True).only(
@@ -343,11 +348,13 @@ class ControlPlaneCollector:
             roots = loaded_adapters(replica)
             loaded.add_metric([deployment, replica.base_url], len(roots))
             if replica.health == ReplicaHealth.UP:
+                now = time.time()
                 absent = sum(
                     1
-                    for name, (path, placed) in wanted[replica.deployment_id].items()
+                    for name, (path, placed, kept) in wanted[replica.deployment_id].items()
                     if (placed is None or replica.pk in placed)
                     and classify(path, roots.get(name), replica.health) != SyncState.IN_SYNC
+                    and not kept.keeps(replica.pk, roots.get(name), now)
                 )
                 missing.add_metric([deployment, replica.base_url], absent)
         for deployment_id, deployment in names.items():

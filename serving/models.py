@@ -240,6 +240,10 @@ class ServedAdapter(models.Model):
     # Where it is placed and why (serving.placement.State.as_dict), written by the
     # reconcile where it changes and by a rollout for the adapter it holds.
     placement = models.JSONField(default=dict, blank=True, editable=False)
+    # The replicas a swap behind a front door left on the version before, drained,
+    # so that a rollback meanwhile is a switch of traffic (serving.retention:
+    # {"path", "replicas", "until"}); the reconcile leaves those copies alone until then.
+    retained = models.JSONField(default=dict, blank=True, editable=False)
 
     class Meta:
         constraints = [

@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import F
@@ -62,6 +61,7 @@ from serving.replica_calls import (
 from serving.replica_facts import REPORTED_FLAGS, base_card_facts, lora_label_sets
 from serving.replica_facts import disputes as fact_disputes
 from serving.replica_rows import health_changes, replicas_sync
+from serving.retention import Retained
 from serving.services.attempts import attempts_record, attempts_record_all
 from serving.services.drifts import DriftRecorder
 from serving.services.fingerprints import (
@@ -294,7 +294,7 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
             "max_replicas",
             "placement",
             "lease_until",
-            "updated_at",
+            "retained",
         )
         # The fingerprints the sampled re-check compares with, in the same query.
         .annotate(fingerprint_probe=fingerprint_probe_annotation())
@@ -345,7 +345,7 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
     placement_tick(deployment, desired, replicas, up={t.replica.pk for t in up}, now=now)
     for tick in up:
         _plan(deployment, tick, desired, drifts)
-    _hold_unplaced_unloads(up, desired, now)
+    _hold_early_unloads(up, desired, now)
     report.fingerprint_cursor = _plan_weight_check(deployment, up, desired, keeper, report)
 
     jobs = [job for tick in ticks for job in tick.jobs]
@@ -376,23 +376,20 @@ def _plan(deployment, tick: _Tick, desired: dict, drifts: DriftRecorder) -> None
             tick.drifted = True
 
 
-def _hold_unplaced_unloads(up: list[_Tick], desired: dict, now) -> None:
+def _hold_early_unloads(up: list[_Tick], desired: dict, now) -> None:
     """Make before break: an adapter leaves a replica placement no longer puts
     it on only once every replica that placement puts it on and that is up
-    serves it from its path (loaded and verified by an earlier tick). A copy of
-    another version that a swap left there (drained) stays for
-    SERVING_ROLLBACK_RETAIN_SECONDS after the swap: a rollback meanwhile moves
-    the traffic back to it instead of reloading it."""
+    serves it from its path (loaded and verified by an earlier tick). The copy
+    of the version before that a swap left on a replica, drained
+    (ServedAdapter.retained), stays until its time is up, whether placement
+    moved the adapter off that replica or not: a rollback meanwhile moves the
+    traffic back to it instead of reloading it."""
     busy = {(tick.replica.pk, job.name) for tick in up for job in tick.jobs}
-    retain = timedelta(seconds=settings.SERVING_ROLLBACK_RETAIN_SECONDS)
+    epoch = now.timestamp()
 
     def retained(job: _Job) -> bool:
-        served = desired[job.name]
-        return (
-            job.actual != served.served_path
-            and served.updated_at is not None
-            and now - served.updated_at < retain
-        )
+        keep = Retained.from_dict(getattr(desired[job.name], "retained", None))
+        return keep.keeps(job.replica.pk, job.actual, epoch)
 
     def served_where_placed(name: str) -> bool:
         served = desired[name]
@@ -402,13 +399,15 @@ def _hold_unplaced_unloads(up: list[_Tick], desired: dict, now) -> None:
             for t in placed
         )
 
+    def held(job: _Job) -> bool:
+        if job.kind not in (DriftKind.UNPLACED_UNLOADED, DriftKind.WRONG_ROOT_CORRECTED):
+            return False
+        if job.name in desired and retained(job):
+            return True
+        return job.kind == DriftKind.UNPLACED_UNLOADED and not served_where_placed(job.name)
+
     for tick in up:
-        tick.jobs = [
-            job
-            for job in tick.jobs
-            if job.kind != DriftKind.UNPLACED_UNLOADED
-            or (served_where_placed(job.name) and not retained(job))
-        ]
+        tick.jobs = [job for job in tick.jobs if not held(job)]
 
 
 def _plan_weight_check(deployment, up: list[_Tick], desired, keeper, report) -> str | None:

@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
+from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
@@ -56,6 +57,7 @@ from serving.replica_calls import (
     ensure_unloaded,
 )
 from serving.replica_rows import replicas_sync
+from serving.retention import retained_for
 from serving.services.attempts import attempts_record_all
 from serving.services.fingerprints import fingerprints_check_rollout
 from serving.services.leases import (
@@ -194,6 +196,10 @@ class _Context:
     # replica whose traffic it takes, which keeps the old version, drained.
     moves: dict[int, Replica] = field(default_factory=dict)
     moved: list[Replica] = field(default_factory=list)  # those that took it so far
+    # An in-place swap behind a front door: the replica left on the old version,
+    # drained, for SERVING_ROLLBACK_RETAIN_SECONDS (a rollback's switch), then
+    # swapped by the reconcile.
+    kept: Replica | None = None
 
 
 def _fan_out(ctx: _Context, replicas: list[Replica], work) -> dict[int, ReplicaOutcome]:
@@ -368,13 +374,18 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
     # Behind a front door, a version swap goes one replica at a time: drained
     # there, swapped, verified, put back (serving/gateway/, docs/gateway.md).
     swap = gateway_swaps_one_by_one(deployment, served)
+    switch_after = None
     if swap:
-        groups = [[replica] for replica in pushed]
+        order = pushed
+        if not ctx.moves:
+            order, switch_after = _swap_order(ctx, name, path)
+        groups = [[replica] for replica in order]
     swapped: list[Replica] = []
-    for group in groups:
+    for index, group in enumerate(groups):
         group_steps = [steps[r.pk] for r in group]
         _phase(ctx, group_steps, RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
-        if swap and not ctx.moves:
+        if swap and not ctx.moves and index >= (switch_after or 0):
+            # (Those that kept the version get no traffic for it: nothing to drain.)
             gateway_drain(deployment, name, group)
         loaded = _fan_out(ctx, group, load)
         if swap and not ctx.moves and not all(o.ok for o in loaded.values()):
@@ -398,9 +409,48 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
             # new, finishes what it has, and keeps the old version loaded.
             ctx.moved += group
             gateway_drain(deployment, name, [ctx.moves[r.pk] for r in group])
+        if switch_after == index + 1:
+            # The replicas that kept this version serve it again: the traffic
+            # leaves the others at once (a rollback's switch); they are swapped after.
+            gateway_drain(deployment, name, [r for r in pushed if r not in swapped])
         _set_steps(group_steps, ReplicaStepStatus.SUCCEEDED)
+    if ctx.kept is not None:
+        gateway_drain(deployment, name, [ctx.kept])
+        retain = settings.SERVING_ROLLBACK_RETAIN_SECONDS
+        _set_steps(
+            [steps[ctx.kept.pk]],
+            ReplicaStepStatus.DEFERRED,
+            {
+                ctx.kept.pk: f"Keeps the version before, drained, for {retain:g} s "
+                "(SERVING_ROLLBACK_RETAIN_SECONDS): a rollback meanwhile is a switch of "
+                "traffic. The reconcile swaps it then."
+            },
+        )
     _succeed(ctx, served)
     gateway_sync(deployment, release=name)
+
+
+def _swap_order(ctx: _Context, name: str, path: str) -> tuple[list[Replica], int | None]:
+    """The order an in-place swap goes through the replicas, one at a time, and
+    after how many the others are drained at once (None: never). Replicas that
+    already hold the version at `path` (a retained copy: a rollback) go first,
+    then the traffic leaves the others at once. Otherwise, with a retention set
+    and two replicas or more, the last one is not swapped: it keeps the version
+    before, drained (ctx.kept)."""
+    pushed = ctx.replicas
+    holding = [r for r in pushed if loaded_adapters(r).get(name) == path]
+    others = [r for r in pushed if r not in holding]
+    if holding and others:
+        return holding + others, len(holding)
+    if (
+        not holding
+        and len(pushed) >= 2
+        and ctx.rollout.kind != RolloutKind.ROLLBACK
+        and settings.SERVING_ROLLBACK_RETAIN_SECONDS > 0
+    ):
+        ctx.kept = pushed[-1]
+        return pushed[:-1], None
+    return pushed, None
 
 
 def _moves_for(
@@ -589,15 +639,24 @@ def _succeed(ctx: _Context, served: ServedAdapter) -> None:
     with transaction.atomic():
         _set_status(ctx, RolloutStatus.SUCCEEDED, error="", finished_at=timezone.now())
         placed = {}
+        left = [ctx.kept.pk] if ctx.kept is not None else []
         if ctx.moves:
             # Where the swap moved it; the replicas it left keep the old version
             # for SERVING_ROLLBACK_RETAIN_SECONDS (a rollback is then a switch).
             moved = {old.pk: spare for spare, old in ctx.moves.items()}
             placed["placement"] = served_placement_moved(served, moved)
+            left = [old.pk for old in ctx.moves.values()]
         ServedAdapter.objects.filter(pk=served.pk).update(
             version=rollout.target_version,
             served_path=rollout.served_path,
             updated_at=timezone.now(),
+            # served: the row as this rollout started, its path the version before.
+            retained=retained_for(
+                served.served_path,
+                left,
+                now=time.time(),
+                seconds=settings.SERVING_ROLLBACK_RETAIN_SECONDS,
+            ),
             **placed,
         )
         mark_unreferenced(ctx.deployment)
@@ -617,7 +676,12 @@ def _succeed(ctx: _Context, served: ServedAdapter) -> None:
             to_state=RolloutStatus.SUCCEEDED,
             details={"served_path": rollout.served_path, "deferred_replicas": deferred},
         )
-    _note_observed(ctx, rollout.adapter.served_name, rollout.served_path)
+    _note_observed(
+        ctx,
+        rollout.adapter.served_name,
+        rollout.served_path,
+        only={r.pk for r in ctx.replicas if r is not ctx.kept},
+    )
 
 
 def _deferred_count(ctx: _Context) -> int:

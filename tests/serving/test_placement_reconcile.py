@@ -325,7 +325,9 @@ def test_a_swap_of_an_adapter_on_one_replica_is_made_on_another_first(
     assert _ask(url) == 200
 
     # Once the retention is over, the copy the rollback left is unloaded.
-    settings.SERVING_ROLLBACK_RETAIN_SECONDS = 0
+    retained = ServedAdapter.objects.get(pk=row.pk).retained
+    assert retained["replicas"] == [spare_id]  # what the rollback left
+    ServedAdapter.objects.filter(pk=row.pk).update(retained={**retained, "until": 0})
     reconcile_deployment(deployment.pk, "beat")
     assert _holders(fleet, "legal-contracts") == [home]
     assert _ask(url) == 200
@@ -352,3 +354,55 @@ def test_a_swap_made_on_a_spare_that_fails_verification_never_stops_the_old_vers
     # The old replica was never drained: no change of its state at the front door.
     assert all(replica != home_id for replica, _ in _server_changes(swap.started_at))
     assert _ask(url) == 200
+
+
+def test_a_swap_on_every_replica_keeps_the_old_version_on_the_last_until_its_time_is_up(
+    root, lena, fleet, tmp_path, settings, contracts, approved_v1, approved_v2
+):
+    from observability.collector import ControlPlaneCollector
+    from serving.gateway.selectors import routing_table_for
+    from serving.gateway.services import front_door_for
+    from serving.models import ReplicaRollout, ReplicaStepStatus
+
+    deployment = make_deployment(root, fleet.urls, tmp_path / "volume", name="keep")
+    listen = f"127.0.0.1:{free_port()}"
+    settings.SERVING_GATEWAYS = {deployment.name: listen}
+    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    settings.SERVING_GATEWAY_DRAIN_SECONDS = 5.0
+    door = front_door_for(deployment)
+    door.write(routing_table_for(deployment))
+    with running_haproxy(door, log=tmp_path / "haproxy.log"):
+        assert rollout_execute(promote(lena, deployment, approved_v1)[1].pk, "w") == "succeeded"
+        old_path = fleet.replicas[0].adapters["legal-contracts"]
+        _, swap = promote(lena, deployment, approved_v2)
+        assert rollout_execute(swap.pk, "w") == "succeeded"
+        swap.refresh_from_db()
+
+        roots = [r.adapters["legal-contracts"] for r in fleet.replicas]
+        assert sorted(roots) == sorted([swap.served_path] * 2 + [old_path])
+        [kept] = [i for i, root in enumerate(roots) if root == old_path]
+        kept_id = Replica.objects.get(base_url=fleet.replicas[kept].base_url).pk
+        step = ReplicaRollout.objects.get(rollout=swap, replica_id=kept_id)
+        assert step.status == ReplicaStepStatus.DEFERRED and "rollback" in step.error
+        assert _ask(f"http://{listen}/v1/completions") == 200
+
+        # Kept while its time runs, and not counted as missing meanwhile...
+        reconcile_deployment(deployment.pk, "beat")
+        assert fleet.replicas[kept].adapters["legal-contracts"] == old_path
+        missing = {
+            tuple(sample.labels.values()): sample.value
+            for family in ControlPlaneCollector().collect()
+            if family.name == "lora_adapters_missing"
+            for sample in family.samples
+        }
+        assert set(missing.values()) == {0}, missing
+
+        # ...then swapped by the reconcile, and its step done.
+        ServedAdapter.objects.filter(deployment=deployment).update(
+            retained={**ServedAdapter.objects.get(deployment=deployment).retained, "until": 0}
+        )
+        reconcile_deployment(deployment.pk, "beat")
+        assert fleet.replicas[kept].adapters["legal-contracts"] == swap.served_path
+        step.refresh_from_db()
+        assert step.status == ReplicaStepStatus.SUCCEEDED, step.error
+        assert _ask(f"http://{listen}/v1/completions") == 200

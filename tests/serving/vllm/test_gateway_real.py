@@ -241,6 +241,8 @@ def test_a_version_swap_through_the_front_door_fails_no_request(
     settings.SERVING_GATEWAYS = {"gw-cpu": listen}
     settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
     settings.SERVING_GATEWAY_DRAIN_SECONDS = 30.0
+    # Every replica swapped (no copy of v1 kept for a rollback: the next test's).
+    settings.SERVING_ROLLBACK_RETAIN_SECONDS = 0
     platform.create_deployment("gw-cpu", [s.base_url for s in vllm_servers])
     v1 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=1))
     v2 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=2))
@@ -409,3 +411,72 @@ def test_an_adapter_on_one_of_two_replicas_swaps_made_before_break_and_rolls_bac
         )
         assert not reloads.exists(), list(reloads.values("purpose", "url"))
         # How long it took is bench/swap_through_gateway.py's figure, not a test's.
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_swap_on_every_replica_keeps_the_old_version_on_one_and_rolls_back_by_a_switch(
+    platform, vllm_servers, celery_worker, settings, tmp_path
+):
+    """An adapter on both replicas (no bounds). Its swap goes one replica at a
+    time but leaves the last on v1, drained, for SERVING_ROLLBACK_RETAIN_SECONDS;
+    the rollback then sends the traffic back to it at once (no reload there) and
+    swaps the other back after. Under continuous traffic, through the front door."""
+    listen = f"127.0.0.1:{free_port()}"
+    settings.SERVING_GATEWAYS = {"gw-keep": listen}
+    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    settings.SERVING_GATEWAY_DRAIN_SECONDS = 30.0
+    platform.create_deployment("gw-keep", [s.base_url for s in vllm_servers])
+    v1 = platform.approved_version("notes", "legal-notes", AdapterSpec(seed=7))
+    v2 = platform.approved_version("notes", "legal-notes", AdapterSpec(seed=8))
+    from serving.gateway.services import front_door_for, gateway_sync
+
+    deployment = Deployment.objects.get(name="gw-keep")
+    gateway_sync(deployment)
+    log = tmp_path / "haproxy.log"
+    url = f"http://{listen}"
+    with running_haproxy(front_door_for(deployment), log=log):
+        first = platform.promote_and_wait("gw-keep", v1["id"])
+        assert first["status"] == "succeeded", first["error"]
+        routed_after(url, "legal-notes")
+
+        sizes = _log_sizes(vllm_servers)
+        with Traffic(url, "legal-notes") as traffic:
+            time.sleep(2)
+            swap = platform.promote_and_wait("gw-keep", v2["id"])
+            time.sleep(1)
+            assert swap["status"] == "succeeded", swap["error"]
+            held = sorted(adapters_on(s)["legal-notes"] for s in vllm_servers)
+            assert held == sorted([first["served_path"], swap["served_path"]])
+            [kept] = [
+                s for s in vllm_servers if adapters_on(s)["legal-notes"] == first["served_path"]
+            ]
+
+            back = ok(platform.admin.post(f"/api/v1/rollouts/{swap['id']}/rollback/"), 202)
+            rollback = platform.wait_rollout(back["id"])
+            time.sleep(1)
+        assert rollback["status"] == "succeeded", rollback["error"]
+        assert traffic.statuses[200] > 20
+        assert traffic.failed() == 0, (traffic.statuses, traffic.bodies[:5])
+        for server, since in zip(vllm_servers, sizes, strict=True):
+            assert vllm_404s(server.log_path, since) == 0
+        assert retried_requests(log) == 0
+        for server in vllm_servers:
+            assert adapters_on(server) == {"legal-notes": first["served_path"]}
+        # The replica that kept v1 was never unloaded or loaded again.
+        reloads = HttpAttempt.objects.filter(
+            replica__base_url=kept.base_url,
+            purpose__in=["load", "unload"],
+            status_code=200,
+            started_at__gte=swap["started_at"],
+        )
+        assert not reloads.exists(), list(reloads.values("purpose", "url"))
+    # The rollback's first change at the front door put the kept replica back;
+    # the other was drained right after, before it was swapped back.
+    changes = list(
+        HttpAttempt.objects.filter(purpose="gateway", started_at__gte=rollback["started_at"])
+        .order_by("started_at", "id")
+        .values_list("url", flat=True)
+    )
+    moves = [re.search(r"m_legal-notes/(r\d+) state (\w+)", c).groups() for c in changes]
+    assert [state for _, state in moves[:2]] == ["ready", "drain"], changes
+    assert moves[0][0] != moves[1][0], changes
