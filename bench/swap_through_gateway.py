@@ -444,6 +444,15 @@ def main() -> None:
         f"raw unload+load: {r['failed_per_swap']} per swap",
         f"0: {'met' if g['failed'] == 0 else 'not met'}",
     )
+    if m is not None:
+        switched = m["rollback_switch_ms_max"] < 1000 and m["failed"] == 0
+        out.headline(
+            "rollback after a swap through the front door (adapter on 1 of 2 replicas)",
+            f"a switch of traffic: {m['rollback_switch_ms_median']:.0f} ms median, "
+            f"{m['rollback_switch_ms_max']:.0f} ms max; {m['failed']} failed",
+            f"by reload: {result['rollback_by_reload_ms_median']:.0f} ms",
+            f"< 1 s, no reload: {'met' if switched else 'MISSED'}",
+        )
     print(f"{result['swaps']} swaps, {result['clients']} clients, {replicas}")
     if n == 1:
         print(

@@ -319,6 +319,8 @@ def test_a_swap_that_fails_verification_rolls_back_without_failing_a_request(
         listen = f"127.0.0.1:{free_port()}"
         settings.SERVING_GATEWAYS = {"gw-fail": listen}
         settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+        # Both replicas swapped (none keeps v1 for a rollback), so the second is tried.
+        settings.SERVING_ROLLBACK_RETAIN_SECONDS = 0
         platform.create_deployment("gw-fail", urls)
         v1 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=3))
         v2 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=4))
