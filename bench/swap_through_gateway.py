@@ -440,9 +440,11 @@ def main() -> None:
                 met=g["misrouted_vllm_404"] + g["retried_by_haproxy"] == 0, unit="")  # fmt: skip
     out.headline(
         f"version swap under traffic through the front door ({n} replica{'s' if n > 1 else ''})",
-        f"{g['failed']} failed requests in {result['swaps']} swaps",
+        f"{g['failed']} failed requests in {result['swaps']} swaps; throughput "
+        f"{g['ratio_in_swap_windows']}× steady ({g['ratio_to_just_before']}× the second before)",
         f"raw unload+load: {r['failed_per_swap']} per swap",
-        f"0: {'met' if g['failed'] == 0 else 'not met'}",
+        f"0: {'met' if g['failed'] == 0 else 'not met'}; ≥ 0.9×: "
+        f"{'met' if g['ratio_in_swap_windows'] >= 0.9 else 'MISSED'}",
     )
     if m is not None:
         switched = m["rollback_switch_ms_max"] < 1000 and m["failed"] == 0

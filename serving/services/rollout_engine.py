@@ -378,7 +378,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
     if swap:
         order = pushed
         if not ctx.moves:
-            order, switch_after = _swap_order(ctx, name, path)
+            order, switch_after = _swap_order(ctx, name, path, served.served_path)
         groups = [[replica] for replica in order]
     swapped: list[Replica] = []
     for index, group in enumerate(groups):
@@ -430,26 +430,30 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
     gateway_sync(deployment, release=name)
 
 
-def _swap_order(ctx: _Context, name: str, path: str) -> tuple[list[Replica], int | None]:
+def _swap_order(
+    ctx: _Context, name: str, path: str, before: str | None
+) -> tuple[list[Replica], int | None]:
     """The order an in-place swap goes through the replicas, one at a time, and
     after how many the others are drained at once (None: never). Replicas that
     already hold the version at `path` (a retained copy: a rollback) go first,
     then the traffic leaves the others at once. Otherwise, with a retention set
-    and two replicas or more, the last one is not swapped: it keeps the version
-    before, drained (ctx.kept)."""
+    and two replicas or more, the last one serving the version before (at
+    `before`) is not swapped: it keeps it, drained (ctx.kept)."""
     pushed = ctx.replicas
     holding = [r for r in pushed if loaded_adapters(r).get(name) == path]
     others = [r for r in pushed if r not in holding]
     if holding and others:
         return holding + others, len(holding)
+    serving_before = [r for r in pushed if before and loaded_adapters(r).get(name) == before]
     if (
         not holding
         and len(pushed) >= 2
+        and serving_before
         and ctx.rollout.kind != RolloutKind.ROLLBACK
         and settings.SERVING_ROLLBACK_RETAIN_SECONDS > 0
     ):
-        ctx.kept = pushed[-1]
-        return pushed[:-1], None
+        ctx.kept = serving_before[-1]
+        return [r for r in pushed if r is not ctx.kept], None
     return pushed, None
 
 
