@@ -6,6 +6,8 @@ in-sync tick with bounded adapters costs what one without does."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import requests
 
@@ -229,15 +231,17 @@ def test_a_rollout_moves_the_placement_off_a_replica_that_is_down(
     assert new_home.adapters["legal-contracts"] == served.served_path
 
 
-@pytest.fixture
-def behind_a_front_door(root, lena, fleet, tmp_path, settings, contracts, approved_v1):
-    """legal-contracts on ONE of the 3 replicas (max_replicas 1), v1 served and
-    routed through a real HAProxy."""
+@contextlib.contextmanager
+def _v1_behind_a_front_door(name, max_replicas, *, root, lena, fleet, tmp_path, settings, v1):
+    """legal-contracts v1 served on the fleet (on `max_replicas` of its replicas;
+    None: every one) and routed through a real HAProxy: (deployment, its URL)."""
     from serving.gateway.selectors import routing_table_for
     from serving.gateway.services import front_door_for
 
-    deployment = make_deployment(root, fleet.urls, tmp_path / "volume", name="spare")
-    ServedAdapter.objects.create(deployment=deployment, adapter=contracts, max_replicas=1)
+    deployment = make_deployment(root, fleet.urls, tmp_path / "volume", name=name)
+    ServedAdapter.objects.create(
+        deployment=deployment, adapter=v1.adapter, max_replicas=max_replicas
+    )
     listen = f"127.0.0.1:{free_port()}"
     settings.SERVING_GATEWAYS = {deployment.name: listen}
     settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
@@ -245,8 +249,18 @@ def behind_a_front_door(root, lena, fleet, tmp_path, settings, contracts, approv
     door = front_door_for(deployment)
     door.write(routing_table_for(deployment))
     with running_haproxy(door, log=tmp_path / "haproxy.log"):
-        assert rollout_execute(promote(lena, deployment, approved_v1)[1].pk, "w") == "succeeded"
+        assert rollout_execute(promote(lena, deployment, v1)[1].pk, "w") == "succeeded"
         yield deployment, f"http://{listen}/v1/completions"
+
+
+@pytest.fixture
+def behind_a_front_door(root, lena, fleet, tmp_path, settings, approved_v1):
+    """legal-contracts on ONE of the 3 replicas (max_replicas 1)."""
+    with _v1_behind_a_front_door(
+        "spare", 1, root=root, lena=lena, fleet=fleet, tmp_path=tmp_path, settings=settings,
+        v1=approved_v1,
+    ) as served:  # fmt: skip
+        yield served
 
 
 def _ask(url):
@@ -357,22 +371,15 @@ def test_a_swap_made_on_a_spare_that_fails_verification_never_stops_the_old_vers
 
 
 def test_a_swap_on_every_replica_keeps_the_old_version_on_the_last_until_its_time_is_up(
-    root, lena, fleet, tmp_path, settings, contracts, approved_v1, approved_v2
+    root, lena, fleet, tmp_path, settings, approved_v1, approved_v2
 ):
     from observability.collector import ControlPlaneCollector
-    from serving.gateway.selectors import routing_table_for
-    from serving.gateway.services import front_door_for
     from serving.models import ReplicaRollout, ReplicaStepStatus
 
-    deployment = make_deployment(root, fleet.urls, tmp_path / "volume", name="keep")
-    listen = f"127.0.0.1:{free_port()}"
-    settings.SERVING_GATEWAYS = {deployment.name: listen}
-    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
-    settings.SERVING_GATEWAY_DRAIN_SECONDS = 5.0
-    door = front_door_for(deployment)
-    door.write(routing_table_for(deployment))
-    with running_haproxy(door, log=tmp_path / "haproxy.log"):
-        assert rollout_execute(promote(lena, deployment, approved_v1)[1].pk, "w") == "succeeded"
+    with _v1_behind_a_front_door(
+        "keep", None, root=root, lena=lena, fleet=fleet, tmp_path=tmp_path, settings=settings,
+        v1=approved_v1,
+    ) as (deployment, url):  # fmt: skip
         old_path = fleet.replicas[0].adapters["legal-contracts"]
         _, swap = promote(lena, deployment, approved_v2)
         assert rollout_execute(swap.pk, "w") == "succeeded"
@@ -384,7 +391,7 @@ def test_a_swap_on_every_replica_keeps_the_old_version_on_the_last_until_its_tim
         kept_id = Replica.objects.get(base_url=fleet.replicas[kept].base_url).pk
         step = ReplicaRollout.objects.get(rollout=swap, replica_id=kept_id)
         assert step.status == ReplicaStepStatus.DEFERRED and "rollback" in step.error
-        assert _ask(f"http://{listen}/v1/completions") == 200
+        assert _ask(url) == 200
 
         # Kept while its time runs, and not counted as missing meanwhile...
         reconcile_deployment(deployment.pk, "beat")
@@ -405,4 +412,4 @@ def test_a_swap_on_every_replica_keeps_the_old_version_on_the_last_until_its_tim
         assert fleet.replicas[kept].adapters["legal-contracts"] == swap.served_path
         step.refresh_from_db()
         assert step.status == ReplicaStepStatus.SUCCEEDED, step.error
-        assert _ask(f"http://{listen}/v1/completions") == 200
+        assert _ask(url) == 200

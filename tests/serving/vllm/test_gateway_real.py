@@ -122,6 +122,21 @@ def _table(servers, loaded: list[dict], served: list[ServedView]):
     )
 
 
+def _deployment_behind_a_front_door(platform, vllm_servers, settings, tmp_path, name):
+    """A deployment of both real replicas with a front door (HAProxy's first
+    configuration written): (the deployment, the front door's URL)."""
+    from serving.gateway.services import gateway_sync
+
+    listen = f"127.0.0.1:{free_port()}"
+    settings.SERVING_GATEWAYS = {name: listen}
+    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    settings.SERVING_GATEWAY_DRAIN_SECONDS = 30.0
+    platform.create_deployment(name, [s.base_url for s in vllm_servers])
+    deployment = Deployment.objects.get(name=name)
+    gateway_sync(deployment)  # the configuration HAProxy starts with
+    return deployment, f"http://{listen}"
+
+
 @pytest.fixture
 def front_door(tmp_path) -> HAProxyFrontDoor:
     return HAProxyFrontDoor(tmp_path / "gateway", listen=f"127.0.0.1:{free_port()}")
@@ -355,11 +370,9 @@ def test_an_adapter_on_one_of_two_replicas_swaps_made_before_break_and_rolls_bac
     loads v2 on the other replica, sends the traffic there, then drains the
     first, which keeps v1 loaded; a rollback then switches the traffic back to
     it (no reload). Under continuous traffic, through the real front door."""
-    listen = f"127.0.0.1:{free_port()}"
-    settings.SERVING_GATEWAYS = {"gw-one": listen}
-    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
-    settings.SERVING_GATEWAY_DRAIN_SECONDS = 30.0
-    platform.create_deployment("gw-one", [s.base_url for s in vllm_servers])
+    deployment, url = _deployment_behind_a_front_door(
+        platform, vllm_servers, settings, tmp_path, "gw-one"
+    )
     v1 = platform.approved_version("briefs", "legal-briefs", AdapterSpec(seed=5))
     v2 = platform.approved_version("briefs", "legal-briefs", AdapterSpec(seed=6))
     ok(
@@ -369,12 +382,9 @@ def test_an_adapter_on_one_of_two_replicas_swaps_made_before_break_and_rolls_bac
             format="json",
         )
     )
-    from serving.gateway.services import front_door_for, gateway_sync
+    from serving.gateway.services import front_door_for
 
-    deployment = Deployment.objects.get(name="gw-one")
-    gateway_sync(deployment)
     log = tmp_path / "haproxy.log"
-    url = f"http://{listen}"
     with running_haproxy(front_door_for(deployment), log=log):
         first = platform.promote_and_wait("gw-one", v1["id"])
         assert first["status"] == "succeeded", first["error"]
@@ -423,19 +433,14 @@ def test_a_swap_on_every_replica_keeps_the_old_version_on_one_and_rolls_back_by_
     time but leaves the last on v1, drained, for SERVING_ROLLBACK_RETAIN_SECONDS;
     the rollback then sends the traffic back to it at once (no reload there) and
     swaps the other back after. Under continuous traffic, through the front door."""
-    listen = f"127.0.0.1:{free_port()}"
-    settings.SERVING_GATEWAYS = {"gw-keep": listen}
-    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
-    settings.SERVING_GATEWAY_DRAIN_SECONDS = 30.0
-    platform.create_deployment("gw-keep", [s.base_url for s in vllm_servers])
+    deployment, url = _deployment_behind_a_front_door(
+        platform, vllm_servers, settings, tmp_path, "gw-keep"
+    )
     v1 = platform.approved_version("notes", "legal-notes", AdapterSpec(seed=7))
     v2 = platform.approved_version("notes", "legal-notes", AdapterSpec(seed=8))
-    from serving.gateway.services import front_door_for, gateway_sync
+    from serving.gateway.services import front_door_for
 
-    deployment = Deployment.objects.get(name="gw-keep")
-    gateway_sync(deployment)
     log = tmp_path / "haproxy.log"
-    url = f"http://{listen}"
     with running_haproxy(front_door_for(deployment), log=log):
         first = platform.promote_and_wait("gw-keep", v1["id"])
         assert first["status"] == "succeeded", first["error"]
