@@ -120,29 +120,26 @@ def moved_phase(door: HAProxyFrontDoor, servers, paths, swaps: int, clients: int
     with VLLMClient(servers[1].base_url, timeout=60) as client:
         client.unload_adapter(NAME)
     holder = 0
-    moves, switches = [], []
     with Traffic(url, clients, timeout=60) as traffic:
         time.sleep(1.0)
         started_phase = time.monotonic()
-        for new in paths[:swaps]:
-            spare = 1 - holder
+
+        def switch(path: str) -> float:
+            """The other replica serves `path` (verified), then takes the traffic."""
+            nonlocal holder
+            other = 1 - holder
             started = time.monotonic()
-            _serve_check(servers[spare], new)
-            door.ready(NAME, f"r{spare + 1}")
+            _serve_check(servers[other], path)
+            door.ready(NAME, f"r{other + 1}")
             door.drain(NAME, f"r{holder + 1}", timeout=60)
-            moves.append(time.monotonic() - started)
-            holder = spare
+            holder = other
             time.sleep(pause)
-        for _ in range(max(1, min(swaps, 5))):
-            back = 1 - holder  # holds the version before, drained
-            kept = _root_on(servers[back])  # the product knows it from its records
-            started = time.monotonic()
-            _serve_check(servers[back], kept)
-            door.ready(NAME, f"r{back + 1}")
-            door.drain(NAME, f"r{holder + 1}", timeout=60)
-            switches.append(time.monotonic() - started)
-            holder = back
-            time.sleep(pause)
+            return time.monotonic() - started - pause
+
+        moves = [switch(new) for new in paths[:swaps]]
+        # Back each time to the version the other replica kept, drained (the product
+        # knows its path from its records; read here before the clock starts).
+        switches = [switch(_root_on(servers[1 - holder])) for _ in range(max(1, min(swaps, 5)))]
         phase = [(started_phase, time.monotonic())]
     _, _, rps = traffic.count(phase)
     return {
