@@ -27,16 +27,10 @@ from observability.models import (
     ReplicaLoraState,
 )
 from observability.usage import front_door_usage_record
-from observability.vllm_metrics import (
-    LoraSnapshot,
-    MetricsParseError,
-    clients_only,
-    demand_units,
-    fetch_metrics,
-    parse_lora_metrics,
-)
+from observability.vllm_metrics import clients_only, demand_units, fetch_metrics
 from registry.models import Adapter
 from serving.fanout import fan_out, replica_session
+from serving.lora_metrics import LoraSnapshot, MetricsParseError, parse_lora_metrics
 from serving.models import Deployment, HttpAttempt, Replica, ReplicaHealth
 from serving.probe import OwnRequests
 from serving.replica_calls import ReplicaOutcome

@@ -17,11 +17,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from serving.lora_metrics import snapshot_of
 from serving.vllm_client import AttemptResult, ModelCard
 
-LORA_INFO = "vllm:lora_requests_info"
 # vLLM's refusal of a load whose rank is above the server's --max-lora-rank
 # ("LoRA rank 64 is greater than max_lora_rank 16."): the only place vLLM 0.32
 # tells its max_lora_rank (neither /metrics nor any endpoint shows it).
@@ -72,17 +70,8 @@ def base_card_facts(cards: list[ModelCard]) -> dict:
 def max_lora_from_metrics(result: AttemptResult) -> int | None:
     """The max_lora label of vllm:lora_requests_info (every series carries the
     server's --max-loras); None where the server shows no series yet."""
-    if not result.ok or not isinstance(result.body, str):
-        return None
-    try:
-        for family in text_string_to_metric_families(result.body):
-            for sample in family.samples:
-                label = sample.labels.get("max_lora", "")
-                if sample.name == LORA_INFO and label.isdigit():
-                    return int(label)
-    except ValueError:
-        return None
-    return None
+    snapshot = snapshot_of(result)
+    return snapshot.max_lora if snapshot is not None else None
 
 
 def max_lora_rank_from_refusal(error: str) -> int | None:
@@ -97,48 +86,20 @@ def lora_activity_from_metrics(result: AttemptResult) -> tuple[float, set[str]] 
     that state (after an engine step), the older ones are stale states. None
     where the metrics cannot tell: not answered, not Prometheus text, or no
     series (LoRA disabled, or no step run since vLLM started)."""
-    if not result.ok or not isinstance(result.body, str):
+    snapshot = snapshot_of(result)
+    if snapshot is None or snapshot.timestamp is None:
         return None
-    newest: tuple[float, set[str]] | None = None
-    try:
-        for family in text_string_to_metric_families(result.body):
-            for sample in family.samples:
-                if sample.name != LORA_INFO:
-                    continue
-                names = set()
-                for label in ("running_lora_adapters", "waiting_lora_adapters"):
-                    names |= {n for n in sample.labels.get(label, "").split(",") if n}
-                if newest is None or sample.value >= newest[0]:
-                    newest = (sample.value, names)
-    except ValueError:
-        return None
-    return newest
+    return snapshot.timestamp, set(snapshot.active)
 
 
 def lora_label_sets(result: AttemptResult) -> dict[tuple, float] | None:
     """Every vllm:lora_requests_info label set, (running, waiting) adapter
     names as vLLM lists them, with the time vLLM last stamped it; None where
     the metrics cannot tell (not answered, not Prometheus text)."""
-    if not result.ok or not isinstance(result.body, str):
+    snapshot = snapshot_of(result)
+    if snapshot is None:
         return None
-    found: dict[tuple, float] = {}
-    try:
-        for family in text_string_to_metric_families(result.body):
-            for sample in family.samples:
-                if sample.name == LORA_INFO:
-                    key = tuple(
-                        _listed(sample.labels.get(label))
-                        for label in ("running_lora_adapters", "waiting_lora_adapters")
-                    )
-                    found[key] = float(sample.value)
-    except (ValueError, TypeError, IndexError):
-        return None
-    return found
-
-
-def _listed(value: str | None) -> tuple[str, ...]:
-    # As observability.vllm_metrics reads the same labels.
-    return tuple(name for name in (part.strip() for part in (value or "").split(",")) if name)
+    return {(s.running, s.waiting): s.timestamp for s in snapshot.series}
 
 
 def busy_adapters_from_metrics(result: AttemptResult) -> set[str] | None:
