@@ -20,7 +20,7 @@ from django.conf import settings
 
 from core.backoff import backoff_delay
 from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
-from serving.replica_facts import busy_adapters_from_metrics, lora_activity_from_metrics
+from serving.replica_facts import lora_activity_from_metrics, lora_label_sets
 from serving.vllm_client import (
     AttemptResult,
     VLLMClient,
@@ -139,7 +139,8 @@ def ensure_loaded(
         outcome.vllm_version = server_version(answer)
     # Requests of this name running where it is not loaded are a previous load's
     # (retired, or unloaded behind our back): loading now would batch them with the
-    # new load's and kill vLLM 0.32 (settle_after_unload). One /metrics read tells.
+    # new load's and kill vLLM 0.32 (settle_after_unload). A /metrics read tells
+    # whether to wait.
     if not _idle_or_loaded(client, name, outcome, policy):
         return outcome.fail(
             f"requests through {name} from an earlier load were still running after "
@@ -257,13 +258,22 @@ def settle_after_unload(
 
 
 def _idle_or_loaded(client: VLLMClient, name: str, outcome: ReplicaOutcome, policy) -> bool:
-    """True when no request of `name` runs, or when `name` is loaded (its
-    requests are then the current load's, and a load is refused as already
-    loaded); else waits as after an unload."""
+    """True when `name` is loaded (its requests are then the current load's,
+    and a load is refused as already loaded), or when vLLM's metrics never
+    listed a request of it since the replica started; else waits as after an
+    unload.
+
+    One read that shows `name` idle is not enough where it was requested
+    before: requests admitted just before an unload made outside the product
+    reach the engine's record a step later (UNLOAD_GRACE_SECONDS), as
+    settle_after_unload waits for. A name no series ever listed (a new
+    adapter, a restarted replica) loads at once, without the wait."""
     read = client.metrics()
     outcome.attempts.append(("unload_settle", read))
-    busy = busy_adapters_from_metrics(read)
-    if busy is None or name not in busy:
+    label_sets = lora_label_sets(read)
+    if label_sets is None or not any(
+        name in running or name in waiting for running, waiting in label_sets
+    ):
         return True
     listing = call_with_retry(client.list_models, "list_models", outcome, policy)
     if listing.ok and _find(listing, name) is not None:

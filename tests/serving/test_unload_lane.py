@@ -111,6 +111,28 @@ def test_a_reload_loads_once_the_name_is_idle(replica, folders, settings):
     assert replica.adapters["legal"] == folders["v2"]
 
 
+def test_a_name_requested_before_is_loaded_only_after_a_newer_record(replica, folders):
+    # Unloaded outside the product: not listed, and the newest record shows it
+    # idle. A request admitted just before that unload is not in the record yet.
+    replica.metrics_text = _lora_info([("legal", 100.0), ("", 200.0)])
+    with _client(replica) as client:
+        started = time.monotonic()
+        outcome = ensure_loaded(client, "legal", folders["v1"], POLICY, known_version="0.32.0")
+    assert outcome.ok, outcome.error
+    # The grace, then a newer record or ENGINE_IDLE_SECONDS without one.
+    assert time.monotonic() - started >= 0.7
+    assert [p for p, _ in outcome.attempts].count("unload_settle") >= 2
+    assert replica.adapters["legal"] == folders["v1"]
+
+
+def test_a_name_no_record_ever_listed_loads_at_once(replica, folders):
+    replica.metrics_text = _lora_info([("hr", 100.0), ("", 200.0)])
+    with _client(replica) as client:
+        outcome = ensure_loaded(client, "legal", folders["v1"], POLICY, known_version="0.32.0")
+    assert outcome.ok, outcome.error
+    assert [p for p, _ in outcome.attempts] == ["unload_settle", "load"]
+
+
 class _SlowUnloads:
     """A client whose unloads take a while, noting how many overlap."""
 
