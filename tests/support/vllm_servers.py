@@ -475,6 +475,29 @@ class VLLMServer:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
+    def log_size(self) -> int:
+        """Bytes in the log now: a mark for first_traceback (the log is
+        appended to across restarts)."""
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def first_traceback(self, since: int = 0, lines: int = 80) -> str:
+        """The log after byte `since`, from its first traceback on (a dead
+        engine logs a 500 for every request after it, which pushes the cause
+        out of log_tail), or its tail where there is none."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(since)
+                text = log.read().decode(errors="replace").splitlines()
+        except OSError:
+            return ""
+        start = next((i for i, line in enumerate(text) if "Traceback" in line), None)
+        if start is None:
+            return "\n".join(text[-lines:])
+        return "\n".join(text[max(0, start - 10) : start + lines])
+
     # -- internals
 
     def _signal_group(self, sig: int) -> None:

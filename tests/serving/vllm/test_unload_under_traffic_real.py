@@ -171,6 +171,7 @@ def test_swaps_retires_and_repairs_under_traffic_leave_the_replica_serving(
             assert _run(promotion) == "succeeded"
         serving[name] = 0
 
+    log_mark = server.log_size()
     stop = threading.Event()
     answers: dict[int | str, int] = {}
     lock = threading.Lock()
@@ -243,7 +244,7 @@ def test_swaps_retires_and_repairs_under_traffic_leave_the_replica_serving(
     record_property("operations", done)
     record_property("answers", answers)
     print(f"\n[unload-under-traffic] {done} answers={answers}")
-    assert alive, (done, answers, server.log_tail())
+    assert alive, (done, answers, outcomes[-3:], server.first_traceback(since=log_mark))
     assert sum(done.values()) >= 10, done
     assert all(status in (200, 404) for status in answers), answers
     failed = [o for o in outcomes if o[0] != "repair" and o[2] != "succeeded"]
