@@ -10,7 +10,7 @@ import pytest
 
 from serving.lora_metrics import MetricsParseError, parse_lora_metrics
 from serving.replica_facts import lora_label_sets, max_lora_from_metrics
-from serving.vllm_client import AttemptResult
+from tests.support.attempts import answered
 
 VLLM_032 = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -70,19 +70,6 @@ def test_every_label_set_is_kept_with_when_it_was_last_current():
 
 
 def test_the_label_sets_a_replica_shows_are_read_with_their_stamps():
-    def result(body, ok=True):
-        return AttemptResult(
-            method="GET",
-            url="u",
-            started_at=None,
-            duration_ms=1,
-            status_code=200,
-            ok=ok,
-            error="",
-            transient=False,
-            body=body,
-        )
-
     body = (
         "# TYPE vllm:lora_requests_info gauge\n"
         'vllm:lora_requests_info{max_lora="2",running_lora_adapters="legal, hr",'
@@ -90,11 +77,11 @@ def test_the_label_sets_a_replica_shows_are_read_with_their_stamps():
         'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",'
         'waiting_lora_adapters="legal"} 1.7646e9\n'
     )
-    assert lora_label_sets(result(body)) == {
+    assert lora_label_sets(answered(body)) == {
         (("legal", "hr"), ()): 1.7645e9,
         ((), ("legal",)): 1.7646e9,
     }
-    assert lora_label_sets(result(body, ok=False)) is None
-    assert lora_label_sets(result("not {prometheus")) is None
-    assert max_lora_from_metrics(result(body)) == 2
-    assert max_lora_from_metrics(result("# TYPE up gauge\nup 1\n")) is None
+    assert lora_label_sets(answered(body, ok=False)) is None
+    assert lora_label_sets(answered("not {prometheus")) is None
+    assert max_lora_from_metrics(answered(body)) == 2
+    assert max_lora_from_metrics(answered("# TYPE up gauge\nup 1\n")) is None

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import UTC, datetime
 
 import pytest
 
@@ -20,6 +19,7 @@ from serving.replica_calls import (
 from serving.replica_facts import busy_adapters_from_metrics
 from serving.vllm_client import AttemptResult, VLLMClient
 from tests.support.adapters import write_adapter_dir
+from tests.support.attempts import answered
 from tests.support.vllm_standin import serve_standin
 
 POLICY = RetryPolicy(deadline_seconds=0, base_delay=0, max_delay=0)
@@ -35,22 +35,8 @@ def _lora_info(series: list[tuple[str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _ok(body) -> AttemptResult:
-    return AttemptResult(
-        method="GET",
-        url="http://replica/",
-        started_at=datetime.now(UTC),
-        duration_ms=1.0,
-        status_code=200,
-        ok=True,
-        error="",
-        transient=False,
-        body=body,
-    )
-
-
 def _metrics(text: str) -> AttemptResult:
-    return _ok(text)
+    return answered(text)
 
 
 def test_the_newest_lora_series_says_which_adapters_are_busy():
@@ -149,13 +135,13 @@ class _SlowUnloads:
         time.sleep(0.05)
         with self.lock:
             self.at_once -= 1
-        return _ok("")
+        return answered("")
 
     def metrics(self):
         return _metrics(_lora_info([("", 1.0)]))
 
     def load_adapter(self, name, path):
-        return _ok("")
+        return answered("")
 
 
 def test_unloads_on_one_replica_go_one_at_a_time_whoever_asks():
