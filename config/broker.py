@@ -6,7 +6,7 @@ file that a producer had not finished writing (a JSONDecodeError in
 error"). Here a message is a row, written and taken in transactions, so a
 reader never sees half of one.
 
-Three things differ from kombu's stock `sqla+` transport, for SQLite only:
+Four things differ from kombu's stock `sqla+` transport (the first three for SQLite only):
 - WAL with synchronous=NORMAL and a long busy timeout: web, beat and three
   workers write the file at once, and a lock wait must never surface as an
   error (`database is locked` is a connection error to kombu: a reconnect
@@ -16,6 +16,10 @@ Three things differ from kombu's stock `sqla+` transport, for SQLite only:
   that shuts down are re-published as new rows), so the file stays small.
 - The polling interval comes from the transport options (kombu hands every
   option to `create_engine`, which refuses unknown ones).
+- A queue that another process created between this one's lookup and its
+  insert is used, not an error: kombu guards the create with a lock of one
+  process only, so producers starting together failed their first publish
+  with "UNIQUE constraint failed: kombu_queue.name".
 
 Used through the `sqlite://` broker URL scheme, registered in config/celery.py.
 Like every kombu virtual transport it is at-most-once for a worker that is
@@ -33,7 +37,7 @@ from queue import Empty
 from kombu.transport import sqlalchemy as kombu_sqla
 from kombu.utils.encoding import bytes_to_str
 from sqlalchemy import create_engine, event, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 # Seconds a connection waits for another process's write lock before failing.
 BUSY_TIMEOUT_SECONDS = 60
@@ -61,6 +65,14 @@ class Channel(kombu_sqla.Channel):
                 if attempt >= 20:
                     raise
                 time.sleep(0.05 * attempt)
+
+    def _get_or_create(self, queue):
+        try:
+            return super()._get_or_create(queue)
+        except IntegrityError:
+            # The other process's row is committed: it is the queue.
+            self.session.rollback()
+            return self.session.query(self.queue_cls).filter(self.queue_cls.name == queue).one()
 
     def _engine_from_config(self):
         url = self.connection.client.hostname

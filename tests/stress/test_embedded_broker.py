@@ -21,6 +21,7 @@ from queue import Empty
 
 import pytest
 from kombu import Connection
+from sqlalchemy import event
 
 import config.celery  # noqa: F401 - registers the sqlite:// transport (config/broker.py)
 
@@ -128,6 +129,31 @@ def test_an_empty_poll_takes_no_lock_and_waits_for_no_writer(tmp_path):
             channel._get("rollouts")  # once
     finally:
         writer.close()
+        broker.release()
+
+
+def test_a_queue_another_process_created_meanwhile_is_used_not_an_error(tmp_path):
+    path = tmp_path / "broker.sqlite3"
+    broker = Connection(f"sqlite:///{path}")
+    channel = broker.channel()
+    channel._new_queue("other")  # the tables exist
+    other_process = sqlite3.connect(path, isolation_level=None)
+
+    def insert_first(_session, _context, _instances):
+        # Between this channel's lookup (no such queue) and its insert, as when
+        # several producers start at once.
+        other_process.execute("INSERT INTO kombu_queue (name) VALUES ('celery')")
+
+    event.listen(channel.session, "before_flush", insert_first, once=True)
+    try:
+        channel._put("celery", {"body": "first"})
+        (queue_id,) = other_process.execute(
+            "SELECT id FROM kombu_queue WHERE name = 'celery'"
+        ).fetchone()
+        assert channel._get("celery") == {"body": "first"}
+        assert channel._get_or_create("celery").id == queue_id
+    finally:
+        other_process.close()
         broker.release()
 
 
