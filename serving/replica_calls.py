@@ -140,24 +140,26 @@ def ensure_loaded(
     # Requests of this name running where it is not loaded are a previous load's
     # (retired, or unloaded behind our back): loading now would batch them with the
     # new load's and kill vLLM 0.32 (settle_after_unload). A /metrics read tells
-    # whether to wait.
-    if not _idle_or_loaded(client, name, outcome, policy):
+    # whether to wait, and a name it lists is looked up in /v1/models.
+    ready, listing = _idle_or_loaded(client, name, outcome, policy)
+    if not ready:
         return outcome.fail(
             f"requests through {name} from an earlier load were still running after "
             f"{settings.SERVING_UNLOAD_SETTLE_SECONDS:g} s (SERVING_UNLOAD_SETTLE_SECONDS); "
             "not loaded while they run."
         )
-    # Load first: the common case (a new adapter) costs one call. Only a name that
-    # is already loaded needs a look at /v1/models, to tell "done" from "swap".
-    loaded = call_with_retry(lambda: client.load_adapter(name, path), "load", outcome, policy)
-    if loaded.ok:
-        outcome.loaded_root = path
-        return outcome.succeed()
-    if not is_already_loaded_error(loaded):
-        return outcome.fail(_describe(loaded))
-    listing = call_with_retry(client.list_models, "list_models", outcome, policy)
-    if not listing.ok:
-        return outcome.fail(_describe(listing))
+    if listing is None:
+        # Load first: the common case (a new adapter) costs one call. Only a name
+        # that is already loaded needs a look at /v1/models, to tell "done" from "swap".
+        loaded = call_with_retry(lambda: client.load_adapter(name, path), "load", outcome, policy)
+        if loaded.ok:
+            outcome.loaded_root = path
+            return outcome.succeed()
+        if not is_already_loaded_error(loaded):
+            return outcome.fail(_describe(loaded))
+        listing = call_with_retry(client.list_models, "list_models", outcome, policy)
+        if not listing.ok:
+            return outcome.fail(_describe(listing))
     card = _find(listing, name)
     if card is not None and card.root == path:
         outcome.loaded_root = path
@@ -257,11 +259,14 @@ def settle_after_unload(
         delay = min(delay * 2, 0.5)
 
 
-def _idle_or_loaded(client: VLLMClient, name: str, outcome: ReplicaOutcome, policy) -> bool:
-    """True when `name` is loaded (its requests are then the current load's,
-    and a load is refused as already loaded), or when vLLM's metrics never
-    listed a request of it since the replica started; else waits as after an
-    unload.
+def _idle_or_loaded(
+    client: VLLMClient, name: str, outcome: ReplicaOutcome, policy
+) -> tuple[bool, AttemptResult | None]:
+    """(ready, listing): ready when `name` is loaded (its requests are then the
+    current load's), or when vLLM's metrics never listed a request of it since
+    the replica started, or once it settled as after an unload. `listing` is
+    the /v1/models answer that shows `name` loaded, so the caller need not ask
+    again; None when it was not read or `name` is not in it.
 
     One read that shows `name` idle is not enough where it was requested
     before: requests admitted just before an unload made outside the product
@@ -274,11 +279,11 @@ def _idle_or_loaded(client: VLLMClient, name: str, outcome: ReplicaOutcome, poli
     if label_sets is None or not any(
         name in running or name in waiting for running, waiting in label_sets
     ):
-        return True
+        return True, None
     listing = call_with_retry(client.list_models, "list_models", outcome, policy)
     if listing.ok and _find(listing, name) is not None:
-        return True
-    return settle_after_unload(client, name, outcome, policy)
+        return True, listing
+    return settle_after_unload(client, name, outcome, policy), None
 
 
 def reload_adapter(

@@ -119,6 +119,20 @@ def test_a_name_no_record_ever_listed_loads_at_once(replica, folders):
     assert [p for p, _ in outcome.attempts] == ["unload_settle", "load"]
 
 
+def test_a_loaded_name_requested_before_is_looked_up_once(replica, folders):
+    with _client(replica) as client:
+        assert ensure_loaded(client, "legal", folders["v1"], POLICY).ok
+        replica.metrics_text = _lora_info([("legal", 100.0), ("", 200.0)])
+        same = ensure_loaded(client, "legal", folders["v1"], POLICY, known_version="0.32.0")
+        swap = ensure_loaded(client, "legal", folders["v2"], POLICY, known_version="0.32.0")
+    assert same.ok and swap.ok, (same.error, swap.error)
+    assert [p for p, _ in same.attempts] == ["unload_settle", "list_models"]
+    purposes = [p for p, _ in swap.attempts]
+    assert purposes.count("list_models") == 1 and "load" in purposes, purposes
+    assert purposes.index("list_models") < purposes.index("unload") < purposes.index("load")
+    assert replica.adapters["legal"] == folders["v2"]
+
+
 class _SlowUnloads:
     """A client whose unloads take a while, noting how many overlap."""
 
