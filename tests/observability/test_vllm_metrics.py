@@ -11,7 +11,7 @@ import pytest
 from observability.vllm_metrics import clients_only, fetch_metrics
 from serving.lora_metrics import LoraSeries, parse_lora_metrics
 from serving.probe import OwnRequests
-from tests.serving.test_lora_metrics import VLLM_032
+from tests.support.metrics_samples import VLLM_032
 
 
 class Hostile:

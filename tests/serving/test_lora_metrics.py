@@ -11,17 +11,7 @@ import pytest
 from serving.lora_metrics import MetricsParseError, parse_lora_metrics
 from serving.replica_facts import lora_label_sets, max_lora_from_metrics
 from tests.support.attempts import answered
-
-VLLM_032 = """\
-# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="tiny-llama"} 1.0
-# HELP vllm:lora_requests_info Running stats on lora requests.
-# TYPE vllm:lora_requests_info gauge
-vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.7645e+09
-vllm:lora_requests_info{max_lora="2",running_lora_adapters="legal-contracts,hr-policy",waiting_lora_adapters="finance-risk"} 1.7646e+09
-vllm:lora_requests_info{max_lora="2",running_lora_adapters="legal-contracts",waiting_lora_adapters=""} 1.7644e+09
-"""  # noqa: E501 - the lines as vLLM writes them
+from tests.support.metrics_samples import VLLM_032
 
 RESIDENCY_STAND_IN = """\
 # TYPE vllm:lora_adapter_loaded gauge
