@@ -20,6 +20,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from django.conf import settings
@@ -486,27 +487,40 @@ def _move_back(ctx: _Context, reason: str) -> None:
     outcomes = _fan_out(
         ctx, ctx.replicas, lambda client, replica: ensure_unloaded(client, name, ctx.policy)
     )
+    kept = ", ".join(sorted(old.base_url for old in ctx.moves.values()))
+    _end_rollback(
+        ctx,
+        outcomes,
+        failed=lambda detail: (
+            f"{reason}. The old version still serves on {kept}; unloading the new one "
+            f"failed on {detail}; reconcile will keep trying."
+        ),
+        succeeded=(
+            f"{reason}. The old version never stopped serving on {kept}; the new one was "
+            "unloaded where it was tried."
+        ),
+    )
+
+
+def _end_rollback(
+    ctx: _Context,
+    outcomes: dict[int, ReplicaOutcome],
+    *,
+    failed: Callable[[str], str],
+    succeeded: str,
+) -> None:
+    """Marks the steps that were undone, then ends the rollout: FAILED, naming
+    each replica where undoing failed (the reconcile keeps trying), else ROLLED_BACK."""
     errors = {pk: o.error for pk, o in outcomes.items() if not o.ok}
     _set_steps(
         [s for pk, s in ctx.steps.items() if pk not in errors], ReplicaStepStatus.ROLLED_BACK
     )
-    kept = ", ".join(sorted(old.base_url for old in ctx.moves.values()))
     if errors:
         by_url = {r.pk: r.base_url for r in ctx.replicas}
         detail = "; ".join(f"{by_url[pk]}: {m}" for pk, m in errors.items())
-        _finish(
-            ctx,
-            RolloutStatus.FAILED,
-            f"{reason}. The old version still serves on {kept}; unloading the new one "
-            f"failed on {detail}; reconcile will keep trying.",
-        )
+        _finish(ctx, RolloutStatus.FAILED, failed(detail))
         return
-    _finish(
-        ctx,
-        RolloutStatus.ROLLED_BACK,
-        f"{reason}. The old version never stopped serving on {kept}; the new one was "
-        "unloaded where it was tried.",
-    )
+    _finish(ctx, RolloutStatus.ROLLED_BACK, succeeded)
 
 
 def _switch_back(ctx: _Context, name: str, failed: list[Replica], swapped: list[Replica]):
@@ -602,21 +616,14 @@ def _rollback_everywhere(ctx: _Context, reason: str) -> None:
             ctx, ctx.replicas, lambda client, replica: ensure_unloaded(client, name, ctx.policy)
         )
         restored = "not loaded (there was no previous version)"
-    rollback_errors = {pk: o.error for pk, o in outcomes.items() if not o.ok}
-    _set_steps(
-        [s for pk, s in ctx.steps.items() if pk not in rollback_errors],
-        ReplicaStepStatus.ROLLED_BACK,
+    _end_rollback(
+        ctx,
+        outcomes,
+        failed=lambda detail: (
+            f"{reason}. Rollback to {restored} failed on {detail}; reconcile will keep trying."
+        ),
+        succeeded=f"{reason}. Every replica is back on {restored}.",
     )
-    if rollback_errors:
-        by_url = {r.pk: r.base_url for r in ctx.replicas}
-        detail = "; ".join(f"{by_url[pk]}: {m}" for pk, m in rollback_errors.items())
-        _finish(
-            ctx,
-            RolloutStatus.FAILED,
-            f"{reason}. Rollback to {restored} failed on {detail}; reconcile will keep trying.",
-        )
-        return
-    _finish(ctx, RolloutStatus.ROLLED_BACK, f"{reason}. Every replica is back on {restored}.")
 
 
 def _finish(ctx: _Context, status: str, error: str) -> None:
