@@ -139,4 +139,5 @@ if ((!strict)) && [[ "${DATABASE_URL:-}" != postgres* ]]; then
   echo "NOTE: SQLite: the fault tier and the PostgreSQL race tests will skip" \
     "(allowed on SQLite by tests/skip_allowlist.toml)" >&2
 fi
-exec $BIN/pytest -q "$@"
+# The slowest tests are named at the end, so that a run that grew slower says where.
+exec $BIN/pytest -q --durations=25 "$@"
