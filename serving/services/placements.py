@@ -317,23 +317,18 @@ def swap_spares(
         again = [r for r in replicas if r.pk in resumed]
         return again if len(again) == len(placed) and not (resumed & taken) else None
     capacity = replica_capacity(deployment)
-
-    def room(replica: Replica) -> bool:
-        loaded = loaded_adapters(replica)
-        return name in loaded or len(loaded) < capacity
-
+    # Each replica's listing, read once (it is parsed from the recorded /v1/models).
+    loaded = {r.pk: loaded_adapters(r) for r in replicas if r.pk not in taken}
     candidates = [
-        r for r in replicas if r.pk not in taken and r.health != ReplicaHealth.DOWN and room(r)
+        r
+        for r in replicas
+        if r.pk in loaded
+        and r.health != ReplicaHealth.DOWN
+        and (name in loaded[r.pk] or len(loaded[r.pk]) < capacity)
     ]
     if len(candidates) < len(placed):
         return None
-    candidates.sort(
-        key=lambda r: (
-            loaded_adapters(r).get(name) != path,
-            len(loaded_adapters(r)),
-            r.base_url,
-        )
-    )
+    candidates.sort(key=lambda r: (loaded[r.pk].get(name) != path, len(loaded[r.pk]), r.base_url))
     return candidates[: len(placed)]
 
 
