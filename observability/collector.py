@@ -50,7 +50,7 @@ from serving.models import (
 )
 from serving.placement import placed_keys
 from serving.retention import Retained
-from serving.sync_state import SyncState, classify, loaded_adapters
+from serving.sync_state import SyncState, classify_kept, loaded_adapters
 
 TERMINAL = (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.ROLLED_BACK)
 ROLLOUT_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -353,8 +353,13 @@ class ControlPlaneCollector:
                     1
                     for name, (path, placed, kept) in wanted[replica.deployment_id].items()
                     if (placed is None or replica.pk in placed)
-                    and classify(path, roots.get(name), replica.health) != SyncState.IN_SYNC
-                    and not kept.keeps(replica.pk, roots.get(name), now)
+                    and classify_kept(
+                        path,
+                        roots.get(name),
+                        replica.health,
+                        kept=kept.keeps(replica.pk, roots.get(name), now),
+                    )
+                    not in (SyncState.IN_SYNC, SyncState.RETAINED)
                 )
                 missing.add_metric([deployment, replica.base_url], absent)
         for deployment_id, deployment in names.items():

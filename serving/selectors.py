@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
@@ -25,7 +26,8 @@ from serving.models import (
     VersionFingerprint,
 )
 from serving.placement import placed_keys
-from serving.sync_state import SyncState, classify, desired_root, loaded_adapters
+from serving.retention import Retained
+from serving.sync_state import SyncState, classify_kept, desired_root, loaded_adapters
 
 
 def deployments_for(actor: Actor) -> QuerySet[Deployment]:
@@ -196,9 +198,13 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
     last reconcile, or what a rollout verified since), per adapter the actor
     may see. `in_sync` is true only where the replica's last listing equals the
     desired state and the replica has not been found down since: a replica that
-    is down lists nothing, whatever it said before."""
+    is down lists nothing, whatever it said before. A replica that keeps the
+    previous version after a swap, drained, for a rollback (serving.retention)
+    is in sync with state "retained" until its time is up."""
     served = list(served_adapters_for(actor, deployment))
     placed = {s.pk: placed_keys(s) for s in served}
+    retained = {s.pk: Retained.from_dict(s.retained) for s in served}
+    now = time.time()
     visible_names = {s.adapter.served_name for s in served}
     # Unknown adapters could be any department's; replica URLs are the platform's.
     show_unknown = sees_infrastructure(actor)
@@ -213,14 +219,16 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
             actual = loaded.get(s.adapter.served_name)
             # None where retired, or where placement does not put it (serving.placement).
             desired = desired_root(s, replica.pk, placed[s.pk])
-            state = classify(desired, actual, replica.health)
+            kept = retained[s.pk].keeps(replica.pk, actual, now)
+            state = classify_kept(desired, actual, replica.health, kept=kept)
             adapters.append(
                 {
                     "served_name": s.adapter.served_name,
                     "desired_root": desired,
                     "actual_root": actual,
                     "placed": placed[s.pk] is None or replica.pk in placed[s.pk],
-                    "in_sync": state == SyncState.IN_SYNC,
+                    # A copy kept for a rollback is as intended: nothing repairs it.
+                    "in_sync": state in (SyncState.IN_SYNC, SyncState.RETAINED),
                     # Decided on the full roots; a member's view shows folder names only.
                     "state": state.value,
                 }

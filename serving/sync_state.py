@@ -22,6 +22,9 @@ class SyncState(StrEnum):
     WRONG_ROOT = "wrong_root"  # loaded from another root
     NOT_UNLOADED = "not_unloaded"  # retired, still loaded
     DOWN = "down"  # the replica is down: nothing it listed before counts
+    # The previous version, kept loaded and drained after a swap for a fast
+    # rollback until its time is up (serving.retention): not drift.
+    RETAINED = "retained"
 
     @property
     def drifted(self) -> bool:
@@ -39,6 +42,13 @@ def classify(desired: str | None, actual: str | None, health: str = ReplicaHealt
     if actual is None:
         return SyncState.MISSING
     return SyncState.IN_SYNC if actual == desired else SyncState.WRONG_ROOT
+
+
+def classify_kept(desired: str | None, actual: str | None, health: str, *, kept: bool) -> SyncState:
+    """classify, where `kept` says the replica's copy is one a swap keeps for a
+    rollback (Retained.keeps): RETAINED instead of the drift it would look like."""
+    state = classify(desired, actual, health)
+    return SyncState.RETAINED if kept and state.drifted else state
 
 
 def desired_root(served, replica_id: int, placed: frozenset[int] | None = ()) -> str | None:

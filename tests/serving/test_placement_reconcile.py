@@ -370,6 +370,19 @@ def test_a_swap_made_on_a_spare_that_fails_verification_never_stops_the_old_vers
     assert _ask(url) == 200
 
 
+def _state_of(user, deployment, replica_id: int) -> tuple[str, bool]:
+    """(state, in_sync) of legal-contracts on the replica, as the state API shows it."""
+    from serving.selectors import deployment_state
+    from tests.conftest import actor
+
+    url = Replica.objects.get(pk=replica_id).base_url
+    [replica] = [
+        r for r in deployment_state(actor(user), deployment)["replicas"] if r["base_url"] == url
+    ]
+    [row] = [a for a in replica["adapters"] if a["served_name"] == "legal-contracts"]
+    return row["state"], row["in_sync"]
+
+
 def test_a_swap_on_every_replica_keeps_the_old_version_on_the_last_until_its_time_is_up(
     root, lena, fleet, tmp_path, settings, approved_v1, approved_v2
 ):
@@ -403,6 +416,7 @@ def test_a_swap_on_every_replica_keeps_the_old_version_on_the_last_until_its_tim
             for sample in family.samples
         }
         assert set(missing.values()) == {0}, missing
+        assert _state_of(root, deployment, kept_id) == ("retained", True)
 
         # ...then swapped by the reconcile, and its step done.
         ServedAdapter.objects.filter(deployment=deployment).update(
@@ -412,4 +426,5 @@ def test_a_swap_on_every_replica_keeps_the_old_version_on_the_last_until_its_tim
         assert fleet.replicas[kept].adapters["legal-contracts"] == swap.served_path
         step.refresh_from_db()
         assert step.status == ReplicaStepStatus.SUCCEEDED, step.error
+        assert _state_of(root, deployment, kept_id) == ("in_sync", True)
         assert _ask(url) == 200
