@@ -7,7 +7,8 @@ Two real vLLM 0.32 servers (CPU, tiny model) behind a real HAProxy front door
 (serving/gateway/haproxy.py). Clients keep sending one-token completions with
 model=<served name> through it. Then, in one run:
 
-  steady      no swap: the throughput the swaps are measured against;
+  steady      no swap, before the swaps and again after them: the throughput
+              the swaps are measured against (the mean of both);
   gateway     --swaps swaps v(n) -> v(n+1), each the product's way: per replica,
               drained at the front door (no new requests, in-flight finished),
               unload+load there, verified (listed from the new path and a
@@ -217,6 +218,12 @@ def run(
                     windows.append((started, max(ended, started + 0.25)))
                     time.sleep(pause)
                 phase = [(phase_start, time.monotonic())]
+                # Steady state again after the swaps, so that the baseline is the
+                # mean of before and after (A-B-A): this machine's load drifts over
+                # the minutes a run takes, and one side alone measured the drift.
+                steady_again = time.monotonic()
+                time.sleep(steady_seconds)
+                steady.append((steady_again, time.monotonic()))
             misrouted = sum(vllm_404s(s.log_path, o) for s, o in zip(servers, offsets, strict=True))
             retried = retried_requests(log)
             moved = None
@@ -269,7 +276,13 @@ def run(
         "swaps": swaps,
         "clients": clients,
         "replicas": replicas,
-        "steady": {"requests": steady_n, "failed": steady_failed, "rps": round(steady_rps, 2)},
+        "steady": {
+            "requests": steady_n,
+            "failed": steady_failed,
+            "rps": round(steady_rps, 2),
+            "rps_before_swaps": round(traffic.count(steady[:1])[2], 2),
+            "rps_after_swaps": round(traffic.count(steady[1:])[2], 2),
+        },
         "gateway": {
             "requests": len(traffic.results),
             "failed": failed_total,
@@ -381,7 +394,9 @@ def main() -> None:
         ["measure", "req/s", "ratio"],
         "throughput during swaps against steady state (target >= 0.9)",
     )
-    throughput.row("steady state", s["rps"], 1.0)
+    throughput.row("steady state (before and after the swaps)", s["rps"], 1.0)
+    throughput.row("  steady before the swaps", s["rps_before_swaps"], "")
+    throughput.row("  steady after the swaps", s["rps_after_swaps"], "")
     throughput.row("inside the swap windows", g["rps_in_swap_windows"], g["ratio_in_swap_windows"])
     throughput.row("the second before each swap", g["rps_just_before_swaps"], 1.0)
     throughput.row(
