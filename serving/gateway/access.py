@@ -1,0 +1,37 @@
+"""Who may call what through a deployment's front door: the table the door
+enforces, a pure value computed by `serving.gateway.selectors.door_access`.
+
+The door never sees a key: it hashes the `Authorization: Bearer` value
+(SHA-256, lowercase hex) and looks the hash up in `keys`. A caller is a
+department (a key belongs to one, whether it was issued to the department, a
+service account or a person), and `allowed` says which served names each
+department may call here: its own department's adapters on a deployment it may
+use, the base model, and adapters of other departments through an approved,
+unexpired grant. Anything else is answered as if it did not exist (404).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class CallerKey:
+    key_id: int
+    department: str  # the department's slug: who is billed and whose grants apply
+    expires_at: int  # epoch seconds; the door refuses the key from then on
+
+
+@dataclass(frozen=True)
+class DoorAccess:
+    deployment: str
+    # An open door takes every request without a key (a laptop; never the default).
+    open: bool = False
+    keys: Mapping[str, CallerKey] = field(default_factory=dict)  # sha256 hex -> caller
+    allowed: frozenset[tuple[str, str]] = frozenset()  # (department slug, served name)
+
+    def models_for(self, department: str) -> list[str]:
+        """The served names a department may call here, sorted: what
+        `GET /v1/models` lists for its keys."""
+        return sorted(model for dept, model in self.allowed if dept == department)
