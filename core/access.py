@@ -71,6 +71,12 @@ def can_approve(actor: Actor, department_id: int) -> bool:
     return actor.token is None and role_in(actor, department_id) in {Role.APPROVER, ADMIN}
 
 
+def can_promote(actor: Actor, department_id: int) -> bool:
+    """Whether a Promote button is shown: contributors with the promote ability.
+    Where to (a deployment's allowed departments) is the promote page's to say."""
+    return can_contribute(actor, department_id, Ability.PROMOTE)
+
+
 def require_visible(actor: Actor, department_id: int, what: str) -> None:
     if not can_see(actor, department_id):
         raise NotFound(f"{what} not found.")

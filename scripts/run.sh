@@ -8,7 +8,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/.venv/bin
-export DJANGO_DEBUG="${DJANGO_DEBUG:-true}"
+# Debug off, as in production: a visitor gets the product's 404/403/500 pages,
+# never Django's debug page (which lists every URL and setting). A developer
+# opts in with `DJANGO_DEBUG=true make run`. Static files come from WhiteNoise
+# either way (collectstatic below). This is plain HTTP on 127.0.0.1, so the
+# production HTTPS defaults (secure cookies, SSL redirect, HSTS) are off here.
+export DJANGO_DEBUG="${DJANGO_DEBUG:-false}"
+export DJANGO_SECURE_COOKIES="${DJANGO_SECURE_COOKIES:-false}"
+export DJANGO_SECURE_SSL_REDIRECT="${DJANGO_SECURE_SSL_REDIRECT:-false}"
+export DJANGO_SECURE_HSTS_SECONDS="${DJANGO_SECURE_HSTS_SECONDS:-0}"
 export DJANGO_SECRET_KEY="${DJANGO_SECRET_KEY:-local-demo-secret-key-change-me}"
 # A worker's SIGTERM (Ctrl-C through the supervisor) is a bounded cold shutdown:
 # see CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT in config/settings.py.

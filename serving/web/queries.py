@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from core.access import visible_department_ids
+from core.access import can_promote, visible_department_ids
 from core.actors import Actor
+from registry.models import AdapterVersion, VersionStatus
 from serving import selectors
 from serving.capacity import Tiers, pool_figures, tiers_by_deployment
 from serving.models import (
@@ -327,3 +328,66 @@ def rollout_progress(rollout: Rollout) -> dict:
         "attempt_count": sum(len(s["step"].attempts.all()) for s in steps),
         "replicas": selectors.rollout_replica_summary(rollout),
     }
+
+
+# --- live beside approved ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Live:
+    deployment: str
+    number: int
+    version_id: int
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What an adapter serves where, beside its newest approved version: approved
+    is not live until someone promotes it, and people read the two as one."""
+
+    live: list[Live]
+    approved_id: int | None
+    approved_number: int | None
+    may_promote: bool
+
+    @property
+    def unpromoted(self) -> bool:
+        """The newest approved version is newer than what some deployment serves,
+        or nothing serves the adapter at all."""
+        if self.approved_number is None:
+            return False
+        if not self.live:
+            return True
+        return any(row.number < self.approved_number for row in self.live)
+
+
+def adapter_standing(actor: Actor, adapters) -> dict[int, Standing]:
+    """{adapter id: Standing} for adapters the actor already sees, in two queries."""
+    adapters = list(adapters)
+    ids = [a.pk for a in adapters]
+    live: dict[int, list[Live]] = defaultdict(list)
+    rows = (
+        ServedAdapter.objects.filter(adapter_id__in=ids, version__isnull=False)
+        .order_by("deployment__name")
+        .values_list("adapter_id", "deployment__name", "version__number", "version_id")
+    )
+    for adapter_id, name, number, version_id in rows:
+        live[adapter_id].append(Live(name, number, version_id))
+    approved: dict[int, tuple[int, int]] = {}
+    newest = (
+        AdapterVersion.objects.filter(adapter_id__in=ids, status=VersionStatus.APPROVED)
+        .order_by("adapter_id", "-number")
+        .values_list("adapter_id", "pk", "number")
+    )
+    for adapter_id, pk, number in newest:
+        approved.setdefault(adapter_id, (pk, number))
+    standing = {}
+    for adapter in adapters:
+        pk, number = approved.get(adapter.pk, (None, None))
+        standing[adapter.pk] = Standing(
+            live=live.get(adapter.pk, []),
+            approved_id=pk,
+            approved_number=number,
+            may_promote=can_promote(actor, adapter.department_id),
+        )
+    return standing

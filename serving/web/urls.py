@@ -1,10 +1,12 @@
 from django.urls import path
 
 from serving.web import views
+from serving.web.adapter_list import adapter_list
 
 app_name = "serving"
 
 urlpatterns = [
+    path("adapters/", adapter_list, name="adapters"),
     path("deployments/", views.deployment_list, name="deployments"),
     path("deployments/<slug:name>/", views.deployment_detail, name="deployment"),
     path("deployments/<slug:name>/kserve.yaml", views.deployment_kserve, name="deployment-kserve"),
