@@ -99,7 +99,9 @@ def test_it_filters_by_where_it_is_served(web_lena, lena, legal, served_v1_appro
         ("pending_review", "drafts", "contracts"),
     ],
 )
-def test_it_filters_by_status(web_lena, lena, legal, served_v1_approved_v2, standing, shown, hidden):
+def test_it_filters_by_status(
+    web_lena, lena, legal, served_v1_approved_v2, standing, shown, hidden
+):
     from registry.services.versions import version_transition
     from tests.conftest import actor
 
