@@ -120,6 +120,18 @@ def require_approver(actor: Actor, department_id: int, what: str) -> None:
         )
 
 
+def can_review(actor: Actor, authors) -> bool:
+    """Four-eyes: `actor` is none of `authors`, the user ids of every person
+    behind the work (Actor.people at each act: who acted, who minted the token,
+    who created the service account). Versions and promotions both ask this."""
+    return actor.user.pk not in set(authors)
+
+
+def require_four_eyes(actor: Actor, authors, message: str) -> None:
+    if not can_review(actor, authors):
+        raise NotAuthorized(message, code="four_eyes")
+
+
 def require_platform_admin(actor: Actor) -> None:
     if not actor.is_platform_admin:
         raise NotAuthorized("Only platform admins may do this.", code="not_platform_admin")

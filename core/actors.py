@@ -33,6 +33,19 @@ class Actor:
         return self.token is None and bool(self.user.is_active and self.user.is_staff)
 
     @property
+    def people(self) -> frozenset[int]:
+        """The user ids of every person behind this act: the acting user, the
+        creator of the token used and, for a service account's token, the
+        creator of the account. Recorded with each act so that four-eyes
+        (core.access.can_review) sees through a pipeline its reviewer set up."""
+        ids = {self.user.pk}
+        if self.token is not None:
+            ids.add(self.token.created_by_id)
+            if self.token.service_account_id is not None:
+                ids.add(self.token.service_account.created_by_id)
+        return frozenset(ids)
+
+    @property
     def label(self) -> str:
         if self.token is not None:
             account = self.token.service_account

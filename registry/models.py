@@ -115,6 +115,11 @@ class AdapterVersion(models.Model):
         blank=True,
         related_name="+",
     )
+    # Every person behind registering and submitting (core.actors.Actor.people),
+    # recorded at each act: through a service account's token the users above
+    # are the account's, and four-eyes must also refuse whoever created the
+    # account or minted the token, even if those rows change later.
+    author_ids = models.JSONField(default=list, blank=True)
     reviewed_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         on_delete=models.PROTECT,
@@ -175,6 +180,11 @@ class AdapterVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.adapter} v{self.number}"
+
+    @property
+    def authors(self) -> set[int]:
+        """Who may not review this version (core.access.can_review)."""
+        return {*self.author_ids, self.registered_by_id, self.submitted_by_id} - {None}
 
     @property
     def sha8(self) -> str:

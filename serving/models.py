@@ -285,6 +285,10 @@ class Promotion(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
     )
+    # Every person behind the request (core.actors.Actor.people), recorded when
+    # it is made: the requester, and through a service account's token whoever
+    # minted the token and created the account.
+    author_ids = models.JSONField(default=list, blank=True)
     reviewed_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
@@ -304,6 +308,11 @@ class Promotion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.version} -> {self.deployment}"
+
+    @property
+    def authors(self) -> set[int]:
+        """Who may not review this request (core.access.can_review)."""
+        return {*self.author_ids, self.requested_by_id}
 
 
 class RolloutKind(models.TextChoices):

@@ -13,12 +13,11 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from core.access import require_approver, require_contributor
+from core.access import require_approver, require_contributor, require_four_eyes
 from core.actors import Actor
 from core.audit import audit_record
 from core.errors import (
     Conflict,
-    NotAuthorized,
     ValidationFailed,
 )
 from core.models import Ability
@@ -252,6 +251,7 @@ def _record_version(
                 adapter_config=metadata.config,
                 registered_by=actor.user,
                 registered_via_token=actor.token,
+                author_ids=sorted(actor.people),
                 idempotency_key=idempotency_key,
                 source_uri=source_uri,
                 mlflow_run_id=lineage.mlflow_run_id,
@@ -336,11 +336,12 @@ def version_transition(
                 details={"current_status": locked.status},
             )
         if transition.who == "reviewer":
-            _require_four_eyes(actor, locked)
+            require_version_four_eyes(actor, locked)
         previous = locked.status
         changes = {"updated_at": timezone.now()}
         if action == "submit":
             changes["submitted_by"] = actor.user
+            changes["author_ids"] = sorted(set(locked.author_ids) | actor.people)
         if transition.who == "reviewer":
             changes.update(
                 reviewed_by=actor.user, reviewed_at=timezone.now(), review_comment=comment
@@ -365,12 +366,15 @@ def version_transition(
     return locked
 
 
-def _require_four_eyes(actor: Actor, version: AdapterVersion) -> None:
-    if actor.user.pk in {version.registered_by_id, version.submitted_by_id}:
-        raise NotAuthorized(
-            "Four-eyes rule: you cannot review a version you registered or submitted.",
-            code="four_eyes",
-        )
+FOUR_EYES_VERSION = (
+    "Four-eyes rule: you cannot review a version you registered or submitted, "
+    "nor one registered or submitted through a token you minted or a service account "
+    "you created."
+)
+
+
+def require_version_four_eyes(actor: Actor, version: AdapterVersion) -> None:
+    require_four_eyes(actor, version.authors, FOUR_EYES_VERSION)
 
 
 def _after_transition(version: AdapterVersion, previous: str) -> None:

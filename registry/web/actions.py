@@ -16,7 +16,7 @@ from core.actors import Actor
 from core.errors import ApplicationError
 from core.models import Ability
 from registry.models import AdapterVersion
-from registry.services.versions import _require_four_eyes
+from registry.services.versions import require_version_four_eyes
 from registry.transitions import TRANSITIONS, allowed_actions_from
 
 LABELS = {
@@ -61,7 +61,7 @@ def version_actions(actor: Actor, version: AdapterVersion) -> list[ActionOption]
         reason = ""
         if transition.who == "reviewer":
             try:
-                _require_four_eyes(actor, version)
+                require_version_four_eyes(actor, version)
             except ApplicationError as error:
                 reason = error.message
         options.append(

@@ -10,7 +10,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from core.access import require_approver, require_contributor
+from core.access import require_approver, require_contributor, require_four_eyes
 from core.actors import Actor
 from core.audit import audit_record
 from core.errors import ApplicationError, Conflict, NotAuthorized, NotFound, ValidationFailed
@@ -226,6 +226,7 @@ def promotion_create(
             canary_bake_seconds=canary_bake_seconds if canary_share is not None else None,
             gate_report=report.as_list(),
             requested_by=actor.user,
+            author_ids=sorted(actor.people),
         )
         rollout = None
         if status == PromotionStatus.APPROVED:
@@ -254,11 +255,17 @@ def _no_longer_reviewable(status: str) -> Conflict:
     )
 
 
+FOUR_EYES_PROMOTION = (
+    "Four-eyes rule: you cannot approve or reject your own promotion request, nor one "
+    "made through a token you minted or a service account you created."
+)
+
+
 def promotion_review(
     *, actor: Actor, promotion: Promotion, approve: bool, comment: str = ""
 ) -> Promotion:
     """Four-eyes, exactly as for versions: an approver of the department or a
-    platform admin who is not the requester."""
+    platform admin who is none of the people behind the request."""
     version = promotion.version
     require_approver(actor, version.adapter.department_id, "Promotion")
     comment = (comment or "").strip()
@@ -269,11 +276,7 @@ def promotion_review(
         locked = Promotion.objects.select_for_update().get(pk=promotion.pk)
         if locked.status == target or not can_move(PROMOTION_TRANSITIONS, locked.status, target):
             raise _no_longer_reviewable(locked.status)
-        if locked.requested_by_id == actor.user.pk:
-            raise NotAuthorized(
-                "Four-eyes rule: you cannot approve or reject your own promotion request.",
-                code="four_eyes",
-            )
+        require_four_eyes(actor, locked.authors, FOUR_EYES_PROMOTION)
         gate_report = locked.gate_report
         if approve:
             _require_servable(version)

@@ -17,7 +17,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from core.access import approver_department_ids, can_approve, can_contribute
+from core.access import approver_department_ids, can_approve, can_contribute, can_review
 from core.actors import Actor
 from core.errors import ApplicationError, NotFound
 from core.models import Ability
@@ -31,6 +31,7 @@ from serving.models import CanaryRequest, PromotionStatus, Rollout, RolloutStatu
 from serving.replica_facts import disputes as fact_disputes
 from serving.services.manifests import kserve_export
 from serving.services.promotions import (
+    FOUR_EYES_PROMOTION,
     _require_may_deploy,
     promotion_create,
     promotion_review,
@@ -60,16 +61,12 @@ def _reviewable(actor: Actor, promotions) -> list[dict]:
     for promotion in promotions:
         department_id = promotion.version.adapter.department_id
         may_review = can_approve(actor, department_id)
-        own = promotion.requested_by_id == actor.user.pk
+        own = not can_review(actor, promotion.authors)
         rows.append(
             {
                 "promotion": promotion,
                 "may_review": may_review,
-                "four_eyes": (
-                    "Four-eyes rule: you cannot approve or reject your own promotion request."
-                    if may_review and own
-                    else ""
-                ),
+                "four_eyes": FOUR_EYES_PROMOTION if may_review and own else "",
             }
         )
     return rows

@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from rest_framework.test import APIClient
 
-from core.models import AuditEvent, Membership
+from core.models import ApiToken, AuditEvent, Membership, ServiceAccount
 from registry.models import AdapterVersion
 from tests.conftest import PASSWORD
 from tests.factories import archive_upload, make_adapter
@@ -185,3 +185,28 @@ def test_a_platform_admin_creates_and_deactivates_one_in_the_admin(root, legal):
     account.refresh_from_db()
     assert account.deactivated_at is not None
     assert AuditEvent.objects.filter(action="service_account.deactivated").count() == 1
+
+
+def test_four_eyes_holds_after_the_pipelines_rows_are_edited(
+    pipeline, as_alex, as_paula, lena, legal
+):
+    """The people behind the work are recorded when it is done: editing the token's
+    or the account's creator afterwards (or ending both) does not let alex approve."""
+    account, secret = pipeline
+    adapter = make_adapter(lena, legal, name="contracts")
+    registered = bearer(secret).post(
+        f"/api/v1/adapters/{adapter.pk}/versions/",
+        {"files": [archive_upload()]},
+        format="multipart",
+    )
+    version_id = registered.json()["id"]
+    assert bearer(secret).post(f"/api/v1/versions/{version_id}/submit/").status_code == 200
+    ApiToken.objects.filter(service_account_id=account["id"]).update(created_by=lena)
+    ServiceAccount.objects.filter(pk=account["id"]).update(created_by=lena)
+    assert as_alex.post(f"/api/v1/service-accounts/{account['id']}/deactivate/").status_code == 200
+
+    refused = as_alex.post(f"/api/v1/versions/{version_id}/approve/")
+
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "four_eyes"
+    assert AdapterVersion.objects.get(pk=version_id).status == "pending_review"
+    assert as_paula.post(f"/api/v1/versions/{version_id}/approve/").status_code == 200

@@ -10,9 +10,17 @@ import pytest
 
 from registry.models import VersionStatus
 from registry.services.versions import version_transition
-from tests.conftest import actor
+from tests.conftest import actor, client_for
 from tests.factories import archive_upload, make_adapter, make_version
-from tests.support.authorization import CALLERS, assert_status, caller_client, statuses
+from tests.support.authorization import (
+    CALLERS,
+    REVIEWERS,
+    assert_status,
+    caller_client,
+    reviews,
+    service_account_token,
+    statuses,
+)
 
 # name: (method, path template, body builder, version state needed, expected statuses)
 MATRIX = {
@@ -209,3 +217,54 @@ def test_authorization_matrix(
         response = getattr(client, method)(url, data, format="json")
 
     assert_status(response, expected[caller])
+
+
+# The service-account paths: a version registered and submitted through a Legal
+# service account's token, or registered by lena and submitted through it, then
+# reviewed. Before authors were recorded, alex approved what his own pipeline
+# registered: the account's user, not alex, was the author on file.
+SERVICE_ACCOUNT_MATRIX = {
+    # path: expected status of each reviewer's approval
+    "alex's account, alex's token": reviews(403, 200, 200),
+    "alex's account, paula's token": reviews(403, 403, 200),
+    "root's account and token": reviews(200, 200, 403),
+}
+SERVICE_ACCOUNT_CELLS = [
+    pytest.param(path, acts, reviewer, action, id=f"{path}-{acts}-{reviewer}-{action}")
+    for path in SERVICE_ACCOUNT_MATRIX
+    for acts in ("registers and submits", "submits")
+    for reviewer in REVIEWERS
+    for action in ("approve", "reject")
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path,acts,reviewer,action", SERVICE_ACCOUNT_CELLS)
+def test_four_eyes_counts_every_person_behind_a_service_accounts_work(
+    path, acts, reviewer, action, legal, lena, alex, paula, root
+):
+    people = {"alex": alex, "paula": paula, "root": root}
+    pipeline = client_for("token", service_account_token(path, legal, people))
+    adapter = make_adapter(lena, legal, name="contracts")
+    if acts == "registers and submits":
+        registered = pipeline.post(
+            f"/api/v1/adapters/{adapter.pk}/versions/",
+            {"files": [archive_upload()]},
+            format="multipart",
+        )
+        assert registered.status_code == 201, registered.json()
+        version_id = registered.json()["id"]
+    else:
+        version_id = make_version(lena, adapter).pk
+    submitted = pipeline.post(f"/api/v1/versions/{version_id}/submit/")
+    assert submitted.status_code == 200, submitted.json()
+
+    response = client_for(people[reviewer]).post(
+        f"/api/v1/versions/{version_id}/{action}/", {"comment": "looked"}, format="json"
+    )
+
+    expected = SERVICE_ACCOUNT_MATRIX[path][reviewer]
+    assert_status(response, expected)
+    if expected == 403:
+        assert response.json()["error"]["code"] == "four_eyes"
+        assert response.json()["error"]["message"].startswith("Four-eyes rule:")

@@ -3,7 +3,7 @@ import re
 import pytest
 
 from core.models import AuditEvent
-from registry.services.versions import version_transition
+from registry.services.versions import FOUR_EYES_VERSION, version_transition
 from tests.conftest import actor
 from tests.factories import make_approved_version, make_version
 from tests.support.adapters import AdapterSpec
@@ -91,7 +91,7 @@ def test_approvers_cannot_review_their_own_work_and_are_told_why(web_alex, alex,
     version_transition(actor=actor(alex), version=own, action="submit")
     page = web_alex.get(f"/versions/{own.pk}/").content.decode()
     assert buttons(page) == {"Approve": False, "Reject": False}
-    assert "Four-eyes rule: you cannot review a version you registered or submitted." in page
+    assert FOUR_EYES_VERSION in page
 
     response = post_action(web_alex, own, "approve")
     assert response.status_code == 403

@@ -21,11 +21,19 @@ import pytest
 from serving.models import Rollout, RolloutStatus
 from serving.services.promotions import promotion_create
 from serving.services.rollout_engine import rollout_execute
-from tests.conftest import actor
+from tests.conftest import actor, client_for
 from tests.factories import make_approved_version
 from tests.serving.conftest import make_deployment
 from tests.support.adapters import AdapterSpec
-from tests.support.authorization import CALLERS, assert_status, caller_client, statuses
+from tests.support.authorization import (
+    CALLERS,
+    REVIEWERS,
+    assert_status,
+    caller_client,
+    reviews,
+    service_account_token,
+    statuses,
+)
 
 # name: (method, path template, body builder, expected statuses)
 MATRIX = {
@@ -252,3 +260,47 @@ def test_authorization_matrix(endpoint, caller, world, fred, lena, alex, root, l
     response = getattr(client, method)(url, data, format="json")
 
     assert_status(response, expected[caller])
+
+
+# The service-account paths on a deployment that requires promotion approval:
+# a Legal service account's token asks to promote v3 to `gated`, then a reviewer
+# answers. Before authors were recorded, the account's user was the requester
+# on file and alex approved his own pipeline's request.
+SERVICE_ACCOUNT_MATRIX = {
+    # path: expected status of each reviewer's answer
+    "alex's account, alex's token": reviews(403, 200, 200),
+    "alex's account, paula's token": reviews(403, 403, 200),
+    "root's account and token": reviews(200, 200, 403),
+}
+SERVICE_ACCOUNT_CELLS = [
+    pytest.param(path, reviewer, action, id=f"{path}-{reviewer}-{action}")
+    for path in SERVICE_ACCOUNT_MATRIX
+    for reviewer in REVIEWERS
+    for action in ("approve", "reject")
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path,reviewer,action", SERVICE_ACCOUNT_CELLS)
+def test_four_eyes_counts_every_person_behind_a_service_accounts_promotion(
+    path, reviewer, action, world, legal, alex, paula, root
+):
+    people = {"alex": alex, "paula": paula, "root": root}
+    pipeline = client_for("token", service_account_token(path, legal, people))
+    requested = pipeline.post(
+        "/api/v1/promotions/", {"deployment": "gated", "version": world["v3"]}, format="json"
+    )
+    assert requested.status_code == 201, requested.json()
+    assert requested.json()["status"] == "pending_approval"
+
+    response = client_for(people[reviewer]).post(
+        f"/api/v1/promotions/{requested.json()['id']}/{action}/",
+        {"comment": "looked"},
+        format="json",
+    )
+
+    expected = SERVICE_ACCOUNT_MATRIX[path][reviewer]
+    assert_status(response, expected)
+    if expected == 403:
+        assert response.json()["error"]["code"] == "four_eyes"
+        assert response.json()["error"]["message"].startswith("Four-eyes rule:")

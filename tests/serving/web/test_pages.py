@@ -22,7 +22,7 @@ from serving.models import (
     Rollout,
     ServedAdapter,
 )
-from serving.services.promotions import promotion_create
+from serving.services.promotions import FOUR_EYES_PROMOTION, promotion_create
 from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version, make_version
@@ -472,7 +472,7 @@ def test_four_eyes_your_own_promotion_request_cannot_be_approved(
 ):
     promotion = promotion_create(actor=actor(alex), deployment=production, version=approved)
     page = web_alex.get(f"/versions/{approved.pk}/").content.decode()
-    assert "Four-eyes rule: you cannot approve or reject your own promotion request." in page
+    assert FOUR_EYES_PROMOTION in page
     assert 'value="approve" class="btn-ok" disabled' in page
 
     response = web_alex.post(f"/promotions/{promotion.pk}/review/", {"decision": "approve"})
