@@ -38,6 +38,9 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # The project package, ahead of staticfiles for its `runserver`, which
+    # closes a connection whose body went unread (config/management/).
+    "config",
     "django.contrib.staticfiles",
     "django.contrib.humanize",
     "rest_framework",

@@ -130,8 +130,10 @@ def _response(request, error: RequestTooLarge):
         response = JsonResponse(body, status=error.status, content_type="application/scim+json")
     else:
         response = HttpResponse(error.message, status=error.status, content_type="text/plain")
-    # The unread body is still on the socket: this connection cannot carry another request.
-    response["Connection"] = "close"
+    # The unread body is still on the socket, so this connection cannot carry
+    # another request. Closing it is the server's to do (PEP 3333 forbids the
+    # application hop-by-hop headers such as Connection): gunicorn reads at most
+    # 64 KiB of what is left and closes; so does `runserver` (config/management/).
     return response
 
 

@@ -7,6 +7,9 @@ a subprocess of its own, on a free port, over a migrated SQLite database.
 `setup` is Python run with `manage.py shell -c` before the server starts;
 whatever it prints comes back as `setup_output`.
 
+`server="runserver"` starts Django's development server instead, as `make run`
+does (scripts/run.sh: `manage.py runserver --noreload`, DJANGO_DEBUG=true).
+
 One worker process. `threads` > 1 makes it gunicorn's threaded worker
 (gthread): requests are answered side by side in that one process, sharing its
 GIL, so a request that holds the GIL (a runaway regex) would freeze the others,
@@ -48,8 +51,14 @@ def _environment(tmp_path: Path, extra: dict[str, str]) -> dict[str, str]:
 
 @contextlib.contextmanager
 def registry_web_server(
-    tmp_path: Path, setup: str = "", env: dict[str, str] | None = None, threads: int = 1
+    tmp_path: Path,
+    setup: str = "",
+    env: dict[str, str] | None = None,
+    threads: int = 1,
+    server: str = "gunicorn",
 ):
+    if server == "runserver":
+        env = {"DJANGO_DEBUG": "true", **(env or {})}
     environment = _environment(tmp_path, env or {})
 
     def manage(*args):
@@ -68,16 +77,20 @@ def registry_web_server(
     setup_output = manage("shell", "-c", setup) if setup else ""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    gunicorn = Path(sys.executable).with_name("gunicorn")
-    with open(tmp_path / "gunicorn.log", "wb") as log:
+    if server == "runserver":
+        command = [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"]
+    else:
+        command = [
+            str(Path(sys.executable).with_name("gunicorn")),
+            "config.wsgi:application",
+            f"--bind=127.0.0.1:{port}",
+            "--workers=1",
+            f"--threads={threads}",
+        ]
+    log_path = tmp_path / f"{server}.log"
+    with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [
-                str(gunicorn),
-                "config.wsgi:application",
-                f"--bind=127.0.0.1:{port}",
-                "--workers=1",
-                f"--threads={threads}",
-            ],
+            command,
             cwd=ROOT,
             env=environment,
             stdout=log,
@@ -93,8 +106,8 @@ def registry_web_server(
                         break
                 except requests.RequestException:
                     pass
-                assert proc.poll() is None, (tmp_path / "gunicorn.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "gunicorn did not start"
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, f"{server} did not start"
                 time.sleep(0.2)
             yield url, setup_output
         finally:
