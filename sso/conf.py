@@ -96,6 +96,9 @@ def from_env() -> dict:
         ),
         "OIDC_GROUPS_CLAIM": cfg.env.str("OIDC_GROUPS_CLAIM", default="groups"),
         "OIDC_USERNAME_CLAIM": cfg.env.str("OIDC_USERNAME_CLAIM", default="preferred_username"),
+        # Matched (besides `sub`) against SCIM's externalId to link a first sign-in
+        # to a provisioned account: a claim the person can never change.
+        "OIDC_LINK_CLAIM": cfg.env.str("OIDC_LINK_CLAIM", default="sub").strip() or "sub",
         "OIDC_GROUP_MAP": group_map,
         # requests' `verify`: a CA bundle path, or a boolean.
         "OIDC_VERIFY_SSL": ca_bundle or cfg.boolean("OIDC_VERIFY_TLS", True),

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.exceptions import SuspiciousOperation
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -59,16 +60,49 @@ def groups_from_claims(claims: dict) -> list[str]:
     return sorted(set(groups))[:MAX_GROUPS]
 
 
+class LinkRefused(SuspiciousOperation):
+    """A first sign-in whose username names a SCIM-provisioned account that its
+    immutable claims do not: neither linked nor created."""
+
+    def __init__(self, account, claim: str):
+        self.account = account
+        self.claim = claim
+        super().__init__(
+            f"This provider account's {claim} matches the account {account.get_username()!r} "
+            "here, but its subject does not match that account's externalId, and a username "
+            "alone never links one. Ask an administrator to check the account's externalId "
+            "(OIDC_LINK_CLAIM)."
+        )
+
+
 def sso_sign_in(*, request, issuer: str, claims: dict) -> SignIn:
     """The user for these verified claims (created on first sign-in), synced. One
     transaction: a failure half-way leaves the roles as they were."""
     try:
-        with transaction.atomic():
-            return _sign_in(request, issuer, claims)
-    except IntegrityError:
-        # Two first sign-ins of the same person at once: the other one created them.
-        with transaction.atomic():
-            return _sign_in(request, issuer, claims)
+        try:
+            with transaction.atomic():
+                return _sign_in(request, issuer, claims)
+        except IntegrityError:
+            # Two first sign-ins of the same person at once: the other one created them.
+            with transaction.atomic():
+                return _sign_in(request, issuer, claims)
+    except LinkRefused as refused:
+        # Recorded after the rollback: nothing else of this sign-in is kept.
+        audit_record(
+            actor=None,
+            action="user.identity_link_refused",
+            obj=refused.account,
+            department=None,
+            details={
+                "via": "sso",
+                "issuer": issuer,
+                "subject": claims["sub"][:255],
+                "claim": refused.claim,
+                "link_claim": settings.OIDC_LINK_CLAIM,
+                "client_address": client_address_of(request),
+            },
+        )
+        raise
 
 
 def _sign_in(request, issuer: str, claims: dict) -> SignIn:
@@ -158,20 +192,29 @@ def _user_for(request, issuer: str, claims: dict):
 
 def _provisioned_for(claims: dict):
     """The SCIM-provisioned account this first sign-in belongs to: its externalId
-    is the subject, or else its userName is the provider's username. Safe where
-    taking over a local account is not (_free_username): the same provider made
-    the account and vouches for both names. Accounts already linked to another
-    subject, or deleted through SCIM, are never taken."""
+    is the subject or the configured immutable claim (OIDC_LINK_CLAIM, e.g. Entra
+    ID's `oid`). A username is not enough: many providers let people choose
+    theirs, so a sign-in whose username names a provisioned account that those
+    claims do not is refused (LinkRefused), never linked and never given a second
+    account. Accounts already linked to another subject, or deleted through
+    SCIM, are never taken."""
     from sso.models import ScimUser
 
-    free = ScimUser.objects.select_related("user").filter(
-        deleted_at__isnull=True, user__sso_identity__isnull=True
-    )
-    match = free.filter(external_id=claims["sub"]).first()
+    provisioned = ScimUser.objects.select_related("user").filter(deleted_at__isnull=True)
+    free = provisioned.filter(user__sso_identity__isnull=True)
+    keys = {claims["sub"]}
+    linked = claims.get(settings.OIDC_LINK_CLAIM)
+    if isinstance(linked, str) and linked:
+        keys.add(linked)
+    match = free.filter(external_id__in=sorted(keys)).first()
+    if match is not None:
+        return match.user
     wanted = claims.get(settings.OIDC_USERNAME_CLAIM)
-    if match is None and isinstance(wanted, str) and wanted:
-        match = free.filter(user__username=wanted).first()
-    return match.user if match is not None else None
+    if isinstance(wanted, str) and wanted:
+        named = provisioned.filter(user__username=wanted).first()
+        if named is not None:
+            raise LinkRefused(named.user, settings.OIDC_USERNAME_CLAIM)
+    return None
 
 
 def _free_username(claims: dict) -> str:

@@ -361,12 +361,14 @@ def test_a_body_past_the_limit_is_a_413(scim, settings):
 
 
 def test_a_provisioned_person_who_signs_in_through_sso_is_linked_not_duplicated(scim, legal):
-    from sso.services import _provisioned_for
+    from sso.services import LinkRefused, _provisioned_for
 
     scim.create_user("ada", externalId="sub-ada")
     user = get_user_model().objects.get(username="ada")
     assert _provisioned_for({"sub": "sub-ada"}) == user
-    assert _provisioned_for({"sub": "other", "preferred_username": "ada"}) == user
+    # A username is something many providers let people choose: never enough.
+    with pytest.raises(LinkRefused):
+        _provisioned_for({"sub": "other", "preferred_username": "ada"})
     assert _provisioned_for({"sub": "other", "preferred_username": "lena"}) is None
 
 

@@ -75,13 +75,17 @@ class OidcProvider:
         tmp.write_text(json.dumps(self._directory))
         os.replace(tmp, self.directory_path)  # the provider never reads half a file
 
-    def put_account(self, sub: str, *, username: str, password: str, groups: list[str], email=None):
+    def put_account(
+        self, sub: str, *, username: str, password: str, groups: list[str], email=None, oid=None
+    ):
+        """`oid`: an immutable object id claim besides `sub` (as Entra ID sends)."""
         with self._lock:
             self._directory["accounts"][sub] = {
                 "username": username,
                 "password": password,
                 "email": email or f"{username}@example.org",
                 "groups": list(groups),
+                **({"oid": oid} if oid else {}),
             }
             self._write()
 

@@ -76,7 +76,8 @@ const provider = new Provider(issuer, {
   claims: {
     openid: ['sub'],
     email: ['email', 'email_verified'],
-    profile: ['name', 'preferred_username'],
+    // oid: an immutable object id, as Entra ID sends (tests of OIDC_LINK_CLAIM).
+    profile: ['name', 'preferred_username', 'oid'],
     groups: ['groups'],
   },
   scopes: ['openid', 'groups'],
@@ -116,6 +117,7 @@ const provider = new Provider(issuer, {
           name: now.name || now.username,
           preferred_username: now.username,
           groups: now.groups || [],
+          ...(now.oid ? { oid: now.oid } : {}),
         };
       },
     };
