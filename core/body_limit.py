@@ -1,10 +1,12 @@
 """Refuses request bodies larger than their view may take, before they cost anything.
 
-Only the ingest views (marked with `accepts_large_body`) take bodies up to
-INGEST_MAX_BYTES; they authenticate and check CSRF before they read one byte.
-Every other view, the sign-in page first among them, keeps Django's small
-limit (DATA_UPLOAD_MAX_MEMORY_SIZE) for the whole body, file parts included:
-an anonymous POST must not cost staging space before anyone is known.
+Only multipart uploads to the ingest views (marked with `accepts_large_body`)
+take bodies up to INGEST_MAX_BYTES; those views authenticate and check CSRF
+before they read one byte, and their files stream to staging as they arrive.
+Every other body keeps Django's small limit (DATA_UPLOAD_MAX_MEMORY_SIZE),
+file parts included: the sign-in page's, so that an anonymous POST costs no
+staging space before anyone is known, and any JSON or form body, even a
+member's or a token's to an ingest view, since those are read into memory whole.
 
 Two guards. A declared Content-Length above the view's limit (plus, for
 ingest, a small multipart allowance) is a 413 before one byte of the body is
@@ -51,8 +53,8 @@ def too_large(limit: int, setting: str = "INGEST_MAX_BYTES") -> RequestTooLarge:
 
 def accepts_large_body(view):
     """Marks an ingest view (a function, or a viewset action): only these take
-    bodies past Django's small limit, and each must authenticate and check CSRF
-    before it reads the body."""
+    multipart bodies past Django's small limit, and each must authenticate and
+    check CSRF before it reads the body."""
     view.accepts_large_body = True
     return view
 
@@ -146,7 +148,11 @@ class BodySizeLimitMiddleware:
             declared = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             declared = 0  # Django reads no body then
-        if declared and _takes_large_body(request, _resolve(request)):
+        if (
+            declared
+            and request.content_type == "multipart/form-data"
+            and _takes_large_body(request, _resolve(request))
+        ):
             declared_limit, files_limit = body_limit(), settings.INGEST_MAX_BYTES
             setting = "INGEST_MAX_BYTES"
         else:

@@ -47,6 +47,27 @@ def test_a_declared_length_over_the_limit_is_413_before_the_body_is_read(as_toke
     assert not AdapterVersion.objects.exists()
 
 
+@pytest.mark.parametrize("caller", ["as_lena", "as_token"])
+def test_a_json_body_past_the_small_limit_is_413_before_it_is_read_even_for_members(
+    request, settings, contracts, caller
+):
+    # As shipped: multipart files may take 2 GiB; a JSON body is read into memory whole.
+    settings.INGEST_MAX_BYTES = 2 * 1024**3
+    declared = settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1
+    # As above: reading past the 2 bytes fails the request, so a 413 proves none was read.
+    response = request.getfixturevalue(caller).post(
+        f"/api/v1/adapters/{contracts.pk}/versions/",
+        data=b"{}",
+        content_type="application/json",
+        CONTENT_LENGTH=str(declared),
+    )
+    assert response.status_code == 413
+    error = response.json()["error"]
+    assert error["code"] == "request_too_large"
+    assert "DATA_UPLOAD_MAX_MEMORY_SIZE" in error["message"]
+    assert not AdapterVersion.objects.exists()
+
+
 def test_the_web_upload_is_refused_the_same_way(lena, contracts):
     from django.test import Client
 
