@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.access import require_approver, require_contributor
+from core.access import can_approve, can_contribute, can_review
 from core.actors import Actor
-from core.errors import ApplicationError
 from core.models import Ability
 from registry.models import AdapterVersion
-from registry.services.versions import require_version_four_eyes
+from registry.services.versions import FOUR_EYES_VERSION
 from registry.transitions import TRANSITIONS, allowed_actions_from
 
 LABELS = {
@@ -51,19 +50,14 @@ def version_actions(actor: Actor, version: AdapterVersion) -> list[ActionOption]
     department_id = version.adapter.department_id
     for action in allowed_actions_from(version.status):
         transition = TRANSITIONS[action]
-        try:
-            if transition.who == "contributor":
-                require_contributor(actor, department_id, Ability.SUBMIT_FOR_REVIEW, "Version")
-            else:
-                require_approver(actor, department_id, "Version")
-        except ApplicationError:
+        if transition.who == "contributor":
+            may = can_contribute(actor, department_id, Ability.SUBMIT_FOR_REVIEW)
+        else:
+            may = can_approve(actor, department_id)
+        if not may:
             continue
-        reason = ""
-        if transition.who == "reviewer":
-            try:
-                require_version_four_eyes(actor, version)
-            except ApplicationError as error:
-                reason = error.message
+        reviewing = transition.who == "reviewer"
+        reason = FOUR_EYES_VERSION if reviewing and not can_review(actor, version.authors) else ""
         options.append(
             ActionOption(action, LABELS.get(action, action), transition.comment_required, reason)
         )

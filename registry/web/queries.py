@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import QuerySet
 
 from core import selectors as core_selectors
 from core.access import ADMIN
@@ -28,22 +28,6 @@ def my_departments(actor: Actor) -> list[DepartmentRole]:
         return [DepartmentRole(d, ADMIN) for d in core_selectors.departments_for(actor)]
     rows = Membership.objects.filter(user=actor.user).select_related("department")
     return [DepartmentRole(m.department, m.role) for m in rows.order_by("department__slug")]
-
-
-def _latest(status: str, field: str) -> Subquery:
-    return Subquery(
-        AdapterVersion.objects.filter(adapter=OuterRef("pk"), status=status)
-        .order_by("-number")
-        .values(field)[:1]
-    )
-
-
-def adapters_with_latest_approved(actor: Actor) -> QuerySet[Adapter]:
-    """Visible adapters, each annotated with its newest approved version."""
-    return selectors.adapters_for(actor).annotate(
-        approved_id=_latest(S.APPROVED, "id"),
-        approved_number=_latest(S.APPROVED, "number"),
-    )
 
 
 def adapter_versions(actor: Actor, adapter: Adapter) -> QuerySet[AdapterVersion]:

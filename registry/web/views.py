@@ -67,7 +67,7 @@ PAST_TENSE = {
 @page
 def dashboard(request, actor: Actor):
     departments = queries.my_departments(actor)
-    adapters = paginate(request, queries.adapters_with_latest_approved(actor), 20)
+    adapters = paginate(request, selectors.adapters_for(actor), 20)
     context = {
         "departments": departments,
         "adapters": adapters,

@@ -24,6 +24,7 @@ from core.audit import audit_record
 from core.errors import ValidationFailed
 from core.models import Ability
 from registry.models import Adapter
+from serving.deploy_access import require_may_deploy
 from serving.models import Deployment, Replica, ReplicaHealth, ServedAdapter
 from serving.placement import ReplicaSlot, Result, Settings, State, Wish, is_bounded, place
 from serving.sync_state import loaded_adapters
@@ -257,9 +258,7 @@ def served_placement_set(
     every replica), also before its first promotion. Whoever may promote it
     there may (a token needs the promote ability). The next reconcile, or the
     next rollout, places it; nothing is loaded or unloaded here."""
-    from serving.services.promotions import _require_may_deploy
-
-    _require_may_deploy(actor, deployment, adapter, Ability.PROMOTE)
+    require_may_deploy(actor, deployment, adapter, Ability.PROMOTE)
     problems = {}
     for field, value in (("min_replicas", min_replicas), ("max_replicas", max_replicas)):
         whole = isinstance(value, int) and not isinstance(value, bool)

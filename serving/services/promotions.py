@@ -10,13 +10,14 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from core.access import require_approver, require_contributor, require_four_eyes
+from core.access import require_approver, require_four_eyes
 from core.actors import Actor
 from core.audit import audit_record
-from core.errors import ApplicationError, Conflict, NotAuthorized, NotFound, ValidationFailed
+from core.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from core.models import Ability
 from core.state import can_move, move
 from registry.models import Adapter, AdapterVersion, VersionStatus
+from serving.deploy_access import require_may_deploy
 from serving.gate import GateReport, check_capacity, evaluate_gate
 from serving.models import (
     Deployment,
@@ -35,21 +36,6 @@ from serving.transitions import PROMOTION_TRANSITIONS, ROLLOUT_TERMINAL
 class GateRefused(ApplicationError):
     status = 422
     code = "compatibility_gate_failed"
-
-
-def _require_may_deploy(
-    actor: Actor, deployment: Deployment, adapter: Adapter, ability: str = Ability.PROMOTE
-) -> None:
-    """`ability` is what a token needs: promote, roll back and retire are separate
-    abilities, so a pipeline allowed to ship cannot also take adapters down."""
-    require_contributor(actor, adapter.department_id, ability, "Version")
-    allowed = [d.pk for d in deployment.allowed_departments.all()]
-    if allowed and adapter.department_id not in allowed:
-        raise NotAuthorized(
-            f"Deployment {deployment.name} does not accept adapters from "
-            f"{adapter.department.slug}.",
-            code="department_not_allowed",
-        )
 
 
 def _require_undisputed(deployment: Deployment) -> None:
@@ -189,7 +175,7 @@ def promotion_create(
     policy asks for it, waits for a second person's approval. With a
     `canary_share` (percent) and `canary_bake_seconds`, the rollout is a
     traffic canary (serving/services/canary.py)."""
-    _require_may_deploy(actor, deployment, version.adapter)
+    require_may_deploy(actor, deployment, version.adapter)
     _require_servable(version)
     report = _require_gate(deployment, version)
     canary = deployment.canary_by_default if canary is None else canary
@@ -328,7 +314,7 @@ def rollback_to(
 ) -> Rollout:
     """Manual rollback to a version this deployment served before (default: the
     one served before the current one). The API and the web pages both call this."""
-    _require_may_deploy(actor, deployment, adapter, Ability.ROLLBACK)
+    require_may_deploy(actor, deployment, adapter, Ability.ROLLBACK)
     served = ServedAdapter.objects.filter(deployment=deployment, adapter=adapter).first()
     if version is None:
         last = (
@@ -367,7 +353,7 @@ def retire(*, actor: Actor | None, deployment: Deployment, adapter: Adapter) -> 
     """Stops serving the adapter on the deployment: unload from every replica.
     Its staged folders stay for the grace period."""
     if actor is not None:
-        _require_may_deploy(actor, deployment, adapter, Ability.RETIRE)
+        require_may_deploy(actor, deployment, adapter, Ability.RETIRE)
     with transaction.atomic():
         served = (
             ServedAdapter.objects.select_for_update()

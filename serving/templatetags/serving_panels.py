@@ -28,3 +28,14 @@ def deployments_health(context):
 def served_where(versions):
     """{version id: names of the deployments meant to serve it}, in one query."""
     return queries.served_where([version.pk for version in versions])
+
+
+@register.simple_tag(takes_context=True)
+def adapter_standing(context, adapters):
+    """{adapter id: Standing}: what each serves where beside its newest approved version."""
+    return queries.adapter_standing(context["request"].actor, adapters)
+
+
+@register.simple_tag(takes_context=True)
+def standing_of(context, adapter):
+    return queries.adapter_standing(context["request"].actor, [adapter])[adapter.pk]

@@ -17,7 +17,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from core.access import approver_department_ids, can_approve, can_contribute, can_review
+from core.access import approver_department_ids, can_approve, can_promote, can_review
 from core.actors import Actor
 from core.errors import ApplicationError, NotFound
 from core.models import Ability
@@ -26,13 +26,13 @@ from registry import selectors as registry_selectors
 from registry.models import AdapterVersion, VersionStatus
 from registry.web.views import version_page_context
 from serving import kserve, selectors
+from serving.deploy_access import deploy_refusal
 from serving.gate import evaluate_gate
 from serving.models import CanaryRequest, PromotionStatus, Rollout, RolloutStatus, ServedAdapter
 from serving.replica_facts import disputes as fact_disputes
 from serving.services.manifests import kserve_export
 from serving.services.promotions import (
     FOUR_EYES_PROMOTION,
-    _require_may_deploy,
     promotion_create,
     promotion_review,
     rollback_to,
@@ -43,15 +43,6 @@ from serving.web import queries
 from serving.web.forms import PromoteForm, PromotionReviewForm
 
 ADAPTER_ROWS_PER_PAGE = 50
-
-
-def _allowed(check, *args) -> str:
-    """The message `check(*args)` refuses with, or "" if it passes: why a button is off."""
-    try:
-        check(*args)
-    except ApplicationError as error:
-        return error.message
-    return ""
 
 
 def _reviewable(actor: Actor, promotions) -> list[dict]:
@@ -138,15 +129,15 @@ def version_panel(actor: Actor, version: AdapterVersion) -> dict:
     to…" form for viewers who may promote, and its pending promotion requests.
     Shown on the version page through serving_panels.version_serving."""
     served_on = queries.served_where([version.pk]).get(version.pk, [])
-    may_promote = version.status == VersionStatus.APPROVED and can_contribute(
-        actor, version.adapter.department_id, Ability.PROMOTE
+    may_promote = version.status == VersionStatus.APPROVED and can_promote(
+        actor, version.adapter.department_id
     )
     options = []
     if may_promote:
         # Replicas are not needed here: only the allowed departments.
         listed = selectors.deployments_for(actor).prefetch_related(None)
         for deployment in listed.prefetch_related("allowed_departments"):
-            reason = _allowed(_require_may_deploy, actor, deployment, version.adapter)
+            reason = deploy_refusal(actor, deployment, version.adapter)
             if deployment.name in served_on:
                 reason = reason or "Serves this version already."
             options.append({"deployment": deployment, "disabled_reason": reason})
@@ -193,7 +184,7 @@ def _gate_context(actor, version, deployment, form, error: str = "") -> dict:
         "form": form,
         "canary": form.cleaned_data.get("canary") or deployment.canary_by_default,
         "promote_error": error,
-        "not_allowed": _allowed(_require_may_deploy, actor, deployment, version.adapter),
+        "not_allowed": deploy_refusal(actor, deployment, version.adapter),
     }
 
 
@@ -295,7 +286,7 @@ def _rollback_option(actor: Actor, rollout: Rollout) -> dict | None:
     )
     if current != rollout.target_version_id:
         return None
-    reason = _allowed(_require_may_deploy, actor, rollout.deployment, rollout.adapter)
+    reason = deploy_refusal(actor, rollout.deployment, rollout.adapter, Ability.ROLLBACK)
     return {"version": rollout.previous_version, "disabled_reason": reason}
 
 

@@ -130,4 +130,5 @@ def test_its_query_count_does_not_grow_with_the_data(web_lena, lena, alex, legal
 
     large = query_count(web_lena, url)
     assert large == small
-    assert large <= 12
+    # 12, and two for what it serves where beside its newest approved version.
+    assert large <= 14

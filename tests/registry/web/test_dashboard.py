@@ -7,7 +7,7 @@ from tests.support.pages import bulk_adapters, bulk_events, clone_versions, quer
 pytestmark = pytest.mark.django_db
 
 
-def test_it_lists_my_departments_and_adapters_with_the_approved_version(
+def test_it_lists_my_departments_and_adapters_with_the_approved_version_not_yet_live(
     web_lena, lena, alex, legal, contracts
 ):
     approved = make_approved_version(lena, alex, contracts)
@@ -17,8 +17,13 @@ def test_it_lists_my_departments_and_adapters_with_the_approved_version(
 
     assert "Legal · member" in page
     assert f'href="/adapters/{contracts.pk}/"' in page
-    assert f'<a href="/versions/{approved.pk}/">v1</a> <span class="badge badge-approved' in page
-    assert '>v2</a> <span class="badge badge-approved' not in page
+    # Approved is not live: the row says both, and offers the promotion.
+    assert (
+        f'<span class="muted">not served</span> · <a href="/versions/{approved.pk}/">v1</a> '
+        "approved, not promoted"
+    ) in page
+    assert f'href="/versions/{approved.pk}/#serving">Promote</a>' in page
+    assert ">v2</a> approved" not in page
 
 
 def test_it_shows_recent_activity_from_the_audit_log(web_lena, contracts, v1):

@@ -148,3 +148,23 @@ def test_its_query_count_does_not_grow_with_the_audit_trail(web_alex, lena, alex
     # deployments and their allowed departments, pending promotions and the
     # department lookup that restricts them).
     assert large <= 17
+
+
+def test_an_approved_version_with_no_lifecycle_action_points_to_its_promotion(
+    web_lena, lena, alex, contracts
+):
+    """A member may not deprecate, but may promote: the page says so, not
+    "nothing you can do" above a working Promote form."""
+    version = make_approved_version(lena, alex, contracts)
+    page = web_lena.get(f"/versions/{version.pk}/").content.decode()
+    assert "There is nothing you can do" not in page
+    assert '<a href="#serving">Promote it to a deployment</a>' in page
+    assert "approved, not promoted" in page
+
+
+def test_a_version_nobody_may_act_on_says_so(web_lena, lena, alex, contracts):
+    version = make_approved_version(lena, alex, contracts)
+    version_transition(actor=actor(alex), version=version, action="deprecate", comment="old")
+    page = web_lena.get(f"/versions/{version.pk}/").content.decode()
+    assert "There is nothing you can do with this version" in page
+    assert "Promote it to a deployment" not in page
