@@ -266,6 +266,9 @@ INGEST_STAGING_DIR.mkdir(parents=True, exist_ok=True)
 # --- API tokens -------------------------------------------------------------
 API_TOKEN_DEFAULT_DAYS = cfg.integer("API_TOKEN_DEFAULT_DAYS", 90, minimum=1)
 API_TOKEN_MAX_DAYS = cfg.integer("API_TOKEN_MAX_DAYS", 365, minimum=1)
+# Offboarding (deactivation by an admin, SCIM or the SSO check) also revokes the
+# service-account tokens the person minted; off, they are listed for review.
+OFFBOARDING_REVOKE_SERVICE_TOKENS = cfg.boolean("OFFBOARDING_REVOKE_SERVICE_TOKENS", False)
 
 # --- Celery -----------------------------------------------------------------
 # The embedded default is a SQLite file (config/broker.py): no server, and a

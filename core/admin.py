@@ -4,7 +4,7 @@ read-only here."""
 
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group
@@ -12,13 +12,18 @@ from django.contrib.auth.models import Group
 from core.admin_mixins import ReadOnlyAdminMixin, ServiceAdminMixin
 from core.errors import ApplicationError
 from core.models import ApiToken, AuditEvent, Department, Membership, ServiceAccount
+from core.service_account_selectors import describe_minted, tokens_minted_by
 from core.services.departments import (
     department_create,
     department_update,
     membership_remove,
     membership_set,
 )
-from core.services.service_accounts import service_account_create, service_account_deactivate
+from core.services.service_accounts import (
+    minted_tokens_revoke,
+    service_account_create,
+    service_account_deactivate,
+)
 
 
 class MembershipInline(ReadOnlyAdminMixin, admin.TabularInline):
@@ -110,8 +115,6 @@ class ServiceAccountAdmin(ServiceAdminMixin, admin.ModelAdmin):
 
     @admin.action(description="Deactivate (ends every token at once)")
     def deactivate(self, request, queryset):
-        from django.contrib import messages
-
         from core.actors import actor_from_request
 
         for account in queryset:
@@ -155,6 +158,36 @@ class AuditEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 class PersonAdmin(UserAdmin):
+    actions = ["revoke_minted_tokens"]
+    readonly_fields = [*UserAdmin.readonly_fields, "minted_service_tokens"]
+
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None:
+            return fieldsets
+        return [*fieldsets, ("Pipeline tokens", {"fields": ["minted_service_tokens"]})]
+
+    @admin.display(description="Service-account tokens this person minted (still working)")
+    def minted_service_tokens(self, obj):
+        tokens = describe_minted(tokens_minted_by(obj))
+        if not tokens:
+            return "none"
+        return "; ".join(f"{t['service_account']}: {t['name']} ({t['prefix']}…)" for t in tokens)
+
+    @admin.action(description="Revoke the service-account tokens they minted (leavers)")
+    def revoke_minted_tokens(self, request, queryset):
+        from core.actors import actor_from_request
+
+        for person in queryset:
+            try:
+                ended = minted_tokens_revoke(actor=actor_from_request(request), user=person)
+            except ApplicationError as error:
+                self.message_user(request, f"{person}: {error.message}", messages.ERROR)
+                continue
+            self.message_user(
+                request, f"{person}: {len(ended)} service-account token(s) revoked.", messages.INFO
+            )
+
     def save_model(self, request, obj, form, change):
         from core.actors import actor_from_request
         from core.services.people import user_saved, user_snapshot
@@ -164,6 +197,24 @@ class PersonAdmin(UserAdmin):
         extra = {"password_set": True} if not change and obj.has_usable_password() else None
         user_saved(
             actor=actor_from_request(request), user=obj, before=before, via="admin", extra=extra
+        )
+        if before and before["is_active"] and not obj.is_active:
+            self._offer_minted_tokens(request, obj)
+
+    def _offer_minted_tokens(self, request, person):
+        """Offboarding: the pipeline tokens this leaver minted still work (their
+        departments own them) unless the policy ended them; say which, and how to
+        end them."""
+        kept = describe_minted(tokens_minted_by(person))
+        if not kept:
+            return
+        names = ", ".join(f"{t['service_account']} ({t['prefix']}…)" for t in kept)
+        self.message_user(
+            request,
+            f"Service-account tokens {person} minted still work: {names}. "
+            "Revoke them with the action 'Revoke the service-account tokens they minted', "
+            "or set OFFBOARDING_REVOKE_SERVICE_TOKENS to do it at every offboarding.",
+            messages.WARNING,
         )
 
     def save_related(self, request, form, formsets, change):

@@ -1,14 +1,16 @@
 """Reads of service accounts, through the actor's visibility: members see their
-departments' accounts (names, not tokens), platform admins every one."""
+departments' accounts (names, not tokens), platform admins every one; and the
+service-account tokens a person minted, for offboarding."""
 
 from __future__ import annotations
 
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from core.access import visible_department_ids
 from core.actors import Actor
 from core.errors import NotFound
-from core.models import ServiceAccount
+from core.models import ApiToken, ServiceAccount
 
 
 def service_accounts_for(actor: Actor) -> QuerySet[ServiceAccount]:
@@ -24,3 +26,27 @@ def service_account_get(actor: Actor, account_id: int) -> ServiceAccount:
     if account is None:
         raise NotFound("Service account not found.")
     return account
+
+
+def tokens_minted_by(user) -> QuerySet[ApiToken]:
+    """Service-account tokens `user` minted that still work: a leaver's pipelines
+    keep them (the department owns them), so offboarding lists them and offers
+    to end them (core.services.service_accounts.minted_tokens_revoke)."""
+    return (
+        ApiToken.objects.select_related("service_account__department")
+        .filter(
+            created_by=user,
+            service_account__isnull=False,
+            revoked_at__isnull=True,
+            expires_at__gt=timezone.now(),
+        )
+        .order_by("service_account__department__slug", "service_account__name", "prefix")
+    )
+
+
+def describe_minted(tokens) -> list[dict]:
+    """What the audit log and the admin say of each: never the secret."""
+    return [
+        {"prefix": t.prefix, "name": t.name, "service_account": str(t.service_account)}
+        for t in tokens
+    ]

@@ -5,11 +5,13 @@ The Django admin's User and Group screens call these (core/admin.py), and so
 does single sign-on for email changes (sso/services.py). Deactivating a person
 ends their sessions and their own API tokens at once: access follows the
 company, not the next sign-in. Service accounts' tokens are the department's
-and stay.
+and stay, listed for review, unless OFFBOARDING_REVOKE_SERVICE_TOKENS ends
+the ones the person minted.
 """
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.models import Session
 from django.db import transaction
@@ -18,6 +20,8 @@ from django.utils import timezone
 from core.actors import Actor
 from core.audit import audit_record
 from core.models import ApiToken
+from core.service_account_selectors import describe_minted, tokens_minted_by
+from core.services.service_accounts import minted_tokens_end
 
 AUDITED_FIELDS = (
     "username",
@@ -115,17 +119,27 @@ def user_groups_changed(*, actor: Actor | None, user, before: set[str], after: s
 
 def user_access_end(*, actor: Actor | None, user, reason: str) -> dict:
     """Ends every session of `user` and revokes every token they created for
-    themselves, at once; audited. Returns what was ended."""
+    themselves, at once; audited. Returns what was ended.
+
+    The service-account tokens they minted are their departments' and keep
+    working, unless OFFBOARDING_REVOKE_SERVICE_TOKENS says to end them too: the
+    event lists them either way, and the admin's people screen offers to end
+    the ones kept (core.admin.PersonAdmin)."""
     now = timezone.now()
+    by = actor.user if actor else None
     with transaction.atomic():
         tokens = ApiToken.objects.filter(
             created_by=user, service_account__isnull=True, revoked_at__isnull=True
         )
         revoked = list(tokens.values_list("prefix", flat=True))
-        tokens.update(revoked_at=now, revoked_by=actor.user if actor else None)
+        tokens.update(revoked_at=now, revoked_by=by)
         sessions = _sessions_of(user)
         Session.objects.filter(session_key__in=sessions).delete()
         ended = {"reason": reason, "revoked_tokens": revoked, "sessions_ended": len(sessions)}
+        if settings.OFFBOARDING_REVOKE_SERVICE_TOKENS:
+            ended["revoked_service_account_tokens"] = minted_tokens_end(by=by, user=user)
+        else:
+            ended["service_account_tokens_kept"] = describe_minted(tokens_minted_by(user))
         audit_record(
             actor=actor, action="user.access_ended", obj=user, department=None, details=ended
         )

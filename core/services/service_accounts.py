@@ -16,11 +16,12 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from core.access import can_approve, require_visible
+from core.access import can_approve, require_platform_admin, require_visible
 from core.actors import Actor
 from core.audit import audit_record
 from core.errors import Conflict, NotAuthorized, ValidationFailed
 from core.models import ApiToken, Department, ServiceAccount
+from core.service_account_selectors import describe_minted, tokens_minted_by
 from core.services.tokens import token_mint
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -121,3 +122,31 @@ def service_account_deactivate(*, actor: Actor, account: ServiceAccount) -> Serv
             details={"revoked_tokens": revoked},
         )
     return locked
+
+
+def minted_tokens_end(*, by, user) -> list[dict]:
+    """Revokes the working service-account tokens `user` minted, in the caller's
+    transaction and audit event (offboarding: core.services.people); returns
+    what was ended. `by`: the person ending them, or None (the system)."""
+    tokens = list(tokens_minted_by(user))
+    ApiToken.objects.filter(pk__in=[t.pk for t in tokens], revoked_at__isnull=True).update(
+        revoked_at=timezone.now(), revoked_by=by
+    )
+    return describe_minted(tokens)
+
+
+def minted_tokens_revoke(*, actor: Actor, user) -> list[dict]:
+    """What offboarding offers a platform admin: end the pipeline tokens a leaver
+    minted (they outlive the person, as service-account tokens do); audited."""
+    require_platform_admin(actor)
+    with transaction.atomic():
+        ended = minted_tokens_end(by=actor.user, user=user)
+        if ended:
+            audit_record(
+                actor=actor,
+                action="user.minted_tokens_revoked",
+                obj=user,
+                department=None,
+                details={"revoked_service_account_tokens": ended},
+            )
+    return ended
