@@ -297,6 +297,8 @@ CELERY_TASK_ROUTES = {
     "serving.run_rollout": {"queue": "rollouts"},
     "serving.reconcile_*": {"queue": "reconcile"},
     "serving.sweep": {"queue": "reconcile"},
+    # Who may call what, to the front doors: seconds matter, as for the reconcile.
+    "serving.door_access_*": {"queue": "reconcile"},
     "serving.housekeeping": {"queue": "housekeeping"},
     # The MLflow mirror (mlflow_bridge.*), and its old names (registry.mlflow.*).
     "registry.mlflow.*": {"queue": "housekeeping"},
@@ -460,6 +462,14 @@ SERVING_CANARY_MAX_ERROR_RATE_INCREASE = cfg.number(
     "SERVING_CANARY_MAX_ERROR_RATE_INCREASE", 0.02, minimum=0, maximum=1
 )
 SERVING_CANARY_MAX_LATENCY_RATIO = cfg.number("SERVING_CANARY_MAX_LATENCY_RATIO", 1.5, minimum=1)
+# Who may call what at the front door (docs/operators/keys-and-grants.md): an
+# inference key lives at most SERVING_INFERENCE_KEY_MAX_DAYS, a grant to call
+# another department's adapter at most SERVING_GRANT_MAX_DAYS. Every
+# SERVING_ACCESS_TICK_SECONDS the grants past their end are expired and the doors
+# that served them are told (keys carry their own expiry to the door).
+SERVING_INFERENCE_KEY_MAX_DAYS = cfg.integer("SERVING_INFERENCE_KEY_MAX_DAYS", 365, minimum=1)
+SERVING_GRANT_MAX_DAYS = cfg.integer("SERVING_GRANT_MAX_DAYS", 365, minimum=1)
+SERVING_ACCESS_TICK_SECONDS = cfg.number("SERVING_ACCESS_TICK_SECONDS", 10.0, minimum=1)
 # Kubernetes replica discovery (manage.py watch_replicas). "auto": in-cluster
 # credentials when running in a pod, else the kubeconfig.
 KUBERNETES_AUTH = cfg.choice("KUBERNETES_AUTH", "auto", {"auto", "in-cluster", "kubeconfig"})
@@ -489,6 +499,11 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": SERVING_SWEEP_INTERVAL_SECONDS},
     },
     "serving-housekeeping": {"task": "serving.housekeeping", "schedule": 600.0},
+    "serving-door-access-tick": {
+        "task": "serving.door_access_tick",
+        "schedule": SERVING_ACCESS_TICK_SECONDS,
+        "options": {"expires": SERVING_ACCESS_TICK_SECONDS},
+    },
 }
 CELERY_BEAT_SCHEDULE.update(_MLFLOW_BEAT)
 if OIDC_CHECK_INTERVAL_SECONDS:  # noqa: F821 - from sso.conf

@@ -5,6 +5,8 @@ every web pod when the database blips, which helps nobody. /readyz asks the
 database, the broker and every app's `health_check` receiver (the artifact
 store, MLflow) and answers with their names and ok/not ok only: it is
 anonymous, and the errors name endpoints and buckets, so they go to the log.
+A receiver's "notice" is shown: a sentence written to be public (serving says
+which front doors are open).
 """
 
 from __future__ import annotations
@@ -54,12 +56,19 @@ def _names_only(name: str, result: dict) -> dict:
     shown = {"ok": bool(result.get("ok", True))}
     if result.get("optional"):
         shown["optional"] = True
+    if result.get("notice"):
+        # A sentence its receiver wrote to be public (an open front door).
+        shown["notice"] = str(result["notice"])
     return shown
 
 
 _Check = inline_serializer(
     "ReadinessCheck",
-    {"ok": serializers.BooleanField(), "optional": serializers.BooleanField(required=False)},
+    {
+        "ok": serializers.BooleanField(),
+        "optional": serializers.BooleanField(required=False),
+        "notice": serializers.CharField(required=False),
+    },
 )
 _Readiness = inline_serializer(
     "Readiness",

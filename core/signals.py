@@ -1,9 +1,25 @@
 """Signals every app may answer.
 
 health_check: receivers return (name, {"ok": bool, ...}); the health endpoint
-shows each one. An entry with "optional": true never makes the service unhealthy.
+shows each one. An entry with "optional": true never makes the service unhealthy;
+its "notice", a public sentence, is shown as it is.
+
+The others say that who a caller is has changed. They are sent inside the
+transaction of the change; receivers record rows in it or enqueue work with
+transaction.on_commit (serving ends inference keys with them).
 """
 
 from django.dispatch import Signal
 
 health_check = Signal()
+
+# actor=<Actor or None>, user=<User>, reason=<str>: a person's access ended
+# (deactivated: SCIM, the periodic check, the admin, offboarding).
+user_access_ended = Signal()
+
+# actor=<Actor or None>, user=<User>, department=<Department>: a person joined or
+# left a department, or their role in it changed.
+membership_changed = Signal()
+
+# actor=<Actor>, account=<ServiceAccount>: a service account was deactivated.
+service_account_deactivated = Signal()

@@ -7,9 +7,11 @@ from core.actors import actor_from_request
 from core.admin_mixins import ReadOnlyAdminMixin
 from core.errors import ApplicationError
 from serving.models import (
+    AdapterGrant,
     Deployment,
     DriftEvent,
     HttpAttempt,
+    InferenceKey,
     Promotion,
     Replica,
     ReplicaRollout,
@@ -154,3 +156,23 @@ class VersionFingerprintAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["version", "deployment", "recorded_from_url", "rollout", "created_at"]
     list_filter = ["deployment"]
     list_select_related = ["version__adapter__department", "deployment", "rollout"]
+
+
+@admin.register(InferenceKey)
+class InferenceKeyAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Issued and revoked on the Keys pages and the API (audited), not here."""
+
+    list_display = ["prefix", "name", "department", "holder_kind", "expires_at", "revoked_at"]
+    list_filter = ["department"]
+    list_select_related = ["department"]
+    exclude = ["secret_sha256"]
+    search_fields = ["prefix", "name"]
+
+
+@admin.register(AdapterGrant)
+class AdapterGrantAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Asked, decided and revoked on the adapter's page and the API (audited)."""
+
+    list_display = ["pk", "adapter", "department", "status", "expires_at", "decided_by"]
+    list_filter = ["status", "department"]
+    list_select_related = ["adapter__department", "department", "decided_by"]

@@ -6,6 +6,7 @@ class ServingConfig(AppConfig):
     verbose_name = "Serving control plane"
 
     def ready(self):
+        from core import signals as core_signals
         from registry import signals as registry_signals
         from serving import receivers, signals
         from serving.gateway import receivers as gateway_receivers
@@ -19,3 +20,16 @@ class ServingConfig(AppConfig):
         signals.reconcile_finished.connect(
             gateway_receivers.sync_after_reconcile, dispatch_uid="serving.gateway.sync"
         )
+        core_signals.user_access_ended.connect(
+            receivers.end_person_keys, dispatch_uid="serving.end_person_keys"
+        )
+        core_signals.service_account_deactivated.connect(
+            receivers.end_service_account_keys, dispatch_uid="serving.end_service_account_keys"
+        )
+        core_signals.membership_changed.connect(
+            receivers.resync_on_membership, dispatch_uid="serving.resync_on_membership"
+        )
+        signals.served_version_changed.connect(
+            receivers.resync_on_served_change, dispatch_uid="serving.resync_on_served_change"
+        )
+        core_signals.health_check.connect(receivers.open_doors, dispatch_uid="serving.open_doors")

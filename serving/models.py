@@ -14,7 +14,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from core.fields import EncryptedTextField
-from core.models import Department
+from core.models import Department, ServiceAccount
 from registry.models import Adapter, AdapterVersion
 
 
@@ -110,6 +110,12 @@ class Deployment(models.Model):
     unload_unknown_adapters = models.BooleanField(default=False)
     canary_by_default = models.BooleanField(default=False)
     verify_with_completion = models.BooleanField(default=True)
+    # An open front door takes every request without a key (a laptop). Never the
+    # default: shown on the deployment's page and in /readyz while it is on.
+    open_door = models.BooleanField(
+        default=False,
+        help_text="Take requests at the front door without an inference key. Only for a laptop.",
+    )
     require_all_replicas = models.BooleanField(
         default=False,
         help_text="Push to replicas that are down too, retrying until the deadline, and fail "
@@ -634,3 +640,119 @@ class Adoption(models.Model):
 
     def __str__(self) -> str:
         return f"adopt {self.served_name} on {self.deployment_id} ({self.status})"
+
+
+class InferenceKey(models.Model):
+    """A key a client sends to a deployment's front door (`Authorization: Bearer`).
+
+    It calls as its department, whoever holds it: issued to the department
+    itself, to one of its service accounts, or to a person (who must stay an
+    active member). Only its SHA-256 is stored; the secret is shown once.
+    What it may call is serving.gateway.selectors.door_access."""
+
+    department = models.ForeignKey(
+        Department, on_delete=models.PROTECT, related_name="inference_keys"
+    )
+    # At most one of these: neither means the department's own key.
+    service_account = models.ForeignKey(
+        ServiceAccount,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="inference_keys",
+    )
+    person = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="inference_keys",
+    )
+    name = models.CharField(max_length=100)
+    # The first characters of the secret: tells keys apart in lists, reveals nothing.
+    prefix = models.CharField(max_length=16, db_index=True)
+    secret_sha256 = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    revoked_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(service_account__isnull=True) | Q(person__isnull=True),
+                name="inference_key_one_holder",
+            ),
+        ]
+        indexes = [models.Index(fields=["revoked_at", "expires_at"], name="inference_key_live")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def holder_kind(self) -> str:
+        if self.service_account_id:
+            return "service_account"
+        return "person" if self.person_id else "department"
+
+
+class GrantStatus(models.TextChoices):
+    REQUESTED = "requested", "Requested"
+    APPROVED = "approved", "Approved"
+    REFUSED = "refused", "Refused"
+    REVOKED = "revoked", "Revoked"
+    EXPIRED = "expired", "Expired"
+
+
+class AdapterGrant(models.Model):
+    """Another department may call this adapter through the front door.
+
+    Asked by a member of the calling department, approved by an approver of the
+    adapter's department who did not ask (four eyes), until `expires_at`; either
+    side's approvers may revoke it. The states are serving.transitions.GRANT_TRANSITIONS."""
+
+    adapter = models.ForeignKey(Adapter, on_delete=models.PROTECT, related_name="grants")
+    # The calling department: its keys may call the adapter once approved.
+    department = models.ForeignKey(
+        Department, on_delete=models.PROTECT, related_name="adapter_grants"
+    )
+    status = models.CharField(
+        max_length=12, choices=GrantStatus.choices, default=GrantStatus.REQUESTED
+    )
+    reason = models.TextField(blank=True)
+    expires_at = models.DateTimeField()
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    comment = models.TextField(blank=True)
+    ended_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            # One live grant (asked or approved) per adapter and calling department.
+            models.UniqueConstraint(
+                fields=["adapter", "department"],
+                condition=Q(status__in=["requested", "approved"]),
+                name="one_live_grant_per_adapter_department",
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "expires_at"], name="grant_live")]
+
+    def __str__(self) -> str:
+        return f"grant #{self.pk}: {self.department.slug} calls {self.adapter.served_name}"

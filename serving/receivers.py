@@ -17,3 +17,62 @@ def settle_adoptions(sender, *, version, previous, **kwargs) -> None:
     from serving.services.adoptions import adoption_settle
 
     adoption_settle(version=version)
+
+
+# --- Who may call what at the front door (core's signals about callers) -------
+
+
+def end_person_keys(sender, *, actor, user, reason, **kwargs) -> None:
+    """A person who leaves keeps no key: revoked in the same transaction, audited."""
+    from serving.models import InferenceKey
+    from serving.services.inference_keys import inference_keys_end
+
+    inference_keys_end(
+        actor=actor, keys=InferenceKey.objects.filter(person=user), reason=f"person {reason}"
+    )
+
+
+def end_service_account_keys(sender, *, actor, account, **kwargs) -> None:
+    from serving.models import InferenceKey
+    from serving.services.inference_keys import inference_keys_end
+
+    inference_keys_end(
+        actor=actor,
+        keys=InferenceKey.objects.filter(service_account=account),
+        reason="service account deactivated",
+    )
+
+
+def resync_on_membership(sender, *, user, department, **kwargs) -> None:
+    """A person's key counts only while they are a member of its department: the
+    doors hear of a join or a leave if they hold a live key there."""
+    from serving.models import Deployment, InferenceKey
+    from serving.tasks import door_access_enqueue
+
+    if InferenceKey.objects.filter(
+        person=user, department=department, revoked_at__isnull=True
+    ).exists():
+        door_access_enqueue(Deployment.objects.values_list("pk", flat=True))
+
+
+def resync_on_served_change(sender, *, deployment, **kwargs) -> None:
+    """What a deployment serves is what its keys may call there."""
+    from serving.tasks import door_access_enqueue
+
+    door_access_enqueue([deployment.pk])
+
+
+def open_doors(sender, **kwargs):
+    """/readyz says which front doors take requests without a key (never the default)."""
+    from django.db import DatabaseError
+
+    from serving.models import Deployment
+
+    try:
+        names = sorted(Deployment.objects.filter(open_door=True).values_list("name", flat=True))
+    except DatabaseError as error:  # the database check says so already
+        return "open_doors", {"ok": False, "optional": True, "error": str(error)}
+    if not names:
+        return "open_doors", {"ok": True, "optional": True}
+    notice = f"front door open (no inference key needed): {', '.join(names)}"
+    return "open_doors", {"ok": True, "optional": True, "notice": notice}

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from celery import shared_task
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from serving.models import Deployment, HttpAttempt
@@ -73,3 +74,59 @@ def housekeeping() -> dict:
         "pruned_attempts": pruned,
         "versions_artifacts_deleted": artifacts_deleted,
     }
+
+
+# --- Who may call what, at the front doors -----------------------------------
+
+
+@shared_task(name="serving.door_access_sync", acks_late=True, ignore_result=True)
+def door_access_sync(deployment_id: int) -> bool:
+    """Gives the deployment's front door its access table as the database has it
+    now (a whole table each time: idempotent, and a late one is never stale)."""
+    deployment = Deployment.objects.filter(pk=deployment_id).first()
+    if deployment is None:
+        return False
+    # The door side (serving.gateway.services.gateway_sync_access) is imported
+    # here, late, as the other tasks import their services.
+    from serving.gateway import services as gateway_services
+
+    sync = getattr(gateway_services, "gateway_sync_access", None)
+    if sync is None:
+        logger.info("front door of %s: no access sync yet", deployment.name)
+        return False
+    sync(deployment)
+    return True
+
+
+@shared_task(name="serving.door_access_tick", acks_late=True, ignore_result=True)
+def door_access_tick() -> int:
+    """Expires the grants past their end (their doors are told), then sends every
+    front door its table again: a sync lost with a broker that was down, or a
+    key past its expiry, is caught up within one tick. Returns the grants expired."""
+    from serving.services.grants import grants_expire
+
+    expired = grants_expire()
+    door_access_enqueue(
+        Deployment.objects.filter(name__in=list(settings.SERVING_GATEWAYS)).values_list(
+            "pk", flat=True
+        )
+    )
+    return expired
+
+
+def door_access_enqueue(deployment_ids) -> None:
+    """After the current transaction commits, one door_access_sync per deployment.
+    Outside a transaction it is sent at once. A broker that is down loses a sync,
+    not access: the next change or the reconcile's own sync catches the door up."""
+    ids = sorted(set(deployment_ids))
+    if not ids:
+        return
+
+    def send():
+        for deployment_id in ids:
+            try:
+                door_access_sync.delay(deployment_id)
+            except Exception:  # kombu raises many types; any of them means "not sent"
+                logger.warning("door access of deployment %s: enqueue failed", deployment_id)
+
+    transaction.on_commit(send)

@@ -6,6 +6,7 @@ Re-entering the current state is allowed everywhere, so a redelivered task
 
 from __future__ import annotations
 
+from serving.models import GrantStatus as G
 from serving.models import PromotionStatus as P
 from serving.models import ReplicaStepStatus as R
 from serving.models import RolloutStatus as S
@@ -50,3 +51,14 @@ PROMOTION_TRANSITIONS: dict[str, frozenset[str]] = {
     P.REJECTED: frozenset(),
     P.CANCELLED: frozenset(),
 }
+
+# A grant to call another department's adapter (serving/services/grants.py). A
+# request nobody decided before its end date expires too.
+GRANT_TRANSITIONS: dict[str, frozenset[str]] = {
+    G.REQUESTED: frozenset({G.APPROVED, G.REFUSED, G.EXPIRED}),
+    G.APPROVED: frozenset({G.REVOKED, G.EXPIRED}),
+    G.REFUSED: frozenset(),
+    G.REVOKED: frozenset(),
+    G.EXPIRED: frozenset(),
+}
+GRANT_LIVE = frozenset(s for s, nxt in GRANT_TRANSITIONS.items() if nxt)

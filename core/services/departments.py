@@ -8,6 +8,7 @@ from core.actors import Actor
 from core.audit import audit_record
 from core.errors import Conflict, NotFound, ValidationFailed
 from core.models import Department, Membership, Role
+from core.signals import membership_changed
 
 # department_update: a field not given is left as it is (None is a value: keep forever).
 UNCHANGED = object()
@@ -116,6 +117,9 @@ def membership_grant(
             to_state=role,
             details={"user": user.get_username(), **(details or {})},
         )
+        membership_changed.send(
+            sender=membership_grant, actor=actor, user=user, department=department
+        )
     return membership
 
 
@@ -133,3 +137,6 @@ def membership_revoke(*, actor: Actor, membership: Membership, details: dict | N
             details={"user": locked.user.get_username(), **(details or {})},
         )
         locked.delete()
+        membership_changed.send(
+            sender=membership_revoke, actor=actor, user=locked.user, department=locked.department
+        )

@@ -22,6 +22,7 @@ from core.audit import audit_record
 from core.models import ApiToken
 from core.service_account_selectors import describe_minted, tokens_minted_by
 from core.services.service_accounts import minted_tokens_end
+from core.signals import user_access_ended
 
 AUDITED_FIELDS = (
     "username",
@@ -143,6 +144,8 @@ def user_access_end(*, actor: Actor | None, user, reason: str) -> dict:
         audit_record(
             actor=actor, action="user.access_ended", obj=user, department=None, details=ended
         )
+        # Other apps end what the person holds there (serving: inference keys).
+        user_access_ended.send(sender=user_access_end, actor=actor, user=user, reason=reason)
     return ended
 
 

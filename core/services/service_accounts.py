@@ -23,6 +23,7 @@ from core.errors import Conflict, NotAuthorized, ValidationFailed
 from core.models import ApiToken, Department, ServiceAccount
 from core.service_account_selectors import describe_minted, tokens_minted_by
 from core.services.tokens import token_mint
+from core.signals import service_account_deactivated
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
@@ -120,6 +121,9 @@ def service_account_deactivate(*, actor: Actor, account: ServiceAccount) -> Serv
             obj=locked,
             department=locked.department,
             details={"revoked_tokens": revoked},
+        )
+        service_account_deactivated.send(
+            sender=service_account_deactivate, actor=actor, account=locked
         )
     return locked
 

@@ -1,11 +1,24 @@
-"""The routing table of a deployment, read from the database (two queries)."""
+"""What a deployment's front door needs from the database: its routing table
+(two queries) and its access table (four), each a bounded number of queries
+whatever the number of replicas, adapters or keys."""
 
 from __future__ import annotations
 
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
+from core.models import Department, Membership
+from serving.gateway.access import CallerKey, DoorAccess
 from serving.gateway.routing import ReplicaView, RoutingTable, ServedView, routing_table
-from serving.models import Deployment, Replica, ReplicaHealth, ServedAdapter
+from serving.models import (
+    AdapterGrant,
+    Deployment,
+    GrantStatus,
+    InferenceKey,
+    Replica,
+    ReplicaHealth,
+    ServedAdapter,
+)
 from serving.sync_state import loaded_from
 
 
@@ -38,4 +51,71 @@ def routing_table_for(deployment: Deployment) -> RoutingTable:
         base_model=deployment.base_model_name,
         replicas=replicas,
         served=served,
+    )
+
+
+def live_inference_keys(now=None):
+    """Keys the door takes now: not revoked, not expired, and held by someone
+    still there: a person active and still a member of the key's department (or
+    a platform admin), a service account of that department not deactivated."""
+    now = now or timezone.now()
+    member = Membership.objects.filter(user=OuterRef("person"), department=OuterRef("department"))
+    return InferenceKey.objects.filter(revoked_at__isnull=True, expires_at__gt=now).filter(
+        Q(person__isnull=True)
+        | (Q(person__is_active=True) & (Q(person__is_staff=True) | Exists(member))),
+        Q(service_account__isnull=True)
+        | Q(
+            service_account__deactivated_at__isnull=True,
+            service_account__user__is_active=True,
+            service_account__department=F("department"),
+        ),
+    )
+
+
+def door_access(deployment: Deployment) -> DoorAccess:
+    """The table the deployment's front door enforces (serving/gateway/access.py),
+    in four queries whatever the number of keys, departments or grants.
+
+    Each department that may use the deployment (allowed_departments; empty:
+    every one) may call the base model and its own adapters served here; a
+    department with an approved, unexpired grant may call that adapter where it
+    is served, whatever allowed_departments says (the adapter's department
+    agreed). Every live key is listed: one whose department may call nothing
+    here is a known caller answered 404, not an unknown one."""
+    now = timezone.now()
+    keys = {
+        row["secret_sha256"]: CallerKey(
+            key_id=row["pk"],
+            department=row["department__slug"],
+            expires_at=int(row["expires_at"].timestamp()),
+        )
+        for row in live_inference_keys(now).values(
+            "pk", "secret_sha256", "department__slug", "expires_at"
+        )
+    }
+    through = Deployment.allowed_departments.through.objects.filter(deployment_id=deployment.pk)
+    users = set(
+        Department.objects.filter(
+            ~Exists(through) | Exists(through.filter(department_id=OuterRef("pk")))
+        ).values_list("slug", flat=True)
+    )
+    served = list(
+        ServedAdapter.objects.filter(deployment=deployment, version__isnull=False).values_list(
+            "adapter__served_name", "adapter__department__slug"
+        )
+    )
+    granted = AdapterGrant.objects.filter(
+        status=GrantStatus.APPROVED,
+        expires_at__gt=now,
+        adapter__served_in__deployment=deployment,
+        adapter__served_in__version__isnull=False,
+    ).values_list("department__slug", "adapter__served_name")
+    allowed = {(slug, deployment.base_model_name) for slug in users}
+    allowed |= {(owner, name) for name, owner in served if owner in users}
+    allowed |= set(granted)
+    return DoorAccess(
+        deployment=deployment.name,
+        open=deployment.open_door,
+        keys=keys,
+        allowed=frozenset(allowed),
     )

@@ -166,10 +166,19 @@ def deployment_create(*, actor: Actor, **values) -> Deployment:
     return _save(actor, deployment, "deployment.created", changed)
 
 
+# What the front door's access table reads of a deployment (door_access).
+DOOR_ACCESS_FIELDS = {"open_door", "base_model_name", "name"}
+
+
 def deployment_update(*, actor: Actor, deployment: Deployment, **values) -> Deployment:
     require_platform_admin(actor)
     changed = _apply(deployment, values)
-    deployment = _save(actor, deployment, "deployment.updated", changed)
+    with transaction.atomic():
+        deployment = _save(actor, deployment, "deployment.updated", changed)
+        if set(changed) & DOOR_ACCESS_FIELDS or deployment._departments is not None:
+            from serving.tasks import door_access_enqueue
+
+            door_access_enqueue([deployment.pk])
     if set(changed) & {"revision", *IDENTITY_FIELDS}:
         # Other base weights answer the probe differently through the same adapter.
         VersionFingerprint.objects.filter(deployment=deployment).delete()

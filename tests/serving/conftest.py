@@ -3,6 +3,9 @@ deployment for the tiny base model, and approved versions to promote."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from unittest import mock
+
 import pytest
 
 from serving.services.deployments import deployment_create
@@ -72,3 +75,20 @@ def approved_v1(lena, alex, contracts):
 @pytest.fixture
 def approved_v2(lena, alex, contracts, approved_v1):
     return make_approved_version(lena, alex, contracts, AdapterSpec(seed=2))
+
+
+@pytest.fixture
+def door_syncs(django_capture_on_commit_callbacks):
+    """`with door_syncs() as sent:` the deployment ids whose front-door access
+    sync was enqueued, once the block's transactions committed."""
+
+    @contextmanager
+    def capture():
+        sent: list[int] = []
+        with (
+            mock.patch("serving.tasks.door_access_sync.delay", side_effect=sent.append),
+            django_capture_on_commit_callbacks(execute=True),
+        ):
+            yield sent
+
+    return capture
