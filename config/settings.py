@@ -540,6 +540,14 @@ PLANNER_CONTEXT_LENGTH = cfg.integer("PLANNER_CONTEXT_LENGTH", 4096, minimum=1)
 # these values in its inputs, and the plan uses exactly what the inputs show.
 PLANNER_USE_CASES = cfg.integer("PLANNER_USE_CASES", 10, minimum=1)
 PLANNER_PRICE_PER_GPU_HOUR = cfg.number("PLANNER_PRICE_PER_GPU_HOUR", 2.0, minimum=0.0)
+# The currency of every price and cost the pages show (ISO 4217, e.g. EUR): the
+# prices above are plain numbers, and a number without its unit is not a cost.
+COST_CURRENCY = cfg.env.str("COST_CURRENCY", default="USD")
+if not (len(COST_CURRENCY) == 3 and COST_CURRENCY.isascii() and COST_CURRENCY.isupper()):
+    raise ImproperlyConfigured(
+        f"COST_CURRENCY must be a three-letter ISO 4217 code such as USD or EUR, "
+        f"got {COST_CURRENCY!r}"
+    )
 # --- end observability ----------------------------------------------------------
 
 # --- REST API ---------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django import template
+from django.conf import settings
 from django.contrib.humanize.templatetags.humanize import naturaltime
 from django.utils import timezone
 from django.utils.html import format_html
@@ -15,14 +16,32 @@ register = template.Library()
 
 @register.filter
 def when(value: datetime | None) -> str:
-    """A <time> element that reads "3 min ago" and shows the exact time on hover."""
+    """A <time> element with the date, time and zone ("2026-12-03 06:12 UTC"),
+    and "3 minutes ago" on hover: a time without its date or zone is ambiguous
+    once people read it from another day or place."""
     if value is None:
         return mark_safe('<span class="muted">—</span>')  # noqa: S308 - a constant
     local = timezone.localtime(value)
-    exact = local.strftime("%Y-%m-%d %H:%M:%S %Z")
+    shown = local.strftime("%Y-%m-%d\xa0%H:%M\xa0%Z")
     return format_html(
-        '<time datetime="{}" title="{}">{}</time>', value.isoformat(), exact, naturaltime(value)
+        '<time datetime="{}" title="{}">{}</time>', value.isoformat(), naturaltime(value), shown
     )
+
+
+@register.simple_tag
+def currency() -> str:
+    return settings.COST_CURRENCY
+
+
+@register.filter
+def money(value: float | None, how: str = "") -> str:
+    """2919.53 -> "USD 2,919.53" in COST_CURRENCY; `money:"abs"` drops the sign
+    (for a sentence that already says "more")."""
+    if value is None:
+        return "—"
+    amount = abs(value) if how == "abs" else value
+    sign = "\u2212" if amount < 0 else ""
+    return f"{sign}{settings.COST_CURRENCY}\xa0{abs(amount):,.2f}"
 
 
 @register.filter

@@ -11,6 +11,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 from rest_framework.exceptions import ValidationError
 
+from core import selectors as core_selectors
 from core.actors import Actor
 from core.web import page
 from observability.api.serializers import GPU_MEMORY, PlannerInputSerializer
@@ -104,11 +105,25 @@ def deployment_plan_page(request, actor: Actor, name: str):
 def usage_page(request, actor: Actor):
     """Requests and errors per adapter and day, and each department's monthly cost:
     what GET /api/v1/usage/ answers, with the same query."""
-    context = {"query": request.GET.dict(), "errors": {}, "report": None}
+    context = {
+        "query": request.GET.dict(),
+        "errors": {},
+        "report": None,
+        "departments": list(core_selectors.departments_for(actor).order_by("name")),
+    }
     try:
-        context["report"] = usage_report(actor, request.GET)
+        context["report"] = report = usage_report(actor, request.GET)
     except ValidationError as error:
         context["errors"] = error.detail
+    else:
+        costs = report["costs"]
+        context["totals"] = {
+            "requests": sum(c.requests for c in costs),
+            "use_cases": sum(c.use_cases for c in costs),
+            "shared": sum(c.shared_monthly for c in costs),
+            "dedicated": sum(c.dedicated_monthly for c in costs),
+            "saving": sum(c.saving_monthly for c in costs),
+        }
     # The form sends its blank fields; the API refuses a blank parameter (as its
     # schema says), so the link carries only the ones given.
     given = {name: value for name, value in context["query"].items() if value}

@@ -2,14 +2,24 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from core.templatetags.ui import compact, event_label, http_url, size, when
+from core.templatetags.ui import compact, event_label, http_url, money, size, when
 
 
-def test_when_puts_the_exact_time_in_the_title():
-    html = when(timezone.now() - timedelta(minutes=3))
-    assert html.startswith('<time datetime="')
-    assert 'title="' in html and "UTC" in html
-    assert html.endswith(">3\xa0minutes ago</time>")
+def test_when_shows_the_date_time_and_zone_and_the_relative_time_on_hover():
+    moment = timezone.now() - timedelta(minutes=3)
+    html = when(moment)
+    assert html.startswith(f'<time datetime="{moment.isoformat()}"')
+    assert 'title="3\xa0minutes ago"' in html
+    shown = timezone.localtime(moment).strftime("%Y-%m-%d\xa0%H:%M\xa0UTC")
+    assert html.endswith(f">{shown}</time>")
+
+
+def test_money_carries_the_currency_and_a_real_minus(settings):
+    settings.COST_CURRENCY = "EUR"
+    assert money(2919.531) == "EUR\xa02,919.53"
+    assert money(-1459.53) == "\u2212EUR\xa01,459.53"
+    assert money(-1459.53, "abs") == "EUR\xa01,459.53"
+    assert money(None) == "—"
 
 
 def test_only_http_links_survive():

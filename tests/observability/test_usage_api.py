@@ -137,8 +137,39 @@ def test_the_usage_page_shows_rows_and_cost(web_lena, usage):
     row = page[start : page.index("</tr>", start)]
     assert ">30<" in row and ">2<" in row and ">1<" in row
     cost = page[page.index('data-testid="cost-legal"') :]
-    assert "2190.00" in cost[: cost.index("</tr>")]
+    assert "USD\xa02,190.00" in cost[: cost.index("</tr>")]
     assert "finance-ledger" not in page
+
+
+def test_the_usage_page_explains_a_negative_saving_in_words(web_lena, usage, settings):
+    settings.COST_CURRENCY = "EUR"
+    page = web_lena.get("/usage/").content.decode()
+    row = page[page.index('data-testid="cost-legal"') :]
+    # 2 GPUs shared, 30 of 30 requests, one use case: 2,190 shared against 1,460 dedicated.
+    assert "\u2212EUR\xa0730.00" in row[: row.index("</tr>")]
+    note = page[page.index('data-testid="cost-note-legal"') :]
+    assert "Legal pays EUR\xa0730.00 a month more shared than dedicated" in note
+    assert "per GPU-hour" in page and "EUR\xa02.00" in page
+
+
+def test_the_usage_page_picks_a_department_from_a_list_and_totals_the_costs(
+    web_root, usage, settings
+):
+    page = web_root.get("/usage/").content.decode()
+    assert '<select id="department" name="department">' in page
+    assert '<option value="legal" >Legal</option>' in page
+    assert '<option value="finance" >Finance</option>' in page
+    total = page[page.index('data-testid="cost-total"') :]
+    total = total[: total.index("</tr>")]
+    # The deployment's 2 GPUs x 2.00 x 730 h, split 30:10 between Legal and Finance.
+    assert ">40<" in total
+    assert "USD\xa02,920.00" in total
+
+
+def test_the_department_picker_keeps_the_chosen_one(web_lena, usage):
+    page = web_lena.get("/usage/?department=legal").content.decode()
+    assert '<option value="legal" selected>Legal</option>' in page
+    assert 'value="finance"' not in page
 
 
 def test_the_usage_page_404s_for_an_outsider_s_department(web_fred, usage):

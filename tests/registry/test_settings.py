@@ -68,6 +68,7 @@ def test_the_defaults_start(tmp_path):
         ("ARTIFACT_STORE_URL", {"ARTIFACT_STORE_URL": "ftp://host/dir"}, "ftp"),
         ("DJANGO_DEBUG", {"DJANGO_DEBUG": "maybe"}, "true or false"),
         ("SERVING_DTYPE", {"SERVING_DTYPE": "int8"}, "int8"),
+        ("COST_CURRENCY", {"COST_CURRENCY": "dollars"}, "ISO 4217"),
         ("AWS_S3_ADDRESSING_STYLE", {"AWS_S3_ADDRESSING_STYLE": "sideways"}, "sideways"),
         (
             "DJANGO_SECRET_KEY",

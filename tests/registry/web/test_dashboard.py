@@ -30,9 +30,9 @@ def test_it_shows_recent_activity_from_the_audit_log(web_lena, contracts, v1):
     page = web_lena.get("/").content.decode()
     assert "version.registered" in page
     assert f'href="/versions/{v1.pk}/"' in page
-    # Relative time, with the exact time on hover.
-    assert "seconds ago</time>" in page or "now</time>" in page
-    assert 'title="20' in page
+    # The date, time and zone, with the relative time on hover.
+    assert "\xa0UTC</time>" in page
+    assert 'title="now"' in page or 'seconds ago"' in page
 
 
 def test_it_counts_my_pending_reviews(web_alex, lena, contracts, v1):
