@@ -241,19 +241,47 @@ TOKENS_UNAVAILABLE = (
 )
 
 
+# Quarters, not percent: a member knows their own requests, so an exact share of
+# a deployment's cost would give away every other department's total.
+SHARE_BANDS = (0.25, 0.5, 0.75, 1.0)
+
+
+def share_band(share: float | None) -> str:
+    """The quarter `share` (0..1) falls in, as people read it: "25–50%"."""
+    if share is None:
+        return ""
+    low = 0.0
+    for high in SHARE_BANDS:
+        if share <= high or high == SHARE_BANDS[-1]:
+            return f"{low * 100:.0f}–{high * 100:.0f}%"
+        low = high
+    return ""
+
+
 @dataclass(frozen=True)
 class DepartmentCost:
-    """A department's monthly share of the GPUs it uses, against one GPU per use case."""
+    """A department's monthly share of the GPUs it uses, against one GPU per use case.
+
+    `shared_monthly` is None for people who are not platform admins: with their
+    own request counts and the deployments' GPUs (both visible to them) it would
+    give other departments' request totals. They see `share` as a quarter band."""
 
     department: Department
     requests: int
     use_cases: int  # adapters of the department with requests in the period
-    shared_monthly: float
+    shared_monthly: float | None
     dedicated_monthly: float
+    share: float | None  # of the monthly GPU cost of the deployments it used
 
     @property
-    def saving_monthly(self) -> float:
-        return self.dedicated_monthly - self.shared_monthly
+    def saving_monthly(self) -> float | None:
+        if self.shared_monthly is None:
+            return None
+        return round(self.dedicated_monthly - self.shared_monthly, 2)
+
+    @property
+    def share_band(self) -> str:
+        return share_band(self.share)
 
 
 def usage_departments(actor: Actor, slug: str | None) -> list[Department]:
@@ -281,11 +309,14 @@ def usage_rows(departments: list[Department], start: date, end: date) -> QuerySe
     )
 
 
-def department_costs(departments: list[Department], start: date, end: date) -> list[DepartmentCost]:
+def department_costs(
+    departments: list[Department], start: date, end: date, *, figures: bool
+) -> list[DepartmentCost]:
     """Each department's share of its deployments' monthly GPU cost (active replicas x
     GPUs per replica x PLANNER_PRICE_PER_GPU_HOUR x 730 h), by its share of each
     deployment's requests in the period (every department's, seen or not), beside
-    one dedicated one-GPU deployment per use case."""
+    one dedicated one-GPU deployment per use case. Without `figures` (anyone but a
+    platform admin) the shared cost is left out and only its band is told."""
     price = settings.PLANNER_PRICE_PER_GPU_HOUR
     period = DailyUsage.objects.filter(day__gte=start, day__lte=end)
     mine = list(
@@ -315,20 +346,22 @@ def department_costs(departments: list[Department], start: date, end: date) -> l
     costs = []
     for department in departments:
         rows = [r for r in mine if r["department_id"] == department.pk]
+        used = [r for r in rows if totals.get(r["deployment_id"])]
         shared = sum(
             gpus[r["deployment_id"]] * price * HOURS_PER_MONTH * r["n"] / totals[r["deployment_id"]]
-            for r in rows
-            if totals.get(r["deployment_id"])
+            for r in used
         )
+        whole = sum(gpus[d] * price * HOURS_PER_MONTH for d in {r["deployment_id"] for r in used})
         costs.append(
             DepartmentCost(
                 department=department,
                 requests=sum(r["n"] for r in rows),
                 use_cases=use_cases.get(department.pk, 0),
-                shared_monthly=round(shared, 2),
+                shared_monthly=round(shared, 2) if figures else None,
                 dedicated_monthly=round(
                     use_cases.get(department.pk, 0) * price * HOURS_PER_MONTH, 2
                 ),
+                share=shared / whole if whole else None,
             )
         )
     return costs

@@ -199,12 +199,22 @@ class DepartmentCostSerializer(serializers.Serializer):
     use_cases = serializers.IntegerField(help_text="Its adapters with requests in the period.")
     shared_monthly_cost = serializers.FloatField(
         source="shared_monthly",
-        help_text="Its request share of each deployment's monthly GPU cost.",
+        allow_null=True,
+        help_text="Its request share of each deployment's monthly GPU cost; platform admins "
+        "only (null for others: with their own requests it would give other departments' "
+        "totals).",
+    )
+    cost_share = serializers.CharField(
+        source="share_band",
+        help_text="Its part of the monthly GPU cost of the deployments it used, as a quarter "
+        '("25–50%"); empty without cost.',
     )
     dedicated_monthly_cost = serializers.FloatField(
         source="dedicated_monthly", help_text="One dedicated one-GPU deployment per use case."
     )
-    monthly_saving = serializers.FloatField(source="saving_monthly")
+    monthly_saving = serializers.FloatField(
+        source="saving_monthly", allow_null=True, help_text="Platform admins only, as above."
+    )
 
 
 class UsageSerializer(serializers.Serializer):

@@ -95,7 +95,7 @@ def usage_report(actor, params) -> dict:
         "hours_per_month": HOURS_PER_MONTH,
         "tokens_unavailable": TOKENS_UNAVAILABLE,
         "rows": list(usage_rows(departments, start, end)),
-        "costs": department_costs(departments, start, end),
+        "costs": department_costs(departments, start, end, figures=actor.is_platform_admin),
     }
 
 

@@ -117,12 +117,14 @@ def usage_page(request, actor: Actor):
         context["errors"] = error.detail
     else:
         costs = report["costs"]
+        # Figures only where the costs carry them (platform admins: DepartmentCost).
+        figures = all(c.shared_monthly is not None for c in costs)
         context["totals"] = {
             "requests": sum(c.requests for c in costs),
             "use_cases": sum(c.use_cases for c in costs),
-            "shared": sum(c.shared_monthly for c in costs),
+            "shared": sum(c.shared_monthly for c in costs) if figures else None,
             "dedicated": sum(c.dedicated_monthly for c in costs),
-            "saving": sum(c.saving_monthly for c in costs),
+            "saving": sum(c.saving_monthly for c in costs) if figures else None,
         }
     # The form sends its blank fields; the API refuses a blank parameter (as its
     # schema says), so the link carries only the ones given.

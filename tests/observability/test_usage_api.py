@@ -57,29 +57,52 @@ def usage(deployment, approved_v1, finance, fred, settings):
     return legal_row
 
 
-def test_a_member_sees_their_department_s_rows_and_cost(as_lena, usage):
+def test_a_member_sees_their_department_s_rows_and_cost_as_a_share(as_lena, usage):
     body = as_lena.get("/api/v1/usage/").json()
     assert [
         (r["served_name"], r["requests"], r["errors_4xx"], r["errors_5xx"]) for r in body["rows"]
     ] == [("legal-contracts", 30, 2, 1)]
     assert body["rows"][0]["tokens"] is None and "no adapter label" in body["tokens_unavailable"]
-    # 2 GPUs x 2.00 x 730 h = 2920 a month, Legal made 30 of the deployment's 40 requests.
+    # Legal made 30 of the deployment's 40 requests: 75 %, told as a quarter. The
+    # figure (2190 of 2920 a month) would give Finance's 10 requests: 30 x 2920 / 2190 - 30.
     (cost,) = body["costs"]
     assert cost == {
         "department": "legal",
         "requests": 30,
         "use_cases": 1,
-        "shared_monthly_cost": 2190.0,
+        "shared_monthly_cost": None,
+        "cost_share": "50–75%",
         "dedicated_monthly_cost": 1460.0,
-        "monthly_saving": -730.0,
+        "monthly_saving": None,
     }
 
 
-def test_a_platform_admin_sees_every_department(as_root, usage):
+@pytest.mark.parametrize("who", ["as_lena", "as_alex", "as_token"])
+def test_nothing_a_member_reads_gives_other_departments_totals(who, usage, request):
+    """Their own requests (30) and the deployment's GPU cost (2920, from what they
+    see of the deployment) are known to them; no figure in the answer may turn
+    into Finance's 10 requests or the deployment's 40."""
+    body = request.getfixturevalue(who).get("/api/v1/usage/").json()
+    (cost,) = body["costs"]
+    assert cost["shared_monthly_cost"] is None and cost["monthly_saving"] is None
+    numbers = {v for v in cost.values() if isinstance(v, int | float)}
+    assert numbers == {30, 1, 1460.0}  # requests, use cases, dedicated: none of others'
+    assert cost["cost_share"] == "50–75%"
+
+
+def test_a_platform_admin_sees_every_department_with_figures(as_root, usage):
     body = as_root.get("/api/v1/usage/").json()
     assert sorted(r["department"] for r in body["rows"]) == ["finance", "legal"]
-    shares = {c["department"]: c["shared_monthly_cost"] for c in body["costs"]}
-    assert shares == {"finance": 730.0, "legal": 2190.0}
+    costs = {c["department"]: c for c in body["costs"]}
+    assert {d: c["shared_monthly_cost"] for d, c in costs.items()} == {
+        "finance": 730.0,
+        "legal": 2190.0,
+    }
+    assert costs["legal"]["monthly_saving"] == -730.0
+    assert {d: c["cost_share"] for d, c in costs.items()} == {
+        "finance": "0–25%",
+        "legal": "50–75%",
+    }
 
 
 def test_an_outsider_gets_404_for_a_department_they_do_not_see(as_fred, usage):
@@ -137,16 +160,22 @@ def test_the_usage_page_shows_rows_and_cost(web_lena, usage):
     row = page[start : page.index("</tr>", start)]
     assert ">30<" in row and ">2<" in row and ">1<" in row
     cost = page[page.index('data-testid="cost-legal"') :]
-    assert "USD\xa02,190.00" in cost[: cost.index("</tr>")]
+    cost = cost[: cost.index("</tr>")]
+    assert "50–75%" in cost and "admins only" in cost and "USD\xa01,460.00" in cost
+    # Neither the shared cost nor the saving, in figures or in words.
+    assert "2,190" not in page and "730.00" not in page and "cost-note-legal" not in page
     assert "finance-ledger" not in page
 
 
-def test_the_usage_page_explains_a_negative_saving_in_words(web_lena, usage, settings):
+def test_the_usage_page_explains_a_negative_saving_in_words_to_a_platform_admin(
+    web_root, usage, settings
+):
     settings.COST_CURRENCY = "EUR"
-    page = web_lena.get("/usage/").content.decode()
+    page = web_root.get("/usage/?department=legal").content.decode()
     row = page[page.index('data-testid="cost-legal"') :]
-    # 2 GPUs shared, 30 of 30 requests, one use case: 2,190 shared against 1,460 dedicated.
-    assert "\u2212EUR\xa0730.00" in row[: row.index("</tr>")]
+    # 2 GPUs shared, 30 of 40 requests, one use case: 2,190 shared against 1,460 dedicated.
+    row = row[: row.index("</tr>")]
+    assert "EUR\xa02,190.00" in row and "\u2212EUR\xa0730.00" in row and "50–75%" in row
     note = page[page.index('data-testid="cost-note-legal"') :]
     assert "Legal pays EUR\xa0730.00 a month more shared than dedicated" in note
     assert "per GPU-hour" in page and "EUR\xa02.00" in page
