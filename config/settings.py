@@ -439,6 +439,9 @@ SERVING_FINGERPRINT_SAMPLE = cfg.integer("SERVING_FINGERPRINT_SAMPLE", 2, minimu
 # for a replica's requests in flight to finish before it unloads the adapter there.
 SERVING_GATEWAY_DIR = Path(cfg.env.str("SERVING_GATEWAY_DIR", default=str(VAR_DIR / "gateway")))
 SERVING_GATEWAYS = cfg.env.dict("SERVING_GATEWAYS", default={})
+# The URL clients use to reach each front door ("prod=https://llm.example.com"),
+# shown on the pages; where unset, http:// and the address it listens on.
+SERVING_GATEWAY_URLS = cfg.env.dict("SERVING_GATEWAY_URLS", default={})
 # Where a front door's HAProxy runs on another host (Kubernetes: its own pod),
 # the host:port of its runtime API per deployment ("prod=gateway-prod:9999"); the
 # master CLI is the next port, and SERVING_GATEWAY_DIR a volume both mount.

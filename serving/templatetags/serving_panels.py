@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from django import template
 
+from serving import selectors
 from serving.web import queries
 
 register = template.Library()
@@ -39,3 +40,15 @@ def adapter_standing(context, adapters):
 @register.simple_tag(takes_context=True)
 def standing_of(context, adapter):
     return queries.adapter_standing(context["request"].actor, [adapter])[adapter.pk]
+
+
+@register.simple_tag(takes_context=True)
+def adapter_access(context, adapter, standing):
+    """A "How clients reach this" card's data for each deployment serving the
+    adapter (`standing`: what standing_of said for it)."""
+    actor = context["request"].actor
+    names = [row.deployment for row in standing.live]
+    if not names:
+        return []
+    deployments = selectors.deployments_for(actor).prefetch_related(None).filter(name__in=names)
+    return [queries.client_access(actor, d, adapter.served_name) for d in deployments]

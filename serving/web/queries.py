@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from django.conf import settings
+
 from core.access import can_promote, visible_department_ids
 from core.actors import Actor
 from registry.models import AdapterVersion, VersionStatus
@@ -391,3 +393,67 @@ def adapter_standing(actor: Actor, adapters) -> dict[int, Standing]:
             may_promote=can_promote(actor, adapter.department_id),
         )
     return standing
+
+
+# --- how clients reach a deployment ---------------------------------------------------
+
+EXAMPLE_BODY = (
+    '{"model": "%s", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 32}'
+)
+
+
+def front_door_url(deployment: Deployment) -> str | None:
+    """The URL clients use for the deployment's front door, or None without one."""
+    listen = settings.SERVING_GATEWAYS.get(deployment.name)
+    if not listen:
+        return None
+    url = settings.SERVING_GATEWAY_URLS.get(deployment.name)
+    return (url or f"http://{listen}").rstrip("/")
+
+
+def curl_example(base_url: str, served_name: str) -> str:
+    """A request a person can paste: the key is a placeholder they replace."""
+    return (
+        f"curl {base_url}/v1/chat/completions \\\n"
+        "  -H 'Authorization: Bearer <your key>' \\\n"
+        "  -H 'Content-Type: application/json' \\\n"
+        f"  -d '{EXAMPLE_BODY % served_name}'"
+    )
+
+
+def client_access(
+    actor: Actor, deployment: Deployment, served_name: str | None, *, example: bool = False
+) -> dict:
+    """The "How clients reach this" card: the front door's URL, a copyable
+    request for one adapter, and a traffic canary's split while one bakes.
+    Without `served_name`, canaries of every adapter the actor sees there, and
+    (`example`) the request names one of those adapters it serves."""
+    url = front_door_url(deployment)
+    named = served_name
+    if named is None and example:
+        named = (
+            selectors.served_adapters_for(actor, deployment)
+            .filter(version__isnull=False)
+            .order_by("adapter__served_name")
+            .values_list("adapter__served_name", flat=True)
+            .first()
+        )
+    baking = (
+        selectors.rollouts_for(actor)
+        .prefetch_related(None)
+        .filter(deployment=deployment, status=RolloutStatus.BAKING, canary_share__isnull=False)
+    )
+    if served_name:
+        baking = baking.filter(adapter__served_name=served_name)
+    canaries = []
+    for rollout in baking.select_related("adapter", "target_version", "canary_replica")[:5]:
+        split = selectors.canary_split(rollout)
+        if split is not None:
+            canaries.append({"rollout": rollout, **split})
+    return {
+        "deployment": deployment,
+        "url": url,
+        "served_name": named,
+        "curl": curl_example(url, named or "<adapter>") if url else "",
+        "canaries": canaries,
+    }

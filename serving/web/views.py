@@ -106,6 +106,7 @@ def deployment_detail(request, actor: Actor, name: str):
         "kserve_missing": kserve.missing_settings(deployment),
         "sees_infrastructure": selectors.sees_infrastructure(actor),
         "fact_disputes": fact_disputes(deployment, deployment.replicas.filter(active=True)),
+        "access": queries.client_access(actor, deployment, None, example=True),
     }
     return render(request, "serving/deployment_detail.html", context)
 

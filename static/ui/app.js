@@ -40,3 +40,15 @@
     open = [];
   });
 })();
+
+// "Copy" beside an example request: copies the text of the element it names.
+document.addEventListener("click", function (event) {
+  var button = event.target.closest ? event.target.closest("[data-copy]") : null;
+  if (!button) return;
+  var source = document.getElementById(button.getAttribute("data-copy"));
+  if (!source || !navigator.clipboard) return;
+  navigator.clipboard.writeText(source.textContent).then(function () {
+    button.textContent = "Copied";
+    setTimeout(function () { button.textContent = "Copy"; }, 1500);
+  });
+});

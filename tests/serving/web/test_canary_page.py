@@ -145,3 +145,13 @@ def test_a_traffic_canary_the_deployment_cannot_run_is_refused_with_the_reason(
     assert answer.status_code == 409
     assert "has no front door" in answer.content.decode()
     assert not Rollout.objects.exists()
+
+
+def test_the_deployment_and_adapter_pages_say_a_canary_takes_its_share(
+    web_lena, baking, deployment, contracts
+):
+    for url in (f"/deployments/{deployment.name}/", f"/adapters/{contracts.pk}/"):
+        html = web_lena.get(url).content.decode()
+        split = html.split('data-testid="canary-split">')[1].split("</p>")[0]
+        assert f"{contracts.served_name} v2</a> takes 10&nbsp;% of its traffic" in split
+        assert "s of its bake left" in split
