@@ -204,6 +204,8 @@ def version_page_context(request, actor: Actor, version: AdapterVersion) -> dict
         "run_url": run_ui_url(version.mlflow_experiment_id, version.mlflow_run_id)
         or version.mlflow_run_uri,
         "run_metrics": sorted((version.run_metrics or {}).items()),
+        # Where the store keeps it (a file:// or s3:// URI) is the platform's, not a department's.
+        "sees_storage": actor.is_platform_admin,
     }
 
 
