@@ -354,6 +354,15 @@ MLFLOW_MIRROR_CATCH_UP_SECONDS = cfg.integer("MLFLOW_MIRROR_CATCH_UP_SECONDS", 3
 MLFLOW_WEBHOOK_SECRET = cfg.secret("MLFLOW_WEBHOOK_SECRET") or ""
 MLFLOW_WEBHOOK_TOLERANCE_SECONDS = cfg.integer("MLFLOW_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=1)
 MLFLOW_WEBHOOK_MAX_BYTES = cfg.integer("MLFLOW_WEBHOOK_MAX_BYTES", 64 * 1024, minimum=1024)
+# Refused deliveries are counted per source and window; a source past this many
+# refusals in a window is answered 429 until the window ends, before its
+# signature is checked. Each window's counts are audited once it has closed.
+MLFLOW_WEBHOOK_REFUSALS_PER_SOURCE = cfg.integer(
+    "MLFLOW_WEBHOOK_REFUSALS_PER_SOURCE", 20, minimum=1
+)
+MLFLOW_WEBHOOK_REFUSAL_WINDOW_SECONDS = cfg.integer(
+    "MLFLOW_WEBHOOK_REFUSAL_WINDOW_SECONDS", 60, minimum=1
+)
 # Merged into CELERY_BEAT_SCHEDULE after the serving block, which defines it.
 _MLFLOW_BEAT = {
     "mlflow-mirror-catch-up": {

@@ -12,6 +12,7 @@ from mlflow_bridge.models import (
     MlflowAliasMirror,
     MlflowVersionMirror,
     WebhookDelivery,
+    WebhookRefusalCount,
     WebhookRule,
 )
 from mlflow_bridge.webhooks import RULE_FIELDS, webhook_rule_delete, webhook_rule_save
@@ -73,6 +74,12 @@ class WebhookDeliveryAdmin(_ReadOnly):
     list_filter = ["status", "event"]
     list_select_related = ["version__adapter__department"]
     search_fields = ["delivery_id", "model_name", "detail"]
+
+
+@admin.register(WebhookRefusalCount)
+class WebhookRefusalCountAdmin(_ReadOnly):
+    list_display = ["window_start", "source", "refused", "throttled", "codes", "audited_at"]
+    search_fields = ["source"]
 
 
 @admin.register(AllowedExperiment)

@@ -149,7 +149,7 @@ class WebhookView(APIView):
 
     authentication_classes: list = []
     permission_classes = [AllowAny]
-    error_statuses = {"*": (401, 404, 413)}
+    error_statuses = {"*": (401, 404, 413, 429)}
 
     @extend_schema(
         request=None,
@@ -165,12 +165,16 @@ class WebhookView(APIView):
             "registry's MLFLOW_WEBHOOK_SECRET as its secret). 202: verified and recorded; "
             "the version is registered by a worker, for the departments and events a "
             "platform admin set rules for. 401: bad signature, stale timestamp or a replay "
-            "(recorded and audited). 404: webhooks are off (no MLFLOW_WEBHOOK_SECRET)."
+            "(counted per source and window, audited as counts). 429: too many refusals "
+            "from this address in this window. 404: webhooks are off (no "
+            "MLFLOW_WEBHOOK_SECRET)."
         ),
     )
     def post(self, request):
         if not webhooks.enabled():
             raise NotFound("MLflow webhooks are not enabled on this registry.")
+        client_address = client_address_of(request)
+        webhooks.webhook_throttle(client_address=client_address)
         length = request.META.get("CONTENT_LENGTH") or "0"
         limit = settings.MLFLOW_WEBHOOK_MAX_BYTES
         if not length.isdigit() or int(length) > limit:
@@ -179,7 +183,7 @@ class WebhookView(APIView):
         delivery = webhooks.webhook_receive(
             headers=request.headers,
             body=request.body,
-            client_address=client_address_of(request),
+            client_address=client_address,
         )
         return Response(
             {"delivery": delivery.pk, "status": delivery.status}, status=status.HTTP_202_ACCEPTED

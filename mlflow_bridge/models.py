@@ -150,8 +150,9 @@ class DeliveryStatus(models.TextChoices):
 
 
 class WebhookDelivery(models.Model):
-    """One delivery MLflow made, refused ones included: the audit trail of what
-    arrived, and the replay guard (an accepted delivery id is never accepted twice)."""
+    """One delivery MLflow accepted: the record of what arrived, and the replay
+    guard (an accepted delivery id is never accepted twice). Refused deliveries
+    are counted in WebhookRefusalCount instead (rows `refused` are from before)."""
 
     delivery_id = models.CharField(max_length=64)
     status = models.CharField(max_length=16, choices=DeliveryStatus.choices)
@@ -180,6 +181,33 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.delivery_id} {self.event} ({self.status})"
+
+
+class WebhookRefusalCount(models.Model):
+    """The webhook deliveries refused from one source in one window, as counts,
+    not a row each: past MLFLOW_WEBHOOK_REFUSALS_PER_SOURCE the source is
+    throttled (429, counted here too), and once the window has closed one chained
+    audit event records the row (webhooks.webhook_refusals_audit). A forger's
+    thousand deliveries cost the log one event, and the chain's lock once."""
+
+    window_start = models.DateTimeField()
+    # The client's address (core.actors.client_address_of); "-" when unknown.
+    source = models.CharField(max_length=64)
+    refused = models.PositiveIntegerField(default=0)
+    throttled = models.PositiveIntegerField(default=0)
+    codes = models.JSONField(default=dict, blank=True, help_text="Refusals by reason.")
+    audited_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-window_start", "source"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["window_start", "source"], name="one_refusal_count_per_source_and_window"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source} at {self.window_start:%Y-%m-%d %H:%M:%S}"
 
 
 class AllowedExperiment(models.Model):

@@ -60,7 +60,11 @@ def sync_alias_mirror(self, alias_id: int) -> str:
 def catch_up() -> dict:
     from mlflow_bridge import webhooks
 
-    return {**mirror.mirror_catch_up(), "webhooks": webhooks.webhook_catch_up()}
+    return {
+        **mirror.mirror_catch_up(),
+        "webhooks": webhooks.webhook_catch_up(),
+        "webhook_refusals_audited": webhooks.webhook_refusals_audit(),
+    }
 
 
 @shared_task(

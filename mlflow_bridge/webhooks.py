@@ -5,7 +5,10 @@ MLflow 3 signs each delivery: `X-MLflow-Signature: v1,<base64 HMAC-SHA256>` of
 `<delivery id>.<timestamp>.<body>` with the webhook's secret, beside
 `X-MLflow-Delivery-Id` and `X-MLflow-Timestamp` (mlflow/webhooks/delivery.py). A
 delivery is accepted only with a valid signature, a timestamp within the tolerance
-and a delivery id never accepted before; everything else is refused and audited.
+and a delivery id never accepted before; everything else is refused. Anyone can
+send refusals, so they cost the sender, not the log: they are counted per source
+and window (WebhookRefusalCount), a source past its allowance is throttled, and
+each closed window is audited as counts, one chained event per source.
 
 The request only verifies and records; registering (which downloads the artifact
 from MLflow) is a task, enqueued on commit, so MLflow's short delivery timeout
@@ -22,18 +25,25 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from core.actors import Actor
 from core.audit import audit_record
 from core.errors import ApplicationError, ValidationFailed
-from mlflow_bridge.models import DeliveryStatus, WebhookDelivery, WebhookEvent, WebhookRule
+from mlflow_bridge.models import (
+    DeliveryStatus,
+    WebhookDelivery,
+    WebhookEvent,
+    WebhookRefusalCount,
+    WebhookRule,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +62,11 @@ class WebhookRefused(ApplicationError):
     code = "webhook_refused"
 
 
+class WebhookThrottled(ApplicationError):
+    status = 429
+    code = "webhook_throttled"
+
+
 @dataclass(frozen=True)
 class Verified:
     delivery_id: str
@@ -63,14 +78,33 @@ def enabled() -> bool:
     return bool(settings.MLFLOW_WEBHOOK_SECRET)
 
 
+def webhook_throttle(*, client_address: str | None) -> None:
+    """Raises WebhookThrottled (429) for a source past its refusals in this window,
+    before its body is read or its signature checked. The check is the count: one
+    UPDATE, which matches nothing for a source within its allowance."""
+    window, source = _window(), client_address or "-"
+    if WebhookRefusalCount.objects.filter(
+        window_start=window,
+        source=source,
+        refused__gte=settings.MLFLOW_WEBHOOK_REFUSALS_PER_SOURCE,
+    ).update(throttled=F("throttled") + 1):
+        seconds = settings.MLFLOW_WEBHOOK_REFUSAL_WINDOW_SECONDS
+        wait = max(1, round((window + timedelta(seconds=seconds) - timezone.now()).total_seconds()))
+        throttled = WebhookThrottled(
+            f"Too many refused deliveries from this address; try again in {wait} s.",
+            details={"retry_after_seconds": wait},
+        )
+        throttled.headers = {"Retry-After": str(wait)}
+        raise throttled
+
+
 def webhook_receive(*, headers, body: bytes, client_address: str | None) -> WebhookDelivery:
-    """Verifies one delivery and records it; raises WebhookRefused (recorded and
-    audited too) when the signature, the timestamp or the delivery id is wrong."""
-    delivery_id = (headers.get("X-MLflow-Delivery-Id") or "")[:64]
+    """Verifies one delivery and records it; raises WebhookRefused (and counts
+    it) when the signature, the timestamp or the delivery id is wrong."""
     try:
         verified = _verify(headers, body)
     except WebhookRefused as refusal:
-        _refuse(delivery_id, refusal, client_address)
+        _refuse(refusal, client_address)
         raise
     data = verified.payload.get("data") if isinstance(verified.payload.get("data"), dict) else {}
     try:
@@ -89,7 +123,7 @@ def webhook_receive(*, headers, body: bytes, client_address: str | None) -> Webh
         refusal = WebhookRefused(
             f"Delivery {verified.delivery_id} was accepted before: a replay.", code="replayed"
         )
-        _refuse(verified.delivery_id, refusal, client_address)
+        _refuse(refusal, client_address)
         raise refusal from None
     return delivery
 
@@ -129,23 +163,68 @@ def _verify(headers, body: bytes) -> Verified:
     return Verified(delivery_id=delivery_id, event=event, payload=payload)
 
 
-def _refuse(delivery_id: str, refusal: WebhookRefused, client_address: str | None) -> None:
+def _window(now: datetime | None = None) -> datetime:
+    """The start of the refusal window `now` falls in (windows align to the epoch)."""
+    seconds = settings.MLFLOW_WEBHOOK_REFUSAL_WINDOW_SECONDS
+    epoch = int((now or timezone.now()).timestamp())
+    return datetime.fromtimestamp(epoch - epoch % seconds, tz=UTC)
+
+
+def _refuse(refusal: WebhookRefused, client_address: str | None) -> None:
+    """Counts the refusal for its source and window: no row and no audit event of
+    its own, so a flood of forged deliveries never takes the audit chain's lock."""
+    window, source = _window(), client_address or "-"
     with transaction.atomic():
-        delivery = WebhookDelivery.objects.create(
-            delivery_id=delivery_id,
-            status=DeliveryStatus.REFUSED,
-            detail=f"{refusal.code}: {refusal.message}",
-            finished_at=timezone.now(),
+        count, created = WebhookRefusalCount.objects.select_for_update().get_or_create(
+            window_start=window, source=source
         )
-        audit_record(
-            actor=None,
-            action="mlflow.webhook_refused",
-            obj=delivery,
-            department=None,
-            comment=refusal.message,
-            details={"code": refusal.code, "client_address": client_address or ""},
+        count.refused += 1
+        count.codes[refusal.code] = count.codes.get(refusal.code, 0) + 1
+        count.save(update_fields=["refused", "codes"])
+    if created:  # once per source and window, not once per forged delivery
+        logger.warning(
+            "MLflow webhook refused from %s: %s (more from there in this window are counted)",
+            source,
+            refusal.code,
         )
-    logger.warning("MLflow webhook %s refused: %s", delivery_id or "-", refusal.code)
+
+
+def webhook_refusals_audit(*, batch: int = 200) -> int:
+    """Writes one chained audit event for each source's refusals in a closed window,
+    once: a compare-and-swap on `audited_at` in the event's transaction, so two
+    runs never both write it. A window counts as closed one window after its end,
+    so that a refusal counted at its last moment is not missed. Returns how many."""
+    seconds = settings.MLFLOW_WEBHOOK_REFUSAL_WINDOW_SECONDS
+    closed_before = _window() - timedelta(seconds=seconds)
+    due = WebhookRefusalCount.objects.filter(audited_at=None, window_start__lt=closed_before)
+    written = 0
+    for pk in due.order_by("window_start", "pk").values_list("pk", flat=True)[:batch]:
+        with transaction.atomic():
+            if not WebhookRefusalCount.objects.filter(pk=pk, audited_at=None).update(
+                audited_at=timezone.now()
+            ):
+                continue  # another run wrote it
+            count = WebhookRefusalCount.objects.get(pk=pk)
+            audit_record(
+                actor=None,
+                action="mlflow.webhook_refusals",
+                obj=count,
+                department=None,
+                comment=(
+                    f"{count.refused} webhook deliveries refused from {count.source}, "
+                    f"{count.throttled} more throttled, in {seconds} s"
+                ),
+                details={
+                    "source": count.source,
+                    "window_start": count.window_start.isoformat(),
+                    "window_seconds": seconds,
+                    "refused": count.refused,
+                    "throttled": count.throttled,
+                    "codes": count.codes,
+                },
+            )
+        written += 1
+    return written
 
 
 def _enqueue_on_commit(pk: int) -> None:

@@ -72,7 +72,13 @@ def _shown_to(context, error: ApplicationError) -> str:
 
 def exception_handler(exc, context):
     if isinstance(exc, ApplicationError):
-        return error_response(exc.status, exc.code, _shown_to(context, exc), exc.details)
+        return error_response(
+            exc.status,
+            exc.code,
+            _shown_to(context, exc),
+            exc.details,
+            headers=getattr(exc, "headers", None),  # e.g. a 429's Retry-After
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

@@ -23,6 +23,7 @@ ERROR_DESCRIPTIONS = {
     413: "Too large (an upload over INGEST_MAX_BYTES, or too many entries).",
     415: "Unsupported media type or upload type.",
     422: "The compatibility gate refused the version for the deployment (`details.checks`).",
+    429: "Too many refused requests from this address; `Retry-After` says when to try again.",
     503: "A dependency (artifact store, MLflow) is unavailable or not configured.",
 }
 UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}

@@ -1,6 +1,7 @@
 """MLflow webhooks in (mlflow_bridge/webhooks.py): signed deliveries only, no
-replays, and a real `mlflow server` (SQL backend) delivering real webhooks that
-register a version for the departments and events an admin chose."""
+replays, refusals counted and throttled per source (not a row and a chained
+audit event each), and a real `mlflow server` (SQL backend) delivering real
+webhooks that register a version for the departments and events an admin chose."""
 
 from __future__ import annotations
 
@@ -10,11 +11,16 @@ import hmac
 import json
 import time
 import uuid
+from collections import Counter
+from datetime import timedelta
 
 import pytest
 
+import core.audit
+from core.audit_chain import verify_chain
 from core.models import AuditEvent
-from mlflow_bridge.models import DeliveryStatus, WebhookDelivery, WebhookEvent
+from mlflow_bridge.models import DeliveryStatus, WebhookDelivery, WebhookEvent, WebhookRefusalCount
+from mlflow_bridge.tasks import catch_up
 from mlflow_bridge.webhooks import webhook_rule_save
 from registry.models import AdapterVersion
 from tests.conftest import actor
@@ -55,11 +61,12 @@ def _post(client, payload: str, headers: dict):
     return client.post(URL, data=payload, content_type="application/json", **headers)
 
 
-def _refusals() -> list[str]:
-    return [
-        e.details["code"]
-        for e in AuditEvent.objects.filter(action="mlflow.webhook_refused").order_by("id")
-    ]
+def _refusals() -> dict[str, int]:
+    """Refusals counted, by reason, over every source and window."""
+    found = Counter()
+    for count in WebhookRefusalCount.objects.all():
+        found.update(count.codes)
+    return dict(found)
 
 
 @pytest.mark.django_db
@@ -69,7 +76,7 @@ def test_webhooks_are_off_without_a_secret(anonymous, settings):
 
 
 @pytest.mark.django_db
-def test_a_signed_delivery_is_accepted_once_and_a_replay_is_refused_and_audited(
+def test_a_signed_delivery_is_accepted_once_and_a_replay_is_refused_and_counted(
     anonymous, webhooks_on, settings
 ):
     settings.CELERY_TASK_ALWAYS_EAGER = False  # only the request's side here
@@ -83,7 +90,7 @@ def test_a_signed_delivery_is_accepted_once_and_a_replay_is_refused_and_audited(
 
     again = _post(anonymous, payload, headers)
     assert again.status_code == 401 and again.json()["error"]["code"] == "replayed"
-    assert _refusals() == ["replayed"]
+    assert _refusals() == {"replayed": 1}
     assert WebhookDelivery.objects.filter(status=DeliveryStatus.ACCEPTED).count() == 1
 
 
@@ -103,12 +110,84 @@ def test_a_signed_delivery_is_accepted_once_and_a_replay_is_refused_and_audited(
     ],
     ids=["wrong-secret", "old", "future", "body-changed", "other-scheme", "bad-id"],
 )  # fmt: skip
-def test_forged_deliveries_are_refused_and_audited(anonymous, webhooks_on, forge, code):
+def test_forged_deliveries_are_refused_and_counted(anonymous, webhooks_on, forge, code):
     response = _post(anonymous, *forge(EVENT))
     assert response.status_code == 401
     assert response.json()["error"]["code"] == code
-    assert _refusals() == [code]
-    assert not WebhookDelivery.objects.exclude(status=DeliveryStatus.REFUSED).exists()
+    assert _refusals() == {code: 1}
+    assert not WebhookDelivery.objects.exists()
+
+
+FORGED = "203.0.113.9"
+
+
+@pytest.fixture
+def flood_settings(settings, webhooks_on):
+    settings.MLFLOW_WEBHOOK_REFUSALS_PER_SOURCE = 10
+    # Windows align to the epoch: one this long is crossed by a 20 s test once in 50,000 runs.
+    settings.MLFLOW_WEBHOOK_REFUSAL_WINDOW_SECONDS = 1_000_000
+    return settings
+
+
+def _forge(client, address=FORGED):
+    payload, headers = _signed(EVENT, secret="not-the-secret")
+    return _post(client, payload, {**headers, "REMOTE_ADDR": address})
+
+
+@pytest.mark.django_db
+def test_a_thousand_forged_deliveries_are_one_count_and_never_take_the_chain_lock(
+    anonymous, flood_settings, monkeypatch
+):
+    locks, lock_chain = [], core.audit.lock_chain
+    monkeypatch.setattr(core.audit, "lock_chain", lambda: (locks.append(1), lock_chain())[1])
+    answers = [_forge(anonymous) for _ in range(1000)]
+
+    assert Counter(a.status_code for a in answers) == {401: 10, 429: 990}
+    throttled = answers[-1]
+    assert throttled.json()["error"]["code"] == "webhook_throttled"
+    assert 1 <= int(throttled["Retry-After"]) <= 1_000_000
+    assert locks == []
+    assert not WebhookDelivery.objects.exists()
+    assert not AuditEvent.objects.filter(action__startswith="mlflow.webhook").exists()
+    count = WebhookRefusalCount.objects.get()
+    assert (count.source, count.refused, count.throttled) == (FORGED, 10, 990)
+    assert count.codes == {"bad_signature": 10}
+
+
+@pytest.mark.django_db
+def test_a_throttled_source_does_not_hold_up_deliveries_from_another(anonymous, flood_settings):
+    flood_settings.CELERY_TASK_ALWAYS_EAGER = False  # only the request's side here
+    assert [_forge(anonymous).status_code for _ in range(11)][-2:] == [401, 429]
+    payload, headers = _signed(EVENT)
+    accepted = _post(anonymous, payload, {**headers, "REMOTE_ADDR": "198.51.100.7"})
+    assert accepted.status_code == 202, accepted.content
+
+
+@pytest.mark.django_db
+def test_each_closed_window_is_audited_once_as_counts(anonymous, flood_settings):
+    for _ in range(15):
+        _forge(anonymous)
+    _forge(anonymous, address="198.51.100.7")
+    catch_up()  # the beat task: the window is still open
+    assert not AuditEvent.objects.filter(action="mlflow.webhook_refusals").exists()
+
+    window = timedelta(seconds=flood_settings.MLFLOW_WEBHOOK_REFUSAL_WINDOW_SECONDS)
+    for count in WebhookRefusalCount.objects.all():
+        WebhookRefusalCount.objects.filter(pk=count.pk).update(
+            window_start=count.window_start - 2 * window
+        )
+    catch_up()
+    catch_up()
+
+    events = {
+        e.details["source"]: e.details
+        for e in AuditEvent.objects.filter(action="mlflow.webhook_refusals")
+    }
+    assert len(events) == 2 and AuditEvent.objects.count() == 2
+    assert (events[FORGED]["refused"], events[FORGED]["throttled"]) == (10, 5)
+    assert events[FORGED]["codes"] == {"bad_signature": 10}
+    assert (events["198.51.100.7"]["refused"], events["198.51.100.7"]["throttled"]) == (1, 0)
+    assert verify_chain().ok
 
 
 @pytest.mark.django_db
