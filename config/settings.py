@@ -15,19 +15,34 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
 from config import env as cfg
+from config import roles
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(cfg.env.str("VAR_DIR", default=str(BASE_DIR / "var")))
 
 DEBUG = cfg.boolean("DJANGO_DEBUG", False)
-SECRET_KEY = cfg.secret("DJANGO_SECRET_KEY")
-if not SECRET_KEY:
+# Which process this is (config/roles.py): each gets only the secrets it reads,
+# and start-up stops when one it cannot run without is missing. Unset: all of them.
+PROCESS_ROLE = cfg.choice("PROCESS_ROLE", roles.ALL, {roles.ALL, *roles.ROLES})
+if PROCESS_ROLE != roles.ALL:
+    _missing = sorted(name for name in roles.REQUIRED[PROCESS_ROLE] if not cfg.secret(name))
+    if _missing:
+        raise ImproperlyConfigured(
+            f"PROCESS_ROLE={PROCESS_ROLE} needs {', '.join(_missing)} (or their *_FILE)"
+        )
+SECRET_KEY = cfg.secret("DJANGO_SECRET_KEY") or ""
+if not SECRET_KEY and PROCESS_ROLE == roles.ALL:
     if not DEBUG:
         raise ImproperlyConfigured(
             "DJANGO_SECRET_KEY (or DJANGO_SECRET_KEY_FILE) must be set unless DJANGO_DEBUG=true"
         )
     SECRET_KEY = "insecure-development-key-only-for-debug"  # noqa: S105 - DEBUG only
-# Encrypts secrets kept in the database (vLLM API keys); defaults to one derived from SECRET_KEY.
+# A role without DJANGO_SECRET_KEY leaves SECRET_KEY empty: Django then refuses
+# any use of it ("must not be empty"), so a process that wrongly lacks it fails
+# loudly instead of signing with a guessable key.
+# Encrypts secrets kept in the database (vLLM API keys); without roles, defaults to
+# one derived from SECRET_KEY. With roles it is set explicitly (config/roles.py), so
+# that processes without DJANGO_SECRET_KEY share it.
 FIELD_ENCRYPTION_KEY = cfg.secret("FIELD_ENCRYPTION_KEY") or ""
 ALLOWED_HOSTS = cfg.env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = cfg.env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
@@ -129,7 +144,9 @@ AUTH_PASSWORD_VALIDATORS = [
 # of mozilla-django-oidc; see sso/conf.py and docs/operators/configuration.md.
 from sso.conf import from_env as _sso_settings  # noqa: E402
 
-globals().update(_sso_settings())
+globals().update(
+    _sso_settings(client_secret_needed=roles.needs(PROCESS_ROLE, "OIDC_RP_CLIENT_SECRET"))
+)
 # First: django-axes refuses a locked-out username or address before any
 # backend looks at the password.
 AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", *AUTHENTICATION_BACKENDS]  # noqa: F821

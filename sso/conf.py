@@ -38,7 +38,9 @@ def _url(name: str, value: str) -> str:
     )
 
 
-def from_env() -> dict:
+def from_env(*, client_secret_needed: bool = True) -> dict:
+    """`client_secret_needed`: False in a process that neither signs people in nor
+    runs the periodic check (config/roles.py), so it starts without the secret."""
     from sso.discovery import endpoint
 
     issuer = cfg.env.str("OIDC_ISSUER", default="").strip()
@@ -54,7 +56,7 @@ def from_env() -> dict:
     if enabled:
         if not client_id:
             raise ImproperlyConfigured("OIDC_RP_CLIENT_ID must be set to use single sign-on")
-        if not client_secret:
+        if not client_secret and client_secret_needed:
             raise ImproperlyConfigured(
                 "OIDC_RP_CLIENT_SECRET (or OIDC_RP_CLIENT_SECRET_FILE) must be set to use "
                 "single sign-on"

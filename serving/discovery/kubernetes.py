@@ -312,7 +312,10 @@ class EndpointSliceWatch:
 
     def _apply(self) -> None:
         self._unapplied = True
-        deployment = Deployment.objects.filter(pk=self.target.deployment_id).first()
+        # Never the vLLM key: this process holds no key to decrypt it (config/roles.py).
+        deployment = (
+            Deployment.objects.defer("vllm_api_key").filter(pk=self.target.deployment_id).first()
+        )
         if deployment is None:
             self.stop_event.set()
             return
@@ -358,7 +361,8 @@ class WatchSupervisor:
 
     def refresh(self) -> None:
         deployments = (
-            Deployment.objects.exclude(kubernetes_namespace="")
+            Deployment.objects.defer("vllm_api_key")
+            .exclude(kubernetes_namespace="")
             .exclude(kubernetes_label_selector="")
             .exclude(kubernetes_service_name="")
         )

@@ -14,6 +14,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # Variables the test run or the machine may set that would change the outcome.
 CLEARED = {
+    "PROCESS_ROLE",
+    "FIELD_ENCRYPTION_KEY",
+    "OIDC_ISSUER",
+    "OIDC_RP_CLIENT_ID",
+    "OIDC_RP_CLIENT_SECRET",
     "DATABASE_URL",
     "DATABASE_URL_FILE",
     "CELERY_BROKER_URL",
@@ -122,6 +127,49 @@ def test_database_url_and_s3_keys_may_come_from_files(tmp_path):
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["db.internal", "s3-secret"]
+
+
+ROLLOUTS_WORKER = {
+    "PROCESS_ROLE": "worker-rollouts",
+    "DJANGO_SECRET_KEY": None,
+    "FIELD_ENCRYPTION_KEY": "field-key",
+    "DATABASE_URL": "postgres://registry_app:pw@db:5432/registry",
+    "CELERY_BROKER_URL": "redis://redis:6379/0",
+    # Single sign-on on: the worker signs nobody in, so needs no client secret.
+    "OIDC_ISSUER": "https://idp.example.com/realm",
+    "OIDC_RP_CLIENT_ID": "registry",
+}
+
+
+def test_a_process_starts_without_the_secrets_its_role_does_not_read(tmp_path):
+    """A rollouts worker gets no DJANGO_SECRET_KEY and no OIDC client secret
+    (config/roles.py); Django then refuses any use of the empty SECRET_KEY."""
+    result = start(tmp_path, "settings.PROCESS_ROLE, settings.SSO_ENABLED", **ROLLOUTS_WORKER)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["worker-rollouts", "True"]
+    refused = start(tmp_path, "settings.SECRET_KEY", **ROLLOUTS_WORKER)
+    assert "The SECRET_KEY setting must not be empty" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"FIELD_ENCRYPTION_KEY": None}, "FIELD_ENCRYPTION_KEY"),
+        ({"PROCESS_ROLE": "web", "DJANGO_SECRET_KEY": None}, "DJANGO_SECRET_KEY"),
+        (
+            {"PROCESS_ROLE": "web", "DJANGO_SECRET_KEY": "k", "METRICS_TOKEN": "t"},
+            "OIDC_RP_CLIENT_SECRET",
+        ),
+        ({"PROCESS_ROLE": "worker-everything"}, "PROCESS_ROLE"),
+    ],
+    ids=["field-key", "web-secret-key", "web-sso-secret", "unknown-role"],
+)
+def test_a_process_stops_without_a_secret_its_role_needs(tmp_path, changes, named):
+    result = start(tmp_path, **{**ROLLOUTS_WORKER, **changes})
+    assert result.returncode != 0
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("django.core.exceptions.ImproperlyConfigured: "), last_line
+    assert named in last_line
 
 
 def test_debug_without_a_secret_key_starts_with_a_development_key(tmp_path):

@@ -14,6 +14,7 @@ import pytest
 from django.core.management import call_command
 
 from core.errors import ValidationFailed
+from core.fields import encrypt
 from serving.discovery.kubernetes import (
     EndpointSliceWatch,
     WatchSupervisor,
@@ -22,7 +23,7 @@ from serving.discovery.kubernetes import (
     label_selector_problem,
     ready_urls,
 )
-from serving.models import Replica
+from serving.models import Deployment, Replica
 from serving.services.deployments import deployment_update
 from serving.services.promotions import promotion_create
 from serving.services.reconcile import reconcile_deployment
@@ -448,3 +449,27 @@ def test_a_failed_write_is_retried_before_the_watch_resumes(
     assert active(k8s_deployment) == {a.base_url, b.base_url}
     assert watch.stats.errors == 1, watch.stats.last_error
     assert "database is locked" in watch.stats.last_error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_watch_runs_without_the_key_that_decrypts_the_vllm_key(
+    kubeconfig, apiserver, k8s_deployment, fake_replicas, enqueued, settings
+):
+    """The discovery process is given neither DJANGO_SECRET_KEY nor
+    FIELD_ENCRYPTION_KEY (config/roles.py): it never loads the deployment's
+    vLLM key, which only those could decrypt."""
+    Deployment.objects.filter(pk=k8s_deployment.pk).update(vllm_api_key=encrypt("replica-key"))
+    settings.SECRET_KEY = ""
+    settings.FIELD_ENCRYPTION_KEY = ""
+    a, _ = fake_replicas
+    pod(apiserver, "granite-8b-a", a)
+    supervisor = WatchSupervisor(api_client())
+    try:
+        supervisor.refresh()
+        assert set(supervisor.watches) == {WatchTarget.of(k8s_deployment)}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not active(k8s_deployment):
+            time.sleep(0.05)
+        assert active(k8s_deployment) == {a.base_url}
+    finally:
+        supervisor.stop()
