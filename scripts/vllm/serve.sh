@@ -17,6 +17,8 @@
 #   SERVE_MAX_LORA_RANK (16)
 #   SERVE_API_KEY                optional; passed to vLLM through the env
 #                                var VLLM_API_KEY, never on the command line
+#   SERVE_API_KEY_FILE           optional; the key read from this file (a
+#                                Docker or Kubernetes secret) instead
 #   SERVE_THREADS (1)            OpenMP/torch threads of this server
 #   SERVE_CPU_BIND (nobind)      VLLM_CPU_OMP_THREADS_BIND: "nobind" lets the
 #                                OS place threads; "0" / "1" pins to a core.
@@ -91,6 +93,11 @@ export TOKENIZERS_PARALLELISM=false
 export PYTHONUNBUFFERED=1
 # Our own knob, not a vLLM setting: keep it out of vLLM's env check.
 unset VLLM_VENV
+if [[ -n "${SERVE_API_KEY_FILE:-}" ]]; then
+  SERVE_API_KEY="$(<"$SERVE_API_KEY_FILE")"
+  [[ -n "$SERVE_API_KEY" ]] || { echo "serve.sh: $SERVE_API_KEY_FILE is empty" >&2; exit 2; }
+fi
+unset SERVE_API_KEY_FILE
 if [[ -n "${SERVE_API_KEY:-}" ]]; then
   export VLLM_API_KEY="$SERVE_API_KEY"
 fi

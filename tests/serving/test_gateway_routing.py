@@ -161,18 +161,30 @@ def test_a_drain_never_leaves_a_model_without_a_replica_unless_told_to(tmp_path)
 
 @pytest.mark.django_db
 def test_the_command_bootstraps_a_front_door_then_syncs_the_deployment(
-    settings, tmp_path, deployment
+    settings, tmp_path, deployment, django_assert_num_queries
 ):
     from io import StringIO
 
     from django.core.management import CommandError, call_command
 
     settings.SERVING_GATEWAY_DIR = tmp_path
-    settings.SERVING_GATEWAYS = {"not-yet": "127.0.0.1:1", deployment.name: "127.0.0.1:2"}
+    settings.SERVING_GATEWAYS = {
+        "not-yet": "127.0.0.1:1",
+        "fresh": "127.0.0.1:3",
+        deployment.name: "127.0.0.1:2",
+    }
     out = StringIO()
     call_command("gateway_sync", "not-yet", "--base-model", "tiny", stdout=out)
     assert (tmp_path / "not-yet" / "models.map").read_text() == "tiny base\n"
-    call_command("gateway_sync", "not-yet", "--print-command", stdout=out)
+    # The gateway's own container has no database: --offline and --print-command
+    # ask it nothing, and a configuration the workers wrote is kept.
+    with django_assert_num_queries(0):
+        call_command("gateway_sync", "fresh", "--offline", "--base-model", "tiny", stdout=out)
+        call_command("gateway_sync", "not-yet", "--offline", "--base-model", "other", stdout=out)
+        call_command("gateway_sync", "not-yet", "--print-command", stdout=out)
+    assert (tmp_path / "fresh" / "models.map").read_text() == "tiny base\n"
+    assert (tmp_path / "not-yet" / "models.map").read_text() == "tiny base\n"
+    assert "front door of not-yet: configuration kept" in out.getvalue()
     assert f"-f {tmp_path}/not-yet/haproxy.cfg" in out.getvalue()
     # A registered deployment: its replicas are discovered and routed (HAProxy not running).
     call_command("gateway_sync", deployment.name, stdout=out)

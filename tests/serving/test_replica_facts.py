@@ -112,6 +112,50 @@ def test_register_local_deployment_reads_the_facts_from_the_live_replica(root, t
     assert (deployment.base_model_name, deployment.max_loras) == ("tiny-llama", 3)
 
 
+def test_register_local_deployment_takes_the_vllm_key_from_a_file_or_stdin(
+    root, tmp_path, monkeypatch
+):
+    """docker-compose.yml's replicas read their key from a secret file: the
+    deployment is registered from the same file (or standard input), so the
+    key the control plane sends is theirs, and it is never on a command line."""
+    import io
+
+    from django.core.management import CommandError, call_command
+
+    from serving.models import Deployment
+    from tests.support.vllm_standin import serve_standin
+
+    key_file = tmp_path / "vllm_api_key"
+    key_file.write_text("from-the-secret-file\n")
+    replica = serve_standin()
+    try:
+        call_command(
+            "register_local_deployment",
+            url=[replica.base_url],
+            volume=str(tmp_path),
+            api_key_file=str(key_file),
+        )
+        assert Deployment.objects.get(name="local-cpu").vllm_api_key == "from-the-secret-file"
+        monkeypatch.setattr("sys.stdin", io.StringIO("from-stdin\n"))
+        call_command(
+            "register_local_deployment",
+            url=[replica.base_url],
+            volume=str(tmp_path),
+            api_key_file="-",
+        )
+        assert Deployment.objects.get(name="local-cpu").vllm_api_key == "from-stdin"
+        key_file.write_text("")
+        with pytest.raises(CommandError, match="is empty"):
+            call_command(
+                "register_local_deployment",
+                url=[replica.base_url],
+                volume=str(tmp_path),
+                api_key_file=str(key_file),
+            )
+    finally:
+        replica.close()
+
+
 def test_a_dispute_reported_again_is_the_same_drift_event_counted(deployment, fake_replicas):
     # Through the one drift recorder (serving.services.drifts): a replica whose
     # max_lora flips away and back to the disputed value is one event, seen twice.

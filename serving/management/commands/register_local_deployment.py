@@ -16,6 +16,7 @@ read from the server's /metrics (the max_lora label) unless --max-loras is given
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from django.conf import settings
@@ -63,10 +64,17 @@ class Command(BaseCommand):
         parser.add_argument("--max-lora-rank", type=int, default=16)
         parser.add_argument("--api-key", default="", help="vLLM --api-key, if it has one")
         parser.add_argument(
+            "--api-key-file",
+            default="",
+            help="the same, read from this file ('-': standard input), kept off the command line",
+        )
+        parser.add_argument(
             "--as-user", default="", help="platform admin recorded in the audit (default: first)"
         )
 
     def handle(self, *args, **options):
+        if options["api_key_file"]:
+            options["api_key"] = self._read_key(options["api_key_file"])
         urls = [u.rstrip("/") for u in options["url"]]
         url = urls[0]
         base_card = self._base_card(url, options["api_key"])
@@ -120,6 +128,16 @@ class Command(BaseCommand):
                     "until the deployment's identity is entered (or pass --base-model-path)."
                 )
             )
+
+    @staticmethod
+    def _read_key(path: str) -> str:
+        try:
+            key = (sys.stdin.read(4096) if path == "-" else Path(path).read_text()).strip()
+        except OSError as error:
+            raise CommandError(f"--api-key-file {path}: {error.strerror}") from None
+        if not key:
+            raise CommandError(f"--api-key-file {path} is empty.")
+        return key
 
     def _base_card(self, url: str, api_key: str):
         with VLLMClient(url, api_key=api_key or None, timeout=10) as client:
