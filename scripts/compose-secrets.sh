@@ -27,6 +27,11 @@ write() {  # name value
 }
 
 write django_secret_key "$(random 48)"
+# Decrypts the secrets kept in the database (vLLM keys); the workers read it,
+# never django_secret_key.
+write field_encryption_key "$(random 48)"
+# vLLM's API key: the replicas require it, the deployment is registered with it.
+write vllm_api_key "$(random 32)"
 write postgres_password "$(random 24)"
 write s3_secret_key "$(random 24)"
 write app_db_password "$(random 24)"

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from config import roles
+
 REPO = Path(__file__).resolve().parents[2]
 QUEUES = {"rollouts", "reconcile", "housekeeping"}
 REGISTRY = {"migrate", "web", "beat"} | {f"worker-{q}" for q in QUEUES}
@@ -116,14 +118,83 @@ def test_two_database_roles_the_migration_owns_the_tables(services):
 
 def test_secrets_come_from_files_never_from_the_file_itself(services):
     text = (REPO / "docker-compose.yml").read_text()
-    for name in REGISTRY:
+    for name in REGISTRY | {"gateway"}:
         env = services[name]["environment"]
-        assert env["DJANGO_SECRET_KEY_FILE"] == "/run/secrets/django_secret_key"
-        database = "migrate_database_url" if name == "migrate" else "database_url"
-        assert env["DATABASE_URL_FILE"] == f"/run/secrets/{database}"
-        assert env["AWS_SECRET_ACCESS_KEY_FILE"] == "/run/secrets/s3_secret_key"
-        assert "DJANGO_SECRET_KEY" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+        for variable in ("DJANGO_SECRET_KEY", "AWS_SECRET_ACCESS_KEY", "FIELD_ENCRYPTION_KEY"):
+            assert variable not in env, (name, variable)
+        for variable, path in env.items():
+            if variable.endswith("_FILE") and variable != "WORKER_LIVENESS_FILE":
+                assert path.startswith("/run/secrets/"), (name, variable)
     assert "POSTGRES_PASSWORD:" not in text
+
+
+# Which secret file holds which setting (scripts/compose-secrets.sh writes them).
+SECRET_FILES = {
+    "django_secret_key": "DJANGO_SECRET_KEY",
+    "field_encryption_key": "FIELD_ENCRYPTION_KEY",
+    "database_url": "DATABASE_URL",
+    "s3_secret_key": "AWS_SECRET_ACCESS_KEY",
+}
+# Compose has no other secret settings: its broker and the S3 user name are not
+# secret here, and the optional ones (MLflow token, OIDC, metrics) are unset.
+PLAIN = {"CELERY_BROKER_URL", "AWS_ACCESS_KEY_ID"}
+
+
+def _secrets(service: dict) -> set[str]:
+    return {s if isinstance(s, str) else s["source"] for s in service.get("secrets", [])}
+
+
+def test_each_service_gets_only_the_secret_files_its_process_reads(services):
+    """Each registry service names its process (PROCESS_ROLE) and mounts exactly
+    the files of the secrets config/roles.py says it reads; the front door none."""
+    expected_roles = {name: name for name in REGISTRY} | {"gateway": "gateway"}
+    for name, role in expected_roles.items():
+        service = services[name]
+        assert service["environment"]["PROCESS_ROLE"] == role, name
+        wanted = {
+            ("migrate_database_url" if role == "migrate" else file)
+            for file, setting in SECRET_FILES.items()
+            if setting in roles.reads(role)
+        }
+        assert _secrets(service) == wanted, name
+        files = {
+            v.rsplit("/", 1)[-1]
+            for k, v in service["environment"].items()
+            if k.endswith("_FILE") and v.startswith("/run/secrets/")
+        }
+        assert files == wanted, name
+        missing = (
+            roles.REQUIRED[role] - PLAIN - {SECRET_FILES.get(f, "DATABASE_URL") for f in wanted}
+        )
+        assert not missing, (name, missing)
+    assert _secrets(services["gateway"]) == set()
+
+
+def test_only_the_web_server_and_the_front_door_are_published(services):
+    published = {
+        name: [str(p["published"]) for p in service.get("ports", [])]
+        for name, service in services.items()
+        if service.get("ports")
+    }
+    assert published == {"web": ["8000"], "gateway": ["8080"]}
+    assert "ports" not in services["mlflow"]  # no authentication of its own
+
+
+def test_vllm_requires_the_api_key_the_deployment_is_registered_with(services):
+    """Each replica reads the key from the vllm_api_key secret (never a command
+    line); the registration the file's header gives sends the same file."""
+    for name in ("vllm-cpu", "vllm-cpu-b", "vllm-gpu"):
+        assert _secrets(services[name]) == {"vllm_api_key"}, name
+        assert "--api-key" not in " ".join(services[name].get("command") or []), name
+    for name in ("vllm-cpu", "vllm-cpu-b"):
+        # The image's CMD, scripts/vllm/serve.sh, reads it into VLLM_API_KEY.
+        assert services[name]["environment"]["SERVE_API_KEY_FILE"] == "/run/secrets/vllm_api_key"
+    # `config` keeps Compose's $$ escapes; the container's shell sees one $.
+    entrypoint = " ".join(services["vllm-gpu"]["entrypoint"]).replace("$$", "$")
+    assert 'VLLM_API_KEY="$(cat /run/secrets/vllm_api_key)" exec python3' in entrypoint
+    header = (REPO / "docker-compose.yml").read_text().split("services:")[0]
+    assert "register_local_deployment" in header
+    assert "--api-key-file - < secrets/vllm_api_key" in header
 
 
 def test_the_secrets_script_writes_each_file_once(tmp_path):
@@ -133,6 +204,8 @@ def test_the_secrets_script_writes_each_file_once(tmp_path):
     files = {p.name: p.read_text() for p in target.iterdir()}
     assert set(files) == {
         "django_secret_key",
+        "field_encryption_key",
+        "vllm_api_key",
         "postgres_password",
         "s3_secret_key",
         "app_db_password",
@@ -140,6 +213,9 @@ def test_the_secrets_script_writes_each_file_once(tmp_path):
         "migrate_database_url",
     }
     assert len(files["django_secret_key"]) >= 50
+    assert len(files["field_encryption_key"]) >= 50
+    assert files["field_encryption_key"] != files["django_secret_key"]
+    assert len(files["vllm_api_key"]) >= 32
     # The migration job owns the tables; everything else is the application role.
     assert files["migrate_database_url"] == (
         f"postgres://registry:{files['postgres_password']}@postgres:5432/registry"
@@ -179,6 +255,7 @@ def test_the_front_door_is_the_client_url_and_the_workers_drive_it(services):
     gateway = services["gateway"]
     assert [str(p["published"]) for p in gateway["ports"]] == ["8080"]
     assert "gateway_sync local-cpu --print-command" in " ".join(gateway["command"])
+    assert "--offline" in " ".join(gateway["command"])  # no database there
     for name in ("gateway", "worker-rollouts", "worker-reconcile"):
         env = services[name]["environment"]
         assert env["SERVING_GATEWAYS"] == "local-cpu=0.0.0.0:8080"
