@@ -29,6 +29,9 @@ mkdir -p var/log "$LOG"
 $BIN/python manage.py migrate --noinput
 $BIN/python manage.py collectstatic --noinput >/dev/null
 $BIN/python manage.py seed_demo
+# Legal's inference key for the front door (docs/operators/keys-and-grants.md): the
+# same one while it lives, kept in $VAR/demo-inference-key (mode 600).
+DEMO_KEY="$($BIN/python manage.py demo_inference_key --file "$VAR/demo-inference-key")"
 
 # The front door (docs/gateway.md): one HAProxy for the demo deployment, the
 # client URL. The control plane keeps its routes (the runtime API on a socket in
@@ -95,6 +98,8 @@ cat <<MSG
   Admin:       http://127.0.0.1:$PORT/admin/
   Logins (password 'demo-password'): admin, legal-member, legal-approver,
     finance-member, finance-approver, hr-member, hr-approver, support-member, support-approver
+  Inference key (Legal's; send it as 'Authorization: Bearer <key>'; also in $VAR/demo-inference-key):
+    $DEMO_KEY
   Demo adapter archives: var/demo-adapters/
   Logs: $LOG/ (restarts in supervisor.log)   Stop with Ctrl-C.
 

@@ -52,3 +52,11 @@ def adapter_access(context, adapter, standing):
         return []
     deployments = selectors.deployments_for(actor).prefetch_related(None).filter(name__in=names)
     return [queries.client_access(actor, d, adapter.served_name) for d in deployments]
+
+
+@register.simple_tag(takes_context=True)
+def adapter_callers_panel(context, adapter):
+    """Who may call the adapter at the front doors and why, and its grants."""
+    from serving.web.access_views import adapter_access_panel
+
+    return adapter_access_panel(context["request"].actor, adapter)

@@ -31,6 +31,8 @@ EXCUSED = {
     "POST /api/v1/rollouts/{id}/rollback/": "422",
     "GET /api/v1/usage/": "400",
     "PUT /api/v1/deployments/{name}/placement/": "400",
+    "POST /api/v1/inference-keys/": "400",
+    "POST /api/v1/grants/": "400",
 }
 
 

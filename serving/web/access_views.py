@@ -1,0 +1,251 @@
+"""Who may call what, on the pages: inference keys (yours, and a department's),
+grants asked from a department's page and decided on the adapter's page.
+
+Reads go through serving.access_selectors, every write through one service
+with the viewer's Actor; a NotFound is the 404 page, other refusals are shown
+beside the form or as a message."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods, require_POST
+
+from core import selectors as core_selectors
+from core.access import can_approve, can_see
+from core.actors import Actor
+from core.errors import ApplicationError, NotFound
+from core.web import errors_on, page, safe_next
+from registry.models import Adapter
+from registry.web.queries import my_departments
+from serving import access_selectors
+from serving.models import GrantStatus
+from serving.services.grants import (
+    can_decide,
+    can_revoke,
+    grant_decide,
+    grant_request,
+    grant_revoke,
+)
+from serving.services.inference_keys import (
+    inference_key_issue,
+    inference_key_revoke,
+    may_issue,
+    may_revoke,
+)
+from serving.web.forms import GrantDecisionForm, GrantRequestForm, InferenceKeyForm
+
+
+def _key_rows(actor: Actor, keys) -> list[dict]:
+    return [
+        {
+            "key": key,
+            "status": access_selectors.key_status(key),
+            "may_revoke": key.revoked_at is None and may_revoke(actor, key),
+        }
+        for key in keys
+    ]
+
+
+def _issue(request, actor: Actor, form: InferenceKeyForm, context: dict) -> int:
+    """Issues the key the form asks for; the secret goes into the context once."""
+    if not form.is_valid():
+        return 400
+    data = form.cleaned_data
+    department = core_selectors.department_get(actor, data["department"])
+    account = None
+    if data["holder"] == "service_account":
+        account = department.service_accounts.filter(name=data["service_account"].strip()).first()
+        if account is None:
+            form.add_error("service_account", f"{department.slug} has no such service account.")
+            return 400
+    with errors_on(form) as outcome:
+        key, secret = inference_key_issue(
+            actor=actor,
+            department=department,
+            name=data["name"],
+            expires_in_days=data["expires_in_days"],
+            holder=data["holder"],
+            service_account=account,
+        )
+    if outcome.failed:
+        return outcome.status
+    context.update(new_key=key, new_secret=secret)
+    return 201
+
+
+def _keys_response(request, context: dict, status: int):
+    response = render(request, "serving/keys.html", context, status=status)
+    # A new key's secret is on this page once; keep it out of every cache.
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_http_methods(["GET", "POST"])
+@page
+def my_keys(request, actor: Actor):
+    """Your own keys, in every department you belong to."""
+    if actor.token is not None:
+        raise Http404
+    departments = [row.department for row in my_departments(actor)]
+    form = InferenceKeyForm(
+        request.POST or None, departments=departments, initial={"holder": "person"}
+    )
+    form.fields["holder"].choices = [("person", "Me (ends when I leave)")]
+    context: dict = {"department": None, "departments": departments}
+    status = 200
+    if request.method == "POST":
+        status = _issue(request, actor, form, context)
+        if status == 201:
+            form = InferenceKeyForm(departments=departments, initial={"holder": "person"})
+            form.fields["holder"].choices = [("person", "Me (ends when I leave)")]
+    keys = access_selectors.inference_keys_for(actor).filter(person=actor.user)
+    context.update(form=form, keys=_key_rows(actor, keys[:200]))
+    return _keys_response(request, context, status)
+
+
+@require_http_methods(["GET", "POST"])
+@page
+def department_keys(request, actor: Actor, slug: str):
+    """A department's keys (its approvers see them all, a member their own) and
+    its grants, asked and held; members ask for a grant here."""
+    department = core_selectors.department_get(actor, slug)
+    if actor.token is not None:
+        raise Http404
+    form = InferenceKeyForm(
+        request.POST if "issue" in request.POST else None,
+        departments=[department],
+        initial={"department": department.slug, "holder": "person"},
+    )
+    _for_department(form, actor, department)
+    grant_form = GrantRequestForm(request.POST if "ask" in request.POST else None)
+    context: dict = {"department": department}
+    status = 200
+    if request.method == "POST" and "issue" in request.POST:
+        status = _issue(request, actor, form, context)
+        if status == 201:
+            form = InferenceKeyForm(
+                departments=[department], initial={"department": department.slug}
+            )
+            _for_department(form, actor, department)
+    elif request.method == "POST" and "ask" in request.POST:
+        status = 400
+        if grant_form.is_valid():
+            data = grant_form.cleaned_data
+            with errors_on(grant_form, {"reference_not_found": "served_name"}) as outcome:
+                grant = grant_request(
+                    actor=actor,
+                    department=department,
+                    served_name=data["served_name"].strip(),
+                    expires_in_days=data["expires_in_days"],
+                    reason=data["reason"],
+                )
+            status = outcome.status
+            if not outcome.failed:
+                messages.success(
+                    request,
+                    f"Asked for grant #{grant.pk}: {department.name} to call "
+                    f"{grant.adapter.served_name}. An approver of {grant.adapter.department.name} "
+                    "decides.",
+                )
+                return redirect("serving:department-keys", slug=department.slug)
+    keys = access_selectors.inference_keys_for(actor).filter(department=department)
+    grants = access_selectors.grants_for(actor).filter(department=department)
+    context.update(
+        form=form,
+        grant_form=grant_form,
+        keys=_key_rows(actor, keys[:200]),
+        grants=_grant_rows(actor, grants[:100]),
+        approves=can_approve(actor, department.pk),
+    )
+    return _keys_response(request, context, status)
+
+
+def _for_department(form: InferenceKeyForm, actor: Actor, department) -> None:
+    """The department is the page's; a member may only hold a key themselves."""
+    form.fields["department"].widget = forms.HiddenInput()
+    if not may_issue(actor, department.pk, "department"):
+        form.fields["holder"].choices = [("person", "Me (ends when I leave)")]
+
+
+@require_POST
+@page
+def key_revoke_view(request, actor: Actor, pk: int):
+    key = access_selectors.inference_key_get(actor, pk) if actor.token is None else None
+    if key is None:
+        raise Http404
+    try:
+        inference_key_revoke(actor=actor, key=key, reason=request.POST.get("reason", ""))
+    except NotFound:
+        raise
+    except ApplicationError as error:
+        messages.error(request, error.message)
+    else:
+        messages.success(request, f"Revoked key {key.name} ({key.prefix}…).")
+    return redirect(safe_next(request, reverse("serving:my-keys")))
+
+
+def _grant_rows(actor: Actor, grants) -> list[dict]:
+    rows = []
+    for grant in grants:
+        asked = grant.status == GrantStatus.REQUESTED
+        rows.append(
+            {
+                "grant": grant,
+                "may_decide": asked and can_decide(actor, grant),
+                "four_eyes": asked
+                and grant.requested_by_id == actor.user.pk
+                and can_approve(actor, grant.adapter.department_id),
+                "may_revoke": grant.status == GrantStatus.APPROVED and can_revoke(actor, grant),
+            }
+        )
+    return rows
+
+
+def adapter_access_panel(actor: Actor, adapter: Adapter) -> dict:
+    """The adapter page's card: who may call it and why, and its grants with
+    what this viewer may do about each."""
+    if not can_see(actor, adapter.department_id):
+        return {"visible": False}
+    grants = access_selectors.live_grants_of(adapter)
+    return {
+        "visible": True,
+        "adapter": adapter,
+        "callers": access_selectors.adapter_callers(adapter, grants),
+        "grants": _grant_rows(actor, grants),
+    }
+
+
+@require_POST
+@page
+def grant_decide_view(request, actor: Actor, pk: int):
+    grant = access_selectors.grant_get(actor, pk)
+    form = GrantDecisionForm(request.POST)
+    if not form.is_valid():
+        raise Http404("Unknown decision.")
+    decision, comment = form.cleaned_data["decision"], form.cleaned_data["comment"]
+    try:
+        if decision == "revoke":
+            grant_revoke(actor=actor, grant=grant, comment=comment)
+        else:
+            grant_decide(actor=actor, grant=grant, approve=decision == "approve", comment=comment)
+    except NotFound:
+        raise
+    except ApplicationError as error:
+        messages.error(request, f"Grant #{grant.pk}: {error.message}")
+    else:
+        done = {"approve": "Approved", "refuse": "Refused", "revoke": "Revoked"}[decision]
+        messages.success(
+            request,
+            f"{done} grant #{grant.pk}: {grant.department.name} to call "
+            f"{grant.adapter.served_name}.",
+        )
+    fallback = (
+        reverse("web:adapter", args=[grant.adapter_id])
+        if can_see(actor, grant.adapter.department_id)
+        else reverse("serving:department-keys", args=[grant.department.slug])
+    )
+    return redirect(safe_next(request, fallback))
