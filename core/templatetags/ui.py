@@ -101,28 +101,63 @@ def http_url(value: str) -> str:
 
 EVENT_LABELS = {
     "version.registered": "registered",
-    "version.submit": "submitted",
+    "version.submit": "submitted for review",
     "version.approve": "approved",
     "version.reject": "rejected",
     "version.deprecate": "deprecated",
     "version.archive": "archived",
+    "version.artifacts_deleted": "deleted the files of",
     "adapter.created": "created adapter",
     "adapter.updated": "updated adapter",
-    "token.created": "created token",
-    "token.revoked": "revoked token",
-    "membership.added": "added membership",
-    "membership.changed": "changed membership",
-    "membership.removed": "removed membership",
+    "token.created": "created API token",
+    "token.revoked": "revoked API token",
+    "membership.added": "added a member to",
+    "membership.changed": "changed a member's role in",
+    "membership.removed": "removed a member from",
     "department.created": "created department",
+    "department.updated": "updated department",
+    "promotion.requested": "asked to promote",
+    "promotion.approve": "approved the promotion of",
+    "promotion.reject": "rejected the promotion of",
+    "rollout.promote": "started promoting",
+    "rollout.swap": "started swapping in",
+    "rollout.rollback": "started rolling back",
+    "rollout.retire": "started retiring",
+    "rollout.succeeded": "finished rolling out",
+    "rollout.failed": "saw a rollout fail:",
+    "rollout.rolled_back": "saw a rollout undone:",
+    "rollout.cancelled": "cancelled the rollout of",
+    "rollout.canary_started": "started a canary of",
+    "rollout.canary_promote_requested": "asked to promote the canary of",
+    "rollout.canary_abort_requested": "asked to abort the canary of",
+    "rollout.canary_switched_back": "switched traffic back from the canary of",
+    "placement.bounds_set": "set how many replicas hold",
+    "inference_key.issued": "issued an inference key",
+    "inference_key.revoked": "revoked an inference key",
+    "service_account.created": "created service account",
+    "service_account.deactivated": "deactivated service account",
 }
 
 
 @register.filter
 def event_label(action: str) -> str:
-    """ "version.approve" -> "approved"; unknown actions read as they are stored."""
-    return EVENT_LABELS.get(action, action)
+    """ "version.approve" -> "approved": the verb of a sentence "<who> <verb>
+    <object>". Actions without a label read as words ("grant.requested" ->
+    "grant requested"), never as a code."""
+    if action in EVENT_LABELS:
+        return EVENT_LABELS[action]
+    return (action or "").replace(".", " ").replace("_", " ")
 
 
 @register.filter
 def state_label(state: str) -> str:
     return (state or "").replace("_", " ")
+
+
+@register.filter
+def summary_line(text: str, limit: int = 120) -> str:
+    """An error's last line (where Python and vLLM put the message), cut to one
+    line; the raw text goes behind "Details"."""
+    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
+    line = lines[-1] if lines else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"

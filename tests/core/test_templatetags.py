@@ -2,7 +2,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from core.templatetags.ui import compact, event_label, http_url, money, size, when
+from core.templatetags.ui import compact, event_label, http_url, money, size, summary_line, when
 
 
 def test_when_shows_the_date_time_and_zone_and_the_relative_time_on_hover():
@@ -32,7 +32,8 @@ def test_small_formatters():
     assert compact(24576) == "24.6k"
     assert compact(999) == "999"
     assert event_label("version.approve") == "approved"
-    assert event_label("something.new") == "something.new"
+    assert event_label("rollout.promote") == "started promoting"
+    assert event_label("grant.something_new") == "grant something new"
 
 
 def test_sizes_are_binary_and_say_so():
@@ -41,3 +42,10 @@ def test_sizes_are_binary_and_say_so():
     assert size(1536) == "1.5\xa0KiB"
     assert size(48 * 1024**3) == "48.0\xa0GiB"
     assert size(3 * 1024**4) == "3.0\xa0TiB"
+
+
+def test_an_error_is_summarised_by_its_last_line():
+    trace = "Traceback (most recent call last):\n  File \"/srv/x.py\", line 3\nKeyError: 'lora'\n"
+    assert summary_line(trace) == "KeyError: 'lora'"
+    assert summary_line("x" * 200).endswith("…") and len(summary_line("x" * 200)) == 120
+    assert summary_line("") == ""
