@@ -14,6 +14,7 @@ from django.contrib.sessions.models import Session
 from django.test import Client
 
 from core.models import Ability, ApiToken, AuditEvent, Membership
+from core.services.service_accounts import service_account_create, service_account_token_create
 from core.services.tokens import token_create
 from sso.group_map import parse_group_map
 from sso.models import ScimGroup, ScimToken, ScimUser
@@ -191,6 +192,31 @@ def test_deactivation_ends_sessions_and_revokes_tokens_at_once(scim, legal, how)
     api = Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
     assert api.get(f"/api/v1/departments/{legal.slug}/memberships/").status_code == 401
     assert page.get(f"/api/v1/departments/{legal.slug}/").status_code in (401, 403)
+
+
+@pytest.mark.parametrize("policy", [False, True])
+def test_deactivation_lists_the_pipeline_tokens_they_minted_and_the_policy_ends_them(
+    scim, legal, settings, policy
+):
+    """Issue 30, item 8: service-account tokens outlive their minter; SCIM's
+    deactivation names them, and OFFBOARDING_REVOKE_SERVICE_TOKENS ends them."""
+    settings.OFFBOARDING_REVOKE_SERVICE_TOKENS = policy
+    ada = scim.create_user("ada")
+    scim.create_group("legal-approvers", [ada["id"]])
+    user = get_user_model().objects.get(username="ada")
+    account = service_account_create(actor=actor(user), department=legal, name="nightly")
+    token, secret = service_account_token_create(
+        actor=actor(user), account=account, name="ci", abilities=[Ability.READ_AUDIT]
+    )
+
+    assert scim.call("put", f"Users/{ada['id']}", {**ada, "active": False}).status_code == 200
+
+    ended = AuditEvent.objects.get(action="user.access_ended")
+    listed = [{"prefix": token.prefix, "name": "ci", "service_account": "legal/nightly"}]
+    key = "revoked_service_account_tokens" if policy else "service_account_tokens_kept"
+    assert ended.details[key] == listed
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert api.get("/api/v1/audit-events/").status_code == (401 if policy else 200)
 
 
 def test_entra_style_string_booleans_and_paths_are_understood(scim):
