@@ -84,7 +84,7 @@ def send_little_and_read(url: str, path: str, content_type: str, start: bytes):
 def test_make_run_serves_with_the_development_server_started_here():
     run = (Path(__file__).resolve().parents[2] / "scripts" / "run.sh").read_text()
     assert 'manage.py runserver --noreload 127.0.0.1:$PORT"' in run
-    assert 'DJANGO_DEBUG="${DJANGO_DEBUG:-true}"' in run
+    assert 'DJANGO_DEBUG="${DJANGO_DEBUG:-false}"' in run
 
 
 @pytest.mark.parametrize("name", ["multipart sign-in", "form sign-in"])

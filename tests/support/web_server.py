@@ -8,7 +8,7 @@ a subprocess of its own, on a free port, over a migrated SQLite database.
 whatever it prints comes back as `setup_output`.
 
 `server="runserver"` starts Django's development server instead, as `make run`
-does (scripts/run.sh: `manage.py runserver --noreload`, DJANGO_DEBUG=true).
+does (scripts/run.sh: `manage.py runserver --noreload`, DJANGO_DEBUG=false).
 
 One worker process. `threads` > 1 makes it gunicorn's threaded worker
 (gthread): requests are answered side by side in that one process, sharing its
@@ -58,7 +58,7 @@ def registry_web_server(
     server: str = "gunicorn",
 ):
     if server == "runserver":
-        env = {"DJANGO_DEBUG": "true", **(env or {})}
+        env = {"DJANGO_DEBUG": "false", **(env or {})}
     environment = _environment(tmp_path, env or {})
 
     def manage(*args):
