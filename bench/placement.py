@@ -192,7 +192,7 @@ def run(args, out) -> None:
     from serving.placement import ReplicaSlot, Settings, State, Wish, place
     from serving.services.reconcile import reconcile_deployment
     from tests.support.fleet import served_adapters_clone, standin_fleet, standin_load
-    from tests.support.haproxy import running_haproxy
+    from tests.support.haproxy import open_access, running_haproxy
     from tests.support.vllm_servers import free_port
 
     figures = _compute(args, out)
@@ -263,10 +263,13 @@ def run(args, out) -> None:
         work = Path(tempfile.mkdtemp(prefix="placement-gateway-"))
         settings.SERVING_GATEWAY_DIR = work
         settings.SERVING_GATEWAYS = {deployment.name: listen}
+        # Open (no keys): the bench measures placement, not access.
+        deployment.open_door = True
+        deployment.save(update_fields=["open_door"])
         door = front_door_for(deployment)
         door.write(routing_table_for(deployment))
         names = [s.adapter.served_name for s in served]
-        with running_haproxy(door, log=work / "haproxy.log"):
+        with running_haproxy(door, log=work / "haproxy.log", access=open_access()):
             reconcile_deployment(deployment.pk, "bench")  # routes as the table says
             failing = _ask_all(listen, names)
             assert not failing, f"{len(failing)} did not answer before the loss: {failing[:5]}"

@@ -47,7 +47,7 @@ from serving.gateway.routing import ReplicaView, ServedView, routing_table
 from serving.replica_calls import RetryPolicy, ensure_loaded, verify_serving
 from serving.vllm_client import VLLMClient
 from tests.support.adapters import AdapterSpec, write_adapter_dir
-from tests.support.haproxy import retried_requests, running_haproxy, vllm_404s
+from tests.support.haproxy import open_access, retried_requests, running_haproxy, vllm_404s
 from tests.support.vllm_servers import (
     ensure_tiny_model,
     ensure_vllm_installed,
@@ -197,7 +197,7 @@ def run(
         for server in servers:
             raw_swap(server, paths[0])
         door.write(_table(servers, paths[0]))
-        with running_haproxy(door, log=log):
+        with running_haproxy(door, log=log, access=open_access()):
             url = f"http://{door.listen}"
             offsets = [s.log_path.stat().st_size for s in servers]
             with Traffic(url, clients, timeout=60) as traffic:

@@ -468,10 +468,24 @@ SERVING_GATEWAYS = cfg.env.dict("SERVING_GATEWAYS", default={})
 # The URL clients use to reach each front door ("prod=https://llm.example.com"),
 # shown on the pages; where unset, http:// and the address it listens on.
 SERVING_GATEWAY_URLS = cfg.env.dict("SERVING_GATEWAY_URLS", default={})
-# Where a front door's HAProxy runs on another host (Kubernetes: its own pod),
-# the host:port of its runtime API per deployment ("prod=gateway-prod:9999"); the
-# master CLI is the next port, and SERVING_GATEWAY_DIR a volume both mount.
-SERVING_GATEWAY_ADMIN = cfg.env.dict("SERVING_GATEWAY_ADMIN", default={})
+# The runtime API is a UNIX socket in SERVING_GATEWAY_DIR only: whatever drives a
+# door shares that directory (Kubernetes: an emptyDir in the gateway's pod). The
+# TCP form (SERVING_GATEWAY_ADMIN) was an unauthenticated admin port, and
+# HAProxy 2.6 serves a TCP stats socket in clear even when told `ssl`: refused.
+if cfg.env.str("SERVING_GATEWAY_ADMIN", default=""):
+    raise ImproperlyConfigured(
+        "SERVING_GATEWAY_ADMIN (the runtime API over TCP) is removed: drive the front "
+        "door through its UNIX socket in SERVING_GATEWAY_DIR (docs/gateway.md)."
+    )
+# The largest request body the door takes (it buffers the whole body to read
+# `model`): 1 MiB holds a 128k-token prompt; a larger one gets a 413. Each request
+# in flight costs HAProxy about twice this in buffers.
+SERVING_GATEWAY_MAX_BODY_BYTES = cfg.integer(
+    "SERVING_GATEWAY_MAX_BODY_BYTES", 1024 * 1024, minimum=16 * 1024
+)
+# Where each door's Prometheus exporter listens ("local-cpu=127.0.0.1:8201"): an
+# internal address, apart from the clients' port. Empty: no exporter.
+SERVING_GATEWAY_METRICS = cfg.env.dict("SERVING_GATEWAY_METRICS", default={})
 SERVING_GATEWAY_DRAIN_SECONDS = cfg.number("SERVING_GATEWAY_DRAIN_SECONDS", 60.0, minimum=0)
 # Behind a front door, a swap of an adapter placement holds on fewer replicas than
 # the deployment has loads the new version on others first and moves the traffic

@@ -86,15 +86,10 @@ def door_access_sync(deployment_id: int) -> bool:
     deployment = Deployment.objects.filter(pk=deployment_id).first()
     if deployment is None:
         return False
-    # The door side (serving.gateway.services.gateway_sync_access) is imported
-    # here, late, as the other tasks import their services.
-    from serving.gateway import services as gateway_services
+    # Imported here, late, as the other tasks import their services.
+    from serving.gateway.services import gateway_sync_access
 
-    sync = getattr(gateway_services, "gateway_sync_access", None)
-    if sync is None:
-        logger.info("front door of %s: no access sync yet", deployment.name)
-        return False
-    sync(deployment)
+    gateway_sync_access(deployment)
     return True
 
 

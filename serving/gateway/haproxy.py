@@ -25,12 +25,16 @@ on this host).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import csv
 import fcntl
+import hashlib
 import io
+import json
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -38,36 +42,78 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving.canary_gates import ServerSample
+from serving.gateway.access import DoorAccess
 from serving.gateway.routing import Route, RoutingTable, ServerState
 
 logger = logging.getLogger(__name__)
 
 BASE_BACKEND = "base"
 ADAPTER_BACKEND_PREFIX = "m_"
+# Free backends rendered at every reload, one server line per replica, each in
+# maint: a NEW adapter takes one at runtime (servers ready, then its map entry),
+# so a promotion routes at once instead of after a reload (docs/gateway.md).
+# The next reload renders it as m_<model> and the pool is whole again.
+SLOT_PREFIX = "slot_"
+SLOTS = 16
 NOT_FOUND_BACKEND = "not_found"
-# The request body HAProxy buffers to read `model`: OpenAI requests are small;
-# a longer one gets a 413 instead of being routed by a truncated body.
-MAX_BODY_BYTES = 256 * 1024
+# The request body HAProxy buffers whole, to read `model` (SERVING_GATEWAY_MAX_BODY_BYTES):
+# long prompts for a 128k-context model fit; a larger body gets a 413.
+MAX_BODY_BYTES = 1024 * 1024
+# Room in HAProxy's buffer for the request line and headers beside a body of the
+# limit; a buffer this size is what each request in flight costs (twice: the
+# answer has one too).
+HEADER_ROOM = 64 * 1024
+# The only paths a client reaches, after normalisation, each with its method:
+# the OpenAI endpoints clients use. Loading adapters, /metrics, /tokenize and
+# the rest of vLLM's server stay the control plane's (it calls replicas directly).
+CLIENT_POST_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+CLIENT_GET_PATHS = ("/v1/models",)
+LUA_FILE = Path(__file__).with_name("door.lua")
+HAPROXY_PATH = "/usr/sbin:/usr/bin:/bin"
+# The files of a door's access table (serving/gateway/access.py), each a map the
+# runtime API changes in place: key hash -> "department,key id,expiry";
+# "department:model" -> 1; department -> its /v1/models body (base64); and the
+# door's own flags ("open", and the fingerprint of the table last pushed).
+ACCESS_MAPS = ("keys", "grants", "catalog", "door")
+# The caller of an open door (no keys): its /v1/models lists every route.
+OPEN_CALLER = "*"
 
 # vLLM 0.32 answers an unknown model with this shape ("The model `x` does not
 # exist. Valid aliases: ..."). The front door leaves out the list of names: it
-# serves every department's adapters, and would tell anyone what exists.
+# serves every department's adapters, and would tell anyone what exists. A model
+# the caller may not call gets the very same answer.
 NOT_FOUND_BODY = (
     '{"error":{"message":"The model `%[var(txn.model),json(utf8s)]` does not exist.",'
     '"type":"NotFoundError","param":"model","code":404}}'
-)
-TOO_LARGE_BODY = (
-    '{"error":{"message":"The request body is larger than '
-    f'{MAX_BODY_BYTES} bytes.","type":"BadRequestError","param":null,"code":413}}}}'
 )
 UNAVAILABLE_BODY = (
     '{"error":{"message":"No replica serves the model `%[var(txn.model),json(utf8s)]` '
     'right now; try again shortly.","type":"ServiceUnavailableError","param":"model",'
     '"code":503}}'
 )
-# Clients get the OpenAI API only: loading adapters and the metrics stay the
-# control plane's (it calls the replicas directly).
-BLOCKED_PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/metrics")
+
+
+def _error(message: str, kind: str, code, param: str | None = None) -> str:
+    """OpenAI's error shape (the `openai` client maps the status to its exception)."""
+    param_json = "null" if param is None else f'"{param}"'
+    code_json = code if isinstance(code, int) else f'"{code}"'
+    return (
+        f'{{"error":{{"message":"{message}","type":"{kind}","param":{param_json},'
+        f'"code":{code_json}}}}}'
+    )
+
+
+NO_SUCH_PATH_BODY = _error(
+    "Invalid URL (%[method] %[path,json(utf8s)])", "invalid_request_error", "not_found"
+)
+NO_KEY_BODY = _error(
+    "Incorrect API key provided. Send a key of this deployment as Authorization: Bearer <key>.",
+    "invalid_request_error",
+    "invalid_api_key",
+)
+EXPIRED_KEY_BODY = _error("The API key has expired.", "invalid_request_error", "invalid_api_key")
+BAD_BODY = _error("%[var(txn.body_error),json(utf8s)]", "BadRequestError", 400, param="body")
+EMPTY_CATALOG = '{"object":"list","data":[]}'
 
 
 SPLIT_BALANCE = "roundrobin"
@@ -99,23 +145,33 @@ def render_config(
     *,
     listen: str,
     states: dict[tuple[str, str], ServerState] | None = None,
-    admin_port: int | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    metrics: str = "",
+    slots: int = SLOTS,
 ) -> str:
     """haproxy.cfg for the table. `states` overrides the table's state of
-    (backend, server) pairs: what a held route has right now."""
+    (backend, server) pairs: what a held route has right now. `metrics`: where
+    HAProxy's Prometheus exporter listens (an internal address), or nowhere."""
     states = states or {}
     d = directory.resolve()
+    too_large = _error(
+        f"The request body is larger than {max_body_bytes} bytes.", "BadRequestError", 413
+    )
+    empty_catalog = base64.b64encode(EMPTY_CATALOG.encode()).decode()
     out = [
         f"# Rendered by the control plane for deployment {table.deployment}; do not edit.",
         "global",
         "    master-worker",
-        (
-            # Reachable by the pods of the control plane only (a NetworkPolicy).
-            f"    stats socket ipv4@0.0.0.0:{admin_port} level admin"
-            if admin_port
-            else f"    stats socket {d}/admin.sock mode 660 level admin expose-fd listeners"
-        ),
-        f"    tune.bufsize {MAX_BODY_BYTES + 16384}",
+        # The runtime API only on a UNIX socket (`level admin` can change every
+        # route and print the environment): HAProxy 2.6 takes `ssl` on a TCP stats
+        # socket and silently serves it in clear (checked), so there is no safe TCP form.
+        f"    stats socket {d}/admin.sock mode 600 level admin expose-fd listeners",
+        f"    tune.bufsize {max_body_bytes + HEADER_ROOM}",
+        # The body scan (door.lua) is linear in a bounded body; this stops one
+        # that runs away all the same (pure Lua time: a wait does not count).
+        "    tune.lua.session-timeout 2s",
+        "    tune.lua.maxmem 256",
+        f"    lua-load {LUA_FILE.resolve()}",
         "    log stdout format raw local0",
         "",
         "defaults",
@@ -136,29 +192,84 @@ def render_config(
         # Such answers are counted from vLLM's log (bench/swap_through_gateway.py).
         "    retry-on conn-failure empty-response 404",
         # One line per request: which backend (model) and which server (replica)
-        # answered, with what status; bench/swap_through_gateway.py counts from it.
-        '    log-format "%ci %ft %b %s %ST %Tt %rc %[var(txn.model)]"',
+        # answered, with what status, for which department and key (never the key).
+        '    log-format "%ci %ft %b %s %ST %Tt %rc %[var(txn.model)] '
+        '%[var(txn.dept)] %[var(txn.key_id)]"',
         "",
         "frontend openai",
         f"    bind {listen}",
         "    option http-buffer-request",
-        f"    http-request return status 413 content-type application/json string "
-        f"{_quote(TOO_LARGE_BODY)} if {{ req.body_size gt {MAX_BODY_BYTES} }}",
-        "    http-request return status 404 content-type application/json string "
-        + _quote('{"detail":"Not Found"}')
-        + " if { path_beg "
-        + " ".join(BLOCKED_PATHS)
-        + " }",
-        "    http-request set-var(txn.model) req.body,json_query('$.model') if { method POST }",
-        # No `model` in the body: vLLM answers with its base model, so does the front door.
-        f"    use_backend {BASE_BACKEND} unless {{ var(txn.model) -m found }}",
+        # vLLM routes the percent-decoded path (`/v1/unload_lora%5Fadapter` is
+        # its unload): only a path byte for byte on the list gets through, and
+        # none of them holds `%`, `//` or a dot segment, so what vLLM decodes is
+        # what was compared. (2.6's `normalize-uri` is experimental; an exact
+        # list needs none.) An absolute-form target is refused for the same reason.
+        f"    acl client_post path {' '.join(CLIENT_POST_PATHS)}",
+        f"    acl client_get path {' '.join(CLIENT_GET_PATHS)}",
+        f"    acl open str(open),map({d}/door.map) -m str 1",
+        "    acl known_key var(txn.caller) -m found",
+        # Each refusal is answered by a backend of its own, so that HAProxy's
+        # counters (and its Prometheus exporter) count each kind apart.
+        "    acl refused var(txn.refusal) -m found",
+        "    http-request set-var(txn.refusal) str(door_404_path) if !{ url_beg / } "
+        "|| !METH_POST !METH_GET || METH_POST !client_post || METH_GET !client_get",
+        "    http-request set-var(txn.refusal) str(door_413_body) if !refused "
+        f"{{ req.body_size gt {max_body_bytes} }}",
+        # Keys are checked by their SHA-256 (the door never holds one in clear);
+        # the value is "department|key id|expiry (epoch seconds)".
+        "    http-request set-var(txn.caller) req.fhdr(authorization),word(2,' '),sha2(256),"
+        f"hex,lower,map({d}/keys.map) if !refused !open "
+        + "{ req.fhdr(authorization) -m reg -i ^bearer\\ +[!-~]+$ }",
+        "    http-request set-var(txn.now) date if known_key",
+        "    http-request set-var(txn.key_left) var(txn.caller),field(3,|),sub(txn.now) "
+        "if known_key",
+        "    http-request set-var(txn.refusal) str(door_401_key) if !refused !open !known_key",
+        "    http-request set-var(txn.refusal) str(door_401_expired) if !refused !open "
+        "{ var(txn.key_left) -m int le 0 }",
+        "    http-request set-var(txn.dept) var(txn.caller),field(1,|) if known_key",
+        "    http-request set-var(txn.key_id) var(txn.caller),field(2,|) if known_key",
+        f"    http-request set-var(txn.dept) str({OPEN_CALLER}) if open",
+        # vLLM never needs the caller's key.
+        "    http-request del-header authorization",
+        "    http-request set-var(txn.refusal) str(door_models) if !refused client_get",
+        "    http-request lua.inspect_body if !refused",
+        "    http-request set-var(txn.refusal) str(door_400_body) if !refused "
+        "{ var(txn.body_error) -m found }",
+        # No `model` in the body: vLLM answers with its first name, the base model.
+        f"    http-request set-var(txn.model) str({table.base_model}) "
+        "if !refused !{ var(txn.model) -m found }",
+        "    http-request set-var(txn.grant) var(txn.dept),concat(:,txn.model),"
+        f"map({d}/grants.map) if !refused !open",
+        # A model the caller may not call is one that does not exist, to it.
+        f"    http-request set-var(txn.refusal) str({NOT_FOUND_BACKEND}) if !refused !open "
+        "!{ var(txn.grant) -m found }",
+        "    use_backend %[var(txn.refusal)] if refused",
         f"    use_backend %[var(txn.model),map({d}/models.map,{NOT_FOUND_BACKEND})]",
         "",
-        f"backend {NOT_FOUND_BACKEND}",
-        "    http-request return status 404 content-type application/json lf-string "
-        + _quote(NOT_FOUND_BODY),
-        "",
+        *_answer("door_404_path", 404, lf=NO_SUCH_PATH_BODY),
+        *_answer("door_413_body", 413, fixed=too_large),
+        *_answer("door_401_key", 401, fixed=NO_KEY_BODY, bearer=True),
+        *_answer("door_401_expired", 401, fixed=EXPIRED_KEY_BODY, bearer=True),
+        *_answer("door_400_body", 400, lf=BAD_BODY),
+        # The caller's models, listed by the door (base64: a map value is one word).
+        *_answer(
+            "door_models",
+            200,
+            lf=f"%[var(txn.dept),map({d}/catalog.map,{empty_catalog}),b64dec]",
+        ),
+        *_answer(NOT_FOUND_BACKEND, 404, lf=NOT_FOUND_BODY),
     ]
+    if metrics:
+        out += [
+            # Apart from the client port: an internal listener for Prometheus
+            # (docs/gateway.md lists the series). Not logged: a scrape is no request.
+            "frontend metrics",
+            f"    bind {metrics}",
+            "    no log",
+            "    http-request use-service prometheus-exporter if { path /metrics }",
+            "    http-request return status 404",
+            "",
+        ]
     for route in sorted(table.routes.values(), key=backend_for):
         backend = backend_for(route)
         out += [
@@ -173,9 +284,7 @@ def render_config(
         ]
         for endpoint in table.endpoints:
             state = states.get((backend, endpoint.server), route.states.get(endpoint.server))
-            words = [f"    server {endpoint.server} {endpoint.host}:{endpoint.port}"]
-            if endpoint.tls:
-                words.append(f"ssl verify required ca-file @system-ca sni str({endpoint.host})")
+            words = _server_words(endpoint)
             if state == ServerState.MAINT or state is None:
                 words.append("disabled")
             elif state == ServerState.DRAIN:
@@ -185,7 +294,34 @@ def render_config(
                 words.append(f"weight {route.weights[endpoint.server]}")
             out.append(" ".join(words))
         out.append("")
+    for index in range(slots):
+        out += [
+            f"backend {SLOT_PREFIX}{index}",
+            "    balance leastconn",
+            "    errorfile 503 " + str(d / "unavailable.http"),
+        ]
+        for endpoint in table.endpoints:
+            out.append(" ".join(_server_words(endpoint) + ["disabled"]))
+        out.append("")
     return "\n".join(out)
+
+
+def _server_words(endpoint) -> list[str]:
+    words = [f"    server {endpoint.server} {endpoint.host}:{endpoint.port}"]
+    if endpoint.tls:
+        words.append(f"ssl verify required ca-file @system-ca sni str({endpoint.host})")
+    return words
+
+
+def _answer(backend: str, status: int, *, lf: str = "", fixed: str = "", bearer=False) -> list:
+    """A backend that answers the door's own reply (no server behind it)."""
+    body = f"lf-string {_quote(lf)}" if lf else f"string {_quote(fixed)}"
+    header = " hdr WWW-Authenticate Bearer" if bearer else ""
+    return [
+        f"backend {backend}",
+        f"    http-request return status {status} content-type application/json {body}{header}",
+        "",
+    ]
 
 
 def _unavailable_file() -> str:
@@ -217,23 +353,17 @@ class BackendCounters:
 
 class RuntimeAPI:
     """HAProxy's runtime API (the stats socket, `level admin`) or its master
-    CLI: a UNIX socket path, or "host:port" where HAProxy runs in another pod."""
+    CLI: a UNIX socket, the only kind this module renders (docs/gateway.md)."""
 
-    def __init__(self, path: Path | str, *, timeout: float = 5.0):
+    def __init__(self, path: Path, *, timeout: float = 5.0):
         self.path = path
         self.timeout = timeout
 
     def _connect(self) -> socket.socket:
-        if isinstance(self.path, Path):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            address = str(self.path)
-        else:
-            host, _, port = self.path.rpartition(":")
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            address = (host, int(port))
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
-            sock.connect(address)
+            sock.connect(str(self.path))
         except OSError:
             sock.close()
             raise
@@ -256,6 +386,17 @@ class RuntimeAPI:
             except OSError as error:
                 raise GatewayError(f"HAProxy at {self.path}: {error}") from error
         return b"".join(chunks).decode(errors="replace")
+
+    def commands(self, lines: list[str], *, batch: int = 200) -> None:
+        """Runs each command, `batch` to a connection (`;`-separated: a table of
+        thousands of keys is pushed in a few round trips, not thousands);
+        raises GatewayError naming the first refusal."""
+        for start in range(0, len(lines), batch):
+            chunk = lines[start : start + batch]
+            answer = self.command(";".join(chunk))
+            _checked(
+                answer, chunk[0] if len(chunk) == 1 else f"{chunk[0]} (and {len(chunk) - 1} more)"
+            )
 
     def available(self) -> bool:
         try:
@@ -346,30 +487,28 @@ def _checked(answer: str, line: str) -> str:
 
 
 class HAProxyFrontDoor:
-    """A FrontDoor on one HAProxy whose files live in `directory`."""
+    """A FrontDoor on one HAProxy whose files (and UNIX sockets) live in
+    `directory`; whatever drives it shares that directory (Kubernetes: an
+    emptyDir in the gateway's pod)."""
 
     def __init__(
         self,
         directory: Path | str,
         *,
         listen: str,
-        admin: str = "",
         reload_timeout: float = 60.0,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        metrics: str = "",
+        slots: int = SLOTS,
     ):
-        """`admin`: "" for UNIX sockets in `directory` (HAProxy on this host), or
-        the "host:port" of its runtime API on another host (Kubernetes: its own
-        pod; the master CLI is on port + 1, the directory a shared volume)."""
         self.directory = Path(directory)
+        self.slots = slots
         self.listen = listen
-        self.admin = admin
+        self.metrics = metrics
         self.reload_timeout = reload_timeout
-        if admin:
-            host, _, port = admin.rpartition(":")
-            self.runtime = RuntimeAPI(admin)
-            self.master = RuntimeAPI(f"{host}:{int(port) + 1}")
-        else:
-            self.runtime = RuntimeAPI(self.directory / "admin.sock")
-            self.master = RuntimeAPI(self.directory / "master.sock")
+        self.max_body_bytes = max_body_bytes
+        self.runtime = RuntimeAPI(self.directory / "admin.sock")
+        self.master = RuntimeAPI(self.directory / "master.sock")
 
     @property
     def config_path(self) -> Path:
@@ -381,13 +520,16 @@ class HAProxyFrontDoor:
 
     def command_line(self) -> list[str]:
         """How to start this HAProxy (in the foreground, under a supervisor)."""
-        if self.admin:
-            master = f"ipv4@0.0.0.0:{int(self.admin.rpartition(':')[2]) + 1}"
-        else:
-            master = f"{self.directory.resolve()}/master.sock,mode,660"
+        master = f"{self.directory.resolve()}/master.sock,mode,600"
         pidfile = str((self.directory / "haproxy.pid").resolve())
         config = str(self.config_path.resolve())
-        return ["haproxy", "-W", "-db", "-S", master, "-p", pidfile, "-f", config]
+        # With an empty environment: the runtime API's `show env` prints
+        # HAProxy's, and the container that starts it may hold the
+        # application's secrets (it writes the first configuration).
+        return [
+            *("env", "-i", f"PATH={HAPROXY_PATH}"),
+            *("haproxy", "-W", "-db", "-S", master, "-p", pidfile, "-f", config),
+        ]
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -404,9 +546,18 @@ class HAProxyFrontDoor:
         self.directory.mkdir(parents=True, exist_ok=True)
         changed = _write_if_changed(self.directory / "unavailable.http", _unavailable_file())
         changed |= _write_if_changed(self.map_path, render_map(table))
-        admin_port = int(self.admin.rpartition(":")[2]) if self.admin else None
+        for name in ACCESS_MAPS:
+            # Created empty (a closed door: no key known) until the first access
+            # sync; never overwritten here, for the runtime API keeps them.
+            self._access_map_path(name).touch()
         config = render_config(
-            table, self.directory, listen=self.listen, states=states, admin_port=admin_port
+            table,
+            self.directory,
+            listen=self.listen,
+            states=states,
+            max_body_bytes=self.max_body_bytes,
+            metrics=self.metrics,
+            slots=self.slots,
         )
         changed |= _write_if_changed(self.config_path, config)
         return changed
@@ -419,40 +570,63 @@ class HAProxyFrontDoor:
                 # Not running (yet): what it reads when it starts is current.
                 return ["wrote configuration"] if self.write(table) else []
             current = self.runtime.servers()
-            held = {
-                key: status.state
-                for key, status in current.items()
-                if key[0] in {backend_for(r) for r in table.routes.values() if r.held}
+            entries = self.runtime.map_entries(self.map_path)
+            backends = {
+                model: _running_backend(entries.get(model), route)
+                for model, route in table.routes.items()
             }
-            wanted = {
-                (backend_for(route), endpoint.server)
-                for route in table.routes.values()
-                for endpoint in table.endpoints
+            # A held route keeps its states, named as a reload renders them.
+            held = {
+                (backend_for(route), server): status.state
+                for model, route in table.routes.items()
+                if route.held
+                for (backend, server), status in current.items()
+                if backend == backends[model]
             }
             changes = []
+            servers = {endpoint.server for endpoint in table.endpoints}
+            running = {backend for backend, _ in current}
+            new = sorted(m for m, backend in backends.items() if backend not in running)
+            free = _free_slots(current, set(entries.values()), self.runtime.backend_counters())
             # A split needs weighted round robin, which a backend takes at a reload only.
             rebalance = any(
-                route.weights and self.runtime.balance(backend_for(route)) != SPLIT_BALANCE
-                for route in table.routes.values()
+                route.weights and self.runtime.balance(backends[model]) != SPLIT_BALANCE
+                for model, route in table.routes.items()
             )
-            if not wanted <= set(current) or rebalance:
+            # A replica the running HAProxy has no server for (every backend has
+            # the same servers), or more new adapters than free slots: a reload.
+            reload = not servers <= {s for b, s in current if b == BASE_BACKEND}
+            if reload or rebalance or len(new) > len(free):
                 changes.append(self._reload(table, held))
                 current = self.runtime.servers()
-            for route in table.routes.values():
+                backends = {model: backend_for(route) for model, route in table.routes.items()}
+            else:
+                for model, slot in zip(new, free, strict=False):
+                    backends[model] = slot
+            for model, route in table.routes.items():
                 if route.held:
                     continue
-                backend = backend_for(route)
+                backend = backends[model]
                 for server, state in route.states.items():
                     if current[(backend, server)].state != state:
                         changes.append(self._set_state(backend, server, state))
-            changes += self._sync_map(table)
+            # The map last: a new model's servers are ready before it is routed.
+            changes += self._sync_map(backends)
             # The files follow, so that a restarted HAProxy starts where this one is.
             self.write(table, states=held)
             return changes
 
+    def _backend(self, model: str) -> str:
+        """The backend `model` is routed to now: its own, or a slot it took."""
+        answer = self.runtime.command(f"get map {self.map_path} {model}")
+        match = re.search(r'value="([^"]*)"', answer)
+        if match and match[1].startswith(SLOT_PREFIX):
+            return match[1]
+        return f"{ADAPTER_BACKEND_PREFIX}{model}"
+
     def drain(self, model: str, server: str, *, timeout: float, keep_one: bool = True) -> list[str]:
-        backend = f"m_{model}"
         with self._locked():
+            backend = self._backend(model)
             servers = self.runtime.servers()
             if (backend, server) not in servers:
                 return []  # nothing is routed there
@@ -480,9 +654,9 @@ class HAProxyFrontDoor:
     def weigh(self, model: str, weights: dict[str, int]) -> list[str]:
         """Sets `model`'s server weights (a canary's split, or its end); each
         is one runtime command, in effect for the next request."""
-        backend = f"{ADAPTER_BACKEND_PREFIX}{model}"
         changes = []
         with self._locked():
+            backend = self._backend(model)
             servers = self.runtime.servers()
             for server, weight in sorted(weights.items()):
                 if (backend, server) not in servers:
@@ -495,25 +669,72 @@ class HAProxyFrontDoor:
     def samples(self, model: str) -> tuple[str, dict[str, ServerSample]]:
         """The counters of `model`'s servers, and the worker that counted them
         (its pid: a reload starts a new count)."""
-        backend = f"{ADAPTER_BACKEND_PREFIX}{model}"
+        backend = self._backend(model)
         pid = self.runtime.worker_pid()
         return str(pid), self.runtime.server_samples(backend)
 
     def model_counters(self) -> dict[str, BackendCounters]:
-        """Each adapter's request counters (its backend m_<model>); the base
-        model's and the fixed backends are left out."""
-        return {
-            backend.removeprefix(ADAPTER_BACKEND_PREFIX): counters
-            for backend, counters in self.runtime.backend_counters().items()
-            if backend.startswith(ADAPTER_BACKEND_PREFIX)
+        """Each adapter's request counters (its backend m_<model>, or the slot it
+        took since the last reload); the base model's and the fixed backends
+        are left out."""
+        in_slots = {
+            backend: model
+            for model, backend in self.runtime.map_entries(self.map_path).items()
+            if backend.startswith(SLOT_PREFIX)
         }
+        found = {}
+        for backend, counters in self.runtime.backend_counters().items():
+            if backend.startswith(ADAPTER_BACKEND_PREFIX):
+                found[backend.removeprefix(ADAPTER_BACKEND_PREFIX)] = counters
+            elif backend in in_slots:
+                found[in_slots[backend]] = counters
+        return found
 
     def ready(self, model: str, server: str) -> list[str]:
-        backend = f"m_{model}"
         with self._locked():
+            backend = self._backend(model)
             if (backend, server) not in self.runtime.servers():
                 return []  # a first load: the next sync adds the route
             return [self._set_state(backend, server, ServerState.READY)]
+
+    def apply_access(self, access: DoorAccess) -> list[str]:
+        """Makes the door enforce `access` (keys, grants, each caller's model
+        list, open or not) through the runtime API: no reload, in effect for the
+        next request. Cheap when nothing changed: one read of the door's flags,
+        which hold the fingerprint of the table last pushed. Returns what changed
+        (counts, never a key's hash)."""
+        maps = access_maps(access)
+        fingerprint = maps["door"]["fingerprint"]
+        with self._locked():
+            if not self.runtime.available():
+                # Not running (yet): it reads the files when it starts.
+                return self._write_access(maps)
+            door_map = self._access_map_path("door")
+            if self.runtime.map_entries(door_map).get("fingerprint") == fingerprint:
+                return []
+            changes = []
+            # The flags (the fingerprint among them) go last: a push cut short
+            # leaves the old fingerprint, and the next sync pushes again.
+            for name in ACCESS_MAPS:
+                path = self._access_map_path(name)
+                lines = _map_changes(path, self.runtime.map_entries(path), maps[name])
+                self.runtime.commands(lines)
+                if lines:
+                    changes.append(f"{name}.map: {len(lines)} entries changed")
+            self._write_access(maps)
+            return changes
+
+    def _access_map_path(self, name: str) -> Path:
+        return (self.directory / f"{name}.map").resolve()
+
+    def _write_access(self, maps: dict[str, dict[str, str]]) -> list[str]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name in ACCESS_MAPS:
+            text = "".join(f"{key} {value}\n" for key, value in sorted(maps[name].items()))
+            if _write_if_changed(self._access_map_path(name), text):
+                written.append(f"wrote {name}.map")
+        return written
 
     # -- internals
 
@@ -525,22 +746,11 @@ class HAProxyFrontDoor:
         _checked(self.runtime.command(line), line)
         return line
 
-    def _sync_map(self, table: RoutingTable) -> list[str]:
-        current = self.runtime.map_entries(self.map_path)
-        wanted = {model: backend_for(route) for model, route in table.routes.items()}
-        changes = []
-        for model in sorted(set(current) - set(wanted)):
-            line = f"del map {self.map_path} {model}"
+    def _sync_map(self, wanted: dict[str, str]) -> list[str]:
+        lines = _map_changes(self.map_path, self.runtime.map_entries(self.map_path), wanted)
+        for line in lines:
             _checked(self.runtime.command(line), line)
-            changes.append(line)
-        for model, backend in sorted(wanted.items()):
-            if current.get(model) == backend:
-                continue
-            verb = "set" if model in current else "add"
-            line = f"{verb} map {self.map_path} {model} {backend}"
-            _checked(self.runtime.command(line), line)
-            changes.append(line)
-        return changes
+        return lines
 
     def _master_ready(self, deadline: float) -> None:
         """Waits until the master answers its CLI: it does once it is back in its
@@ -591,3 +801,77 @@ def _write_if_changed(path: Path, text: str) -> bool:
     temporary.write_text(text)
     os.replace(temporary, path)
     return True
+
+
+def access_maps(access: DoorAccess) -> dict[str, dict[str, str]]:
+    """The door's maps for an access table (module docstring of access.py):
+    what `apply_access` pushes and writes. Department slugs and served names
+    hold no space, `:` or `,` (their patterns), so the keys below are unambiguous."""
+    keys = {
+        digest.lower(): f"{key.department}|{key.key_id}|{key.expires_at}"
+        for digest, key in access.keys.items()
+    }
+    grants = {f"{department}:{model}": "1" for department, model in access.allowed}
+    departments = {department for department, _ in access.allowed}
+    catalog = {
+        department: _catalog_body(access.deployment, access.models_for(department))
+        for department in departments
+    }
+    if access.open:
+        everything = sorted({model for _, model in access.allowed})
+        catalog[OPEN_CALLER] = _catalog_body(access.deployment, everything)
+    flags = {"open": "1"} if access.open else {}
+    digest = hashlib.sha256()
+    for name, entries in (
+        ("keys", keys),
+        ("grants", grants),
+        ("catalog", catalog),
+        ("door", flags),
+    ):
+        for key, value in sorted(entries.items()):
+            digest.update(f"{name} {key} {value}\n".encode())
+    flags["fingerprint"] = digest.hexdigest()
+    return {"keys": keys, "grants": grants, "catalog": catalog, "door": flags}
+
+
+def _catalog_body(deployment: str, models: list[str]) -> str:
+    """`GET /v1/models` for one caller, in OpenAI's list shape: the same bytes
+    on every call (a fixed `created`), no paths. Base64: a map value is one word."""
+    body = {
+        "object": "list",
+        "data": [
+            {"id": model, "object": "model", "created": 0, "owned_by": deployment}
+            for model in models
+        ],
+    }
+    return base64.b64encode(json.dumps(body, separators=(",", ":")).encode()).decode()
+
+
+def _running_backend(entry: str | None, route: Route) -> str:
+    """Where the running HAProxy routes `route`: the slot it took, if it did."""
+    if entry and entry.startswith(SLOT_PREFIX):
+        return entry
+    return backend_for(route)
+
+
+def _free_slots(current: dict, taken: set[str], counters: dict[str, BackendCounters]) -> list[str]:
+    """Slots no model holds and none has used since this worker started (a
+    slot a retired adapter held keeps its counts, which would be read as the
+    next one's: it waits for the next reload)."""
+    slots = sorted({backend for backend, _ in current if backend.startswith(SLOT_PREFIX)})
+    return [
+        slot
+        for slot in sorted(slots, key=lambda b: int(b.removeprefix(SLOT_PREFIX)))
+        if slot not in taken
+        and counters.get(slot, BackendCounters(0, 0, 0)).requests == 0
+        and all(s.state == ServerState.MAINT for (b, _), s in current.items() if b == slot)
+    ]
+
+
+def _map_changes(path: Path, current: dict[str, str], wanted: dict[str, str]) -> list[str]:
+    lines = [f"del map {path} {key}" for key in sorted(set(current) - set(wanted))]
+    for key, value in sorted(wanted.items()):
+        if current.get(key) != value:
+            verb = "set" if key in current else "add"
+            lines.append(f"{verb} map {path} {key} {value}")
+    return lines

@@ -17,9 +17,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from serving.gateway import FrontDoor
+from serving.gateway.access import DoorAccess
 from serving.gateway.haproxy import GatewayError, HAProxyFrontDoor
 from serving.gateway.routing import RoutingTable, server_name
-from serving.gateway.selectors import routing_table_for
+from serving.gateway.selectors import door_access, routing_table_for
 from serving.models import Deployment, HttpAttempt, Replica
 
 logger = logging.getLogger(__name__)
@@ -30,9 +31,11 @@ def front_door_for(deployment: Deployment) -> FrontDoor | None:
     listen = settings.SERVING_GATEWAYS.get(deployment.name)
     if not listen:
         return None
-    admin = settings.SERVING_GATEWAY_ADMIN.get(deployment.name, "")
     return HAProxyFrontDoor(
-        settings.SERVING_GATEWAY_DIR / deployment.name, listen=listen, admin=admin
+        settings.SERVING_GATEWAY_DIR / deployment.name,
+        listen=listen,
+        max_body_bytes=settings.SERVING_GATEWAY_MAX_BODY_BYTES,
+        metrics=settings.SERVING_GATEWAY_METRICS.get(deployment.name, ""),
     )
 
 
@@ -55,6 +58,28 @@ def gateway_sync(deployment: Deployment, *, release: str | None = None) -> list[
         _record(deployment, [], started, error=str(error))
         return []
     _record(deployment, changes, started)
+    # Who may call what follows too: a change the access sync missed (a broker
+    # down) is caught up here, at one runtime read when nothing changed.
+    return changes + gateway_sync_access(deployment)
+
+
+def gateway_sync_access(deployment: Deployment, access: DoorAccess | None = None) -> list[str]:
+    """Makes the deployment's front door enforce who may call what
+    (`door_access`, or `access` where the caller has it): keys, grants, each
+    caller's `/v1/models`, open or not; through the runtime API, no reload. A
+    door that fails is logged; the next sync pushes the whole table again."""
+    door = front_door_for(deployment)
+    if door is None:
+        return []
+    if access is None:
+        access = door_access(deployment)
+    try:
+        changes = door.apply_access(access)
+    except GatewayError as error:
+        logger.warning("front door of %s: access: %s", deployment.name, error)
+        return []
+    for change in changes:
+        logger.info("front door of %s: %s", deployment.name, change)
     return changes
 
 

@@ -44,7 +44,7 @@ def test_the_rules_pass_promtool(tmp_path):
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups()))
     checked = promtool("check", "rules", "rules.yaml", cwd=tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 6 rules found" in checked.stdout
+    assert "SUCCESS: 7 rules found" in checked.stdout
 
 
 def _annotations(alert: str, **values: str) -> dict:
@@ -194,3 +194,49 @@ def test_every_metric_in_the_rules_and_the_dashboard_is_exported():
     assert in_dashboard <= exported, sorted(in_dashboard - exported)
     # And the dashboard shows every family the product exports.
     assert in_dashboard == exported, sorted(exported - in_dashboard)
+
+
+@needs_promtool
+def test_a_flood_of_refused_keys_at_the_door_fires_its_alert_and_a_trickle_does_not(tmp_path):
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups()))
+    refused = 'haproxy_backend_http_responses_total{{instance="door:8201",proxy="{}",code="4xx"}}'
+    cases = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                # 480 a minute (8/s) of unknown keys, 60 a minute of expired ones.
+                "input_series": [
+                    {"series": refused.format("door_401_key"), "values": "0+480x20"},
+                    {"series": refused.format("door_401_expired"), "values": "0+60x20"},
+                    {
+                        "series": refused.format("door_404_path").replace("door:8201", "quiet"),
+                        "values": "0+6000x20",
+                    },
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "3m", "alertname": "LoraDoorRefusedKeysFlood", "exp_alerts": []},
+                    {
+                        "eval_time": "15m",
+                        "alertname": "LoraDoorRefusedKeysFlood",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "warning", "instance": "door:8201"},
+                                "exp_annotations": _annotations(
+                                    "LoraDoorRefusedKeysFlood",
+                                    **{
+                                        "$labels.instance": "door:8201",
+                                        "$value | humanize": "9",
+                                    },
+                                ),
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(cases))
+    tested = promtool("test", "rules", "tests.yaml", cwd=tmp_path)
+    assert tested.returncode == 0, tested.stdout + tested.stderr

@@ -16,7 +16,7 @@ from serving.gateway.routing import ReplicaView, ServedView, routing_table
 from serving.gateway.services import front_door_for
 from serving.models import ServedAdapter
 from tests.support.adapters import AdapterSpec, write_adapter_dir
-from tests.support.haproxy import haproxy_available, running_haproxy
+from tests.support.haproxy import haproxy_available, open_access, running_haproxy
 from tests.support.vllm_servers import free_port
 
 pytestmark = [
@@ -72,10 +72,13 @@ def test_requests_through_the_front_door_show_on_the_usage_page(
             timeout=10,
         )
         assert loaded.status_code == 200, loaded.text
+    # Open (no keys): these tests are about routing; keys: test_gateway_door.py.
+    deployment.open_door = True
+    deployment.save(update_fields=["open_door"])
     door = front_door_for(deployment)
     door.write(table(deployment, fake_replicas[:1], {0}, path))
     url = f"http://{door.listen}"
-    with running_haproxy(door, log=tmp_path / "haproxy.log"):
+    with running_haproxy(door, log=tmp_path / "haproxy.log", access=open_access()):
         tick(deployment)  # nothing sent yet: nothing counted
         assert not DailyUsage.objects.exists()
 

@@ -74,6 +74,16 @@ def test_the_defaults_start(tmp_path):
         ("DJANGO_DEBUG", {"DJANGO_DEBUG": "maybe"}, "true or false"),
         ("SERVING_DTYPE", {"SERVING_DTYPE": "int8"}, "int8"),
         ("COST_CURRENCY", {"COST_CURRENCY": "dollars"}, "ISO 4217"),
+        (
+            "SERVING_GATEWAY_ADMIN",
+            {"SERVING_GATEWAY_ADMIN": "prod=gateway:9999"},
+            "UNIX socket",
+        ),
+        (
+            "SERVING_GATEWAY_MAX_BODY_BYTES",
+            {"SERVING_GATEWAY_MAX_BODY_BYTES": "100"},
+            "at least",
+        ),
         ("AWS_S3_ADDRESSING_STYLE", {"AWS_S3_ADDRESSING_STYLE": "sideways"}, "sideways"),
         (
             "DJANGO_SECRET_KEY",

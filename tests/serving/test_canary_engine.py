@@ -33,6 +33,9 @@ def door(settings, deployment, tmp_path):
     settings.SERVING_GATEWAYS = {deployment.name: f"127.0.0.1:{free_port()}"}
     settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
     settings.SERVING_GATEWAY_DRAIN_SECONDS = 5.0
+    # Open (no keys): these tests are about routing; keys: test_gateway_door.py.
+    deployment.open_door = True
+    deployment.save(update_fields=["open_door"])
     gateway_sync(deployment)
     door = front_door_for(deployment)
     with running_haproxy(door, log=tmp_path / "haproxy.log"):

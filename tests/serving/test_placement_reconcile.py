@@ -19,7 +19,7 @@ from tests.serving.conftest import make_deployment
 from tests.serving.test_reconcile_scale import MAX_STATEMENTS
 from tests.serving.test_rollouts import promote
 from tests.support.fleet import fingerprints_record, measure, served_adapters_clone, standin_fleet
-from tests.support.haproxy import haproxy_available, running_haproxy
+from tests.support.haproxy import haproxy_available, open_access, running_haproxy
 from tests.support.vllm_servers import free_port
 
 pytestmark = pytest.mark.django_db
@@ -183,12 +183,15 @@ def test_behind_a_front_door_a_moved_adapter_is_drained_before_it_is_unloaded(
     listen = f"127.0.0.1:{free_port()}"
     settings.SERVING_GATEWAYS = {deployment.name: listen}
     settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    # Open (no keys): these tests are about routing; keys: test_gateway_door.py.
+    deployment.open_door = True
+    deployment.save(update_fields=["open_door"])
     door = front_door_for(deployment)
     door.write(routing_table_for(deployment))
     name = served[0].adapter.served_name
     url = f"http://{listen}/v1/completions"
     body = {"model": name, "prompt": "hi", "max_tokens": 1}
-    with running_haproxy(door, log=tmp_path / "haproxy.log"):
+    with running_haproxy(door, log=tmp_path / "haproxy.log", access=open_access()):
         reconcile_deployment(deployment.pk, "beat")  # placed, loaded, routed
         assert requests.post(url, json=body, timeout=10).status_code == 200
         row = ServedAdapter.objects.get(pk=served[0].pk)
@@ -246,9 +249,12 @@ def _v1_behind_a_front_door(name, max_replicas, *, root, lena, fleet, tmp_path, 
     settings.SERVING_GATEWAYS = {deployment.name: listen}
     settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
     settings.SERVING_GATEWAY_DRAIN_SECONDS = 5.0
+    # Open (no keys): these tests are about routing; keys: test_gateway_door.py.
+    deployment.open_door = True
+    deployment.save(update_fields=["open_door"])
     door = front_door_for(deployment)
     door.write(routing_table_for(deployment))
-    with running_haproxy(door, log=tmp_path / "haproxy.log"):
+    with running_haproxy(door, log=tmp_path / "haproxy.log", access=open_access()):
         assert rollout_execute(promote(lena, deployment, v1)[1].pk, "w") == "succeeded"
         yield deployment, f"http://{listen}/v1/completions"
 

@@ -4,8 +4,11 @@ Pure Python, no Django: used by the gateway tests and bench/swap_through_gateway
 
     door = HAProxyFrontDoor(tmp_path / "gw", listen=f"127.0.0.1:{free_port()}")
     door.write(table)                       # what it reads when it starts
-    with running_haproxy(door, log=tmp_path / "haproxy.log"):
+    with running_haproxy(door, log=tmp_path / "haproxy.log", access=open_access()):
         ...                                 # door.apply(...), requests to the listen address
+
+A door is closed until it is given an access table (no key known: every request
+a 401); tests about routing, not access, pass an open one.
 
 Its stdout (one line per request: backend, server, status) goes to `log`.
 """
@@ -22,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+from serving.gateway.access import DoorAccess
 from serving.gateway.haproxy import HAProxyFrontDoor
 
 
@@ -33,9 +37,14 @@ def haproxy_available() -> bool:
     return shutil.which("haproxy") is not None
 
 
+def open_access(deployment: str = "gw", models: tuple[str, ...] = ()) -> DoorAccess:
+    """A door that takes requests without keys (`models`: what /v1/models lists)."""
+    return DoorAccess(deployment=deployment, open=True, allowed=frozenset(("*", m) for m in models))
+
+
 @contextlib.contextmanager
 def running_haproxy(
-    door: HAProxyFrontDoor, *, log: Path, timeout: float = 10
+    door: HAProxyFrontDoor, *, log: Path, timeout: float = 10, access: DoorAccess | None = None
 ) -> Iterator[subprocess.Popen]:
     with open(log, "ab") as out:
         process = subprocess.Popen(
@@ -53,6 +62,8 @@ def running_haproxy(
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"haproxy did not start: {log.read_text()[-2000:]}")
             time.sleep(0.05)
+        if access is not None:
+            door.apply_access(access)
         yield process
     finally:
         process.terminate()

@@ -18,7 +18,7 @@ from serving.volume import serve_path_for
 from tests.serving.vllm.conftest import adapters_on, ok
 from tests.serving.vllm.test_gateway_real import Traffic, complete, routed_after
 from tests.support.adapters import AdapterSpec
-from tests.support.haproxy import haproxy_available, running_haproxy
+from tests.support.haproxy import haproxy_available, open_access, running_haproxy
 from tests.support.vllm_servers import free_port
 
 pytestmark = [
@@ -72,7 +72,7 @@ def test_a_good_canary_bakes_on_its_share_survives_its_worker_and_takes_all_traf
     settings.SERVING_CLAIM_SECONDS = 3.0
     settings.SERVING_SWEEP_AFTER_SECONDS = 1.0
     listen = _gateway(settings, tmp_path, "canary-cpu")
-    platform.create_deployment("canary-cpu", [s.base_url for s in vllm_servers])
+    platform.create_deployment("canary-cpu", [s.base_url for s in vllm_servers], open_door=True)
     v1 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=1))
     v2 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=2))
     from serving.gateway.services import front_door_for, gateway_sync
@@ -81,7 +81,9 @@ def test_a_good_canary_bakes_on_its_share_survives_its_worker_and_takes_all_traf
     deployment = Deployment.objects.get(name="canary-cpu")
     gateway_sync(deployment)
     url = f"http://{listen}"
-    with running_haproxy(front_door_for(deployment), log=tmp_path / "haproxy.log"):
+    with running_haproxy(
+        front_door_for(deployment), log=tmp_path / "haproxy.log", access=open_access()
+    ):
         first = platform.promote_and_wait("canary-cpu", v1["id"])
         assert first["status"] == "succeeded", first["error"]
         routed_after(url, "legal-contracts")
@@ -146,7 +148,9 @@ def test_a_broken_canary_is_switched_out_in_under_a_second_and_rolled_back(
     with FaultProxy(a.base_url) as one, FaultProxy(b.base_url) as other:
         proxies = [one, other]
         listen = _gateway(settings, tmp_path, "canary-bad")
-        platform.create_deployment("canary-bad", sorted(p.base_url for p in proxies))
+        platform.create_deployment(
+            "canary-bad", sorted(p.base_url for p in proxies), open_door=True
+        )
         v1 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=3))
         v2 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=4))
         from registry.models import AdapterVersion
@@ -159,7 +163,9 @@ def test_a_broken_canary_is_switched_out_in_under_a_second_and_rolled_back(
             proxy.broken_roots.add(broken)
         gateway_sync(deployment)
         url = f"http://{listen}"
-        with running_haproxy(front_door_for(deployment), log=tmp_path / "haproxy.log"):
+        with running_haproxy(
+            front_door_for(deployment), log=tmp_path / "haproxy.log", access=open_access()
+        ):
             first = platform.promote_and_wait("canary-bad", v1["id"])
             assert first["status"] == "succeeded", first["error"]
             routed_after(url, "legal-memos")

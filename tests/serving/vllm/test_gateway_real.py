@@ -22,6 +22,7 @@ from tests.serving.vllm.conftest import SERVED_BASE, adapters_on, ok
 from tests.support.adapters import AdapterSpec, write_adapter_dir
 from tests.support.haproxy import (
     haproxy_available,
+    open_access,
     requests_by_server,
     retried_requests,
     running_haproxy,
@@ -82,11 +83,10 @@ class Traffic:
 
 
 def routed_after(url: str, model: str, timeout: float = 90) -> float:
-    """Seconds until the front door answers 200 for `model`. Usually at once: the
-    rollout's last step reloads HAProxy with the new backend (0.1-0.25 s). In
-    this test process a reload has taken tens of seconds now and then (the new
-    worker slow to take over; not understood yet, docs/gateway.md), so the wait
-    is bounded, not zero."""
+    """Seconds until the front door answers 200 for `model`: at once after a
+    promotion (the rollout's last step gives it a free slot, no reload); a
+    reload (a replica added) has taken tens of seconds now and then in this
+    test process (docs/gateway.md), so the wait is bounded, not zero."""
     started = time.monotonic()
     while complete(url, model).status_code != 200:
         assert time.monotonic() - started < timeout, f"{model} not routed after {timeout} s"
@@ -131,7 +131,7 @@ def _deployment_behind_a_front_door(platform, vllm_servers, settings, tmp_path, 
     settings.SERVING_GATEWAYS = {name: listen}
     settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
     settings.SERVING_GATEWAY_DRAIN_SECONDS = 30.0
-    platform.create_deployment(name, [s.base_url for s in vllm_servers])
+    platform.create_deployment(name, [s.base_url for s in vllm_servers], open_door=True)
     deployment = Deployment.objects.get(name=name)
     gateway_sync(deployment)  # the configuration HAProxy starts with
     return deployment, f"http://{listen}"
@@ -153,7 +153,7 @@ def test_an_adapter_goes_only_to_the_replicas_that_hold_it_and_follows_them_with
     front_door.write(_table(vllm_servers, [{"legal-contracts": path}, {}], served))
     log = tmp_path / "haproxy.log"
     url = f"http://{front_door.listen}"
-    with running_haproxy(front_door, log=log):
+    with running_haproxy(front_door, log=log, access=open_access()):
         sizes = _log_sizes(vllm_servers)
         for _ in range(6):
             assert complete(url, "legal-contracts").status_code == 200
@@ -190,7 +190,7 @@ def test_an_unknown_model_gets_vllm_s_own_404_and_the_base_model_any_replica(
     front_door.write(_table(vllm_servers, [{}, {}], []))
     log = tmp_path / "haproxy.log"
     url = f"http://{front_door.listen}"
-    with running_haproxy(front_door, log=log):
+    with running_haproxy(front_door, log=log, access=open_access()):
         model = 'no-such "adapter"'
         through_door = complete(url, model)
         direct = complete(a.base_url, model)
@@ -225,11 +225,17 @@ def test_an_unknown_model_gets_vllm_s_own_404_and_the_base_model_any_replica(
         assert too_large.json()["error"]["code"] == 413
 
 
-def test_adding_adapters_reloads_without_dropping_a_request(vllm_servers, front_door, tmp_path):
+@pytest.mark.parametrize("slots", [16, 0], ids=["free slots, no reload", "reloads"])
+def test_adding_adapters_drops_no_request_in_a_free_slot_or_by_reload(
+    vllm_servers, tmp_path, slots
+):
+    front_door = HAProxyFrontDoor(
+        tmp_path / "gateway", listen=f"127.0.0.1:{free_port()}", slots=slots
+    )
     front_door.write(_table(vllm_servers, [{}, {}], []))
     url = f"http://{front_door.listen}"
     loaded: dict[str, str] = {}
-    with running_haproxy(front_door, log=tmp_path / "haproxy.log"):
+    with running_haproxy(front_door, log=tmp_path / "haproxy.log", access=open_access()):
         with Traffic(url, SERVED_BASE) as traffic:
             for n in range(4):
                 name = f"added-{n}"
@@ -240,8 +246,9 @@ def test_adding_adapters_reloads_without_dropping_a_request(vllm_servers, front_
                 worker = front_door.runtime.worker_pid()
                 served = [ServedView(m, p, held=False) for m, p in loaded.items()]
                 changes = front_door.apply(_table(vllm_servers, [loaded, loaded], served))
-                assert changes[0].startswith("reload")
-                assert front_door.runtime.worker_pid() != worker
+                # A slot while one is free; without (or once the pool is used up), a reload.
+                assert changes[0].startswith("reload") == (slots == 0)
+                assert (front_door.runtime.worker_pid() == worker) == (slots > 0)
                 assert complete(url, name).status_code == 200
                 time.sleep(0.5)
         assert traffic.statuses[200] > 20
@@ -258,7 +265,7 @@ def test_a_version_swap_through_the_front_door_fails_no_request(
     settings.SERVING_GATEWAY_DRAIN_SECONDS = 30.0
     # Every replica swapped (no copy of v1 kept for a rollback: the next test's).
     settings.SERVING_ROLLBACK_RETAIN_SECONDS = 0
-    platform.create_deployment("gw-cpu", [s.base_url for s in vllm_servers])
+    platform.create_deployment("gw-cpu", [s.base_url for s in vllm_servers], open_door=True)
     v1 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=1))
     v2 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=2))
     from serving.gateway.services import front_door_for, gateway_sync
@@ -268,12 +275,12 @@ def test_a_version_swap_through_the_front_door_fails_no_request(
     door = front_door_for(deployment)
     log = tmp_path / "haproxy.log"
     url = f"http://{listen}"
-    with running_haproxy(door, log=log):
+    with running_haproxy(door, log=log, access=open_access()):
         first = platform.promote_and_wait("gw-cpu", v1["id"])
         assert first["status"] == "succeeded", first["error"]
-        # Routed once verified: the rollout's own last step (a reload: a new
-        # backend), no reconcile needed.
-        routed_after(url, "legal-contracts")
+        # Routed once verified: the rollout's own last step (a free slot, no
+        # reload), no reconcile needed.
+        assert routed_after(url, "legal-contracts") < 5
 
         sizes = _log_sizes(vllm_servers)
         with Traffic(url, "legal-contracts") as traffic:
@@ -297,7 +304,10 @@ def test_a_version_swap_through_the_front_door_fails_no_request(
         .order_by("started_at", "id")
         .values_list("url", flat=True)
     )
-    moves = [re.search(r"m_legal-contracts/(r\d+) state (\w+)", c).groups() for c in changes]
+    # Its backend: its own, or the free slot it took when first promoted.
+    moves = [
+        re.search(r"(?:m_legal-contracts|slot_\d+)/(r\d+) state (\w+)", c).groups() for c in changes
+    ]
     first, second = moves[0][0], moves[2][0]  # in the rollout's order (by URL)
     assert first != second
     assert moves == [
@@ -336,7 +346,7 @@ def test_a_swap_that_fails_verification_rolls_back_without_failing_a_request(
         settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
         # Both replicas swapped (none keeps v1 for a rollback), so the second is tried.
         settings.SERVING_ROLLBACK_RETAIN_SECONDS = 0
-        platform.create_deployment("gw-fail", urls)
+        platform.create_deployment("gw-fail", urls, open_door=True)
         v1 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=3))
         v2 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=4))
         from serving.gateway.services import front_door_for, gateway_sync
@@ -345,7 +355,7 @@ def test_a_swap_that_fails_verification_rolls_back_without_failing_a_request(
         gateway_sync(deployment)
         log = tmp_path / "haproxy.log"
         url = f"http://{listen}"
-        with running_haproxy(front_door_for(deployment), log=log):
+        with running_haproxy(front_door_for(deployment), log=log, access=open_access()):
             first = platform.promote_and_wait("gw-fail", v1["id"])
             assert first["status"] == "succeeded", first["error"]
             routed_after(url, "legal-memos")
@@ -385,7 +395,7 @@ def test_an_adapter_on_one_of_two_replicas_swaps_made_before_break_and_rolls_bac
     from serving.gateway.services import front_door_for
 
     log = tmp_path / "haproxy.log"
-    with running_haproxy(front_door_for(deployment), log=log):
+    with running_haproxy(front_door_for(deployment), log=log, access=open_access()):
         first = platform.promote_and_wait("gw-one", v1["id"])
         assert first["status"] == "succeeded", first["error"]
         routed_after(url, "legal-briefs")
@@ -441,7 +451,7 @@ def test_a_swap_on_every_replica_keeps_the_old_version_on_one_and_rolls_back_by_
     from serving.gateway.services import front_door_for
 
     log = tmp_path / "haproxy.log"
-    with running_haproxy(front_door_for(deployment), log=log):
+    with running_haproxy(front_door_for(deployment), log=log, access=open_access()):
         first = platform.promote_and_wait("gw-keep", v1["id"])
         assert first["status"] == "succeeded", first["error"]
         routed_after(url, "legal-notes")

@@ -24,7 +24,7 @@ from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version
 from tests.serving.vllm.conftest import adapters_on, ok
 from tests.support.adapters import AdapterSpec
-from tests.support.haproxy import haproxy_available, running_haproxy, vllm_404s
+from tests.support.haproxy import haproxy_available, open_access, running_haproxy, vllm_404s
 from tests.support.vllm_servers import free_port
 from tests.support.workers import wait_rollouts_succeeded
 
@@ -47,7 +47,10 @@ def test_forty_adapters_each_on_one_of_two_replicas_all_answer_through_the_front
     settings.SERVING_GATEWAYS = {"placed": listen}
     settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
     platform.create_deployment(
-        "placed", [s.base_url for s in vllm_servers], placement_capacity=ADAPTERS // 2
+        "placed",
+        [s.base_url for s in vllm_servers],
+        placement_capacity=ADAPTERS // 2,
+        open_door=True,
     )
     deployment = Deployment.objects.get(name="placed")
     assert deployment.max_cpu_loras == 4
@@ -73,7 +76,7 @@ def test_forty_adapters_each_on_one_of_two_replicas_all_answer_through_the_front
     gateway_sync(deployment)  # the configuration HAProxy starts with
     door = front_door_for(deployment)
     sizes = [s.log_path.stat().st_size if s.log_path.exists() else 0 for s in vllm_servers]
-    with running_haproxy(door, log=tmp_path / "haproxy.log"):
+    with running_haproxy(door, log=tmp_path / "haproxy.log", access=open_access()):
         rollouts = []
         for version in versions:
             promotion = promotion_create(actor=actor(lena), deployment=deployment, version=version)
