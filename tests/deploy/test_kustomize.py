@@ -320,6 +320,10 @@ def admitted(policy: dict, port: int, objects) -> set[str]:
         if sources is None:  # no `from`: everyone
             return {"*"}
         for source in sources:
+            if set(source) == {"namespaceSelector"}:  # another namespace: named so
+                labels = source["namespaceSelector"]["matchLabels"]
+                names.add("namespace " + labels["kubernetes.io/metadata.name"])
+                continue
             assert set(source) == {"podSelector"}, source
             names |= {n for n, labels in pods.items() if matches(source["podSelector"], labels)}
     return names
@@ -396,9 +400,12 @@ def test_only_what_drives_the_front_door_reaches_its_runtime_api(built):
     assert gateway["spec"]["strategy"]["type"] == "Recreate"
     pod = gateway["spec"]["template"]["spec"]
     haproxy = front_door_container(gateway)
-    assert [p["containerPort"] for p in haproxy["ports"]] == [8080]
+    assert [p["containerPort"] for p in haproxy["ports"]] == [8080, 8404]
     services = named(objects, "Service")
     assert [p["port"] for p in services["lora-registry-gateway"]["spec"]["ports"]] == [8080]
+    # The exporter (read-only, but it names the adapters): Prometheus's pods alone.
+    metrics = services["lora-registry-gateway-metrics"]["spec"]["ports"]
+    assert [p["port"] for p in metrics] == [8404]
     assert "lora-registry-gateway-admin" not in services
     config = named(objects, "ConfigMap")["lora-registry-config"]["data"]
     assert "SERVING_GATEWAY_ADMIN" not in config  # the TCP form of the runtime API
@@ -422,6 +429,7 @@ def test_only_what_drives_the_front_door_reaches_its_runtime_api(built):
     policy = named(objects, "NetworkPolicy")["lora-registry-gateway"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert admitted(policy, 8080, objects) == {"*"}
+    assert admitted(policy, 8404, objects) == {"namespace monitoring"}
     for port in (9999, 10000):  # where the runtime API and master CLI were
         assert admitted(policy, port, objects) == set()
 
