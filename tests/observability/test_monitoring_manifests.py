@@ -58,111 +58,113 @@ def _annotations(alert: str, **values: str) -> dict:
     return rendered
 
 
-@needs_promtool
-def test_the_alerts_fire_on_their_series(tmp_path):
+def assert_rule_tests_pass(tmp_path, test: dict) -> None:
+    """`promtool test rules` of the PrometheusRule's groups on one test case."""
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups()))
-    cases = {
-        "rule_files": ["rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [
-                    {
-                        "series": 'lora_replicas{deployment="prod",state="down"}',
-                        "values": "0 1 1 1 1",
-                    },
-                    {
-                        "series": 'lora_adapters_missing{deployment="prod",replica="http://a:8000"}',
-                        "values": "1x15",
-                    },
-                    {
-                        "series": ROLLED_BACK,
-                        "values": "0 0 1 1",
-                    },
-                    {
-                        "series": LAST_RECONCILE,
-                        "values": "0x15",
-                    },
-                ],
-                "alert_rule_test": [
-                    {"eval_time": "1m", "alertname": "LoraReplicaDown", "exp_alerts": []},
-                    {
-                        "eval_time": "4m",
-                        "alertname": "LoraReplicaDown",
-                        "exp_alerts": [
-                            {
-                                "exp_labels": {"severity": "critical", "deployment": "prod"},
-                                "exp_annotations": _annotations(
-                                    "LoraReplicaDown",
-                                    **{"$value": "1", "$labels.deployment": "prod"},
-                                ),
-                            }
-                        ],
-                    },
-                    {"eval_time": "5m", "alertname": "LoraDriftNotRepaired", "exp_alerts": []},
-                    {
-                        "eval_time": "12m",
-                        "alertname": "LoraDriftNotRepaired",
-                        "exp_alerts": [
-                            {
-                                "exp_labels": {
-                                    "severity": "warning",
-                                    "deployment": "prod",
-                                    "replica": "http://a:8000",
-                                },
-                                "exp_annotations": _annotations(
-                                    "LoraDriftNotRepaired",
-                                    **{
-                                        "$value": "1",
-                                        "$labels.deployment": "prod",
-                                        "$labels.replica": "http://a:8000",
-                                    },
-                                ),
-                            }
-                        ],
-                    },
-                    {
-                        "eval_time": "3m",
-                        "alertname": "LoraRolloutFailed",
-                        "exp_alerts": [
-                            {
-                                "exp_labels": {
-                                    "severity": "warning",
-                                    "deployment": "prod",
-                                    "kind": "promote",
-                                },
-                                "exp_annotations": _annotations(
-                                    "LoraRolloutFailed",
-                                    **{"$labels.kind": "promote", "$labels.deployment": "prod"},
-                                ),
-                            }
-                        ],
-                    },
-                    {"eval_time": "4m", "alertname": "LoraReconcileStale", "exp_alerts": []},
-                    {
-                        "eval_time": "10m",
-                        "alertname": "LoraReconcileStale",
-                        "exp_alerts": [
-                            {
-                                "exp_labels": {"severity": "critical", "deployment": "prod"},
-                                "exp_annotations": _annotations(
-                                    "LoraReconcileStale",
-                                    **{
-                                        "$labels.deployment": "prod",
-                                        "$value | humanizeDuration": "10m 0s",
-                                    },
-                                ),
-                            }
-                        ],
-                    },
-                ],
-            }
-        ],
-    }
+    cases = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [test]}
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump(cases))
     tested = promtool("test", "rules", "tests.yaml", cwd=tmp_path)
     assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+@needs_promtool
+def test_the_alerts_fire_on_their_series(tmp_path):
+    assert_rule_tests_pass(
+        tmp_path,
+        {
+            "interval": "1m",
+            "input_series": [
+                {
+                    "series": 'lora_replicas{deployment="prod",state="down"}',
+                    "values": "0 1 1 1 1",
+                },
+                {
+                    "series": 'lora_adapters_missing{deployment="prod",replica="http://a:8000"}',
+                    "values": "1x15",
+                },
+                {
+                    "series": ROLLED_BACK,
+                    "values": "0 0 1 1",
+                },
+                {
+                    "series": LAST_RECONCILE,
+                    "values": "0x15",
+                },
+            ],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": "LoraReplicaDown", "exp_alerts": []},
+                {
+                    "eval_time": "4m",
+                    "alertname": "LoraReplicaDown",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {"severity": "critical", "deployment": "prod"},
+                            "exp_annotations": _annotations(
+                                "LoraReplicaDown",
+                                **{"$value": "1", "$labels.deployment": "prod"},
+                            ),
+                        }
+                    ],
+                },
+                {"eval_time": "5m", "alertname": "LoraDriftNotRepaired", "exp_alerts": []},
+                {
+                    "eval_time": "12m",
+                    "alertname": "LoraDriftNotRepaired",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {
+                                "severity": "warning",
+                                "deployment": "prod",
+                                "replica": "http://a:8000",
+                            },
+                            "exp_annotations": _annotations(
+                                "LoraDriftNotRepaired",
+                                **{
+                                    "$value": "1",
+                                    "$labels.deployment": "prod",
+                                    "$labels.replica": "http://a:8000",
+                                },
+                            ),
+                        }
+                    ],
+                },
+                {
+                    "eval_time": "3m",
+                    "alertname": "LoraRolloutFailed",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {
+                                "severity": "warning",
+                                "deployment": "prod",
+                                "kind": "promote",
+                            },
+                            "exp_annotations": _annotations(
+                                "LoraRolloutFailed",
+                                **{"$labels.kind": "promote", "$labels.deployment": "prod"},
+                            ),
+                        }
+                    ],
+                },
+                {"eval_time": "4m", "alertname": "LoraReconcileStale", "exp_alerts": []},
+                {
+                    "eval_time": "10m",
+                    "alertname": "LoraReconcileStale",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {"severity": "critical", "deployment": "prod"},
+                            "exp_annotations": _annotations(
+                                "LoraReconcileStale",
+                                **{
+                                    "$labels.deployment": "prod",
+                                    "$value | humanizeDuration": "10m 0s",
+                                },
+                            ),
+                        }
+                    ],
+                },
+            ],
+        },
+    )
 
 
 def exported_names() -> set[str]:
@@ -198,45 +200,38 @@ def test_every_metric_in_the_rules_and_the_dashboard_is_exported():
 
 @needs_promtool
 def test_a_flood_of_refused_keys_at_the_door_fires_its_alert_and_a_trickle_does_not(tmp_path):
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups()))
     refused = 'haproxy_backend_http_responses_total{{instance="door:8201",proxy="{}",code="4xx"}}'
-    cases = {
-        "rule_files": ["rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                # 480 a minute (8/s) of unknown keys, 60 a minute of expired ones.
-                "input_series": [
-                    {"series": refused.format("door_401_key"), "values": "0+480x20"},
-                    {"series": refused.format("door_401_expired"), "values": "0+60x20"},
-                    {
-                        "series": refused.format("door_404_path").replace("door:8201", "quiet"),
-                        "values": "0+6000x20",
-                    },
-                ],
-                "alert_rule_test": [
-                    {"eval_time": "3m", "alertname": "LoraDoorRefusedKeysFlood", "exp_alerts": []},
-                    {
-                        "eval_time": "15m",
-                        "alertname": "LoraDoorRefusedKeysFlood",
-                        "exp_alerts": [
-                            {
-                                "exp_labels": {"severity": "warning", "instance": "door:8201"},
-                                "exp_annotations": _annotations(
-                                    "LoraDoorRefusedKeysFlood",
-                                    **{
-                                        "$labels.instance": "door:8201",
-                                        "$value | humanize": "9",
-                                    },
-                                ),
-                            }
-                        ],
-                    },
-                ],
-            }
-        ],
-    }
-    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(cases))
-    tested = promtool("test", "rules", "tests.yaml", cwd=tmp_path)
-    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert_rule_tests_pass(
+        tmp_path,
+        {
+            "interval": "1m",
+            # 480 a minute (8/s) of unknown keys, 60 a minute of expired ones.
+            "input_series": [
+                {"series": refused.format("door_401_key"), "values": "0+480x20"},
+                {"series": refused.format("door_401_expired"), "values": "0+60x20"},
+                {
+                    "series": refused.format("door_404_path").replace("door:8201", "quiet"),
+                    "values": "0+6000x20",
+                },
+            ],
+            "alert_rule_test": [
+                {"eval_time": "3m", "alertname": "LoraDoorRefusedKeysFlood", "exp_alerts": []},
+                {
+                    "eval_time": "15m",
+                    "alertname": "LoraDoorRefusedKeysFlood",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {"severity": "warning", "instance": "door:8201"},
+                            "exp_annotations": _annotations(
+                                "LoraDoorRefusedKeysFlood",
+                                **{
+                                    "$labels.instance": "door:8201",
+                                    "$value | humanize": "9",
+                                },
+                            ),
+                        }
+                    ],
+                },
+            ],
+        },
+    )

@@ -8,7 +8,6 @@ The same attacks against real vLLM behind the door: tests/serving/vllm/test_door
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import time
 from collections.abc import Iterator
@@ -19,9 +18,14 @@ import pytest
 import requests
 
 from serving.gateway.access import CallerKey, DoorAccess
-from serving.gateway.haproxy import HAProxyFrontDoor, render_config
+from serving.gateway.haproxy import GLIBC_TUNABLES, HAProxyFrontDoor, render_config
 from serving.gateway.routing import ReplicaView, ServedView, routing_table
-from tests.support.haproxy import haproxy_available, requests_by_server, running_haproxy
+from tests.support.haproxy import (
+    haproxy_available,
+    raw_request,
+    requests_by_server,
+    running_haproxy,
+)
 from tests.support.prometheus_server import PrometheusServer, ScrapeJob, prometheus_available
 from tests.support.vllm_servers import free_port
 from tests.support.vllm_standin import running_fleet
@@ -72,20 +76,7 @@ class Door:
         return requests.post(self.url + path, json=body, data=data, headers=sent, timeout=30)
 
     def raw(self, method: str, path: str, body: bytes = b"", key: str = LEGAL_KEY):
-        """A request with the path exactly as given (requests and urllib
-        normalise dot segments and unquote some bytes before sending)."""
-        host, port = self.door.listen.split(":")
-        connection = http.client.HTTPConnection(host, int(port), timeout=30)
-        try:
-            connection.putrequest(method, path, skip_accept_encoding=True)
-            connection.putheader("Authorization", f"Bearer {key}")
-            connection.putheader("Content-Type", "application/json")
-            connection.putheader("Content-Length", str(len(body)))
-            connection.endheaders(body)
-            response = connection.getresponse()
-            return response.status, response.read()
-        finally:
-            connection.close()
+        return raw_request(self.door.listen, method, path, body, key=key)
 
 
 @pytest.fixture(scope="module")
@@ -397,7 +388,8 @@ def test_haproxy_holds_no_environment_of_the_process_that_starts_it(door):
     shown = door.door.runtime.command("show env").split()
     # HAProxy adds its own (HAPROXY_*); nothing else of the caller's survives.
     assert [line for line in shown if not line.startswith("HAPROXY_")] == [
-        "PATH=/usr/sbin:/usr/bin:/bin"
+        "PATH=/usr/sbin:/usr/bin:/bin",
+        GLIBC_TUNABLES,
     ]
 
 

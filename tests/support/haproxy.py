@@ -16,6 +16,7 @@ Its stdout (one line per request: backend, server, status) goes to `log`.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import re
 import shutil
 import signal
@@ -35,6 +36,26 @@ def _unblock_signals() -> None:
 
 def haproxy_available() -> bool:
     return shutil.which("haproxy") is not None
+
+
+def raw_request(
+    address: str, method: str, path: str, body: bytes = b"", key: str = ""
+) -> tuple[int, bytes]:
+    """A request with its path byte for byte as given (requests and urllib
+    normalise dot segments and unquote `%5F` before sending): (status, body)."""
+    host, port = address.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        connection.putrequest(method, path, skip_accept_encoding=True)
+        if key:
+            connection.putheader("Authorization", f"Bearer {key}")
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
 
 
 def open_access(deployment: str = "gw", models: tuple[str, ...] = ()) -> DoorAccess:
