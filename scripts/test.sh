@@ -139,5 +139,5 @@ if ((!strict)) && [[ "${DATABASE_URL:-}" != postgres* ]]; then
   echo "NOTE: SQLite: the fault tier and the PostgreSQL race tests will skip" \
     "(allowed on SQLite by tests/skip_allowlist.toml)" >&2
 fi
-# The slowest tests are named at the end, so that a run that grew slower says where.
-exec $BIN/pytest -q --durations=25 "$@"
+# The pytest runs (light on two workers, heavy one test at a time) and the clock.
+exec bash scripts/test_runs.sh "$@"

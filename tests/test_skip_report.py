@@ -44,13 +44,13 @@ why = "the widget exists only on other machines"
 def run(pytester, monkeypatch):
     monkeypatch.delenv("DATABASE_URL", raising=False)
 
-    def run(*, ci: bool, allowlist: str = "", suite: str = SUITE):
+    def run(*, ci: bool, allowlist: str = "", suite: str = SUITE, extra: tuple[str, ...] = ()):
         monkeypatch.setenv("CI", "true" if ci else "")
         pytester.makepyfile(test_suite=suite)
         pytester.path.joinpath("allow.toml").write_text(allowlist)
         return pytester.runpytest_inprocess(
             "-p", "no:django", "-p", "tests.support.skip_report",
-            "--skip-allowlist", "allow.toml", "-p", "no:cacheprovider",
+            "--skip-allowlist", "allow.toml", "-p", "no:cacheprovider", *extra,
         )  # fmt: skip
 
     return run
@@ -83,6 +83,29 @@ def test_under_ci_a_skip_outside_the_allow_list_fails_the_run_and_is_named(run):
             "test_suite.py::test_xpasses",
         ]
     )
+
+
+def test_on_two_xdist_workers_the_report_still_lists_every_skip_and_fails_under_ci(run):
+    """make test's light run is on two pytest-xdist workers (scripts/test_runs.sh):
+    the skips happen in the workers and must still reach the report."""
+    result = run(ci=True, allowlist=ALLOW_SKIPPED, extra=("-n", "2"))
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "allowed     skipped  test_suite.py::test_skipped: no widget here",
+            "NOT ALLOWED skipped  test_suite.py::test_skipped_in_setup: widget fixture missing",
+            "4 test(s) skipped or xfail on sqlite: 1 allowed by allow.toml, 3 not",
+            "CI=true: 3 test(s) skipped or xfail and not in the allow-list*",
+        ]
+    )
+
+
+def test_on_two_xdist_workers_a_module_skipped_at_collection_is_reported(run, pytester):
+    pytester.makepyfile(test_other="def test_runs():\n    pass\n")
+    suite = "import pytest\npytest.skip('no widget module', allow_module_level=True)\n"
+    result = run(ci=True, suite=suite, extra=("-n", "2"))
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["NOT ALLOWED skipped  test_suite.py: no widget module"])
 
 
 def test_under_ci_a_run_whose_skips_are_all_allowed_passes(run):

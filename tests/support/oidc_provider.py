@@ -13,6 +13,7 @@ the provider, or the lifetime of the tokens it issues, between two sign-ins:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -42,19 +43,24 @@ def node_available() -> str | None:
 
 
 def install_dependencies() -> None:
-    """`npm ci` when node_modules is missing or older than the lockfile."""
+    """`npm ci` when node_modules is missing or older than the lockfile.
+
+    Under an exclusive file lock: the light tiers run on two pytest-xdist
+    workers, and two `npm ci` in one folder delete each other's files."""
     lock = PROVIDER_DIR / "package-lock.json"
     stamp = PROVIDER_DIR / "node_modules" / ".lock-sha256"
     digest = hashlib.sha256(lock.read_bytes()).hexdigest()
-    if stamp.is_file() and stamp.read_text() == digest:
-        return
-    subprocess.run(
-        ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-        cwd=PROVIDER_DIR,
-        check=True,
-        timeout=300,
-    )
-    stamp.write_text(digest)
+    with open(PROVIDER_DIR / ".npm-ci.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if stamp.is_file() and stamp.read_text() == digest:
+            return
+        subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=PROVIDER_DIR,
+            check=True,
+            timeout=300,
+        )
+        stamp.write_text(digest)
 
 
 class OidcProvider:

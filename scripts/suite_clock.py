@@ -1,0 +1,77 @@
+"""The clock of `make test`: prints the pytest time of each run and each tier,
+and under CI=true fails when pytest took longer than the guard, naming the
+slowest tiers, so that a slow creep is caught long before CI's hard limit.
+
+    python scripts/suite_clock.py TIMES_FILE [--limit-minutes 60]
+
+TIMES_FILE holds JSON lines: {"run": name, "wall": seconds, "exit": code} from
+scripts/test.sh, one per pytest run, and {"tier": name, "seconds": s, "tests": n}
+from tests/support/tier_clock.py, one per tier per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+LIMIT_MINUTES = 60.0
+
+
+def read(path: Path) -> tuple[list[dict], dict[str, float], dict[str, int]]:
+    runs: list[dict] = []
+    tiers: dict[str, float] = defaultdict(float)
+    tests: dict[str, int] = defaultdict(int)
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        entry = json.loads(line)
+        if "run" in entry:
+            runs.append(entry)
+        else:
+            tiers[entry["tier"]] += entry["seconds"]
+            tests[entry["tier"]] += entry["tests"]
+    return runs, tiers, tests
+
+
+def report(path: Path, *, limit_minutes: float, strict: bool) -> tuple[list[str], bool]:
+    """The lines to print, and whether the guard fails the run."""
+    runs, tiers, tests = read(path)
+    total = sum(run["wall"] for run in runs)
+    lines = ["", "== pytest time of make test =="]
+    for run in runs:
+        lines.append(f"run {run['run']:<10}{run['wall'] / 60:6.1f} min  (exit {run['exit']})")
+    lines.append(
+        f"pytest total  {total / 60:6.1f} min  (guard: {limit_minutes:g} min under CI=true)"
+    )
+    slowest = sorted(tiers.items(), key=lambda item: -item[1])
+    lines.append("tier (time its tests kept a worker busy):")
+    for tier, seconds in slowest:
+        lines.append(f"  {tier:<12}{seconds / 60:6.1f} min  ({tests[tier]} tests)")
+    over = total > limit_minutes * 60
+    if over:
+        named = ", ".join(f"{tier} ({seconds / 60:.1f} min)" for tier, seconds in slowest[:3])
+        verdict = "FAILS" if strict else "would fail under CI=true"
+        lines.append(
+            f"pytest took {total / 60:.1f} min, past the {limit_minutes:g}-minute guard: "
+            f"the run {verdict}; the slowest tiers: {named}"
+        )
+    return lines, over and strict
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("times", type=Path)
+    parser.add_argument("--limit-minutes", type=float, default=LIMIT_MINUTES)
+    args = parser.parse_args(argv)
+    strict = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    lines, fails = report(args.times, limit_minutes=args.limit_minutes, strict=strict)
+    print("\n".join(lines))
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""scripts/test_runs.sh, the pytest runs of `make test`, driven with a pytest
+that only records its arguments: which runs happen with which tiers, that a
+failing run fails the whole, and the clock's guard under CI=true."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.tier_clock import TIERS
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Stands in for pytest: records its arguments and a tier time as
+# tests/support/tier_clock.py would, sleeps, exits as the test says.
+FAKE_PYTEST = """#!{python}
+import json, os, sys, time
+args = sys.argv[1:]
+run = "light" if "-n" in args else "heavy"
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(json.dumps(args) + "\\n")
+with open(os.environ["SUITE_TIER_TIMES"], "a") as times:
+    tier = "light" if run == "light" else "vllm"
+    times.write(json.dumps({{"tier": tier, "seconds": 90.0, "tests": 3}}) + "\\n")
+time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
+sys.exit(int(os.environ.get("FAKE_EXIT_" + run.upper(), "0")))
+"""
+
+
+@pytest.fixture
+def run_test_runs(tmp_path):
+    fake = tmp_path / "pytest"
+    fake.write_text(FAKE_PYTEST.format(python=sys.executable))
+    fake.chmod(0o755)
+    log = tmp_path / "calls.jsonl"
+
+    def run(*args: str, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+        base = {k: v for k, v in os.environ.items() if k not in {"CI", "SUITE_RUNS"}}
+        done = subprocess.run(
+            ["bash", "scripts/test_runs.sh", *args],
+            cwd=REPO,
+            env={**base, "PYTEST": str(fake), "PYTHON": sys.executable, "FAKE_LOG": str(log)} | env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        return done, calls
+
+    return run
+
+
+def marker_of(call: list[str]) -> str:
+    return call[call.index("-m") + 1]
+
+
+def test_the_light_tiers_run_on_two_workers_and_the_heavy_ones_one_test_at_a_time(run_test_runs):
+    done, calls = run_test_runs()
+    assert done.returncode == 0, done.stderr
+    light, heavy = calls
+    assert light[light.index("-n") + 1] == "2"
+    assert "-n" not in heavy
+    assert marker_of(light) == f"not ({marker_of(heavy)})"
+    # Every tier the clock names is in the heavy run, and nothing else is.
+    assert set(re.split(r"\s+or\s+", marker_of(heavy))) == set(TIERS)
+    assert "--durations=25" in light and "--durations=25" in heavy
+
+
+def test_the_arguments_go_to_every_run(run_test_runs):
+    done, calls = run_test_runs("--collect-only", "tests/core")
+    assert done.returncode == 0, done.stderr
+    assert [call[-2:] for call in calls] == [["--collect-only", "tests/core"]] * 2
+
+
+def test_one_run_alone(run_test_runs):
+    done, calls = run_test_runs(SUITE_RUNS="heavy")
+    assert done.returncode == 0, done.stderr
+    assert len(calls) == 1 and "-n" not in calls[0]
+
+
+def test_a_failing_light_run_still_runs_the_heavy_one_and_fails_the_whole(run_test_runs):
+    done, calls = run_test_runs(FAKE_EXIT_LIGHT="1")
+    assert len(calls) == 2
+    assert done.returncode == 1
+    assert "make test FAILED: the light run (pytest exit 1)" in done.stderr
+
+
+def test_no_tests_collected_fails_a_run_unless_arguments_chose_the_tests(run_test_runs):
+    done, _ = run_test_runs(FAKE_EXIT_HEAVY="5")
+    assert done.returncode == 1
+    assert "the heavy run (pytest exit 5)" in done.stderr
+    done, _ = run_test_runs("tests/core", FAKE_EXIT_HEAVY="5")
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_clock_prints_each_run_and_tier(run_test_runs):
+    done, _ = run_test_runs()
+    assert re.search(r"run light\s+0\.0 min\s+\(exit 0\)", done.stdout), done.stdout
+    assert re.search(r"run heavy\s+0\.0 min\s+\(exit 0\)", done.stdout), done.stdout
+    assert re.search(r"vllm\s+1\.5 min\s+\(3 tests\)", done.stdout), done.stdout
+    assert "pytest total" in done.stdout
+
+
+def test_under_ci_a_suite_past_the_guard_fails_naming_the_slowest_tiers(run_test_runs):
+    # 0.02 minutes is 1.2 s: two runs of 1 s each pass it.
+    slow = {"FAKE_SLEEP": "1", "SUITE_LIMIT_MINUTES": "0.02"}
+    done, _ = run_test_runs(CI="true", **slow)
+    assert done.returncode == 1
+    assert "past the 0.02-minute guard: the run FAILS; the slowest tiers: light (1.5 min)" in (
+        done.stdout
+    )
+    assert "make test FAILED: the pytest-time guard" in done.stderr
+
+    done, _ = run_test_runs(**slow)
+    assert done.returncode == 0, done.stderr
+    assert "the run would fail under CI=true" in done.stdout

@@ -1,0 +1,69 @@
+"""A pytest plugin: the time each tier of the suite took, at the end of a run.
+
+A test's tier is the first of TIERS among its markers, else "light". Its time
+is the sum of its setup, call and teardown durations, so a tier's figure is
+the time its tests kept a worker busy: under pytest-xdist the tiers of one run
+add up to more than the run's wall clock (two workers).
+
+With $SUITE_TIER_TIMES set (scripts/test.sh sets it), each tier's figure is
+also appended there as a JSON line, for scripts/suite_clock.py to add up
+across the runs of `make test` and to guard the total.
+
+Loaded from pyproject's addopts (`-p tests.support.tier_clock`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+
+# Order matters for a test with two markers: the more specific tier first.
+TIERS = ("conformance", "contract", "faults", "bench", "browser", "stress", "vllm")
+LIGHT = "light"
+
+
+def tier_of(markers) -> str:
+    return next((tier for tier in TIERS if tier in markers), LIGHT)
+
+
+def pytest_collection_modifyitems(items):
+    # Read from the markers (a report's keywords also hold the names of the
+    # folders above the test: tests/contract/test_schemathesis_config.py is no
+    # contract test) and carried in user_properties, which pytest-xdist brings
+    # from the worker to the controller with each report.
+    for item in items:
+        tier = tier_of({mark.name for mark in item.iter_markers()})
+        item.user_properties.append(("tier", tier))
+
+
+def pytest_configure(config):
+    # Under xdist only the controller adds up (it sees every worker's reports).
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(TierClock(), "tier-clock")
+
+
+class TierClock:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.tests: dict[str, set[str]] = defaultdict(set)
+
+    def pytest_runtest_logreport(self, report) -> None:
+        tier = dict(report.user_properties).get("tier", LIGHT)
+        self.seconds[tier] += report.duration
+        self.tests[tier].add(report.nodeid)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.seconds:
+            return
+        terminalreporter.section("tier times")
+        for tier, seconds in sorted(self.seconds.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(
+                f"{tier:<12}{seconds / 60:6.1f} min  ({len(self.tests[tier])} tests)"
+            )
+        path = os.environ.get("SUITE_TIER_TIMES")
+        if path:
+            with open(path, "a") as out:
+                for tier, seconds in self.seconds.items():
+                    line = {"tier": tier, "seconds": round(seconds, 1)}
+                    out.write(json.dumps({**line, "tests": len(self.tests[tier])}) + "\n")
