@@ -87,6 +87,19 @@ def s3_endpoint():
         yield endpoint
 
 
+@pytest.fixture(scope="session")
+def vllm_pool(tmp_path_factory):
+    """The session's shared real vLLM servers (tests/support/vllm_pool.py):
+    `vllm_pool.servers(2)` hands out two, up and without runtime adapters."""
+    from tests.support.vllm_pool import VLLMPool
+    from tests.support.vllm_servers import ensure_tiny_model, ensure_vllm_installed
+
+    ensure_vllm_installed()
+    pool = VLLMPool(ensure_tiny_model(), tmp_path_factory.mktemp("vllm-pool"))
+    yield pool
+    pool.stop_all()
+
+
 @pytest.fixture
 def s3_store(settings, s3_endpoint, request):
     """Switches this test's artifact store to a fresh bucket on the real S3 server."""

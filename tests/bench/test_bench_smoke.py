@@ -5,9 +5,10 @@ the bench uses it) in a subprocess, and must exit 0 and write figures
 here, so nothing the README quotes can rot unnoticed.
 
 The smoke runs start at once in lanes, so the tier takes about as long as
-its slowest lane: benches on one real vLLM server shared by them (booted once
-for the tier), lora_pool_memory (which must start servers of its own, each
-with another pool), and the benches without vLLM in two lanes. Every bench on
+its slowest lane: benches on one real vLLM server shared by them (the
+session's first shared server, tests/support/vllm_pool.py), lora_pool_memory
+(which must start servers of its own, each with another pool), and the
+benches without vLLM in two lanes. Every bench on
 the embedded SQLite starts from one migrated database made once for the tier
 (BENCH_SQLITE_TEMPLATE, bench/results.seed_sqlite).
 """
@@ -28,7 +29,6 @@ import pytest
 
 from scripts.figures import SUMMARY
 from tests.support.haproxy import haproxy_available
-from tests.support.vllm_servers import VLLMServer, ensure_tiny_model, ensure_vllm_installed
 
 pytestmark = pytest.mark.bench
 
@@ -97,17 +97,9 @@ def run_smoke(name: str, out_dir: Path, *extra: str) -> SmokeRun:
 
 
 @pytest.fixture(scope="module")
-def smoke_runs(tmp_path_factory) -> dict[str, Future]:
-    ensure_vllm_installed()
-    model = ensure_tiny_model()
+def smoke_runs(tmp_path_factory, vllm_pool) -> dict[str, Future]:
     out_dir = tmp_path_factory.mktemp("bench-smoke")
     runs: dict[str, Future] = {name: Future() for name in EVERY}
-    # The configuration the shared benches expect (see each one's --replica-urls).
-    server = VLLMServer(
-        name="bench-smoke", model_dir=model, max_loras=2, max_cpu_loras=4, max_lora_rank=16,
-        log_dir=out_dir / "vllm",
-    )  # fmt: skip
-    server.start()
     migrated_template(out_dir / "template")
 
     def lane(names: list[str], before=None) -> None:
@@ -126,8 +118,10 @@ def smoke_runs(tmp_path_factory) -> dict[str, Future]:
                 runs[name].set_exception(exc)
 
     def shared_server_ready() -> tuple[str, ...]:
-        server.wait_ready(timeout=TIMEOUT)
-        return ("--replica-urls", server.base_url)
+        # The session's first shared server (tests/support/vllm_pool.py): the
+        # configuration these benches expect (see each one's --replica-urls),
+        # up and without runtime adapters; booted here if no test before did.
+        return ("--replica-urls", vllm_pool.servers(1)[0].base_url)
 
     lanes = [
         threading.Thread(target=lane, args=(SHARED_VLLM, shared_server_ready), daemon=True),
@@ -142,7 +136,6 @@ def smoke_runs(tmp_path_factory) -> dict[str, Future]:
     yield runs
     for thread in lanes:
         thread.join(TIMEOUT * len(SHARED_VLLM))
-    server.stop()
 
 
 def haproxy_runs() -> bool:

@@ -29,7 +29,7 @@ from tests.browser.test_story import no_horizontal_scroll, sign_in
 from tests.factories import make_adapter, make_approved_version
 from tests.serving.conftest import make_deployment
 from tests.support.adapters import AdapterSpec
-from tests.support.vllm_servers import VLLMServer, ensure_tiny_model, vllm_available
+from tests.support.vllm_servers import vllm_available
 from tests.support.vllm_standin import serve_standin
 from tests.support.workers import purge_queues
 
@@ -71,25 +71,13 @@ def fake_replicas() -> Iterator[list[str]]:
         fake.close()
 
 
-@pytest.fixture(scope="module")
-def real_replica(tmp_path_factory) -> Iterator[list[str]]:
+@pytest.fixture
+def real_replica(request) -> list[str]:
+    """The session's first shared vLLM server (tests/support/vllm_pool.py), up
+    and without runtime adapters."""
     if not vllm_available():
         pytest.skip("vLLM is not installed (scripts/vllm/install.sh)")
-    server = VLLMServer(
-        name="browser-replica",
-        model_dir=ensure_tiny_model(),
-        served_name="tiny-llama",
-        max_loras=2,
-        max_cpu_loras=4,
-        max_lora_rank=16,
-        log_dir=tmp_path_factory.mktemp("vllm-logs"),
-    )
-    # Generous: other vLLM servers may be starting on the same cores.
-    server.start_and_wait(timeout=600)
-    try:
-        yield [server.base_url]
-    finally:
-        server.stop()
+    return [request.getfixturevalue("vllm_pool").servers(1)[0].base_url]
 
 
 def promote_and_watch(

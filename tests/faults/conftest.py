@@ -38,14 +38,12 @@ from django.db import connection, connections
 
 from core.claims import Lease
 from scripts.figures import fault_rows
-from tests.serving.vllm.conftest import MAX_LORA_RANK, SERVED_BASE, Platform, api_for
+from tests.serving.vllm.conftest import Platform, api_for
 from tests.support.fault_proxy import FaultProxy
 from tests.support.processes import CeleryBeat, CeleryWorker, RedisServer, TcpProxy
 from tests.support.vllm_servers import (
     DEFAULT_MODEL_DIR,
     VLLMServer,
-    ensure_tiny_model,
-    start_servers,
     vllm_available,
 )
 
@@ -127,42 +125,14 @@ def fault_redis(fault_dir) -> Iterator[RedisServer]:
         server.kill()
 
 
-@pytest.fixture(scope="package")
-def vllm_pair(fault_dir) -> Iterator[list[VLLMServer]]:
+@pytest.fixture
+def replicas(request) -> list[VLLMServer]:
+    """Two real replicas, up and without runtime adapters: the session's shared
+    pair (tests/support/vllm_pool.py), which starts again one a scenario before
+    killed or stopped, continues one it froze, and unloads what it left loaded."""
     if not vllm_available():
         pytest.skip("vLLM is not installed (scripts/vllm/install.sh; scripts/test.sh does)")
-    started = time.monotonic()
-    servers = start_servers(
-        2,
-        names=["fault-a", "fault-b"],
-        model_dir=ensure_tiny_model(),
-        served_name=SERVED_BASE,
-        max_loras=2,
-        max_cpu_loras=4,
-        max_lora_rank=MAX_LORA_RANK,
-        log_dir=fault_dir / "vllm",
-        timeout=300,
-    )
-    print(f"\n[faults] two vLLM servers ready in {time.monotonic() - started:.1f}s")
-    try:
-        yield servers
-    finally:
-        for server in servers:
-            server.stop()
-
-
-@pytest.fixture
-def replicas(vllm_pair) -> Iterator[list[VLLMServer]]:
-    """Both servers up and without runtime adapters (a scenario may have killed one)."""
-    for server in vllm_pair:
-        if not server.is_running():
-            server.start()
-    for server in vllm_pair:
-        server.wait_ready(timeout=300)
-        with server.client(timeout=30) as client:
-            for card in adapters_listed(server):
-                client.unload_adapter(card)
-    yield vllm_pair
+    return request.getfixturevalue("vllm_pool").servers(2)
 
 
 @pytest.fixture
@@ -469,7 +439,7 @@ def platform(root, lena, alex, tmp_path) -> Platform:
         member=api_for(lena),
         approver=api_for(alex),
         volume=tmp_path / "volume",
-        # Where vllm_pair generates it; a scenario without replicas installs nothing.
+        # Where the shared pool generates it; a scenario without replicas installs nothing.
         tiny_model=DEFAULT_MODEL_DIR.resolve(),
     )
 

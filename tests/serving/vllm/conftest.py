@@ -1,7 +1,8 @@
-"""The real-vLLM tier: two real vLLM servers (CPU, tiny generated model) shared
-by every test here (or one, vllm_server, for a module that needs no second), a
-real Celery worker on the configured broker for each test, and the people of
-tests/conftest.py driving the REST API.
+"""The real-vLLM tier: two real vLLM servers (CPU, tiny generated model), the
+session's shared ones (tests/support/vllm_pool.py: `vllm_servers`, or
+`vllm_server` for a test that needs no second), a real Celery worker on the
+configured broker for each test, and the people of tests/conftest.py driving
+the REST API.
 
 The worker runs in this process (threads), so tests that use it are
 `django_db(transaction=True)`: its threads have their own database
@@ -24,17 +25,11 @@ from django.db import connections
 from rest_framework.test import APIClient
 
 from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
-from serving.vllm_client import model_cards
 from tests.support.adapters import AdapterSpec, adapter_tar_gz
-from tests.support.vllm_servers import (
-    VLLMServer,
-    ensure_tiny_model,
-    ensure_vllm_installed,
-    start_servers,
-)
+from tests.support.vllm_pool import SERVED_BASE, runtime_adapters
+from tests.support.vllm_servers import VLLMServer, ensure_tiny_model, ensure_vllm_installed
 from tests.support.workers import purge_queues
 
-SERVED_BASE = "tiny-llama"
 MAX_LORA_RANK = 16
 TERMINAL = {"succeeded", "failed", "rolled_back"}
 # Generous: two vLLM servers, the worker and pytest share two slow cores.
@@ -50,75 +45,24 @@ def tiny_model() -> Path:
     return ensure_tiny_model()
 
 
-@pytest.fixture(scope="package")
-def vllm_servers(tiny_model, tmp_path_factory) -> Iterator[list[VLLMServer]]:
-    """Two replicas, booted in parallel once for this tier and stopped after it
-    (not at the end of the whole suite: 1.3 GB and some CPU while idle)."""
-    servers = boot(["replica-a", "replica-b"], tiny_model, tmp_path_factory)
-    try:
-        yield servers
-    finally:
-        for server in servers:
-            server.stop()
+@pytest.fixture
+def vllm_servers(vllm_pool) -> list[VLLMServer]:
+    """Two replicas, the session's shared servers (tests/support/vllm_pool.py):
+    both up and without runtime adapters when the test starts (a test before
+    may have stopped one or left adapters loaded)."""
+    return vllm_pool.servers(2)
 
 
-@pytest.fixture(scope="module")
-def vllm_server(tiny_model, tmp_path_factory) -> Iterator[VLLMServer]:
-    """One replica, for a module whose tests need no second: run alone, it boots
-    one server instead of the tier's two (the machine has two cores). Stopped at
-    the module's end, before the next module boots the pair. Starts with no
-    runtime adapters (a fresh server)."""
-    (server,) = boot(["replica-solo"], tiny_model, tmp_path_factory)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def boot(names: list[str], tiny_model: Path, tmp_path_factory) -> list[VLLMServer]:
-    """Real servers of the tiny model, as every test of this tier configures them,
-    booted in parallel."""
-    started = time.monotonic()
-    servers = start_servers(
-        len(names),
-        names=names,
-        model_dir=tiny_model,
-        served_name=SERVED_BASE,
-        max_loras=2,
-        max_cpu_loras=4,
-        max_lora_rank=MAX_LORA_RANK,
-        log_dir=tmp_path_factory.mktemp("vllm-logs"),
-        timeout=300,
-    )
-    print(f"\n[vllm] {len(names)} server(s) ready in {time.monotonic() - started:.1f}s")
-    return servers
+@pytest.fixture
+def vllm_server(vllm_pool) -> VLLMServer:
+    """One replica, for a test that needs no second: the first shared server,
+    up and without runtime adapters."""
+    return vllm_pool.servers(1)[0]
 
 
 def adapters_on(server: VLLMServer) -> dict[str, str | None]:
     """{served name: root} of the runtime adapters a real server lists now."""
-    with server.client(timeout=30) as client:
-        listing = client.list_models()
-    assert listing.ok, listing.error
-    return {card.id: card.root for card in model_cards(listing) if card.is_adapter}
-
-
-@pytest.fixture(autouse=True)
-def clean_servers(request) -> Iterator[None]:
-    """Every test starts with both servers up and no runtime adapters: they are
-    shared by the session, and a failed test may have left one down."""
-    if "vllm_servers" not in request.fixturenames:
-        yield
-        return
-    servers: list[VLLMServer] = request.getfixturevalue("vllm_servers")
-    for server in servers:
-        if not server.is_running():
-            server.start()
-    for server in servers:
-        server.wait_ready(timeout=300)
-        with server.client(timeout=30) as client:
-            for name in adapters_on(server):
-                client.unload_adapter(name)
-    yield
+    return runtime_adapters(server)
 
 
 @pytest.fixture(autouse=True)

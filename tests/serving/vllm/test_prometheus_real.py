@@ -58,7 +58,7 @@ def test_promql_after_a_promotion_and_a_replica_going_down(
         info = 'count(vllm:lora_requests_info{job="vllm",max_lora="2"})'
         assert prometheus.wait_for(info, lambda v: v is not None and v >= 1) >= 1
 
-        b.stop()  # the vLLM tier's clean_servers fixture starts it again for the next test
+        b.stop()  # the shared pool (tests/support/vllm_pool.py) starts it again for the next test
         reconcile_deployment(deployment.pk, "test")
         down = 'sum(lora_replicas{deployment="staging-cpu",state="down"})'
         assert prometheus.wait_for(down, lambda v: v == 1) == 1

@@ -1,7 +1,8 @@
 """Smoke test against ONE real vLLM server (CPU, tiny model).
 
 Slow tier: needs the vLLM venv (installed on first use by
-scripts/vllm/install.sh, ~2 min) and ~35 s to boot the server.
+scripts/vllm/install.sh, ~2 min); the server is the session's shared one
+(tests/support/vllm_pool.py), ~35 s to boot if no test before booted it.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from serving.vllm_client import (
 from tests.support.adapters import AdapterSpec, write_adapter_dir
 from tests.support.vllm_servers import (
     VLLMServer,
-    ensure_tiny_model,
-    ensure_vllm_installed,
 )
 
 pytestmark = pytest.mark.vllm
@@ -31,25 +30,16 @@ pytestmark = pytest.mark.vllm
 MAX_LORA_RANK = 16
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    ensure_vllm_installed()
-    model = ensure_tiny_model()
-    srv = VLLMServer(
-        name="smoke",
-        model_dir=model,
-        max_lora_rank=MAX_LORA_RANK,
-        log_dir=tmp_path_factory.mktemp("vllm-logs"),
-    )
-    srv.start()
-    try:
-        srv.wait_ready(timeout=180)
-        yield srv
-    finally:
-        srv.stop()
+@pytest.fixture
+def server(vllm_pool) -> VLLMServer:
+    """The session's first shared server (tests/support/vllm_pool.py), without
+    runtime adapters: its configuration (max_lora_rank 16) is this module's."""
+    srv = vllm_pool.servers(1)[0]
+    assert srv.max_lora_rank == MAX_LORA_RANK
+    return srv
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def client(server: VLLMServer) -> Iterator[VLLMClient]:
     with server.client(timeout=60) as c:
         yield c
