@@ -41,10 +41,10 @@ SHARED_VLLM = ["promote_to_served", "many_adapters", "swap_under_traffic", "fing
 OWN_VLLM = ["lora_pool_memory"]
 NO_VLLM = ["tensor_values", "scale", "scale_promotions"]
 NO_VLLM_2 = ["new_pod_to_served", "upload_throughput"]
-# Behind a real HAProxy: two vLLM servers of its own; stand-in replicas
-# (placement). One lane each bench: a bench in two lanes would run twice at
-# once and set its result twice.
-GATEWAY = ["swap_through_gateway", "placement"]
+# Behind a real HAProxy: two vLLM servers of its own (swap_through_gateway), one
+# (door_overhead); stand-in replicas (placement). One lane each bench: a bench in
+# two lanes would run twice at once and set its result twice.
+GATEWAY = ["swap_through_gateway", "placement", "door_overhead"]
 EVERY = SHARED_VLLM + OWN_VLLM + NO_VLLM + NO_VLLM_2 + GATEWAY
 
 

@@ -1,0 +1,213 @@
+"""The front door's checks against REAL vLLM 0.32 behind a real HAProxy: the
+encoded, doubled and dotted paths that reach vLLM's admin endpoints when sent to
+it directly are refused by the door (and the adapter stays loaded), and the
+official `openai` client works through the door with a key: chat, completions,
+streaming with usage, models.list(), its AuthenticationError and NotFoundError,
+a body whose messages run past 64 KiB before `model`, and a chunked body.
+
+One HAProxy serves the module; the tier's autouse fixture unloads every adapter
+before each test, so each test loads the adapter it calls (`contracts`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+
+from serving.gateway.access import CallerKey, DoorAccess
+from serving.gateway.haproxy import HAProxyFrontDoor
+from serving.gateway.routing import ReplicaView, ServedView, routing_table
+from tests.serving.vllm.conftest import SERVED_BASE, adapters_on
+from tests.support.adapters import AdapterSpec, write_adapter_dir
+from tests.support.haproxy import haproxy_available, raw_request, running_haproxy
+from tests.support.vllm_servers import free_port
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        not haproxy_available() and os.environ.get("REQUIRE_HAPROXY") != "1",
+        reason="haproxy is not installed (scripts/test.sh installs Debian's haproxy)",
+    ),
+]
+
+KEY = "sk-legal-real-0123456789"
+ADAPTER = "legal-contracts"
+
+
+@dataclass
+class RealDoor:
+    door: HAProxyFrontDoor
+    url: str
+    path: str  # the adapter's directory
+
+    def raw(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        """The path sent byte for byte (requests would unquote `%5F`)."""
+        return raw_request(self.door.listen, method, path, body, key=KEY)
+
+
+@pytest.fixture(scope="module")
+def real_door(vllm_servers, tmp_path_factory) -> Iterator[RealDoor]:
+    a, b = vllm_servers
+    directory = tmp_path_factory.mktemp("door")
+    path = str(write_adapter_dir(directory / "contracts-v1", AdapterSpec(seed=1)))
+    table = routing_table(
+        deployment="gw",
+        base_model=SERVED_BASE,
+        replicas=[
+            ReplicaView(1, a.base_url, down=False, loaded={ADAPTER: path}),
+            ReplicaView(2, b.base_url, down=False, loaded={}),
+        ],
+        served=[ServedView(ADAPTER, path, held=False)],
+    )
+    access = DoorAccess(
+        deployment="gw",
+        keys={
+            hashlib.sha256(KEY.encode()).hexdigest(): CallerKey(
+                key_id=1, department="legal", expires_at=int(time.time()) + 3600
+            )
+        },
+        allowed=frozenset({("legal", ADAPTER), ("legal", SERVED_BASE)}),
+    )
+    door = HAProxyFrontDoor(directory / "gw", listen=f"127.0.0.1:{free_port()}")
+    door.write(table)
+    with running_haproxy(door, log=directory / "haproxy.log", access=access):
+        yield RealDoor(door, f"http://{door.listen}", path)
+
+
+@pytest.fixture
+def contracts(real_door, vllm_servers) -> RealDoor:
+    """The adapter loaded on replica a (the one the door routes it to)."""
+    with vllm_servers[0].client(timeout=60) as client:
+        assert client.load_adapter(ADAPTER, real_door.path).ok
+    return real_door
+
+
+@pytest.fixture
+def api(real_door) -> openai.OpenAI:
+    return openai.OpenAI(base_url=real_door.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+UNLOAD = json.dumps({"lora_name": ADAPTER}).encode()
+LOAD = json.dumps({"lora_name": "planted", "lora_path": "/tmp"}).encode()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v1/unload_lora%5Fadapter", UNLOAD),
+        ("POST", "/v1/unload_lora%5fadapter", UNLOAD),
+        ("POST", "/v1%2Funload_lora_adapter", UNLOAD),
+        ("POST", "/v1/unload_lora_adapter", UNLOAD),
+        ("POST", "//v1/unload_lora_adapter", UNLOAD),
+        ("POST", "/v1//unload_lora_adapter", UNLOAD),
+        ("POST", "/v1/./unload_lora_adapter", UNLOAD),
+        ("POST", "/v1/x/../unload_lora_adapter", UNLOAD),
+        ("POST", "/v1/%75nload_lora_adapter", UNLOAD),
+        ("POST", "/v1%2Fload_lora_adapter", LOAD),
+        ("POST", "/v1/load_lora%5Fadapter", LOAD),
+        ("GET", "/%6Detrics", b""),
+        ("GET", "/metrics", b""),
+        ("GET", "//metrics", b""),
+        ("GET", "/v1/../metrics", b""),
+    ],
+)
+def test_an_admin_path_in_any_spelling_is_refused_by_the_door_and_the_adapter_stays(
+    contracts, vllm_servers, method, path, body
+):
+    status, answer = contracts.raw(method, path, body)
+    assert status == 404, answer[:300]
+    assert json.loads(answer)["error"]["code"] == "not_found"  # the door's, not vLLM's
+    assert ADAPTER in adapters_on(vllm_servers[0])
+    assert "planted" not in adapters_on(vllm_servers[0])
+
+
+def test_the_same_encoded_unload_sent_to_vllm_directly_does_unload(contracts, vllm_servers):
+    """What the door stops is real: vLLM decodes the path and unloads."""
+    a = vllm_servers[0]
+    address = a.base_url.removeprefix("http://")
+    assert raw_request(address, "GET", "/%6Detrics", b"")[0] == 200
+    status, _ = raw_request(address, "POST", "/v1/unload_lora%5Fadapter", UNLOAD)
+    assert status == 200
+    assert ADAPTER not in adapters_on(a)
+
+
+def test_the_openai_client_chats_completes_and_streams_with_usage_through_the_door(contracts, api):
+    chat = api.chat.completions.create(
+        model=ADAPTER, messages=[{"role": "user", "content": "Hello"}], max_tokens=2
+    )
+    assert chat.model == ADAPTER and chat.choices[0].message.content is not None
+    completion = api.completions.create(model=ADAPTER, prompt="The contract", max_tokens=2)
+    assert completion.model == ADAPTER and completion.usage.completion_tokens >= 1
+    chunks = list(
+        api.chat.completions.create(
+            model=ADAPTER,
+            messages=[{"role": "user", "content": "Hello"}],
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert len(chunks) >= 2
+    assert all(chunk.model == ADAPTER for chunk in chunks)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+
+
+def test_models_list_is_the_caller_s_models_from_the_door(contracts, api):
+    listed = api.models.list()
+    assert [model.id for model in listed.data] == [ADAPTER, SERVED_BASE]
+    assert all(getattr(model, "root", None) is None for model in listed.data)
+
+
+def test_the_openai_client_raises_its_own_errors_for_a_bad_key_and_a_model_not_granted(
+    real_door, api
+):
+    stranger = openai.OpenAI(base_url=real_door.url + "/v1", api_key="sk-nobody", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        stranger.models.list()
+    with pytest.raises(openai.AuthenticationError):
+        stranger.completions.create(model=ADAPTER, prompt="x", max_tokens=1)
+    with pytest.raises(openai.NotFoundError):
+        api.completions.create(model="finance-invoices", prompt="x", max_tokens=1)
+
+
+def test_messages_past_64_kib_before_model_reach_the_adapter(contracts, api):
+    # The openai client sends `messages` before `model`. The bytes are in a
+    # message's `name`, which the tiny model's chat template leaves out of the
+    # prompt: the body is long, the prompt fits its short context.
+    messages = [{"role": "user", "content": "Hello", "name": "n" * 70_000}]
+    body = json.dumps({"messages": messages, "model": ADAPTER})
+    assert body.index('"model"') > 64 * 1024
+    chat = api.chat.completions.create(model=ADAPTER, messages=messages, max_tokens=1)
+    assert chat.model == ADAPTER
+
+
+def test_a_chunked_body_reaches_the_adapter(contracts):
+    def chunks():
+        yield b'{"prompt":"The contract says",'
+        yield json.dumps({"model": ADAPTER})[1:-1].encode() + b',"max_tokens":1}'
+
+    response = requests.post(
+        contracts.url + "/v1/completions",
+        data=chunks(),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == ADAPTER
+
+
+def test_two_model_keys_never_reach_vllm(contracts, vllm_servers):
+    before = vllm_servers[0].log_path.stat().st_size
+    body = json.dumps({"model": SERVED_BASE, "prompt": "x"})[:-1] + f', "model": "{ADAPTER}"}}'
+    status, answer = contracts.raw("POST", "/v1/completions", body.encode())
+    assert status == 400 and b"twice" in answer
+    log = Path(vllm_servers[0].log_path).read_bytes()[before:]
+    assert b"POST /v1/completions" not in log
