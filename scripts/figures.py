@@ -154,6 +154,7 @@ SUMMARY = [
     "upload_throughput",
     "swap_under_traffic",
     "swap_through_gateway",
+    "door_overhead",
     "placement",
     "many_adapters",
 ]
