@@ -223,7 +223,9 @@ class DeploymentViewSet(ActorMixin, viewsets.ModelViewSet):
     @action(detail=True, methods=["post"])
     def adopt(self, request, name=None):
         """Registers a stray through the normal ingest and submits it; once an approver
-        (not you) approves the version, it is served where it is, without a reload."""
+        (not you) approves the version, it is promoted like any version (the
+        deployment's departments and promotion approval apply) and served from the
+        registry's copy of the reviewed files, never from the stray's folder."""
         require_platform_admin(self.actor)
         deployment = self.get_object()
         data = s.AdoptRequestSerializer(data=request.data)

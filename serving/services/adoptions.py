@@ -1,6 +1,6 @@
 """Adopt what is already served: an adapter loaded on a deployment's replicas that
 the registry does not know (a stray, reported by the reconcile and left loaded)
-becomes a managed, versioned adapter without a reload.
+becomes a managed, versioned adapter, served from what was reviewed.
 
 1. A platform admin asks to adopt a stray into a department (adoption_create). Its
    files are read from the folder the replicas report as its root, only where the
@@ -9,9 +9,13 @@ becomes a managed, versioned adapter without a reload.
    normal ingest (version_register), so every validation applies, and the version
    must pass the deployment's compatibility gate. It is submitted for review.
 2. An approver who is not that admin approves the version (four-eyes, as for any
-   version). Then the adoption records it as served where it already is, at the
-   path vLLM reads (adoption_settle, on the version's transition): no load, no
-   rollout. A rejection leaves the stray a stray.
+   version). Then the adoption promotes it like any version (adoption_settle, on
+   the version's transition): the deployment's allowed departments and its
+   promotion approval apply, and the rollout stages the registry's copy of the
+   reviewed files in the version's folder (checked against the ingested digests)
+   and swaps the replicas to it, verified. The stray's folder, which anyone with
+   the volume can change after the review, is never served again. A rejection
+   leaves the stray a stray. docs/operators/adoption.md says the rest.
 """
 
 from __future__ import annotations
@@ -24,16 +28,18 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from core.access import require_platform_admin
-from core.actors import Actor
+from core.actors import Actor, system_actor
 from core.audit import audit_record
-from core.errors import Conflict, NotFound, ValidationFailed
+from core.errors import ApplicationError, Conflict, NotAuthorized, NotFound, ValidationFailed
 from core.models import Department
 from registry.ingest.incoming import LocalFolder
 from registry.models import Adapter, AdapterVersion, VersionStatus
 from registry.services.adapters import adapter_create
 from registry.services.versions import Lineage, version_register, version_transition
+from serving.deploy_access import department_refusal
 from serving.gate import evaluate_gate
 from serving.models import Adoption, AdoptionStatus, Deployment, ServedAdapter
+from serving.services.promotions import promotion_create
 from serving.sync_state import loaded_adapters
 
 
@@ -102,6 +108,10 @@ def adoption_create(
         )
     root = stray["roots"][0]
     folder = readable_folder(deployment, root)
+    # Before anything is written: the version would be promoted here on approval.
+    refusal = department_refusal(deployment, Adapter(department=department))
+    if refusal:
+        raise NotAuthorized(refusal, code="department_not_allowed")
     adapter = Adapter.objects.filter(department=department, name=name).first()
     if adapter is None:
         adapter = adapter_create(
@@ -170,19 +180,22 @@ def adoption_create(
 
 
 def adoption_settle(*, version: AdapterVersion) -> None:
-    """On a version's transition: an approved adoption becomes served where it is
-    (no load); a rejected one ends. Compare-and-swap on the pending status, so a
+    """On a version's transition: an approved adoption is promoted to its
+    deployment, as the person who asked for it (promotion approval and allowed
+    departments apply; the rollout serves the registry's copy, never the stray's
+    folder); a rejected one ends. Compare-and-swap on the pending status, so a
     transition seen twice settles once."""
     if version.status not in (VersionStatus.APPROVED, VersionStatus.REJECTED):
         return
     for adoption in Adoption.objects.filter(
         version=version, status=AdoptionStatus.PENDING_APPROVAL
-    ).select_related("deployment", "adapter__department"):
+    ).select_related("deployment", "adapter__department", "requested_by"):
         target = (
             AdoptionStatus.SERVED
             if version.status == VersionStatus.APPROVED
             else AdoptionStatus.REJECTED
         )
+        details = {"deployment": adoption.deployment.name, "version": version.number}
         with transaction.atomic():
             moved = Adoption.objects.filter(
                 pk=adoption.pk, status=AdoptionStatus.PENDING_APPROVAL
@@ -190,11 +203,15 @@ def adoption_settle(*, version: AdapterVersion) -> None:
             if not moved:
                 continue
             if target == AdoptionStatus.SERVED:
-                ServedAdapter.objects.update_or_create(
-                    deployment=adoption.deployment,
-                    adapter=adoption.adapter,
-                    defaults={"version": version, "served_path": adoption.lora_path},
-                )
+                promoted = _promote(adoption, version)
+                if isinstance(promoted, str):
+                    # Refused now (the deployment's departments or capacity
+                    # changed): the stray stays a stray, the version approved.
+                    target = AdoptionStatus.REJECTED
+                    Adoption.objects.filter(pk=adoption.pk).update(status=target)
+                    details["refused"] = promoted
+                else:
+                    details.update(promotion=promoted.pk, promotion_status=promoted.status)
             audit_record(
                 actor=None,
                 action=f"adoption.{target}",
@@ -202,5 +219,19 @@ def adoption_settle(*, version: AdapterVersion) -> None:
                 department=adoption.adapter.department,
                 from_state=AdoptionStatus.PENDING_APPROVAL,
                 to_state=target,
-                details={"deployment": adoption.deployment.name, "version": version.number},
+                details=details,
             )
+
+
+def _promote(adoption: Adoption, version: AdapterVersion):
+    """The adopted version promoted to the deployment: a Promotion, or why not."""
+    try:
+        with transaction.atomic():
+            return promotion_create(
+                actor=system_actor(adoption.requested_by),
+                deployment=adoption.deployment,
+                version=version,
+                canary=False,
+            )
+    except ApplicationError as error:
+        return str(error)
