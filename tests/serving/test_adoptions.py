@@ -204,3 +204,25 @@ def test_only_platform_admins_see_and_adopt_strays(deployment, fake_replicas, as
         format="json",
     )
     assert response.status_code in (403, 404)
+
+
+def test_a_deployment_that_stops_accepting_the_department_before_approval_refuses_it(
+    deployment, fake_replicas, as_root, as_alex, legal, finance
+):
+    """Checked again when the version is approved: the version stays approved,
+    the adoption ends refused (audited with the reason), the stray stays a stray."""
+    folder = Path(deployment.volume_write_path) / "brownfield" / "contracts-v7"
+    _brownfield(deployment, fake_replicas, AdapterSpec(seed=7), folder)
+    adoption = _adopt(as_root, deployment)
+    deployment.allowed_departments.set([finance])
+    version = AdapterVersion.objects.get(pk=adoption["version"])
+    _approve(as_alex, version)
+
+    version.refresh_from_db()
+    assert version.status == "approved"
+    assert Adoption.objects.get(pk=adoption["id"]).status == "rejected"
+    assert not Promotion.objects.filter(version=version).exists()
+    assert not Rollout.objects.filter(target_version=version).exists()
+    event = AuditEvent.objects.filter(action="adoption.rejected").get()
+    assert "does not accept adapters from legal" in event.details["refused"]
+    assert [r.adapters[STRAY] for r in fake_replicas] == [str(folder)] * 2
