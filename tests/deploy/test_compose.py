@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from config import roles
+from tests.deploy.startup import settings_started
 
 REPO = Path(__file__).resolve().parents[2]
 QUEUES = {"rollouts", "reconcile", "housekeeping"}
@@ -264,3 +265,33 @@ def test_the_front_door_is_the_client_url_and_the_workers_drive_it(services):
     # Two CPU replicas behind it, from the same image.
     assert services["vllm-cpu-b"]["image"] == services["vllm-cpu"]["image"]
     assert "apt-get install -y --no-install-recommends haproxy" in (REPO / "Dockerfile").read_text()
+
+
+# Stand-ins for the files scripts/compose-secrets.sh writes: settings parse them.
+SECRET_FILE_VALUES = {
+    "database_url": "postgres://registry_app:pw@postgres:5432/registry",
+    "migrate_database_url": "postgres://registry:pw@postgres:5432/registry",
+}
+
+
+def test_each_service_starts_with_only_its_own_secret_files(services, tmp_path):
+    """Settings fail fast on what a process needs: each registry service starts
+    with its own files (mounted at /run/secrets/<name>, here in a folder of the
+    test) and nothing else of the host."""
+    files = tmp_path / "secrets"
+    files.mkdir()
+    cases = []
+    for name in sorted(REGISTRY | {"gateway"}):
+        env = {"PATH": os.environ["PATH"], "VAR_DIR": str(tmp_path / name)}
+        for variable, value in services[name]["environment"].items():
+            if variable.endswith("_FILE") and str(value).startswith("/run/secrets/"):
+                secret = value.rsplit("/", 1)[-1]
+                assert secret in _secrets(services[name]), (name, secret)  # mounted
+                (files / secret).write_text(SECRET_FILE_VALUES.get(secret, f"stand-in-{secret}"))
+                value = str(files / secret)
+            env[variable] = str(value)
+        cases.append(env)
+    started = settings_started(cases)
+    assert started == [
+        services[n]["environment"]["PROCESS_ROLE"] for n in sorted(REGISTRY | {"gateway"})
+    ]

@@ -5,7 +5,6 @@ defines. Then what the issue asks of the manifests, object by object."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -19,6 +18,7 @@ import pytest
 import yaml
 
 from config import roles
+from tests.deploy.startup import settings_started
 
 ROOT = Path(__file__).resolve().parents[2] / "deploy" / "kustomize"
 TARGETS = ["base", "overlays/dev", "overlays/openshift"]
@@ -442,21 +442,6 @@ SECRET_VALUES = {
 }
 # Single sign-on on in the ConfigMap: processes without the client secret must start too.
 SSO_CONFIG = {"OIDC_ISSUER": "https://idp.example.com/realm", "OIDC_RP_CLIENT_ID": "registry"}
-# Reads config/settings.py afresh for each environment in one interpreter (a
-# process per case costs seconds each): the role it started as, or the error.
-SETTINGS_EACH = """
-import json, os, runpy, sys
-from django.core.exceptions import ImproperlyConfigured
-results = []
-for env in json.load(sys.stdin):
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        results.append(runpy.run_path("config/settings.py")["PROCESS_ROLE"])
-    except ImproperlyConfigured as error:
-        results.append("error: " + str(error))
-print(json.dumps(results))
-"""
 
 
 def pod_environment(
@@ -475,19 +460,6 @@ def pod_environment(
     # The container's emptyDir.
     env["VAR_DIR"] = str(tmp_path / workload["metadata"]["name"] / container["name"])
     return env
-
-
-def settings_started(environments: list[dict]) -> list[str]:
-    result = subprocess.run(
-        [sys.executable, "-c", SETTINGS_EACH],
-        cwd=ROOT.parents[1],
-        input=json.dumps(environments),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return json.loads(result.stdout)
 
 
 def test_each_container_starts_with_its_keys_and_stops_naming_a_missing_one(tmp_path):
