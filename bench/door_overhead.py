@@ -251,8 +251,8 @@ def report(args, out, real, standin, rates, routed, reloaded) -> None:
                 met=p99 < 1.0, unit="ms")  # fmt: skip
     out.headline(
         "front door with keys and grants: latency added per request, throughput",
-        f"+{real['added_p50']:.2f} ms p50 (+{added:.2f} ms on a stand-in), "
-        f"+{real['added_p99']:.2f} ms p99; {ratio:.3f}× direct",
+        f"{real['added_p50']:+.2f} ms p50 ({added:+.2f} ms on a stand-in), "
+        f"{real['added_p99']:+.2f} ms p99; {ratio:.3f}× direct",
         f"direct to the replica: {real['direct_p50']:.1f} ms p50, {direct_rps:.1f} req/s",
         f"≤ 1 ms: {'met' if real['added_p50'] <= 1.0 and added <= 1.0 else 'MISSED'}; "
         f"≥ 0.95×: {'met' if ratio >= 0.95 else 'MISSED'}",

@@ -5,8 +5,8 @@ official `openai` client works through the door with a key: chat, completions,
 streaming with usage, models.list(), its AuthenticationError and NotFoundError,
 a body whose messages run past 64 KiB before `model`, and a chunked body.
 
-One HAProxy serves the module; the tier's autouse fixture unloads every adapter
-before each test, so each test loads the adapter it calls (`contracts`)."""
+One HAProxy serves the module; `vllm_servers` hands out the shared servers
+without adapters, so each test loads the adapter it calls (`contracts`)."""
 
 from __future__ import annotations
 
@@ -54,8 +54,10 @@ class RealDoor:
 
 
 @pytest.fixture(scope="module")
-def real_door(vllm_servers, tmp_path_factory) -> Iterator[RealDoor]:
-    a, b = vllm_servers
+def real_door(vllm_pool, tmp_path_factory) -> Iterator[RealDoor]:
+    # The session's shared servers: a restart keeps their ports, so the door
+    # rendered here routes to them for the whole module.
+    a, b = vllm_pool.servers(2)
     directory = tmp_path_factory.mktemp("door")
     path = str(write_adapter_dir(directory / "contracts-v1", AdapterSpec(seed=1)))
     table = routing_table(
