@@ -185,3 +185,32 @@ def test_the_front_door_modules_import_without_django_settings():
     code = "import serving.gateway.haproxy, serving.gateway.routing"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.django_db
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy not installed")
+def test_an_access_sync_with_nothing_changed_is_four_queries_and_two_runtime_reads(
+    settings, tmp_path, deployment, django_assert_num_queries, monkeypatch
+):
+    """The reconcile syncs every door's access table each tick: in step, that
+    is door_access's queries and a read of the door's fingerprint, no push."""
+    from serving.gateway.haproxy import RuntimeAPI
+    from serving.gateway.services import front_door_for, gateway_sync_access
+    from tests.support.haproxy import running_haproxy
+    from tests.support.vllm_servers import free_port
+
+    settings.SERVING_GATEWAYS = {deployment.name: f"127.0.0.1:{free_port()}"}
+    settings.SERVING_GATEWAY_DIR = tmp_path
+    door = front_door_for(deployment)
+    door.write(routing_table_for(deployment))
+    with running_haproxy(door, log=tmp_path / "haproxy.log"):
+        assert gateway_sync_access(deployment)  # the first push
+        sent = []
+        command = RuntimeAPI.command
+        monkeypatch.setattr(
+            RuntimeAPI, "command", lambda api, line: sent.append(line) or command(api, line)
+        )
+        with django_assert_num_queries(4):
+            assert gateway_sync_access(deployment) == []
+    # Is it running, and the fingerprint it holds: two reads, nothing written.
+    assert sent == ["show info", f"show map {door.directory.resolve()}/door.map"]
