@@ -30,6 +30,10 @@ class DoorAccess:
     open: bool = False
     keys: Mapping[str, CallerKey] = field(default_factory=dict)  # sha256 hex -> caller
     allowed: frozenset[tuple[str, str]] = frozenset()  # (department slug, served name)
+    # The deployment's vLLM API key (Deployment.vllm_api_key), which the door
+    # sends to the replicas in place of the caller's; empty: they take none.
+    # Out of the repr, so that a logged or failed table never shows it.
+    upstream_key: str = field(default="", repr=False)
 
     def models_for(self, department: str) -> list[str]:
         """The served names a department may call here, sorted: what

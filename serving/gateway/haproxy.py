@@ -20,7 +20,8 @@ What changes at runtime and how:
 Files in the gateway's directory: haproxy.cfg, models.map, admin.sock (runtime
 API), master.sock (master CLI), haproxy.pid (the master's pid), unavailable.http
 (the 503 of a model no replica serves right now), lock (serialises every writer
-on this host).
+on this host), and the access maps (keys, grants, catalog, door, upstream: mode
+0600; upstream.map holds the replicas' vLLM API key, base64).
 """
 
 from __future__ import annotations
@@ -81,8 +82,15 @@ GLIBC_TUNABLES = (
 # The files of a door's access table (serving/gateway/access.py), each a map the
 # runtime API changes in place: key hash -> "department,key id,expiry";
 # "department:model" -> 1; department -> its /v1/models body (base64); and the
-# door's own flags ("open", and the fingerprint of the table last pushed).
-ACCESS_MAPS = ("keys", "grants", "catalog", "door")
+# door's own flags ("open", and the fingerprint of the table last pushed); and
+# UPSTREAM_ENTRY -> the replicas' vLLM API key (base64), sent upstream as
+# `Authorization: Bearer`. A map rather than the configuration or HAProxy's
+# environment: haproxy.cfg is rendered and read by more than the control plane
+# and the process starts with an empty environment (`env -i`, command_line);
+# a map file is 0600, changes at runtime (`set map`, no reload: a rotated key
+# is in effect for the next request) and `show env` never prints it.
+ACCESS_MAPS = ("keys", "grants", "catalog", "upstream", "door")
+UPSTREAM_ENTRY = "replicas"
 # The caller of an open door (no keys): its /v1/models lists every route.
 OPEN_CALLER = "*"
 
@@ -237,8 +245,13 @@ def render_config(
         "    http-request set-var(txn.dept) var(txn.caller),field(1,|) if known_key",
         "    http-request set-var(txn.key_id) var(txn.caller),field(2,|) if known_key",
         f"    http-request set-var(txn.dept) str({OPEN_CALLER}) if open",
-        # vLLM never needs the caller's key.
+        # vLLM never needs the caller's key; it gets the deployment's own, if
+        # it has one (a map value is one word: base64, decoded here).
         "    http-request del-header authorization",
+        f"    http-request set-var(txn.upstream) str({UPSTREAM_ENTRY}),map({d}/upstream.map) "
+        "if !refused",
+        '    http-request set-header authorization "Bearer %[var(txn.upstream),b64dec]" '
+        "if { var(txn.upstream) -m found }",
         "    http-request set-var(txn.refusal) str(door_models) if !refused client_get",
         "    http-request lua.inspect_body if !refused",
         "    http-request set-var(txn.refusal) str(door_400_body) if !refused "
@@ -557,7 +570,7 @@ class HAProxyFrontDoor:
         for name in ACCESS_MAPS:
             # Created empty (a closed door: no key known) until the first access
             # sync; never overwritten here, for the runtime API keeps them.
-            self._access_map_path(name).touch()
+            self._access_map_path(name).touch(mode=0o600)
         config = render_config(
             table,
             self.directory,
@@ -726,7 +739,13 @@ class HAProxyFrontDoor:
             for name in ACCESS_MAPS:
                 path = self._access_map_path(name)
                 lines = _map_changes(path, self.runtime.map_entries(path), maps[name])
-                self.runtime.commands(lines)
+                try:
+                    self.runtime.commands(lines)
+                except GatewayError:
+                    if name != "upstream":
+                        raise
+                    # Its message quotes the command, which holds the key.
+                    raise GatewayError("HAProxy refused the replicas' key (upstream.map)") from None
                 if lines:
                     changes.append(f"{name}.map: {len(lines)} entries changed")
             self._write_access(maps)
@@ -740,7 +759,7 @@ class HAProxyFrontDoor:
         written = []
         for name in ACCESS_MAPS:
             text = "".join(f"{key} {value}\n" for key, value in sorted(maps[name].items()))
-            if _write_if_changed(self._access_map_path(name), text):
+            if _write_if_changed(self._access_map_path(name), text, mode=0o600):
                 written.append(f"wrote {name}.map")
         return written
 
@@ -801,12 +820,22 @@ class HAProxyFrontDoor:
         raise GatewayError(f"HAProxy did not reload within {self.reload_timeout} s")
 
 
-def _write_if_changed(path: Path, text: str) -> bool:
+def _write_if_changed(path: Path, text: str, *, mode: int | None = None) -> bool:
+    """Writes `text` to `path` (atomically) unless it holds it already; with
+    `mode`, the file has it (from its creation on: never readable by others)."""
     with contextlib.suppress(FileNotFoundError):
         if path.read_text() == text:
+            if mode is not None:
+                path.chmod(mode)
             return False
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text)
+    with contextlib.suppress(FileNotFoundError):
+        temporary.unlink()
+    if mode is None:
+        temporary.write_text(text)
+    else:
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w") as f:
+            f.write(text)
     os.replace(temporary, path)
     return True
 
@@ -828,18 +857,28 @@ def access_maps(access: DoorAccess) -> dict[str, dict[str, str]]:
     if access.open:
         everything = sorted({model for _, model in access.allowed})
         catalog[OPEN_CALLER] = _catalog_body(access.deployment, everything)
+    upstream = {}
+    if access.upstream_key:
+        upstream[UPSTREAM_ENTRY] = base64.b64encode(access.upstream_key.encode()).decode()
     flags = {"open": "1"} if access.open else {}
     digest = hashlib.sha256()
     for name, entries in (
         ("keys", keys),
         ("grants", grants),
         ("catalog", catalog),
+        ("upstream", upstream),
         ("door", flags),
     ):
         for key, value in sorted(entries.items()):
             digest.update(f"{name} {key} {value}\n".encode())
     flags["fingerprint"] = digest.hexdigest()
-    return {"keys": keys, "grants": grants, "catalog": catalog, "door": flags}
+    return {
+        "keys": keys,
+        "grants": grants,
+        "catalog": catalog,
+        "upstream": upstream,
+        "door": flags,
+    }
 
 
 def _catalog_body(deployment: str, models: list[str]) -> str:

@@ -118,4 +118,5 @@ def door_access(deployment: Deployment) -> DoorAccess:
         open=deployment.open_door,
         keys=keys,
         allowed=frozenset(allowed),
+        upstream_key=deployment.vllm_api_key,
     )

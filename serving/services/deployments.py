@@ -166,8 +166,9 @@ def deployment_create(*, actor: Actor, **values) -> Deployment:
     return _save(actor, deployment, "deployment.created", changed)
 
 
-# What the front door's access table reads of a deployment (door_access).
-DOOR_ACCESS_FIELDS = {"open_door", "base_model_name", "name"}
+# What the front door's access table reads of a deployment (door_access): a new
+# vLLM API key is sent upstream by the door from the next request after the push.
+DOOR_ACCESS_FIELDS = {"open_door", "base_model_name", "name", "vllm_api_key"}
 
 
 def deployment_update(*, actor: Actor, deployment: Deployment, **values) -> Deployment:

@@ -219,3 +219,18 @@ def test_the_sync_task_hands_the_deployment_to_the_door_side(served, monkeypatch
     assert door_access_sync(served.pk) is True
     assert synced == [served]
     assert door_access_sync(served.pk + 1000) is False
+
+
+def test_the_table_carries_the_replicas_key_out_of_its_repr_and_a_new_key_is_pushed(
+    served, root, door_syncs
+):
+    from serving.services.deployments import deployment_update
+
+    assert door_access(served).upstream_key == ""
+    with door_syncs() as sent:
+        deployment_update(actor=actor(root), deployment=served, vllm_api_key="vllm-key-012345")
+    assert sent == [served.pk]
+
+    access = door_access(served)
+    assert access.upstream_key == "vllm-key-012345"
+    assert "vllm-key-012345" not in repr(access)

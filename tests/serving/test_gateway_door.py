@@ -7,6 +7,7 @@ The same attacks against real vLLM behind the door: tests/serving/vllm/test_door
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import time
@@ -431,3 +432,103 @@ def test_prometheus_scrapes_the_door_s_counts_per_model_and_per_refusal(door, tm
         )
     # The exporter is on its own listener, never on the clients' port.
     assert door.raw("GET", "/metrics")[0] == 404
+
+
+# -- the replicas' own key ------------------------------------------------------------------
+
+REPLICA_KEY = "vllm-replica-key-0123456789"
+
+
+@pytest.fixture
+def keyed_door(tmp_path) -> Iterator[Door]:
+    """A door in front of a replica that requires an API key (vLLM's --api-key),
+    given the module's access table and that key."""
+    with running_fleet(1, api_key=REPLICA_KEY) as fleet:
+        table = routing_table(
+            deployment="gw",
+            base_model=BASE,
+            replicas=[ReplicaView(1, fleet.urls[0], False, {})],
+            served=[],
+        )
+        front = HAProxyFrontDoor(tmp_path / "gw", listen=f"127.0.0.1:{free_port()}")
+        front.write(table)
+        access = replace(access_table(), upstream_key=REPLICA_KEY)
+        with running_haproxy(front, log=tmp_path / "haproxy.log", access=access):
+            yield Door(front, f"http://{front.listen}", fleet.replicas[0], tmp_path / "haproxy.log")
+
+
+def test_the_door_sends_the_replicas_their_key_in_place_of_the_caller_s(keyed_door):
+    response = keyed_door.post("/v1/completions", completion(BASE))
+    assert response.status_code == 200, response.text
+    assert keyed_door.replica.calls.get("unauthorized", 0) == 0
+    # The caller's inference key alone is what vLLM refuses.
+    direct = requests.post(
+        keyed_door.replica.base_url + "/v1/completions",
+        json=completion(BASE),
+        headers={"Authorization": f"Bearer {LEGAL_KEY}"},
+        timeout=10,
+    )
+    assert direct.status_code == 401
+
+
+def test_a_door_without_the_replicas_key_gets_their_401(keyed_door, restore_access):
+    keyed_door.door.apply_access(access_table())  # no upstream key
+    response = keyed_door.post("/v1/completions", completion(BASE))
+    assert response.status_code == 401
+    assert response.json() == {"error": "Unauthorized"}  # vLLM's, not the door's
+    assert keyed_door.replica.calls["unauthorized"] == 1
+
+
+def test_a_new_replica_key_is_sent_from_the_next_request_without_a_reload(keyed_door):
+    worker = keyed_door.door.runtime.worker_pid()
+    keyed_door.replica.api_key = "vllm-rotated-key-9876543210"
+    assert keyed_door.post("/v1/completions", completion(BASE)).status_code == 401
+    changes = keyed_door.door.apply_access(
+        replace(access_table(), upstream_key="vllm-rotated-key-9876543210")
+    )
+    assert any("upstream.map" in change for change in changes)
+    assert not any("vllm-rotated" in change for change in changes)
+    assert keyed_door.post("/v1/completions", completion(BASE)).status_code == 200
+    assert keyed_door.door.runtime.worker_pid() == worker
+
+
+def test_the_replicas_key_is_only_in_a_map_file_of_mode_600(keyed_door):
+    assert keyed_door.post("/v1/completions", completion(BASE)).status_code == 200
+    directory = keyed_door.door.directory
+    upstream = directory / "upstream.map"
+    assert upstream.stat().st_mode & 0o777 == 0o600
+    assert all(
+        (directory / f"{name}.map").stat().st_mode & 0o777 == 0o600 for name in ("keys", "door")
+    )
+    encoded = base64.b64encode(REPLICA_KEY.encode()).decode()
+    assert encoded in upstream.read_text()
+    for path in directory.iterdir():
+        if path.is_file() and path.name != "upstream.map":
+            text = path.read_text(errors="replace")
+            assert REPLICA_KEY not in text and encoded not in text, path.name
+    deadline = time.monotonic() + 5
+    while " 200 " not in (log := keyed_door.log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # HAProxy writes its request's line a moment after the answer
+    assert " 200 " in log and REPLICA_KEY not in log and encoded not in log
+    assert REPLICA_KEY not in keyed_door.door.runtime.command("show env")
+    assert REPLICA_KEY not in repr(replace(access_table(), upstream_key=REPLICA_KEY))
+
+
+def test_a_refused_push_of_the_replicas_key_does_not_quote_it(tmp_path, monkeypatch):
+    from serving.gateway.haproxy import GatewayError, RuntimeAPI
+
+    front = HAProxyFrontDoor(tmp_path, listen="127.0.0.1:1")
+    monkeypatch.setattr(RuntimeAPI, "available", lambda api: True)
+    monkeypatch.setattr(RuntimeAPI, "map_entries", lambda api, path: {})
+
+    def refuse(api, lines, batch=200):
+        if lines and "upstream.map" in lines[0]:
+            raise GatewayError(f"HAProxy refused {lines[0]!r}: error")
+
+    monkeypatch.setattr(RuntimeAPI, "commands", refuse)
+    encoded = base64.b64encode(REPLICA_KEY.encode()).decode()
+    with pytest.raises(GatewayError) as refused:
+        front.apply_access(replace(access_table(), upstream_key=REPLICA_KEY))
+    assert "upstream.map" in str(refused.value)
+    assert encoded not in str(refused.value) and refused.value.__cause__ is None
+    assert refused.value.__suppress_context__

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from serving.gateway.haproxy import render_config, render_map
+from serving.gateway.haproxy import ACCESS_MAPS, render_config, render_map
 from serving.gateway.routing import ReplicaView, ServedView, ServerState, routing_table
 from serving.gateway.selectors import routing_table_for
 
@@ -56,7 +56,7 @@ def test_the_rendered_configuration_is_valid_for_haproxy(tmp_path):
     ]
     built = table(replicas, [ServedView("a", "/p", held=False)])
     (tmp_path / "models.map").write_text(render_map(built))
-    for name in ("keys", "grants", "catalog", "door"):
+    for name in ACCESS_MAPS:
         (tmp_path / f"{name}.map").touch()
     (tmp_path / "unavailable.http").write_text("HTTP/1.1 503 x\r\n\r\n")
     config = render_config(

@@ -21,7 +21,9 @@ completions with vLLM's response structure and deterministic logprobs derived
 from the adapter's path and its weights as read at load (the base model has
 its own), so a replica serving other weights under the same name answers
 differently; /metrics with vllm:lora_requests_info{max_lora,
-running_lora_adapters, waiting_lora_adapters}. What it does not model: the
+running_lora_adapters, waiting_lora_adapters}; `api_key` as `--api-key`:
+every /v1 path needs `Authorization: Bearer <api_key>`, else vLLM's 401
+`{"error": "Unauthorized"}` (/health, /version, /metrics stay open). What it does not model: the
 model's text (it cannot compute it), batching, the engine stall a load causes.
 
 Latencies are zero unless asked (StandinLatency; calibrate_latency measures
@@ -52,6 +54,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 import statistics
 import sys
@@ -88,6 +91,8 @@ class StandinReplica:
     max_lora_rank: int = 16
     max_cpu_loras: int = 4
     max_model_len: int = 256
+    # vLLM's --api-key: required on every path under /v1 when set.
+    api_key: str = ""
     latency: StandinLatency = field(default_factory=StandinLatency)
     # name -> lora_path as sent, in load order (what /v1/models lists).
     adapters: dict[str, str] = field(default_factory=dict)
@@ -339,6 +344,10 @@ def _completion_body(replica, body: dict, model: str, values: list[float], chat:
     }
 
 
+# The paths vLLM 0.32's --api-key guards (vllm/entrypoints/serve/middleware/authenticate.py).
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
+
+
 def build_app(replica: StandinReplica) -> web.Application:
     routes = web.RouteTableDef()
 
@@ -349,6 +358,13 @@ def build_app(replica: StandinReplica) -> web.Application:
             # cancelled handler for a client gone and says nothing.)
             request.transport.close()
             raise asyncio.CancelledError
+        if replica.api_key and request.path.startswith(GUARDED_PREFIX):
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.encode(), replica.api_key.encode()
+            ):
+                replica.count("unauthorized")
+                return web.json_response({"error": "Unauthorized"}, status=401)
         replica.requests.append((request.method, request.path, await _json_body(request)))
         if replica.unavailable > 0:
             replica.unavailable -= 1
