@@ -58,7 +58,8 @@ def _issue(request, actor: Actor, form: InferenceKeyForm, context: dict) -> int:
     department = core_selectors.department_get(actor, data["department"])
     account = None
     if data["holder"] == "service_account":
-        account = department.service_accounts.filter(name=data["service_account"].strip()).first()
+        name = data.get("service_account", "").strip()
+        account = department.service_accounts.filter(name=name).first()
         if account is None:
             form.add_error("service_account", f"{department.slug} has no such service account.")
             return 400
@@ -77,6 +78,16 @@ def _issue(request, actor: Actor, form: InferenceKeyForm, context: dict) -> int:
     return 201
 
 
+def _personal(form: InferenceKeyForm) -> InferenceKeyForm:
+    """Your own page issues keys you hold; a department's and its accounts' are
+    issued on the department's page."""
+    form.fields["holder"].choices = [("person", "Me (ends when I leave)")]
+    form.fields["holder"].widget = forms.HiddenInput()
+    form.fields["holder"].initial = "person"
+    del form.fields["service_account"]
+    return form
+
+
 def _keys_response(request, context: dict, status: int):
     response = render(request, "serving/keys.html", context, status=status)
     # A new key's secret is on this page once; keep it out of every cache.
@@ -91,17 +102,13 @@ def my_keys(request, actor: Actor):
     if actor.token is not None:
         raise Http404
     departments = [row.department for row in my_departments(actor)]
-    form = InferenceKeyForm(
-        request.POST or None, departments=departments, initial={"holder": "person"}
-    )
-    form.fields["holder"].choices = [("person", "Me (ends when I leave)")]
+    form = _personal(InferenceKeyForm(request.POST or None, departments=departments))
     context: dict = {"department": None, "departments": departments}
     status = 200
     if request.method == "POST":
         status = _issue(request, actor, form, context)
         if status == 201:
-            form = InferenceKeyForm(departments=departments, initial={"holder": "person"})
-            form.fields["holder"].choices = [("person", "Me (ends when I leave)")]
+            form = _personal(InferenceKeyForm(departments=departments))
     keys = access_selectors.inference_keys_for(actor).filter(person=actor.user)
     context.update(form=form, keys=_key_rows(actor, keys[:200]))
     return _keys_response(request, context, status)
