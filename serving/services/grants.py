@@ -25,6 +25,7 @@ from core.models import Department
 from core.state import move
 from registry.models import Adapter
 from serving.models import AdapterGrant, GrantStatus, ServedAdapter
+from serving.services.inference_keys import lifetime_days
 from serving.transitions import GRANT_TRANSITIONS
 
 logger = logging.getLogger(__name__)
@@ -59,15 +60,6 @@ def require_visible_grant(actor: Actor, grant: AdapterGrant) -> None:
         raise NotFound("Grant not found.")
 
 
-def grant_days(days) -> int:
-    limit = settings.SERVING_GRANT_MAX_DAYS
-    if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= limit:
-        raise ValidationFailed(
-            f"expires_in_days must be a whole number between 1 and {limit}.", code="bad_expiry"
-        )
-    return days
-
-
 def grant_request(
     *,
     actor: Actor,
@@ -79,7 +71,7 @@ def grant_request(
     """`department` is the calling one; the actor must belong to it."""
     _require_person(actor)
     require_visible(actor, department.pk, "Department")
-    days = grant_days(expires_in_days)
+    days = lifetime_days(expires_in_days, settings.SERVING_GRANT_MAX_DAYS)
     adapter = Adapter.objects.select_related("department").filter(served_name=served_name).first()
     if adapter is None:
         raise NotFound(f"No adapter is served as {served_name!r}.", code="reference_not_found")

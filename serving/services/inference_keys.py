@@ -58,8 +58,8 @@ def may_revoke(actor: Actor, key: InferenceKey) -> bool:
     return key.person_id == actor.user.pk or can_approve(actor, key.department_id)
 
 
-def key_lifetime_days(days) -> int:
-    limit = settings.SERVING_INFERENCE_KEY_MAX_DAYS
+def lifetime_days(days, limit: int) -> int:
+    """`expires_in_days` of a key or a grant: a whole number from 1 to `limit`."""
     if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= limit:
         raise ValidationFailed(
             f"expires_in_days must be a whole number between 1 and {limit}.", code="bad_expiry"
@@ -100,7 +100,7 @@ def inference_key_issue(
     name = (name or "").strip()
     if not name:
         raise ValidationFailed("A key needs a name.", code="bad_name")
-    days = key_lifetime_days(expires_in_days)
+    days = lifetime_days(expires_in_days, settings.SERVING_INFERENCE_KEY_MAX_DAYS)
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     with transaction.atomic():
         key = InferenceKey.objects.create(

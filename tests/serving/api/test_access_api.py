@@ -121,6 +121,14 @@ def test_revoking_twice_is_a_conflict(as_alex):
     assert again.json()["error"]["code"] == "already_revoked"
 
 
+def _ask(client) -> dict:
+    """Finance asks to call legal-contracts."""
+    body = {"served_name": "legal-contracts", "department": "finance", "reason": "x"}
+    response = client.post("/api/v1/grants/", {**body, "expires_in_days": 3}, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
 @pytest.fixture
 def served(root, tmp_path, contracts, approved_v1, legal):
     deployment = make_deployment(root, ["http://127.0.0.1:9/"], tmp_path / "volume")
@@ -190,16 +198,7 @@ def test_a_deployment_that_does_not_take_the_department_is_not_listed_for_it(
 
 def test_the_four_eyes_refusal_names_the_rule(as_alex, alex, finance, contracts):
     Membership.objects.create(user=alex, department=finance, role=Role.MEMBER)
-    asked = as_alex.post(
-        "/api/v1/grants/",
-        {
-            "served_name": "legal-contracts",
-            "department": "finance",
-            "reason": "x",
-            "expires_in_days": 3,
-        },
-        format="json",
-    ).json()
+    asked = _ask(as_alex)
 
     response = as_alex.post(f"/api/v1/grants/{asked['id']}/approve/", {}, format="json")
 
@@ -208,16 +207,7 @@ def test_the_four_eyes_refusal_names_the_rule(as_alex, alex, finance, contracts)
 
 
 def test_refusing_without_a_comment_is_a_400(as_fred, as_alex, contracts):
-    asked = as_fred.post(
-        "/api/v1/grants/",
-        {
-            "served_name": "legal-contracts",
-            "department": "finance",
-            "reason": "x",
-            "expires_in_days": 3,
-        },
-        format="json",
-    ).json()
+    asked = _ask(as_fred)
 
     response = as_alex.post(f"/api/v1/grants/{asked['id']}/refuse/", {}, format="json")
 
@@ -226,16 +216,7 @@ def test_refusing_without_a_comment_is_a_400(as_fred, as_alex, contracts):
 
 
 def test_grants_filter_by_adapter_department_and_status(as_fred, as_alex, contracts):
-    asked = as_fred.post(
-        "/api/v1/grants/",
-        {
-            "served_name": "legal-contracts",
-            "department": "finance",
-            "reason": "x",
-            "expires_in_days": 3,
-        },
-        format="json",
-    ).json()
+    asked = _ask(as_fred)
 
     def ids(query):
         return [g["id"] for g in as_alex.get(f"/api/v1/grants/?{query}").json()["results"]]
@@ -249,16 +230,7 @@ def test_grants_filter_by_adapter_department_and_status(as_fred, as_alex, contra
 def test_an_expired_grant_is_not_a_caller(as_fred, as_alex, contracts, served):
     from serving.models import AdapterGrant
 
-    asked = as_fred.post(
-        "/api/v1/grants/",
-        {
-            "served_name": "legal-contracts",
-            "department": "finance",
-            "reason": "x",
-            "expires_in_days": 3,
-        },
-        format="json",
-    ).json()
+    asked = _ask(as_fred)
     as_alex.post(f"/api/v1/grants/{asked['id']}/approve/", {}, format="json")
     AdapterGrant.objects.filter(pk=asked["id"]).update(
         expires_at=timezone.now() - timedelta(seconds=1)
