@@ -237,11 +237,11 @@ def test_the_catch_up_task_retries_pending_rows(
     settings.MLFLOW_MIRROR_ENABLED = True
     mirror = MlflowVersionMirror.objects.create(version=version)
 
-    assert catch_up() == {"versions": 1, "aliases": 0, "webhooks": 0}
+    assert catch_up() == {"versions": 1, "aliases": 0, "webhooks": 0, "webhook_refusals_audited": 0}
 
     mirror.refresh_from_db()
     assert mirror.state == MirrorState.SYNCED
-    assert catch_up() == {"versions": 0, "aliases": 0, "webhooks": 0}
+    assert catch_up() == {"versions": 0, "aliases": 0, "webhooks": 0, "webhook_refusals_audited": 0}
 
 
 def test_resync_is_idempotent_and_mirrors_versions_made_while_it_was_off(

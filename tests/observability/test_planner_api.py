@@ -134,7 +134,7 @@ def test_the_planner_page_shows_the_values_it_plans_with(web_lena, settings):
         page = web_lena.get("/planner/", query).content.decode()
         assert "<h3>12 use cases</h3>" in page, page
         # 12 dedicated GPUs at 3.50 an hour, 730 hours a month.
-        assert f"{12 * 3.5 * 730:.2f}" in page
+        assert f"{12 * 3.5 * 730:,.2f}" in page
 
 
 def test_memory_is_labelled_in_the_binary_units_it_is_counted_in(web_lena):
