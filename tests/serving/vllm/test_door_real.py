@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from serving.gateway.routing import ReplicaView, ServedView, routing_table
 from tests.serving.vllm.conftest import SERVED_BASE, adapters_on
 from tests.support.adapters import AdapterSpec, write_adapter_dir
 from tests.support.haproxy import haproxy_available, raw_request, running_haproxy
-from tests.support.vllm_servers import free_port
+from tests.support.vllm_servers import VLLMServer, free_port
 
 pytestmark = [
     pytest.mark.vllm,
@@ -53,6 +54,21 @@ class RealDoor:
         return raw_request(self.door.listen, method, path, body, key=KEY)
 
 
+def access_table(upstream_key: str = "") -> DoorAccess:
+    """KEY calls Legal's adapter and the base model; the replicas take
+    `upstream_key` (vLLM's --api-key), or none."""
+    return DoorAccess(
+        deployment="gw",
+        keys={
+            hashlib.sha256(KEY.encode()).hexdigest(): CallerKey(
+                key_id=1, department="legal", expires_at=int(time.time()) + 3600
+            )
+        },
+        allowed=frozenset({("legal", ADAPTER), ("legal", SERVED_BASE)}),
+        upstream_key=upstream_key,
+    )
+
+
 @pytest.fixture(scope="module")
 def real_door(vllm_pool, tmp_path_factory) -> Iterator[RealDoor]:
     # The session's shared servers: a restart keeps their ports, so the door
@@ -69,18 +85,9 @@ def real_door(vllm_pool, tmp_path_factory) -> Iterator[RealDoor]:
         ],
         served=[ServedView(ADAPTER, path, held=False)],
     )
-    access = DoorAccess(
-        deployment="gw",
-        keys={
-            hashlib.sha256(KEY.encode()).hexdigest(): CallerKey(
-                key_id=1, department="legal", expires_at=int(time.time()) + 3600
-            )
-        },
-        allowed=frozenset({("legal", ADAPTER), ("legal", SERVED_BASE)}),
-    )
     door = HAProxyFrontDoor(directory / "gw", listen=f"127.0.0.1:{free_port()}")
     door.write(table)
-    with running_haproxy(door, log=directory / "haproxy.log", access=access):
+    with running_haproxy(door, log=directory / "haproxy.log", access=access_table()):
         yield RealDoor(door, f"http://{door.listen}", path)
 
 
@@ -213,3 +220,58 @@ def test_two_model_keys_never_reach_vllm(contracts, vllm_servers):
     assert status == 400 and b"twice" in answer
     log = Path(vllm_servers[0].log_path).read_bytes()[before:]
     assert b"POST /v1/completions" not in log
+
+
+def test_a_vllm_started_with_an_api_key_answers_a_keyed_client_through_the_door(
+    tiny_model, tmp_path
+):
+    """The door swaps the caller's inference key for the deployment's vLLM key
+    (docs/gateway.md): a replica that requires one answers through the door."""
+    replica_key = f"vllm-{secrets.token_hex(16)}"
+    server = VLLMServer(
+        name="keyed",
+        model_dir=tiny_model,
+        served_name=SERVED_BASE,
+        log_dir=tmp_path / "logs",
+        api_key=replica_key,
+    )
+    # Generous: the machine's two cores are shared with the pool's servers.
+    server.start_and_wait(timeout=300)
+    try:
+        # What the door must not forward: the caller's key is no key of vLLM's.
+        direct = requests.post(
+            server.base_url + "/v1/completions",
+            json={"model": SERVED_BASE, "prompt": "x", "max_tokens": 1},
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=60,
+        )
+        assert direct.status_code == 401
+        table = routing_table(
+            deployment="gw",
+            base_model=SERVED_BASE,
+            replicas=[ReplicaView(1, server.base_url, down=False, loaded={})],
+            served=[],
+        )
+        door = HAProxyFrontDoor(tmp_path / "gw", listen=f"127.0.0.1:{free_port()}")
+        door.write(table)
+        log = tmp_path / "haproxy.log"
+        with running_haproxy(door, log=log, access=access_table(upstream_key=replica_key)):
+            api = openai.OpenAI(
+                base_url=f"http://{door.listen}/v1", api_key=KEY, max_retries=0, timeout=120
+            )
+            completion = api.completions.create(
+                model=SERVED_BASE, prompt="The contract", max_tokens=2
+            )
+            chat = api.chat.completions.create(
+                model=SERVED_BASE, messages=[{"role": "user", "content": "Hello"}], max_tokens=2
+            )
+            # Without the push of the replicas' key, vLLM itself refuses.
+            door.apply_access(access_table())
+            with pytest.raises(openai.AuthenticationError) as refused:
+                api.completions.create(model=SERVED_BASE, prompt="x", max_tokens=1)
+        assert completion.model == SERVED_BASE and completion.usage.completion_tokens >= 1
+        assert chat.choices[0].message.content is not None
+        assert refused.value.body == "Unauthorized"  # vLLM's answer, not the door's
+        assert replica_key not in log.read_text()
+    finally:
+        server.stop()
