@@ -613,8 +613,38 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "LoRA Adapter Registry API",
     "DESCRIPTION": (
         "Versioned LoRA adapters per department, four-eyes approval, and rollouts "
-        "into vLLM. Pipelines authenticate with `Authorization: Bearer <token>`."
+        "into vLLM. Pipelines authenticate with `Authorization: Bearer <token>`. "
+        "[Back to the app](/)."
     ),
+    # One group per resource (core.api.schema.ApiAutoSchema.get_tags), in this order.
+    "TAGS": [
+        {"name": "adapters", "description": "A department's adapters and their versions."},
+        {"name": "versions", "description": "Adapter versions: upload, submit, review."},
+        {
+            "name": "promotions",
+            "description": "Asking for a version to be served, and approving it.",
+        },
+        {"name": "rollouts", "description": "What the control plane did to serve a version."},
+        {
+            "name": "deployments",
+            "description": "Where adapters are served: replicas, state, usage.",
+        },
+        {"name": "inference-keys", "description": "Keys clients send to the front door."},
+        {"name": "grants", "description": "One department calling another's adapter."},
+        {"name": "departments", "description": "Departments and their members."},
+        {"name": "service-accounts", "description": "Accounts for pipelines, and their tokens."},
+        {"name": "tokens", "description": "Your API tokens."},
+        {
+            "name": "artifact-sources",
+            "description": "Where a department's artifacts may come from.",
+        },
+        {"name": "mlflow-experiments", "description": "MLflow experiments a department may use."},
+        {"name": "mlflow", "description": "MLflow's webhook deliveries."},
+        {"name": "usage", "description": "Requests and cost per department and adapter."},
+        {"name": "planner", "description": "How many adapters fit on which GPU."},
+        {"name": "audit-events", "description": "The hash-chained audit log."},
+        {"name": "health", "description": "Liveness and readiness probes."},
+    ],
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,

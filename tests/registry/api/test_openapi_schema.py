@@ -111,3 +111,20 @@ def test_docs_page_uses_no_external_assets(anonymous):
     # The vendored assets it names are served by this app.
     assets = re.findall(r"""(?:src|href)=["'](/[^"']+\.(?:js|css))""", html)
     assert assets
+
+
+def test_operations_are_grouped_by_resource_each_group_and_operation_described(schema):
+    declared = {tag["name"]: tag.get("description", "") for tag in schema["tags"]}
+    assert all(declared.values()), declared
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            if not isinstance(operation, dict) or "operationId" not in operation:
+                continue
+            where = f"{method.upper()} {path}"
+            assert operation["tags"] != ["api"], where
+            assert set(operation["tags"]) <= set(declared), (where, operation["tags"])
+            assert operation.get("description") or operation.get("summary"), where
+
+
+def test_the_api_docs_link_back_to_the_app(schema):
+    assert "[Back to the app](/)" in schema["info"]["description"]
