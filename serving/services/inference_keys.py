@@ -10,7 +10,6 @@ serving.gateway.selectors.door_access.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from datetime import timedelta
 
@@ -23,6 +22,7 @@ from core.actors import Actor
 from core.audit import audit_record
 from core.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
 from core.models import Department, ServiceAccount
+from core.services.tokens import hash_token_secret
 from serving.models import Deployment, InferenceKey
 
 KEY_PREFIX = "lsk_"  # noqa: S105 - a public marker, not a secret
@@ -30,8 +30,9 @@ HOLDERS = ("department", "service_account", "person")
 
 
 def hash_inference_key(secret: str) -> str:
-    """What the door computes from the Bearer value: SHA-256, lowercase hex."""
-    return hashlib.sha256(secret.encode()).hexdigest()
+    """What the door computes from the Bearer value: SHA-256, lowercase hex,
+    the same digest the API tokens are kept as."""
+    return hash_token_secret(secret)
 
 
 def _require_person(actor: Actor) -> None:
