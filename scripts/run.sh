@@ -41,7 +41,7 @@ export SERVING_GATEWAYS="${SERVING_GATEWAYS:-local-cpu=127.0.0.1:$GATEWAY_PORT}"
 export SERVING_GATEWAY_DIR="${SERVING_GATEWAY_DIR:-$VAR/gateway}"
 GATEWAY_CMD=""
 if ! command -v haproxy >/dev/null 2>&1; then
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; } \
+  { apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq haproxy; } \
     >>"$LOG/install.log" 2>&1 || true
 fi
 if command -v haproxy >/dev/null 2>&1; then

@@ -28,8 +28,10 @@ cannot_run() {
   will_skip+=("$tier ($why)")
 }
 
+# Waits for dpkg's lock (another apt run on the machine) instead of failing the tier.
 apt_install() {
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
+  apt-get -o DPkg::Lock::Timeout=600 update -qq \
+    && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "$@"
 }
 
 if ((strict)); then
