@@ -57,6 +57,8 @@ def test_each_tests_time_lands_in_its_tier(run, workers):
     assert tiers["vllm"]["seconds"] >= 0.6
     assert 0.3 <= tiers["conformance"]["seconds"] < 0.6
     result.stdout.fnmatch_lines(["*tier times*", "vllm*min  (1 tests)"])
+    # The slowest files, with the time of all three tests in the one file.
+    result.stdout.fnmatch_lines(["slowest 20 files:", "  *s  test_suite.py"])
 
 
 def test_a_test_with_two_tier_markers_counts_in_the_more_specific_one():

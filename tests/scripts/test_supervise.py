@@ -120,7 +120,7 @@ def test_no_program_outlives_the_supervisor_however_it_ends(tmp_path, how):
         )  # fmt: skip
         everyone = [*members, pids["web"][0]]
         process.send_signal(how)
-        process.wait(timeout=10)
+        process.wait(timeout=30)  # generous: a loaded CI machine
         _wait_for(lambda: not any(_alive(pid) for pid in everyone), 10, "every program to stop")
     finally:
         if process.poll() is None:

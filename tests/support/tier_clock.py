@@ -21,6 +21,7 @@ from collections import defaultdict
 # Order matters for a test with two markers: the more specific tier first.
 TIERS = ("conformance", "contract", "faults", "bench", "browser", "stress", "vllm")
 LIGHT = "light"
+SLOWEST_FILES = 20
 
 
 def tier_of(markers) -> str:
@@ -47,11 +48,13 @@ class TierClock:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.tests: dict[str, set[str]] = defaultdict(set)
+        self.files: dict[str, float] = defaultdict(float)
 
     def pytest_runtest_logreport(self, report) -> None:
         tier = dict(report.user_properties).get("tier", LIGHT)
         self.seconds[tier] += report.duration
         self.tests[tier].add(report.nodeid)
+        self.files[report.nodeid.split("::", 1)[0]] += report.duration
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.seconds:
@@ -61,6 +64,12 @@ class TierClock:
             terminalreporter.write_line(
                 f"{tier:<12}{seconds / 60:6.1f} min  ({len(self.tests[tier])} tests)"
             )
+        # Where a tier's time goes, a file at a time: --durations names single
+        # tests, but a slow file is usually many middling tests (or a fixture).
+        terminalreporter.write_line(f"slowest {SLOWEST_FILES} files:")
+        slowest = sorted(self.files.items(), key=lambda item: -item[1])[:SLOWEST_FILES]
+        for path, seconds in slowest:
+            terminalreporter.write_line(f"  {seconds:7.1f} s  {path}")
         path = os.environ.get("SUITE_TIER_TIMES")
         if path:
             with open(path, "a") as out:
