@@ -23,3 +23,10 @@ membership_changed = Signal()
 
 # actor=<Actor>, account=<ServiceAccount>: a service account was deactivated.
 service_account_deactivated = Signal()
+
+# head_event_id=<int>: `audit_verify --expect-head <head> --restored` verified the
+# chain of a restored database up to the event whose hash was shipped before the
+# backup. Receivers distrust rows the chain does not vouch for (serving holds
+# every deployment: serving/services/restore.py); they return a list of lines
+# for the operator.
+audit_chain_restored = Signal()

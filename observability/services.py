@@ -29,6 +29,7 @@ from observability.models import (
 from observability.usage import front_door_usage_record
 from observability.vllm_metrics import clients_only, demand_units, fetch_metrics
 from registry.models import Adapter
+from serving.attestation import refusal
 from serving.fanout import fan_out, replica_session
 from serving.lora_metrics import LoraSnapshot, MetricsParseError, parse_lora_metrics
 from serving.models import Deployment, HttpAttempt, Replica, ReplicaHealth
@@ -172,6 +173,9 @@ def vllm_metrics_observe(
     UPDATE. `probed`: per replica id, what the reconcile just asked there itself
     (its weight check's probes), which is not clients' activity or demand."""
     probed = probed or {}
+    if refusal(deployment):
+        # Held after a restore: its key goes nowhere (serving.attestation).
+        return MetricsReadings()
     if replicas is None:
         replicas = list(deployment.replicas.filter(active=True, health=ReplicaHealth.UP))
     if not replicas:

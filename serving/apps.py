@@ -33,3 +33,6 @@ class ServingConfig(AppConfig):
             receivers.resync_on_served_change, dispatch_uid="serving.resync_on_served_change"
         )
         core_signals.health_check.connect(receivers.open_doors, dispatch_uid="serving.open_doors")
+        core_signals.audit_chain_restored.connect(
+            receivers.hold_after_restore, dispatch_uid="serving.hold_after_restore"
+        )

@@ -4,6 +4,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from serving.attestation import refusal
 from serving.capacity import Tiers, deployment_tiers
 from serving.models import (
     Adoption,
@@ -139,6 +140,11 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
         required=False,
         help_text="A folder with the base model's config.json; fills the identity fields.",
     )
+    restore_hold = serializers.SerializerMethodField(
+        help_text="Why nothing is sent to this deployment's replicas after a restore (its "
+        "rows differ from the audit chain) until a platform admin acknowledges it; null when "
+        "it serves."
+    )
 
     class Meta:
         model = Deployment
@@ -188,6 +194,7 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
             "last_reconciled_at",
             "replicas",
             "fact_disputes",
+            "restore_hold",
             "tiers",
             "created_at",
             "updated_at",
@@ -205,6 +212,9 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
 
     def get_has_api_key(self, deployment) -> bool:
         return bool(deployment.vllm_api_key)
+
+    def get_restore_hold(self, deployment) -> str | None:
+        return refusal(deployment) or None
 
     @extend_schema_field(FactDisputeSerializer(many=True))
     def get_fact_disputes(self, deployment) -> list[dict]:

@@ -8,6 +8,7 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from core.models import Department, Membership
+from serving.attestation import refusal
 from serving.gateway.access import CallerKey, DoorAccess
 from serving.gateway.routing import ReplicaView, RoutingTable, ServedView, routing_table
 from serving.models import (
@@ -24,6 +25,9 @@ from serving.sync_state import loaded_from
 
 def routing_table_for(deployment: Deployment) -> RoutingTable:
     now = timezone.now()
+    # A deployment held after a restore has no servers behind its door: the door
+    # would send the vLLM key to URLs the audit chain does not vouch for yet.
+    held = bool(refusal(deployment))
     replicas = [
         ReplicaView(
             id=row["pk"],
@@ -34,6 +38,7 @@ def routing_table_for(deployment: Deployment) -> RoutingTable:
         for row in Replica.objects.filter(deployment=deployment, active=True).values(
             "pk", "base_url", "health", "loaded_adapters"
         )
+        if not held
     ]
     served = [
         ServedView(
@@ -118,5 +123,5 @@ def door_access(deployment: Deployment) -> DoorAccess:
         open=deployment.open_door,
         keys=keys,
         allowed=frozenset(allowed),
-        upstream_key=deployment.vllm_api_key,
+        upstream_key="" if refusal(deployment) else deployment.vllm_api_key,
     )

@@ -12,6 +12,7 @@ from core.access import require_platform_admin
 from core.actors import Actor
 from core.audit import audit_record
 from core.errors import Conflict, ValidationFailed
+from serving.attestation import discovery_of
 from serving.base_models import identity_from_path, module_dims_for
 from serving.capacity import SHAPE_FIELDS
 from serving.discovery.kubernetes import label_selector_problem, namespace_problem
@@ -151,7 +152,10 @@ def _save(actor: Actor, deployment: Deployment, action: str, changed: list[str])
                 department=None,
                 details={
                     "changed": [c for c in changed if c not in SECRET_FIELDS]
-                    + (["vllm_api_key"] if "vllm_api_key" in changed else [])
+                    + (["vllm_api_key"] if "vllm_api_key" in changed else []),
+                    # Where the vLLM key may go, chained: a restore checks it
+                    # (serving/attestation.py).
+                    "discovery": discovery_of(deployment),
                 },
             )
     except IntegrityError:

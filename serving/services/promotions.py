@@ -17,6 +17,7 @@ from core.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from core.models import Ability
 from core.state import can_move, move
 from registry.models import Adapter, AdapterVersion, VersionStatus
+from serving.attestation import require_not_held
 from serving.deploy_access import require_may_deploy
 from serving.gate import GateReport, check_capacity, evaluate_gate
 from serving.models import (
@@ -54,6 +55,7 @@ def _require_undisputed(deployment: Deployment) -> None:
 
 
 def _require_gate(deployment: Deployment, version: AdapterVersion) -> GateReport:
+    require_not_held(deployment)
     _require_undisputed(deployment)
     report = evaluate_gate(deployment, version)
     if not report.passed:

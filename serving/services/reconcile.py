@@ -30,6 +30,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from core.claims import LeaseLost
+from serving.attestation import refusal
 from serving.fanout import (
     NO_RETRY,
     client_for,
@@ -115,6 +116,8 @@ class ReconcileReport:
 
     deployment: str
     skipped: bool = False
+    # Why nothing was sent: held after a restore (serving.attestation.refusal).
+    held: str = ""
     replicas_up: int = 0
     replicas_down: int = 0
     repairs: list[str] = field(default_factory=list)
@@ -133,6 +136,12 @@ class ReconcileReport:
 def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
     deployment = Deployment.objects.get(pk=deployment_id)
     report = ReconcileReport(deployment=deployment.name)
+    report.held = refusal(deployment)
+    if report.held:
+        # Held after a restore (serving/services/restore.py): no call at all, so
+        # the vLLM key never goes to a URL the audit chain does not name.
+        report.skipped = True
+        return report
     if not deployment_reconcile_claim(deployment.pk, worker):
         report.skipped = True
         return report

@@ -31,6 +31,7 @@ from core.audit import audit_record
 from core.claims import LeaseLost
 from core.state import move
 from registry.storage import ObjectNotFound, StorageError
+from serving.attestation import refusal, served_fact
 from serving.fanout import on_replicas, verify_with_fingerprint
 from serving.gateway.services import (
     gateway_drain,
@@ -225,6 +226,20 @@ def rollout_execute(rollout_id: int, worker: str) -> str:
         "deployment", "adapter__department", "target_version__adapter__department"
     ).get(pk=rollout_id)
     if rollout.status in ROLLOUT_TERMINAL:
+        return rollout.status
+    held = refusal(rollout.deployment)
+    if held:
+        # A rollout that came with a restored dump: nothing goes to replicas the
+        # audit chain does not vouch for (serving/services/restore.py).
+        with transaction.atomic():
+            if move(
+                rollout,
+                ROLLOUT_TRANSITIONS,
+                RolloutStatus.FAILED,
+                error=held[:10000],
+                finished_at=timezone.now(),
+            ):
+                _audit_ended(rollout, RolloutStatus.FAILED, held)
         return rollout.status
     served, _ = ServedAdapter.objects.get_or_create(
         deployment=rollout.deployment, adapter=rollout.adapter
@@ -685,7 +700,17 @@ def _succeed(ctx: _Context, served: ServedAdapter) -> None:
             obj=rollout,
             department=rollout.adapter.department,
             to_state=RolloutStatus.SUCCEEDED,
-            details={"served_path": rollout.served_path, "deferred_replicas": deferred},
+            details={
+                "served_path": rollout.served_path,
+                "deferred_replicas": deferred,
+                # What the deployment serves from now on, chained (serving/attestation.py).
+                "served": served_fact(
+                    ctx.deployment.pk,
+                    rollout.adapter_id,
+                    rollout.target_version,
+                    rollout.served_path,
+                ),
+            },
         )
     _note_observed(
         ctx,

@@ -18,12 +18,14 @@ from core.audit import audit_record
 from core.errors import Conflict
 from core.state import move
 from registry.models import AdapterVersion
+from serving.attestation import served_fact
 from serving.models import (
     CanaryRequest,
     Deployment,
     ReplicaRollout,
     ReplicaStepStatus,
     Rollout,
+    RolloutKind,
     RolloutStatus,
     ServedAdapter,
 )
@@ -87,6 +89,13 @@ def rollout_audit_created(actor: Actor | None, rollout: Rollout) -> None:
             "canary": rollout.canary,
             "canary_share": rollout.canary_share,
             "canary_bake_seconds": rollout.canary_bake_seconds,
+            # A retire stops serving when it is requested (promotions.retire):
+            # chained here, as a promotion's outcome is at rollout.succeeded.
+            **(
+                {"served": served_fact(rollout.deployment_id, rollout.adapter_id, None, "")}
+                if rollout.kind == RolloutKind.RETIRE
+                else {}
+            ),
         },
     )
 
