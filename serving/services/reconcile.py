@@ -39,7 +39,7 @@ from serving.fanout import (
     replica_session,
     verify_with_fingerprint,
 )
-from serving.gateway.services import gateway_drain_each
+from serving.gateway.services import gateway_drain_each, gateway_sync
 from serving.models import (
     Deployment,
     DriftKind,
@@ -139,8 +139,10 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
     report.held = refusal(deployment)
     if report.held:
         # Held after a restore (serving/services/restore.py): no call at all, so
-        # the vLLM key never goes to a URL the audit chain does not name.
+        # the vLLM key never goes to a URL the audit chain does not name; a front
+        # door still running is left with no servers and no upstream key.
         report.skipped = True
+        gateway_sync(deployment)
         return report
     if not deployment_reconcile_claim(deployment.pk, worker):
         report.skipped = True

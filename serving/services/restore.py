@@ -29,9 +29,10 @@ def deployments_hold_after_restore(*, head_event_id: int) -> list[Deployment]:
     with transaction.atomic():
         # Every row, whatever the dump said about holds: this runs after the restore.
         Deployment.objects.update(restore_basis=head_event_id, restore_differences=[])
-        # Kubernetes replicas are the watcher's rows; a dump's rows prove nothing,
-        # and `manage.py watch_replicas` lists the Service's endpoints again on start.
-        Replica.objects.exclude(deployment__kubernetes_namespace="").update(active=False)
+        # A dump's replica rows prove nothing (the front door routes to the active
+        # ones): discovery finds them again from the chained fields, the reconcile
+        # for static URLs and DNS, `manage.py watch_replicas` for Kubernetes.
+        Replica.objects.filter(active=True).update(active=False)
     return [restore_check(deployment=d) for d in Deployment.objects.order_by("name")]
 
 

@@ -2,8 +2,8 @@
 the database, a copy of the artifact store, the audit head. The backup is restored
 into a fresh instance (its own database, store folder and processes) after the
 adapter volume is gone and both vLLM replicas restarted empty; the restored chain
-verifies against the head kept, and the reconcile alone puts every served adapter
-back on the fresh replicas."""
+verifies against the head kept, the deployment matches it (so it is not held), and
+the reconcile alone puts every served adapter back on the fresh replicas."""
 
 from __future__ import annotations
 
@@ -106,9 +106,11 @@ def test_a_backup_restored_into_a_fresh_instance_verifies_and_serves_again(
         migrated = _manage(env, "migrate", "--noinput")
         assert migrated.returncode == 0, migrated.stderr[-2000:]
 
-        verified = _manage(env, "audit_verify", "--expect-head", head)
+        verified = _manage(env, "audit_verify", "--expect-head", head, "--restored")
         assert verified.returncode == 0, verified.stderr[-2000:]
         assert f"head {head}" in verified.stdout or "Audit chain intact" in verified.stdout
+        # An untouched dump: the chain names its replicas and versions, so it serves.
+        assert "restore-cpu: matches the audit chain; serving." in verified.stdout
         forged = _manage(env, "audit_verify", "--expect-head", "0" * 64)
         assert forged.returncode != 0 and "not in it" in forged.stderr
 
