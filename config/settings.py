@@ -591,6 +591,31 @@ if not (len(COST_CURRENCY) == 3 and COST_CURRENCY.isascii() and COST_CURRENCY.is
         f"COST_CURRENCY must be a three-letter ISO 4217 code such as USD or EUR, "
         f"got {COST_CURRENCY!r}"
     )
+# Tokens, as vLLM counted them: each replica exports one OTLP span per request
+# to POST /otlp/<deployment>/v1/traces (observability/metering.py), with the
+# deployment's metering token (`manage.py metering_token <deployment>`).
+# A batch of vLLM's exporter is at most 512 spans (about 0.5 MiB).
+OBSERVABILITY_OTLP_MAX_BODY_BYTES = cfg.integer(
+    "OBSERVABILITY_OTLP_MAX_BODY_BYTES", 4 * 1024**2, minimum=64 * 1024
+)
+# Per-request records are kept this long (a resent batch is recognised by them,
+# and the door's per-minute limits read them); days are kept for ever.
+OBSERVABILITY_METERED_REQUEST_DAYS = cfg.number(
+    "OBSERVABILITY_METERED_REQUEST_DAYS", 35.0, minimum=1.0
+)
+# How a deployment's monthly cost is split: by each calling department's share of
+# its tokens, a prompt token counting PROMPT and a completion token COMPLETION.
+# A completion token costs a decode step of its own, while a prompt's tokens are
+# read in one parallel prefill: price lists charge them 3-5x (docs/operators/usage.md).
+SERVING_COST_PROMPT_TOKEN_WEIGHT = cfg.number("SERVING_COST_PROMPT_TOKEN_WEIGHT", 1.0, minimum=0.0)
+SERVING_COST_COMPLETION_TOKEN_WEIGHT = cfg.number(
+    "SERVING_COST_COMPLETION_TOKEN_WEIGHT", 3.0, minimum=0.0
+)
+if SERVING_COST_PROMPT_TOKEN_WEIGHT + SERVING_COST_COMPLETION_TOKEN_WEIGHT <= 0:
+    raise ImproperlyConfigured(
+        "SERVING_COST_PROMPT_TOKEN_WEIGHT and SERVING_COST_COMPLETION_TOKEN_WEIGHT "
+        "may not both be 0: nothing would carry the cost"
+    )
 # --- end observability ----------------------------------------------------------
 
 # --- REST API ---------------------------------------------------------------

@@ -10,9 +10,12 @@ class ObservabilityConfig(AppConfig):
         from observability import selectors, services
         from serving.capacity import residency_provider_register
         from serving.signals import reconcile_finished
+        from serving.token_usage import tokens_reader_register
 
         reconcile_finished.connect(
             services.reconcile_finished, dispatch_uid="observability.reconcile"
         )
         # What serving's capacity view asks of vLLM's metrics: a provider, not a signal.
         residency_provider_register(selectors.lora_residency)
+        # What limits at the door read: tokens per key and per department.
+        tokens_reader_register(selectors.tokens_used_since)

@@ -179,3 +179,131 @@ class DailyUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.served_name} v{self.version_number} on {self.day}: {self.requests}"
+
+
+class MeteredRequest(models.Model):
+    """One request a replica served, as vLLM reported it (its `llm_request`
+    span): the ledger that makes a resent batch count once, and what the door's
+    per-minute limits read. The caller and the version come from the request
+    id the front door set (observability.metering); a request that did not come
+    through a door has neither. Pruned after OBSERVABILITY_METERED_REQUEST_DAYS;
+    the day rows (DailyTokens) stay."""
+
+    request_id = models.CharField(max_length=255, unique=True)
+    deployment = models.ForeignKey(
+        "serving.Deployment", on_delete=models.CASCADE, related_name="metered_requests"
+    )
+    finished_at = models.DateTimeField()
+    key = models.ForeignKey(
+        "serving.InferenceKey",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="metered_requests",
+    )
+    # The key's department when it called: who is charged.
+    department = models.ForeignKey(
+        "core.Department",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="metered_requests",
+    )
+    version = models.ForeignKey(
+        "registry.AdapterVersion",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="metered_requests",
+    )
+    prompt_tokens = models.PositiveIntegerField()
+    completion_tokens = models.PositiveIntegerField()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["key", "finished_at"]),
+            models.Index(fields=["department", "finished_at"]),
+            models.Index(fields=["finished_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id}: {self.prompt_tokens}+{self.completion_tokens}"
+
+
+class DailyTokens(models.Model):
+    """Requests and tokens vLLM served on one deployment on one day (UTC), per
+    calling key and adapter version: the sum of that day's MeteredRequest rows,
+    added in the transaction that wrote them. `key_ref` and `version_ref` are
+    the ids, 0 for none (a nullable foreign key does not match itself in a
+    unique constraint): no key (an open door, or a request that bypassed the
+    door), no version (the base model)."""
+
+    day = models.DateField()
+    deployment = models.ForeignKey(
+        "serving.Deployment", on_delete=models.CASCADE, related_name="daily_tokens"
+    )
+    key_ref = models.PositiveBigIntegerField(default=0)
+    version_ref = models.PositiveBigIntegerField(default=0)
+    key = models.ForeignKey(
+        "serving.InferenceKey",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="daily_tokens",
+    )
+    # Who called (the key's department) and who owns what was called.
+    department = models.ForeignKey(
+        "core.Department",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="daily_tokens_called",
+    )
+    owner = models.ForeignKey(
+        "core.Department",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="daily_tokens_owned",
+    )
+    adapter = models.ForeignKey(
+        "registry.Adapter",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="daily_tokens",
+    )
+    version = models.ForeignKey(
+        "registry.AdapterVersion",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="daily_tokens",
+    )
+    # The adapter's served name, or the deployment's base model.
+    served_name = models.CharField(max_length=128)
+    version_number = models.PositiveIntegerField(default=0)
+    requests = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "deployment", "key_ref", "version_ref"],
+                name="one_tokens_row_per_day_key_and_version",
+            )
+        ]
+        indexes = [
+            models.Index(fields=["department", "day"]),
+            models.Index(fields=["owner", "day"]),
+            models.Index(fields=["adapter", "day"]),
+        ]
+        ordering = ["day", "served_name", "version_number"]
+
+    def __str__(self) -> str:
+        return f"{self.served_name} v{self.version_number} on {self.day}: {self.tokens} tokens"
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens

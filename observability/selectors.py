@@ -15,7 +15,13 @@ from core.access import require_visible, visible_department_ids
 from core.actors import Actor
 from core.errors import NotFound
 from core.models import Department
-from observability.models import AdapterActivity, DailyUsage, ReplicaLoraState
+from observability.models import (
+    AdapterActivity,
+    DailyTokens,
+    DailyUsage,
+    MeteredRequest,
+    ReplicaLoraState,
+)
 from serving.capacity import (
     SHAPE_FIELDS,
     PoolFigures,
@@ -30,6 +36,7 @@ from serving.planner import (
     PlanInput,
     PlannerInputError,
 )
+from serving.token_usage import Per, TokensUsed
 
 
 def deployment_pool_figures() -> dict[int, PoolFigures]:
@@ -104,6 +111,9 @@ class Usage:
     # (no front door, or no request).
     requests: int | None = None
     errors: int | None = None
+    # As vLLM counted them (prompt + completion), every caller, the same days;
+    # None: none counted (replicas that report no tokens, or no request).
+    tokens: int | None = None
 
     @property
     def idle_since(self) -> datetime | None:
@@ -137,6 +147,15 @@ def adapter_usage(adapter) -> list[Usage]:
             e=Sum(F("errors_4xx") + F("errors_5xx")),
         )
     )
+    metered = (
+        DailyTokens.objects.filter(
+            deployment=OuterRef("pk"),
+            adapter=adapter,
+            day__gte=now.date() - timedelta(days=USAGE_PANEL_DAYS - 1),
+        )
+        .values("adapter")
+        .annotate(t=Sum(F("prompt_tokens") + F("completion_tokens")))
+    )
     rows = list(
         Deployment.objects.annotate(
             since=Subquery(served.values("updated_at")[:1]),
@@ -144,10 +163,11 @@ def adapter_usage(adapter) -> list[Usage]:
             samples=Subquery(activity.values("active_samples")[:1]),
             requests=Subquery(counted.values("n")[:1]),
             errors=Subquery(counted.values("e")[:1]),
+            tokens=Subquery(metered.values("t")[:1]),
         )
         .filter(Q(since__isnull=False) | Q(last__isnull=False))
         .order_by("name")
-        .values("name", "since", "last", "samples", "requests", "errors")
+        .values("name", "since", "last", "samples", "requests", "errors", "tokens")
     )
     seen = {row["name"] for row in rows if row["last"]}
     running_now = _running_now(seen, adapter.served_name) if seen else set()
@@ -161,6 +181,7 @@ def adapter_usage(adapter) -> list[Usage]:
             idle=row["since"] is not None and (row["last"] or row["since"]) < threshold,
             requests=row["requests"],
             errors=row["errors"],
+            tokens=row["tokens"],
         )
         for row in rows
     ]
@@ -235,12 +256,6 @@ def lora_residency(deployments) -> dict[int, Residency]:
 
 # -- usage and cost per department (front door counters, observability.usage) ----------
 
-TOKENS_UNAVAILABLE = (
-    "Tokens per adapter are not counted: the front door (HAProxy) does not read "
-    "response bodies, and vLLM 0.32's token counters carry no adapter label."
-)
-
-
 # Quarters, not percent: a member knows their own requests, so an exact share of
 # a deployment's cost would give away every other department's total.
 SHARE_BANDS = (0.25, 0.5, 0.75, 1.0)
@@ -263,15 +278,19 @@ class DepartmentCost:
     """A department's monthly share of the GPUs it uses, against one GPU per use case.
 
     `shared_monthly` is None for people who are not platform admins: with their
-    own request counts and the deployments' GPUs (both visible to them) it would
-    give other departments' request totals. They see `share` as a quarter band."""
+    own counts and the deployments' GPUs (both visible to them) it would give
+    other departments' totals. They see `share` as a quarter band."""
 
     department: Department
-    requests: int
+    requests: int  # to its adapters, counted at the front doors
     use_cases: int  # adapters of the department with requests in the period
     shared_monthly: float | None
     dedicated_monthly: float
     share: float | None  # of the monthly GPU cost of the deployments it used
+    # What the department's keys called (vLLM's counts): what it is charged for.
+    called_requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
     @property
     def saving_monthly(self) -> float | None:
@@ -309,59 +328,142 @@ def usage_rows(departments: list[Department], start: date, end: date) -> QuerySe
     )
 
 
+def token_rows(
+    departments: list[Department], start: date, end: date, *, everything: bool = False
+) -> QuerySet[DailyTokens]:
+    """Daily token rows from `start` to `end` (both included) that the
+    departments called or own (chargeback: the caller pays, the owner sees who
+    used its adapters). `everything` (a platform admin asking for no one
+    department): every row, those without a known caller included."""
+    rows = DailyTokens.objects.filter(day__gte=start, day__lte=end)
+    if not everything:
+        rows = rows.filter(Q(department__in=departments) | Q(owner__in=departments))
+    return rows.select_related("deployment", "department", "owner").order_by(
+        "day", "department__slug", "served_name", "version_number", "deployment__name", "key_ref"
+    )
+
+
+def token_weight(prompt: int, completion: int) -> float:
+    """Tokens as the cost split counts them (SERVING_COST_*_TOKEN_WEIGHT)."""
+    return (
+        prompt * settings.SERVING_COST_PROMPT_TOKEN_WEIGHT
+        + completion * settings.SERVING_COST_COMPLETION_TOKEN_WEIGHT
+    )
+
+
 def department_costs(
     departments: list[Department], start: date, end: date, *, figures: bool
 ) -> list[DepartmentCost]:
     """Each department's share of its deployments' monthly GPU cost (active replicas x
-    GPUs per replica x PLANNER_PRICE_PER_GPU_HOUR x 730 h), by its share of each
-    deployment's requests in the period (every department's, seen or not), beside
-    one dedicated one-GPU deployment per use case. Without `figures` (anyone but a
-    platform admin) the shared cost is left out and only its band is told."""
+    GPUs per replica x PLANNER_PRICE_PER_GPU_HOUR x 730 h), beside one dedicated
+    one-GPU deployment per use case. A deployment whose replicas report tokens
+    (observability.metering) is split by the weighted tokens each department's
+    keys called there in the period, out of all its tokens (callers without a
+    key included, so that nobody pays for them); one without is split by the
+    requests to each department's adapters counted at its front door. Without
+    `figures` (anyone but a platform admin) the shared cost is left out and only
+    its band is told."""
     price = settings.PLANNER_PRICE_PER_GPU_HOUR
     period = DailyUsage.objects.filter(day__gte=start, day__lte=end)
+    tokens = DailyTokens.objects.filter(day__gte=start, day__lte=end)
     mine = list(
         period.filter(department__in=departments)
         .values("department_id", "deployment_id")
         .annotate(n=Sum("requests"))
     )
-    deployment_ids = {row["deployment_id"] for row in mine}
-    totals = dict(
+    called = list(
+        tokens.filter(department__in=departments)
+        .values("department_id", "deployment_id")
+        .annotate(n=Sum("requests"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+    )
+    deployment_ids = {row["deployment_id"] for row in mine + called}
+    request_totals = dict(
         period.filter(deployment_id__in=deployment_ids)
         .values("deployment_id")
         .annotate(n=Sum("requests"))
         .values_list("deployment_id", "n")
     )
+    token_totals = {
+        row["deployment_id"]: token_weight(row["p"], row["c"])
+        for row in tokens.filter(deployment_id__in=deployment_ids)
+        .values("deployment_id")
+        .annotate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+    }
+    metered = {d for d, total in token_totals.items() if total > 0}
     gpus = {
         d.pk: d.live_replicas * d.gpus
         for d in Deployment.objects.filter(pk__in=deployment_ids).annotate(
             live_replicas=Count("replicas", filter=Q(replicas__active=True))
         )
     }
-    use_cases = dict(
-        period.filter(department__in=departments, requests__gt=0)
-        .values("department_id")
-        .annotate(n=Count("adapter_id", distinct=True))
-        .values_list("department_id", "n")
-    )
+    owned = {}
+    for model, column in ((DailyUsage, "department_id"), (DailyTokens, "owner_id")):
+        for department_id, adapter_id in (
+            model.objects.filter(
+                day__gte=start,
+                day__lte=end,
+                requests__gt=0,
+                adapter__isnull=False,
+                **{f"{column}__in": [d.pk for d in departments]},
+            )
+            .values_list(column, "adapter_id")
+            .distinct()
+        ):
+            owned.setdefault(department_id, set()).add(adapter_id)
     costs = []
     for department in departments:
-        rows = [r for r in mine if r["department_id"] == department.pk]
-        used = [r for r in rows if totals.get(r["deployment_id"])]
-        shared = sum(
-            gpus[r["deployment_id"]] * price * HOURS_PER_MONTH * r["n"] / totals[r["deployment_id"]]
-            for r in used
-        )
-        whole = sum(gpus[d] * price * HOURS_PER_MONTH for d in {r["deployment_id"] for r in used})
+        shares: dict[int, float] = {}  # deployment -> the department's part of it
+        for row in called:
+            if row["department_id"] == department.pk and row["deployment_id"] in metered:
+                total = token_totals[row["deployment_id"]]
+                shares[row["deployment_id"]] = token_weight(row["p"], row["c"]) / total
+        for row in mine:
+            deployment_id = row["deployment_id"]
+            if row["department_id"] != department.pk or deployment_id in metered:
+                continue
+            if request_totals.get(deployment_id):
+                shares[deployment_id] = row["n"] / request_totals[deployment_id]
+        used = {d: part for d, part in shares.items() if part > 0}
+        shared = sum(gpus[d] * price * HOURS_PER_MONTH * part for d, part in used.items())
+        whole = sum(gpus[d] * price * HOURS_PER_MONTH for d in used)
+        own_calls = [r for r in called if r["department_id"] == department.pk]
+        use_cases = len(owned.get(department.pk, ()))
         costs.append(
             DepartmentCost(
                 department=department,
-                requests=sum(r["n"] for r in rows),
-                use_cases=use_cases.get(department.pk, 0),
+                requests=sum(r["n"] for r in mine if r["department_id"] == department.pk),
+                use_cases=use_cases,
                 shared_monthly=round(shared, 2) if figures else None,
-                dedicated_monthly=round(
-                    use_cases.get(department.pk, 0) * price * HOURS_PER_MONTH, 2
-                ),
+                dedicated_monthly=round(use_cases * price * HOURS_PER_MONTH, 2),
                 share=shared / whole if whole else None,
+                called_requests=sum(r["n"] for r in own_calls),
+                prompt_tokens=sum(r["p"] for r in own_calls),
+                completion_tokens=sum(r["c"] for r in own_calls),
             )
         )
     return costs
+
+
+# -- tokens per caller (observability.metering), for limits at the door ------------
+
+
+def tokens_used_since(per: Per, since: datetime, ids=None) -> dict[int, TokensUsed]:
+    """{key or department id: its requests and tokens since `since`}: to the
+    request from the ledger while it holds the period (one indexed range
+    query), by whole UTC days before that (the ledger is pruned). Registered
+    as serving.token_usage's reader."""
+    column = "key_id" if per == "key" else "department_id"
+    retained = timezone.now() - timedelta(days=settings.OBSERVABILITY_METERED_REQUEST_DAYS - 1)
+    if since >= retained:
+        rows = MeteredRequest.objects.filter(finished_at__gte=since)
+        sums = {"n": Count("pk"), "p": Sum("prompt_tokens"), "c": Sum("completion_tokens")}
+    else:
+        rows = DailyTokens.objects.filter(day__gte=since.date())
+        sums = {"n": Sum("requests"), "p": Sum("prompt_tokens"), "c": Sum("completion_tokens")}
+    rows = rows.filter(**{f"{column}__isnull": False})
+    if ids is not None:
+        rows = rows.filter(**{f"{column}__in": list(ids)})
+    return {
+        row[column]: TokensUsed(row["n"], row["p"] or 0, row["c"] or 0)
+        for row in rows.values(column).annotate(**sums).order_by()
+    }

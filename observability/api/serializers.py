@@ -3,7 +3,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from serving.planner import DTYPE_BYTES, VALID_LORA_RANKS
@@ -176,9 +175,11 @@ class UsageQuerySerializer(serializers.Serializer):
 
 
 class UsageRowSerializer(serializers.Serializer):
+    """Requests to one department's adapter counted at a front door (errors included)."""
+
     day = serializers.DateField()
     deployment = serializers.CharField(source="deployment.name")
-    department = serializers.CharField(source="department.slug")
+    department = serializers.CharField(source="department.slug", help_text="The adapter's.")
     adapter = serializers.IntegerField(source="adapter_id")
     served_name = serializers.CharField()
     version = serializers.IntegerField(source="version_id", allow_null=True)
@@ -186,23 +187,52 @@ class UsageRowSerializer(serializers.Serializer):
     requests = serializers.IntegerField()
     errors_4xx = serializers.IntegerField()
     errors_5xx = serializers.IntegerField()
-    tokens = serializers.SerializerMethodField(help_text="Always null: see `tokens_unavailable`.")
 
-    @extend_schema_field(serializers.IntegerField(allow_null=True))
-    def get_tokens(self, row) -> None:
-        return None
+
+class CallRowSerializer(serializers.Serializer):
+    """Requests and tokens vLLM served on one day for one calling key and
+    adapter version (its own counts, streams included)."""
+
+    day = serializers.DateField()
+    deployment = serializers.CharField(source="deployment.name")
+    calling_department = serializers.CharField(
+        source="department.slug",
+        allow_null=True,
+        default=None,
+        help_text="Who called, and is charged: the key's department. Null: no key (an open "
+        "door, or a request sent to a replica directly).",
+    )
+    key = serializers.IntegerField(source="key_id", allow_null=True, help_text="The key's id.")
+    owning_department = serializers.CharField(
+        source="owner.slug",
+        allow_null=True,
+        default=None,
+        help_text="Whose adapter was called; null for the base model.",
+    )
+    adapter = serializers.IntegerField(source="adapter_id", allow_null=True)
+    served_name = serializers.CharField()
+    version = serializers.IntegerField(source="version_id", allow_null=True)
+    version_number = serializers.IntegerField(help_text="0: the base model.")
+    requests = serializers.IntegerField()
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    tokens = serializers.IntegerField(help_text="prompt_tokens + completion_tokens.")
 
 
 class DepartmentCostSerializer(serializers.Serializer):
     department = serializers.CharField(source="department.slug")
-    requests = serializers.IntegerField()
+    requests = serializers.IntegerField(help_text="To its adapters, counted at the front doors.")
+    called_requests = serializers.IntegerField(help_text="What its keys called (vLLM's count).")
+    prompt_tokens = serializers.IntegerField(help_text="What its keys called.")
+    completion_tokens = serializers.IntegerField(help_text="What its keys called.")
     use_cases = serializers.IntegerField(help_text="Its adapters with requests in the period.")
     shared_monthly_cost = serializers.FloatField(
         source="shared_monthly",
         allow_null=True,
-        help_text="Its request share of each deployment's monthly GPU cost; platform admins "
-        "only (null for others: with their own requests it would give other departments' "
-        "totals).",
+        help_text="Its share of each deployment's monthly GPU cost: by the weighted tokens its "
+        "keys called there (by requests to its adapters where replicas report no tokens); "
+        "platform admins only (null for others: with their own counts it would give other "
+        "departments' totals).",
     )
     cost_share = serializers.CharField(
         source="share_band",
@@ -222,6 +252,14 @@ class UsageSerializer(serializers.Serializer):
     end = serializers.DateField(help_text="`to`, as applied.")
     price_per_gpu_hour = serializers.FloatField()
     hours_per_month = serializers.IntegerField()
-    tokens_unavailable = serializers.CharField(help_text="Why rows carry no token counts.")
+    prompt_token_weight = serializers.FloatField(
+        help_text="What a prompt token counts in the cost split (SERVING_COST_PROMPT_TOKEN_WEIGHT)."
+    )
+    completion_token_weight = serializers.FloatField(
+        help_text="What a completion token counts (SERVING_COST_COMPLETION_TOKEN_WEIGHT)."
+    )
     rows = UsageRowSerializer(many=True)
+    calls = CallRowSerializer(
+        many=True, help_text="By who called and whose adapter: the rows the CSV exports."
+    )
     costs = DepartmentCostSerializer(many=True)

@@ -22,8 +22,8 @@ from observability.api.serializers import (
 )
 from observability.planning import plan_for
 from observability.selectors import (
-    TOKENS_UNAVAILABLE,
     department_costs,
+    token_rows,
     usage_departments,
     usage_rows,
 )
@@ -57,28 +57,31 @@ class PlannerView(ActorMixin, APIView):
 
 
 class UsageCSVRenderer(BaseRenderer):
-    """The usage rows as CSV (?format=csv): one line per day, deployment, adapter and version."""
+    """The chargeback lines as CSV (?format=csv): one per day, deployment, calling
+    key and adapter version, with vLLM's token counts."""
 
     media_type = "text/csv"
     format = "csv"
     charset = "utf-8"
     COLUMNS = (
         "day",
-        "department",
+        "calling_department",
+        "key",
+        "owning_department",
         "deployment",
         "served_name",
         "version_number",
         "requests",
-        "errors_4xx",
-        "errors_5xx",
+        "prompt_tokens",
+        "completion_tokens",
     )
 
     def render(self, data, accepted_media_type=None, renderer_context=None):
         out = io.StringIO()
         writer = csv.writer(out)
         writer.writerow(self.COLUMNS)
-        for row in data["rows"]:
-            writer.writerow([row[name] for name in self.COLUMNS])
+        for row in data["calls"]:
+            writer.writerow(["" if row[name] is None else row[name] for name in self.COLUMNS])
         return out.getvalue().encode()
 
 
@@ -93,15 +96,26 @@ def usage_report(actor, params) -> dict:
         "end": end,
         "price_per_gpu_hour": settings.PLANNER_PRICE_PER_GPU_HOUR,
         "hours_per_month": HOURS_PER_MONTH,
-        "tokens_unavailable": TOKENS_UNAVAILABLE,
+        "prompt_token_weight": settings.SERVING_COST_PROMPT_TOKEN_WEIGHT,
+        "completion_token_weight": settings.SERVING_COST_COMPLETION_TOKEN_WEIGHT,
         "rows": list(usage_rows(departments, start, end)),
+        # A platform admin asking for no one department sees calls without a key too.
+        "calls": list(
+            token_rows(
+                departments,
+                start,
+                end,
+                everything=actor.is_platform_admin and not query.validated_data["department"],
+            )
+        ),
         "costs": department_costs(departments, start, end, figures=actor.is_platform_admin),
     }
 
 
 class UsageView(ActorMixin, APIView):
-    """Requests and errors per adapter, version and day, counted at the front door,
-    and each department's monthly GPU cost shared by requests."""
+    """Requests and tokens per calling department, adapter, version and day (vLLM's
+    counts), requests and errors per adapter counted at the front door, and each
+    department's monthly GPU cost shared by weighted tokens."""
 
     renderer_classes = [*api_settings.DEFAULT_RENDERER_CLASSES, UsageCSVRenderer]
     # A department the caller does not see is not found (core.api.schema).
@@ -117,7 +131,9 @@ class UsageView(ActorMixin, APIView):
             ),
             OpenApiParameter("from", OpenApiTypes.DATE, description="First day (UTC)."),
             OpenApiParameter("to", OpenApiTypes.DATE, description="Last day (UTC), included."),
-            OpenApiParameter("format", str, enum=["json", "csv"], description="csv: the rows."),
+            OpenApiParameter(
+                "format", str, enum=["json", "csv"], description="csv: the `calls` rows."
+            ),
         ],
         responses={
             (200, "application/json"): UsageSerializer,

@@ -103,7 +103,7 @@ def deployment_plan_page(request, actor: Actor, name: str):
 @require_GET
 @page
 def usage_page(request, actor: Actor):
-    """Requests and errors per adapter and day, and each department's monthly cost:
+    """Requests and tokens per caller, adapter and day, and each department's monthly cost:
     what GET /api/v1/usage/ answers, with the same query."""
     context = {
         "query": request.GET.dict(),
@@ -121,6 +121,8 @@ def usage_page(request, actor: Actor):
         figures = all(c.shared_monthly is not None for c in costs)
         context["totals"] = {
             "requests": sum(c.requests for c in costs),
+            "prompt_tokens": sum(c.prompt_tokens for c in costs),
+            "completion_tokens": sum(c.completion_tokens for c in costs),
             "use_cases": sum(c.use_cases for c in costs),
             "shared": sum(c.shared_monthly for c in costs) if figures else None,
             "dedicated": sum(c.dedicated_monthly for c in costs),

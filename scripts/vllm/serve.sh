@@ -33,6 +33,13 @@
 #                                ~32k tokens of the tiny model. If
 #                                VLLM_CPU_KVCACHE_SPACE (GiB) is set in the
 #                                env, vLLM lets it win (and RSS grows by it).
+#   SERVE_OTLP_TRACES_ENDPOINT   optional; the control plane's OTLP receiver,
+#                                http(s)://<host>/otlp/<deployment>/v1/traces:
+#                                vLLM then reports every request's prompt and
+#                                completion tokens (metering, docs/operators/usage.md)
+#   SERVE_OTLP_TOKEN / SERVE_OTLP_TOKEN_FILE  the deployment's metering token
+#                                (`manage.py metering_token <deployment>`), sent
+#                                as Authorization: Bearer; never on the command line
 #   VLLM_VENV (<repo>/.venv-vllm)
 set -euo pipefail
 
@@ -63,7 +70,7 @@ while [[ $# -gt 0 ]]; do
     --threads) THREADS="$2"; shift 2 ;;
     --cpu-bind) CPU_BIND="$2"; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n "2,36p" "$0"; exit 0 ;;
+    -h|--help) sed -n "2,43p" "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -102,6 +109,12 @@ if [[ -n "${SERVE_API_KEY:-}" ]]; then
   export VLLM_API_KEY="$SERVE_API_KEY"
 fi
 
+if [[ -n "${SERVE_OTLP_TOKEN_FILE:-}" ]]; then
+  SERVE_OTLP_TOKEN="$(<"$SERVE_OTLP_TOKEN_FILE")"
+  [[ -n "$SERVE_OTLP_TOKEN" ]] || { echo "serve.sh: $SERVE_OTLP_TOKEN_FILE is empty" >&2; exit 2; }
+fi
+unset SERVE_OTLP_TOKEN_FILE
+
 args=(
   --host "$HOST" --port "$PORT"
   --model "$MODEL" --served-model-name "$NAME"
@@ -110,7 +123,26 @@ args=(
   --max-lora-rank "$MAX_LORA_RANK"
   --max-num-seqs 8
   --kv-cache-memory-bytes "$KV_CACHE_BYTES"
+  # Every stream ends with a usage chunk, whatever the client asked.
+  --enable-force-include-usage
 )
+if [[ -n "${SERVE_OTLP_TRACES_ENDPOINT:-}" ]]; then
+  # One `llm_request` span per request, over OTLP/HTTP protobuf (vLLM's default
+  # is gRPC); the token rides in the exporter's headers (URL-encoded).
+  export OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf
+  # A batch leaves within 1 s (the SDK waits 5 s); a receiver that is away
+  # is retried for 60 s (the SDK gives up after 10 s and drops the batch),
+  # while up to 16384 finished requests wait in memory (the SDK keeps 2048
+  # and drops the rest). docs/operators/usage.md says what is lost when.
+  export OTEL_BSP_SCHEDULE_DELAY="${OTEL_BSP_SCHEDULE_DELAY:-1000}"
+  export OTEL_BSP_MAX_QUEUE_SIZE="${OTEL_BSP_MAX_QUEUE_SIZE:-16384}"
+  export OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="${OTEL_EXPORTER_OTLP_TRACES_TIMEOUT:-60}"
+  if [[ -n "${SERVE_OTLP_TOKEN:-}" ]]; then
+    export OTEL_EXPORTER_OTLP_TRACES_HEADERS="authorization=Bearer%20${SERVE_OTLP_TOKEN}"
+  fi
+  args+=(--otlp-traces-endpoint "$SERVE_OTLP_TRACES_ENDPOINT")
+fi
+unset SERVE_OTLP_TOKEN
 if [[ "$ONE_ENGINE_PROC" == "1" ]]; then
   # The API server always runs EngineCore in a child process; with this the
   # worker runs inside EngineCore instead of in a third process.

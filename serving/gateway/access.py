@@ -34,6 +34,9 @@ class DoorAccess:
     # sends to the replicas in place of the caller's; empty: they take none.
     # Out of the repr, so that a logged or failed table never shows it.
     upstream_key: str = field(default="", repr=False)
+    # Served name -> the id of the adapter version served under it: the door
+    # writes it into each request's id, for metering (observability.metering).
+    versions: Mapping[str, int] = field(default_factory=dict)
 
     def models_for(self, department: str) -> list[str]:
         """The served names a department may call here, sorted: what

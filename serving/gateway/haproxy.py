@@ -89,7 +89,8 @@ GLIBC_TUNABLES = (
 # and the process starts with an empty environment (`env -i`, command_line);
 # a map file is 0600, changes at runtime (`set map`, no reload: a rotated key
 # is in effect for the next request) and `show env` never prints it.
-ACCESS_MAPS = ("keys", "grants", "catalog", "upstream", "door")
+# versions.map: served name -> the version id it serves (for the request id).
+ACCESS_MAPS = ("keys", "grants", "catalog", "upstream", "door", "versions")
 UPSTREAM_ENTRY = "replicas"
 # The caller of an open door (no keys): its /v1/models lists every route.
 OPEN_CALLER = "*"
@@ -264,6 +265,12 @@ def render_config(
         # A model the caller may not call is one that does not exist, to it.
         f"    http-request set-var(txn.refusal) str({NOT_FOUND_BACKEND}) if !refused !open "
         "!{ var(txn.grant) -m found }",
+        # The request id vLLM reports with its token counts (observability.metering):
+        # who called (key id) and which version serves the model, then a random
+        # part. Set here whatever the client sent, so that no caller can bill another.
+        f"    http-request set-var(txn.version) var(txn.model),map({d}/versions.map,0) if !refused",
+        "    http-request set-header x-request-id "
+        '"u1.k%[var(txn.key_id)].v%[var(txn.version)].%[uuid]"',
         "    use_backend %[var(txn.refusal)] if refused",
         f"    use_backend %[var(txn.model),map({d}/models.map,{NOT_FOUND_BACKEND})]",
         "",
@@ -861,6 +868,7 @@ def access_maps(access: DoorAccess) -> dict[str, dict[str, str]]:
     if access.upstream_key:
         upstream[UPSTREAM_ENTRY] = base64.b64encode(access.upstream_key.encode()).decode()
     flags = {"open": "1"} if access.open else {}
+    versions = {name: str(version) for name, version in access.versions.items()}
     digest = hashlib.sha256()
     for name, entries in (
         ("keys", keys),
@@ -868,6 +876,7 @@ def access_maps(access: DoorAccess) -> dict[str, dict[str, str]]:
         ("catalog", catalog),
         ("upstream", upstream),
         ("door", flags),
+        ("versions", versions),
     ):
         for key, value in sorted(entries.items()):
             digest.update(f"{name} {key} {value}\n".encode())
@@ -878,6 +887,7 @@ def access_maps(access: DoorAccess) -> dict[str, dict[str, str]]:
         "catalog": catalog,
         "upstream": upstream,
         "door": flags,
+        "versions": versions,
     }
 
 

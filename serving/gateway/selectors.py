@@ -106,7 +106,7 @@ def door_access(deployment: Deployment) -> DoorAccess:
     )
     served = list(
         ServedAdapter.objects.filter(deployment=deployment, version__isnull=False).values_list(
-            "adapter__served_name", "adapter__department__slug"
+            "adapter__served_name", "adapter__department__slug", "version_id"
         )
     )
     granted = AdapterGrant.objects.filter(
@@ -116,7 +116,7 @@ def door_access(deployment: Deployment) -> DoorAccess:
         adapter__served_in__version__isnull=False,
     ).values_list("department__slug", "adapter__served_name")
     allowed = {(slug, deployment.base_model_name) for slug in users}
-    allowed |= {(owner, name) for name, owner in served if owner in users}
+    allowed |= {(owner, name) for name, owner, _ in served if owner in users}
     allowed |= set(granted)
     return DoorAccess(
         deployment=deployment.name,
@@ -124,4 +124,5 @@ def door_access(deployment: Deployment) -> DoorAccess:
         keys=keys,
         allowed=frozenset(allowed),
         upstream_key="" if refusal(deployment) else deployment.vllm_api_key,
+        versions={name: version for name, _, version in served},
     )

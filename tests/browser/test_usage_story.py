@@ -14,8 +14,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from observability.models import DailyUsage
-from serving.models import Replica
+from observability.models import DailyTokens, DailyUsage
+from serving.models import InferenceKey, Replica
 from tests.browser.conftest import TABLET
 from tests.browser.test_story import no_horizontal_scroll, sign_in
 from tests.factories import make_adapter, make_approved_version
@@ -54,6 +54,32 @@ def usage(root, lena, alex, fred, legal, finance, settings, tmp_path):
         served_name="finance-ledger",
         requests=10,
     )
+    # What vLLM counted for the same requests, all of them by a key of Legal.
+    key = InferenceKey.objects.create(
+        department=legal,
+        name="k",
+        prefix="sk-x",
+        secret_sha256="0" * 64,
+        created_by=root,
+        expires_at=timezone.now() + timedelta(days=1),
+    )
+    for day, requests in ((today, 30), (today - timedelta(days=3), 12)):
+        DailyTokens.objects.create(
+            day=day,
+            deployment=deployment,
+            key_ref=key.pk,
+            version_ref=contracts_v1.pk,
+            key=key,
+            department=legal,
+            owner=legal,
+            adapter=contracts,
+            version=contracts_v1,
+            served_name="legal-contracts",
+            version_number=contracts_v1.number,
+            requests=requests,
+            prompt_tokens=requests * 9,
+            completion_tokens=requests,
+        )
     return today
 
 

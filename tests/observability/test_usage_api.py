@@ -1,6 +1,8 @@
 """GET /api/v1/usage/ (and ?format=csv, and the /usage/ page): the daily rows
-of the departments the caller sees, and each department's monthly GPU cost
-shared by its requests. Outsiders get 404 for a department they do not see."""
+of the departments the caller sees, the requests and tokens they called or
+that called their adapters, and each department's monthly GPU cost shared by
+weighted tokens (by requests where replicas report none). Outsiders get 404
+for a department they do not see."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from observability.models import DailyUsage
+from observability.models import DailyTokens, DailyUsage
 from serving.models import Replica
+from serving.services.inference_keys import inference_key_issue
+from tests.conftest import actor
 from tests.factories import make_adapter, make_version
 from tests.support.adapters import AdapterSpec
 
@@ -62,13 +66,15 @@ def test_a_member_sees_their_department_s_rows_and_cost_as_a_share(as_lena, usag
     assert [
         (r["served_name"], r["requests"], r["errors_4xx"], r["errors_5xx"]) for r in body["rows"]
     ] == [("legal-contracts", 30, 2, 1)]
-    assert body["rows"][0]["tokens"] is None and "no adapter label" in body["tokens_unavailable"]
     # Legal made 30 of the deployment's 40 requests: 75 %, told as a quarter. The
     # figure (2190 of 2920 a month) would give Finance's 10 requests: 30 x 2920 / 2190 - 30.
     (cost,) = body["costs"]
     assert cost == {
         "department": "legal",
         "requests": 30,
+        "called_requests": 0,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
         "use_cases": 1,
         "shared_monthly_cost": None,
         "cost_share": "50–75%",
@@ -86,7 +92,7 @@ def test_nothing_a_member_reads_gives_other_departments_totals(who, usage, reque
     (cost,) = body["costs"]
     assert cost["shared_monthly_cost"] is None and cost["monthly_saving"] is None
     numbers = {v for v in cost.values() if isinstance(v, int | float)}
-    assert numbers == {30, 1, 1460.0}  # requests, use cases, dedicated: none of others'
+    assert numbers == {30, 0, 1, 1460.0}  # requests, tokens, use cases, dedicated: its own
     assert cost["cost_share"] == "50–75%"
 
 
@@ -135,23 +141,140 @@ def test_a_bad_period_is_a_400_that_names_it(as_lena, usage, query, field):
     assert field in response.json()["error"]["details"]["fields"], response.json()
 
 
-def test_csv_export(as_lena, usage):
+@pytest.fixture
+def calls(usage, root, legal, finance, approved_v1, deployment):
+    """vLLM's counts today on the same deployment (weights 1 and 3): Legal's key
+    calls Legal's adapter (1000 + 3 x 100 = 1300), Finance's key calls it
+    through a grant (500 + 3 x 300 = 1400) and the base model (200 + 3 x 100 =
+    500), and an open door's caller sends 100 prompt tokens: 3300 in all."""
+    keys = {
+        slug: inference_key_issue(
+            actor=actor(root), department=department, name="k", expires_in_days=3
+        )[0]
+        for slug, department in (("legal", legal), ("finance", finance))
+    }
+    today = timezone.now().date()
+
+    def row(key, version, requests, prompt, completion):
+        adapter = version.adapter if version else None
+        DailyTokens.objects.create(
+            day=today,
+            deployment=deployment,
+            key_ref=key.pk if key else 0,
+            version_ref=version.pk if version else 0,
+            key=key,
+            department=key.department if key else None,
+            owner=adapter.department if adapter else None,
+            adapter=adapter,
+            version=version,
+            served_name=adapter.served_name if adapter else "tiny-llama",
+            version_number=version.number if version else 0,
+            requests=requests,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+        )
+
+    row(keys["legal"], approved_v1, 10, 1000, 100)
+    row(keys["finance"], approved_v1, 5, 500, 300)
+    row(keys["finance"], None, 2, 200, 100)
+    row(None, None, 1, 100, 0)
+    return keys
+
+
+def test_the_cost_is_split_by_the_weighted_tokens_each_department_called(as_root, calls):
+    body = as_root.get("/api/v1/usage/").json()
+    assert (body["prompt_token_weight"], body["completion_token_weight"]) == (1.0, 3.0)
+    costs = {c["department"]: c for c in body["costs"]}
+    # 2920 a month: Legal 1300/3300, Finance 1900/3300; the open door's 100 is nobody's.
+    assert costs["legal"]["shared_monthly_cost"] == round(2920 * 1300 / 3300, 2)
+    assert costs["finance"]["shared_monthly_cost"] == round(2920 * 1900 / 3300, 2)
+    assert (costs["finance"]["called_requests"], costs["finance"]["prompt_tokens"]) == (7, 700)
+    assert costs["finance"]["completion_tokens"] == 400
+    assert {d: c["cost_share"] for d, c in costs.items()} == {
+        "finance": "50–75%",
+        "legal": "25–50%",
+    }
+    # Everything, the caller without a key included.
+    assert sorted(
+        (c["calling_department"] or "-", c["served_name"], c["tokens"]) for c in body["calls"]
+    ) == [
+        ("-", "tiny-llama", 100),
+        ("finance", "legal-contracts", 800),
+        ("finance", "tiny-llama", 300),
+        ("legal", "legal-contracts", 1100),
+    ]
+
+
+def test_the_weights_are_a_setting(as_root, calls, settings):
+    settings.SERVING_COST_COMPLETION_TOKEN_WEIGHT = 1.0
+    costs = {c["department"]: c for c in as_root.get("/api/v1/usage/").json()["costs"]}
+    # 1100, 800 + 300 and 100 tokens: 2300 in all.
+    assert costs["legal"]["shared_monthly_cost"] == round(2920 * 1100 / 2300, 2)
+
+
+def test_a_member_sees_who_called_their_adapters_and_what_their_keys_called(as_lena, calls):
+    body = as_lena.get("/api/v1/usage/").json()
+    assert sorted(
+        (c["calling_department"], c["owning_department"], c["served_name"], c["requests"])
+        for c in body["calls"]
+    ) == [
+        ("finance", "legal", "legal-contracts", 5),
+        ("legal", "legal", "legal-contracts", 10),
+    ]
+    (cost,) = body["costs"]
+    assert cost["cost_share"] == "25–50%" and cost["shared_monthly_cost"] is None
+    numbers = {v for v in cost.values() if isinstance(v, int | float)}
+    assert numbers == {30, 10, 1000, 100, 1, 1460.0}  # all its own
+
+
+def test_another_department_sees_its_own_calls_only(as_fred, calls):
+    body = as_fred.get("/api/v1/usage/").json()
+    assert sorted((c["calling_department"], c["served_name"]) for c in body["calls"]) == [
+        ("finance", "legal-contracts"),
+        ("finance", "tiny-llama"),
+    ]
+
+
+def test_csv_export(as_lena, calls, approved_v1):
     response = as_lena.get("/api/v1/usage/?format=csv")
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/csv")
     rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    today = timezone.now().date().isoformat()
+    line = {
+        "day": today,
+        "owning_department": "legal",
+        "deployment": "staging-cpu",
+        "served_name": "legal-contracts",
+        "version_number": str(approved_v1.number),
+    }
     assert rows == [
         {
-            "day": usage.day.isoformat(),
-            "department": "legal",
-            "deployment": "staging-cpu",
-            "served_name": "legal-contracts",
-            "version_number": str(usage.version_number),
-            "requests": "30",
-            "errors_4xx": "2",
-            "errors_5xx": "1",
-        }
+            **line,
+            "calling_department": "finance",
+            "key": str(calls["finance"].pk),
+            "requests": "5",
+            "prompt_tokens": "500",
+            "completion_tokens": "300",
+        },
+        {
+            **line,
+            "calling_department": "legal",
+            "key": str(calls["legal"].pk),
+            "requests": "10",
+            "prompt_tokens": "1000",
+            "completion_tokens": "100",
+        },
     ]
+
+
+def test_the_usage_page_shows_tokens_by_who_called(web_lena, calls, approved_v1):
+    page = web_lena.get("/usage/").content.decode()
+    start = page.index(f'data-testid="calls-finance-legal-contracts-v{approved_v1.number}"')
+    row = page[start : page.index("</tr>", start)]
+    assert ">5<" in row and ">500<" in row and ">300<" in row
+    cost = page[page.index('data-testid="cost-legal"') :]
+    assert "1000 + 100" in cost[: cost.index("</tr>")]
 
 
 def test_the_usage_page_shows_rows_and_cost(web_lena, usage):

@@ -119,3 +119,32 @@ def test_the_adapter_page_says_no_request_was_counted_without_a_front_door(
     start = page.index(f'data-testid="requests-{deployment.name}"')
     assert "Counted at a front door only" in page[start : page.index("</td>", start)]
     assert f"/usage/?department={contracts.department.slug}" in page
+
+
+def test_the_adapter_page_shows_the_tokens_vllm_counted_for_every_caller(
+    web_lena, deployment, contracts, served, finance
+):
+    from observability.models import DailyTokens
+
+    for department, key_ref, prompt, completion in (
+        (contracts.department, 1, 40, 2),
+        (finance, 2, 60, 8),
+    ):
+        DailyTokens.objects.create(
+            day=timezone.now().date(),
+            deployment=deployment,
+            key_ref=key_ref,
+            version_ref=served.version_id,
+            department=department,
+            owner=contracts.department,
+            adapter=contracts,
+            version=served.version,
+            served_name=contracts.served_name,
+            version_number=served.version.number,
+            requests=1,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+        )
+    page = web_lena.get(f"/adapters/{contracts.pk}/").content.decode()
+    start = page.index(f'data-testid="tokens-{deployment.name}"')
+    assert ">110<" in page[start : page.index("</td>", start) + 5]

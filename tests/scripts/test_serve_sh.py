@@ -15,7 +15,13 @@ def serve(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     python = venv / "bin" / "python"
-    python.write_text('#!/bin/sh\necho "key=${VLLM_API_KEY:-}"\necho "args=$*"\n')
+    python.write_text(
+        "#!/bin/sh\n"
+        'echo "key=${VLLM_API_KEY:-}"\n'
+        'echo "otel=${OTEL_EXPORTER_OTLP_TRACES_PROTOCOL:-}|'
+        '${OTEL_EXPORTER_OTLP_TRACES_HEADERS:-}"\n'
+        'echo "args=$*"\n'
+    )
     python.chmod(0o755)
     model = tmp_path / "model"
     model.mkdir()
@@ -47,3 +53,27 @@ def test_an_empty_key_file_stops_it(tmp_path):
     assert result.returncode == 2
     assert "is empty" in result.stderr
     assert "key=" not in result.stdout
+
+
+def test_every_stream_ends_with_usage(tmp_path):
+    result = serve(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "--enable-force-include-usage" in result.stdout
+    assert "--otlp-traces-endpoint" not in result.stdout
+
+
+def test_metering_sends_spans_over_otlp_http_with_the_token_from_a_file(tmp_path):
+    token_file = tmp_path / "metering_token"
+    token_file.write_text("metering-token-from-a-file\n")
+    endpoint = "http://control-plane:8000/otlp/prod/v1/traces"
+    result = serve(
+        tmp_path, SERVE_OTLP_TRACES_ENDPOINT=endpoint, SERVE_OTLP_TOKEN_FILE=str(token_file)
+    )
+    assert result.returncode == 0, result.stderr
+    args = result.stdout.split("args=")[1]
+    assert f"--otlp-traces-endpoint {endpoint}" in args
+    assert "metering-token-from-a-file" not in args
+    # What vLLM's exporter reads: OTLP/HTTP (its default is gRPC) and the header.
+    assert "otel=http/protobuf|authorization=Bearer%20metering-token-from-a-file\n" in (
+        result.stdout
+    )

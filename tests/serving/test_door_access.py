@@ -13,6 +13,7 @@ from django.utils import timezone
 from core.models import Membership, Role
 from core.services.service_accounts import service_account_create, service_account_deactivate
 from serving.gateway.access import CallerKey
+from serving.gateway.haproxy import access_maps
 from serving.gateway.selectors import door_access
 from serving.models import AdapterGrant, GrantStatus, InferenceKey, ServedAdapter
 from serving.services.inference_keys import hash_inference_key, inference_key_issue
@@ -70,6 +71,19 @@ def test_a_key_is_found_by_the_sha256_of_its_secret_and_calls_as_its_department(
     }
     assert hash_inference_key(secret) == hashlib.sha256(secret.encode()).hexdigest()
     assert access.open is False
+
+
+def test_the_door_is_told_the_version_each_adapter_serves_for_its_request_ids(served):
+    access = door_access(served)
+
+    expected = dict(
+        ServedAdapter.objects.filter(deployment=served).values_list(
+            "adapter__served_name", "version_id"
+        )
+    )
+    assert access.versions == expected
+    assert set(expected) == {"legal-contracts", "finance-invoices"}
+    assert access_maps(access)["versions"] == {name: str(v) for name, v in expected.items()}
 
 
 def test_each_department_calls_the_base_model_and_its_own_adapters_only(served):

@@ -74,6 +74,11 @@ def test_the_rendered_configuration_is_valid_for_haproxy(tmp_path):
     assert "server r2 127.0.0.1:9002 weight 0" in config  # a held drain survives a reload
     assert "server r1 127.0.0.1:9001\n" in config
     assert render_map(built) == "a m_a\ntiny base\n"
+    # Whatever X-Request-Id the client sent, vLLM gets the door's (metering).
+    assert (
+        'http-request set-header x-request-id "u1.k%[var(txn.key_id)].v%[var(txn.version)].%[uuid]"'
+        in config
+    )
 
 
 @pytest.mark.django_db
