@@ -25,6 +25,8 @@ args = sys.argv[1:]
 run = "light" if "-n" in args else "heavy"
 with open(os.environ["FAKE_LOG"], "a") as log:
     log.write(json.dumps(args) + "\\n")
+with open(os.environ["FAKE_LOG"] + ".brokers", "a") as log:
+    log.write(json.dumps([run, os.environ.get("CELERY_BROKER_URL", "")]) + "\\n")
 with open(os.environ["SUITE_TIER_TIMES"], "a") as times:
     tier = "light" if run == "light" else "vllm"
     times.write(json.dumps({{"tier": tier, "seconds": 90.0, "tests": 3}}) + "\\n")
@@ -42,6 +44,9 @@ def run_test_runs(tmp_path):
 
     def run(*args: str, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
         base = {k: v for k, v in os.environ.items() if k not in {"CI", "SUITE_RUNS"}}
+        # One after the other unless a test asks (CI's PostgreSQL and Redis
+        # would otherwise put the two runs side by side, in either order).
+        base["SUITE_OVERLAP"] = "0"
         done = subprocess.run(
             ["bash", "scripts/test_runs.sh", *args],
             cwd=REPO,
@@ -120,3 +125,47 @@ def test_under_ci_a_suite_past_the_guard_fails_naming_the_slowest_tiers(run_test
     done, _ = run_test_runs(**slow)
     assert done.returncode == 0, done.stderr
     assert "the run would fail under CI=true" in done.stdout
+
+
+SERVERS = {
+    "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/test",
+    "CELERY_BROKER_URL": "redis://127.0.0.1:6379/0",
+}
+
+
+def brokers_of(tmp_path) -> dict[str, str]:
+    lines = (tmp_path / "calls.jsonl.brokers").read_text().splitlines()
+    return dict(json.loads(line) for line in lines)
+
+
+def test_on_postgresql_and_redis_the_runs_go_side_by_side_light_on_its_own_redis_db(
+    run_test_runs, tmp_path
+):
+    # Two runs of 4 s each under a 6-second guard: side by side they pass it,
+    # one after the other (8 s) they would not.
+    slow = {"FAKE_SLEEP": "4", "SUITE_LIMIT_MINUTES": "0.1", "CI": "true"}
+    done, calls = run_test_runs(SUITE_OVERLAP="auto", **slow, **SERVERS)
+    assert done.returncode == 0, done.stderr
+    assert len(calls) == 2
+    assert brokers_of(tmp_path) == {
+        "light": "redis://127.0.0.1:6379/1",
+        "heavy": "redis://127.0.0.1:6379/0",
+    }
+    assert "(the runs side by side; guard: 0.1 min" in done.stdout, done.stdout
+    # The light run's output is shown too, after the heavy run's.
+    assert done.stdout.index("=== the heavy run") < done.stdout.index("=== the light run: pytest")
+
+
+def test_side_by_side_a_failing_light_run_fails_the_whole(run_test_runs):
+    done, calls = run_test_runs(SUITE_OVERLAP="auto", FAKE_EXIT_LIGHT="1", **SERVERS)
+    assert len(calls) == 2
+    assert done.returncode == 1
+    assert "make test FAILED: the light run (exit 1)" in done.stderr
+
+
+def test_on_the_embedded_defaults_the_runs_go_one_after_the_other(run_test_runs, tmp_path):
+    embedded = {"DATABASE_URL": "", "CELERY_BROKER_URL": ""}
+    done, calls = run_test_runs(SUITE_OVERLAP="auto", FAKE_SLEEP="1", **embedded)
+    assert done.returncode == 0, done.stderr
+    assert ["-n" in call for call in calls] == [True, False]  # light, then heavy
+    assert "side by side" not in done.stdout
