@@ -34,7 +34,7 @@ from serving.services.promotions import promotion_create
 from serving.services.reconcile import reconcile_deployment
 from serving.services.restore import deployment_restore_acknowledge
 from serving.services.rollout_engine import rollout_execute
-from tests.conftest import actor, requires_postgres
+from tests.conftest import actor, client_for, requires_postgres
 from tests.serving.conftest import make_deployment
 from tests.support.processes import REPO_ROOT
 from tests.support.vllm_standin import serve_standin
@@ -280,6 +280,11 @@ def test_a_dump_whose_served_version_or_digest_changed_is_refused_until_acknowle
 
     report = reconcile_deployment(deployment.pk, "beat")
     assert report.skipped and shown in report.held
+    # The deployment says why, to platform admins: its page and the API.
+    page = client_for(root).get(f"/deployments/{deployment.name}/").content.decode()
+    assert "Held after a restore" in page and shown in page
+    api = client_for(root).get(f"/api/v1/deployments/{deployment.name}/").json()
+    assert shown in api["restore_hold"]
     with pytest.raises(RestoreHeld):
         promotion_create(actor=actor(lena), deployment=deployment, version=approved_v2)
     assert routing_table_for(deployment).endpoints == ()
@@ -301,7 +306,9 @@ def test_a_dump_whose_served_version_or_digest_changed_is_refused_until_acknowle
 
 
 @pytest.mark.django_db
-def test_an_untouched_restore_serves_as_before(lena, keyed_deployment, keyed_replicas, approved_v1):
+def test_an_untouched_restore_serves_as_before(
+    root, lena, keyed_deployment, keyed_replicas, approved_v1
+):
     _serve(lena, keyed_deployment, approved_v1)
     path = ServedAdapter.objects.get().served_path
     head = _head()
@@ -315,6 +322,10 @@ def test_an_untouched_restore_serves_as_before(lena, keyed_deployment, keyed_rep
 
     report = reconcile_deployment(deployment.pk, "beat")
     assert not report.skipped and report.replicas_up == 2
+    assert (
+        client_for(root).get(f"/api/v1/deployments/{deployment.name}/").json()["restore_hold"]
+        is None
+    )
     for replica in keyed_replicas:
         assert replica.adapters == {"legal-contracts": path}
     assert door_access(deployment).upstream_key == VLLM_KEY
