@@ -39,13 +39,14 @@ run_pytest() {
   ((rc == 0)) || failed+=("the $name run (pytest exit $rc)")
 }
 
-# The light run's own Redis database when the broker is Redis: the heavy run's
-# workers and purges then never meet its tasks (its two workers share one, as
-# they always did). Anything else: the broker as it is.
-light_broker() {
+# A run's Redis database when the broker is Redis: the broker's number plus
+# $1; each pytest-xdist worker adds its own index to it
+# (tests/support/test_environment.py), so no run or worker meets another's
+# tasks or purges. Anything else: the broker as it is.
+broker_plus() {
   local url="${CELERY_BROKER_URL:-}"
   if [[ "$url" =~ ^(rediss?://[^/]+)/([0-9]+)$ ]]; then
-    echo "${BASH_REMATCH[1]}/$((BASH_REMATCH[2] + 1))"
+    echo "${BASH_REMATCH[1]}/$((BASH_REMATCH[2] + $1))"
   else
     echo "$url"
   fi
@@ -54,9 +55,10 @@ light_broker() {
 light_args=(-q --durations=25 -n "${SUITE_WORKERS:-2}" -m "not ($HEAVY)" "$@")
 heavy_args=(-q --durations=25 -m "$HEAVY" "$@")
 runs="${SUITE_RUNS:-light heavy}"
-# Side by side when both run against PostgreSQL and Redis (CI): the heavy run
-# spends much of its time waiting on servers (a vLLM boot, a load, a swap
-# window), and the light run fills those cores. On the embedded defaults both
+# Side by side when both run against PostgreSQL and Redis (CI), the heavy run
+# on two workers too: its tests spend most of their time waiting on servers (a
+# vLLM boot, a load, a swap window; the CPU was busy 30% of a serial run), and
+# the other workers fill those cores. On the embedded defaults both
 # would share one SQLite broker file, so they run one after the other.
 # SUITE_OVERLAP=0 forces one after the other.
 overlap="${SUITE_OVERLAP:-auto}"
@@ -73,12 +75,28 @@ if [[ "$overlap" == 1 ]]; then
   echo "=== the light run, beside the heavy one; its output follows the heavy run's ($light_log)"
   (
     export CELERY_BROKER_URL
-    CELERY_BROKER_URL="$(light_broker)"
+    CELERY_BROKER_URL="$(broker_plus 2)"
     run_pytest light "${light_args[@]}"
     ((${#failed[@]} == 0))
   ) >"$light_log" 2>&1 &
   light_pid=$!
-  run_pytest heavy "${heavy_args[@]}"
+  # The heavy run on workers of its own too (a file's tests stay on one worker,
+  # with its module's servers), on databases of its own: pytest-django names a
+  # worker's test database after the run's (test_<name>_gw0), and the light
+  # run's workers already have those of $DATABASE_URL.
+  heavy_workers="${SUITE_HEAVY_WORKERS:-2}"
+  (
+    export CELERY_BROKER_URL DATABASE_URL
+    CELERY_BROKER_URL="$(broker_plus 4)"
+    if [[ "$DATABASE_URL" =~ ^([^?]+/)([^/?]+)(\?.*)?$ ]]; then
+      DATABASE_URL="${BASH_REMATCH[1]}${BASH_REMATCH[2]}_heavy${BASH_REMATCH[3]}"
+    fi
+    if ((heavy_workers > 1)); then
+      heavy_args=(-n "$heavy_workers" --dist loadfile "${heavy_args[@]}")
+    fi
+    run_pytest heavy "${heavy_args[@]}"
+    ((${#failed[@]} == 0))
+  ) || failed+=("the heavy run (exit $?)")
   light_rc=0
   wait "$light_pid" || light_rc=$?
   cat "$light_log"

@@ -22,11 +22,12 @@ REPO = Path(__file__).resolve().parents[2]
 FAKE_PYTEST = """#!{python}
 import json, os, sys, time
 args = sys.argv[1:]
-run = "light" if "-n" in args else "heavy"
+run = "light" if any(arg.startswith("not (") for arg in args) else "heavy"
 with open(os.environ["FAKE_LOG"], "a") as log:
     log.write(json.dumps(args) + "\\n")
 with open(os.environ["FAKE_LOG"] + ".brokers", "a") as log:
-    log.write(json.dumps([run, os.environ.get("CELERY_BROKER_URL", "")]) + "\\n")
+    log.write(json.dumps([run, os.environ.get("CELERY_BROKER_URL", ""),
+                          os.environ.get("DATABASE_URL", "")]) + "\\n")
 with open(os.environ["SUITE_TIER_TIMES"], "a") as times:
     tier = "light" if run == "light" else "vllm"
     times.write(json.dumps({{"tier": tier, "seconds": 90.0, "tests": 3}}) + "\\n")
@@ -133,12 +134,13 @@ SERVERS = {
 }
 
 
-def brokers_of(tmp_path) -> dict[str, str]:
+def servers_of(tmp_path) -> dict[str, list[str]]:
+    """{run: [its broker, its database]}"""
     lines = (tmp_path / "calls.jsonl.brokers").read_text().splitlines()
-    return dict(json.loads(line) for line in lines)
+    return {run: servers for run, *servers in map(json.loads, lines)}
 
 
-def test_on_postgresql_and_redis_the_runs_go_side_by_side_light_on_its_own_redis_db(
+def test_on_postgresql_and_redis_the_runs_go_side_by_side_each_on_its_own_servers(
     run_test_runs, tmp_path
 ):
     # Two runs of 4 s each under a 6-second guard: side by side they pass it,
@@ -147,10 +149,14 @@ def test_on_postgresql_and_redis_the_runs_go_side_by_side_light_on_its_own_redis
     done, calls = run_test_runs(SUITE_OVERLAP="auto", **slow, **SERVERS)
     assert done.returncode == 0, done.stderr
     assert len(calls) == 2
-    assert brokers_of(tmp_path) == {
-        "light": "redis://127.0.0.1:6379/1",
-        "heavy": "redis://127.0.0.1:6379/0",
+    # Redis databases 2-3 for the light run's workers, 4-5 for the heavy one's;
+    # the heavy workers' test databases are test_test_heavy_gw0 and _gw1.
+    assert servers_of(tmp_path) == {
+        "light": ["redis://127.0.0.1:6379/2", "postgres://postgres@127.0.0.1:5432/test"],
+        "heavy": ["redis://127.0.0.1:6379/4", "postgres://postgres@127.0.0.1:5432/test_heavy"],
     }
+    (heavy,) = [call for call in calls if not marker_of(call).startswith("not")]
+    assert heavy[:4] == ["-n", "2", "--dist", "loadfile"]
     assert "(the runs side by side; guard: 0.1 min" in done.stdout, done.stdout
     # The light run's output is shown too, after the heavy run's.
     assert done.stdout.index("=== the heavy run") < done.stdout.index("=== the light run: pytest")

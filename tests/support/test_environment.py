@@ -1,6 +1,7 @@
 """Environment for the test run, set before Django reads its settings."""
 
 import os
+import re
 import shutil
 import tempfile
 
@@ -8,6 +9,22 @@ import pytest
 
 _SHORT_BASETEMP = pytest.StashKey[str]()
 
+
+def _broker_of_this_worker(url: str, worker: str) -> str:
+    """A pytest-xdist worker's own Redis database: the run's number plus the
+    worker's (gw0 +0, gw1 +1), so one worker's queue purges and consumers never
+    meet another's tasks. scripts/test_runs.sh spaces the runs' numbers apart."""
+    found = re.fullmatch(r"(rediss?://[^/]+)/(\d+)", url)
+    index = re.fullmatch(r"gw(\d+)", worker)
+    if not found or not index:
+        return url
+    return f"{found[1]}/{int(found[2]) + int(index[1])}"
+
+
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("CELERY_BROKER_URL"):
+    os.environ["CELERY_BROKER_URL"] = _broker_of_this_worker(
+        os.environ["CELERY_BROKER_URL"], os.environ["PYTEST_XDIST_WORKER"]
+    )
 os.environ.setdefault("DJANGO_SECRET_KEY", "test-only-secret-key-not-for-production")
 os.environ.setdefault("VAR_DIR", tempfile.mkdtemp(prefix="registry-test-var-"))
 # The test client and the browser tier speak plain http to the test server.
