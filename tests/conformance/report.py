@@ -3,6 +3,7 @@ verdict, and what the product did."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -130,7 +131,11 @@ def _replace_block(path, start: str, end: str, body: str, empty: str) -> None:
         text += f"\n{start}\n{end}\n"
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
-    path.write_text(f"{head}{start}\n{body}\n{end}{tail}")
+    # Atomically: the docs tests may read the page at the same moment (the
+    # light run goes beside this one in CI).
+    fresh = path.with_name(f".{path.name}.new")
+    fresh.write_text(f"{head}{start}\n{body}\n{end}{tail}")
+    os.replace(fresh, path)
 
 
 def write(results: dict[str, list[dict]]) -> None:
