@@ -77,6 +77,8 @@ def vllm_args(deployment: Deployment, served: list[ServedAdapter]) -> list[str]:
         f"--max-cpu-loras={deployment.max_cpu_loras}",
         f"--max-lora-rank={deployment.max_lora_rank}",
         f"--gpu-memory-utilization={deployment.gpu_memory_utilization:.2f}",
+        # Every stream ends with a usage chunk, whatever the client asked (metering).
+        "--enable-force-include-usage",
     ]
     if deployment.max_model_len:
         args.append(f"--max-model-len={deployment.max_model_len}")

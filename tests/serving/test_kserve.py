@@ -89,6 +89,7 @@ def test_the_runtime_carries_every_promoted_adapter_at_its_versioned_path(cluste
         "--served-model-name=tiny-llama",
         "--gpu-memory-utilization=0.90",
         "--model=/mnt/models",
+        "--enable-force-include-usage",
     ):
         assert flag in args
     assert not any("lora-extra-vocab-size" in a for a in args)
