@@ -487,6 +487,13 @@ SERVING_GATEWAY_MAX_BODY_BYTES = cfg.integer(
 # internal address, apart from the clients' port. Empty: no exporter.
 SERVING_GATEWAY_METRICS = cfg.env.dict("SERVING_GATEWAY_METRICS", default={})
 SERVING_GATEWAY_DRAIN_SECONDS = cfg.number("SERVING_GATEWAY_DRAIN_SECONDS", 60.0, minimum=0)
+# A swap on the only replica that serves an adapter: the door holds the adapter's
+# new requests meanwhile (docs/gateway.md#holding), each at most this long, after
+# which it is routed as the door routes then. 0: no hold (the swap's gap fails them).
+# A change takes effect at the door's next reload (it is in haproxy.cfg).
+SERVING_GATEWAY_HOLD_SECONDS = cfg.number(
+    "SERVING_GATEWAY_HOLD_SECONDS", 20.0, minimum=0, maximum=300
+)
 # Behind a front door, a swap of an adapter placement holds on fewer replicas than
 # the deployment has loads the new version on others first and moves the traffic
 # there (make before break); the old version stays loaded where it was, drained, for

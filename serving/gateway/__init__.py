@@ -9,9 +9,22 @@ Gateway API Inference Extension) implements the same small protocol.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from serving.gateway.routing import RoutingTable
+
+
+@dataclass(frozen=True)
+class TakenOut:
+    """What `take_out` did: its changes; whether the door holds the model's new
+    requests (the replica was the only one serving it), under which owner; and
+    the requests still in flight on the replica when the wait gave up (0: none)."""
+
+    changes: list[str]
+    held: bool = False
+    owner: str = ""
+    busy: int = 0
 
 
 class FrontDoor(Protocol):
@@ -29,6 +42,19 @@ class FrontDoor(Protocol):
 
     def ready(self, model: str, server: str) -> list[str]:
         """Sends `model`'s requests to `server` again."""
+
+    def take_out(
+        self, model: str, server: str, *, timeout: float, hold_seconds: float, owner: str
+    ) -> TakenOut:
+        """Before a swap of `model` on `server`: no new request of it goes
+        there, and its requests in flight there finish (waited at most
+        `timeout`). Where another replica serves `model`, a drain. Where none
+        does, the door holds `model`'s new requests (at most `hold_seconds`
+        each) until `release`, so that no client meets the swap's gap."""
+
+    def release(self, model: str, *, owner: str) -> list[str]:
+        """Ends `owner`'s hold of `model`: the held requests go on, routed as
+        the door routes now. Another owner's hold is left alone."""
 
     def weigh(self, model: str, weights: dict[str, int]) -> list[str]:
         """Sets `model`'s weight on these servers (a canary's split; 0 sends

@@ -274,3 +274,47 @@ core.register_action("inspect_body", { "http-req" }, function(txn)
     txn:set_var("txn.model", model)
   end
 end, 0)
+
+-- The hold (docs/gateway.md#holding): while the control plane swaps a model on
+-- the only replica that serves it, its new requests wait here instead of
+-- meeting the gap (Knative's activator, inside the door). held.map (its path in
+-- DOOR_HELD_MAP, set by haproxy.cfg) maps a served name to
+-- "<deadline, epoch ms>-<owner>"; only the runtime API on the door's UNIX
+-- socket changes it. Map.new at load time shares HAProxy's one copy of the
+-- file's entries, so `add map`/`del map` are seen by the next lookup.
+--
+-- A request waits while its model has an entry whose deadline is ahead, and at
+-- most `most_ms` (SERVING_GATEWAY_HOLD_SECONDS) from when it arrived: a worker
+-- that died mid-hold, or a clock far off, never holds it longer. Then it goes
+-- on to `use_backend`, which is chosen after this action: to the new version.
+-- core.msleep yields (other requests run meanwhile) and a wait is not Lua
+-- time, so tune.lua.session-timeout does not end it.
+local HELD_MAP = os.getenv("DOOR_HELD_MAP")
+local held = HELD_MAP and Map.new(HELD_MAP, Map._str)
+-- How soon a held request sees its model released.
+local HOLD_POLL_MS = 20
+
+local function now_ms()
+  local now = core.now()
+  return now.sec * 1000 + now.usec // 1000
+end
+
+core.register_action("hold_model", { "http-req" }, function(txn, most_ms)
+  local model = txn:get_var("txn.model")
+  if not held or not model then
+    return
+  end
+  local started = now_ms()
+  local limit = started + (tonumber(most_ms) or 0)
+  while true do
+    local entry = held:lookup(model)
+    local deadline = entry and tonumber(entry:match("^(%d+)"))
+    local now = now_ms()
+    local until_ms = deadline and math.min(deadline, limit)
+    if not until_ms or now >= until_ms then
+      break
+    end
+    core.msleep(math.max(1, math.min(HOLD_POLL_MS, until_ms - now)))
+  end
+  txn:set_var("txn.held_ms", now_ms() - started)
+end, 1)

@@ -20,8 +20,10 @@ What changes at runtime and how:
 Files in the gateway's directory: haproxy.cfg, models.map, admin.sock (runtime
 API), master.sock (master CLI), haproxy.pid (the master's pid), unavailable.http
 (the 503 of a model no replica serves right now), lock (serialises every writer
-on this host), and the access maps (keys, grants, catalog, door, upstream: mode
-0600; upstream.map holds the replicas' vLLM API key, base64).
+on this host), held.map (the models whose new requests the door holds while
+their only replica swaps: docs/gateway.md#holding) and the access maps (keys,
+grants, catalog, door, upstream: mode 0600; upstream.map holds the replicas'
+vLLM API key, base64).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving.canary_gates import ServerSample
+from serving.gateway import TakenOut
 from serving.gateway.access import DoorAccess
 from serving.gateway.routing import Route, RoutingTable, ServerState
 
@@ -94,6 +97,12 @@ ACCESS_MAPS = ("keys", "grants", "catalog", "upstream", "door", "versions")
 UPSTREAM_ENTRY = "replicas"
 # The caller of an open door (no keys): its /v1/models lists every route.
 OPEN_CALLER = "*"
+# Models whose new requests the door holds (door.lua `hold_model`): served name ->
+# "<deadline, epoch ms>-<owner>", changed at runtime only by the control plane.
+# A request waits while its model has an entry and the deadline is ahead, at
+# most HOLD_SECONDS from its arrival, then is routed as the map says then.
+HELD_MAP = "held.map"
+HOLD_SECONDS = 20.0
 
 # vLLM 0.32 answers an unknown model with this shape ("The model `x` does not
 # exist. Valid aliases: ..."). The front door leaves out the list of names: it
@@ -165,10 +174,12 @@ def render_config(
     max_body_bytes: int = MAX_BODY_BYTES,
     metrics: str = "",
     slots: int = SLOTS,
+    hold_seconds: float = HOLD_SECONDS,
 ) -> str:
     """haproxy.cfg for the table. `states` overrides the table's state of
     (backend, server) pairs: what a held route has right now. `metrics`: where
-    HAProxy's Prometheus exporter listens (an internal address), or nowhere."""
+    HAProxy's Prometheus exporter listens (an internal address), or nowhere.
+    `hold_seconds`: the longest a request waits for a held model (0: never)."""
     states = states or {}
     d = directory.resolve()
     too_large = _error(
@@ -188,6 +199,10 @@ def render_config(
         # that runs away all the same (pure Lua time: a wait does not count).
         "    tune.lua.session-timeout 2s",
         "    tune.lua.maxmem 256",
+        # door.lua's hold reads this map (Map.new at load time shares HAProxy's one
+        # copy of it, which `set map` changes). 2.6's lua-load takes no arguments,
+        # and the process starts with an empty environment: a path, no secret.
+        f"    setenv DOOR_HELD_MAP {d}/{HELD_MAP}",
         f"    lua-load {LUA_FILE.resolve()}",
         "    log stdout format raw local0",
         "",
@@ -210,8 +225,9 @@ def render_config(
         "    retry-on conn-failure empty-response 404",
         # One line per request: which backend (model) and which server (replica)
         # answered, with what status, for which department and key (never the key).
+        # Last, the milliseconds the door held it (door.lua), or "-".
         '    log-format "%ci %ft %b %s %ST %Tt %rc %[var(txn.model)] '
-        '%[var(txn.dept)] %[var(txn.key_id)]"',
+        '%[var(txn.dept)] %[var(txn.key_id)] %[var(txn.held_ms)]"',
         "",
         "frontend openai",
         f"    bind {listen}",
@@ -265,12 +281,15 @@ def render_config(
         # A model the caller may not call is one that does not exist, to it.
         f"    http-request set-var(txn.refusal) str({NOT_FOUND_BACKEND}) if !refused !open "
         "!{ var(txn.grant) -m found }",
+        *_hold_rules(d, hold_seconds),
         # The request id vLLM reports with its token counts (observability.metering):
         # who called (key id) and which version serves the model, then a random
         # part. Set here whatever the client sent, so that no caller can bill another.
+        # After the hold: a held request is stamped with what serves it then.
         f"    http-request set-var(txn.version) var(txn.model),map({d}/versions.map,0) if !refused",
         "    http-request set-header x-request-id "
         '"u1.k%[var(txn.key_id)].v%[var(txn.version)].%[uuid]"',
+        # Chosen after the hold: a held request goes where the map says once it ends.
         "    use_backend %[var(txn.refusal)] if refused",
         f"    use_backend %[var(txn.model),map({d}/models.map,{NOT_FOUND_BACKEND})]",
         "",
@@ -332,6 +351,20 @@ def render_config(
             out.append(" ".join(_server_words(endpoint) + ["disabled"]))
         out.append("")
     return "\n".join(out)
+
+
+def _hold_rules(d: Path, hold_seconds: float) -> list[str]:
+    """The hold of a model that is swapping on its only replica: a request for a
+    model in held.map waits in door.lua (`core.msleep`: it yields, and a wait is
+    not Lua time, so `tune.lua.session-timeout` does not end it) until the entry
+    goes or its deadline passes, at most `hold_seconds`. The map lookup is
+    HAProxy's, so a request for any other model never enters the Lua."""
+    if hold_seconds <= 0:
+        return []
+    return [
+        f"    http-request lua.hold_model {int(hold_seconds * 1000)} if !refused "
+        f"{{ var(txn.model),map({d}/{HELD_MAP}) -m found }}",
+    ]
 
 
 def _server_words(endpoint) -> list[str]:
@@ -528,9 +561,11 @@ class HAProxyFrontDoor:
         max_body_bytes: int = MAX_BODY_BYTES,
         metrics: str = "",
         slots: int = SLOTS,
+        hold_seconds: float = HOLD_SECONDS,
     ):
         self.directory = Path(directory)
         self.slots = slots
+        self.hold_seconds = hold_seconds
         self.listen = listen
         self.metrics = metrics
         self.reload_timeout = reload_timeout
@@ -545,6 +580,10 @@ class HAProxyFrontDoor:
     @property
     def map_path(self) -> Path:
         return (self.directory / "models.map").resolve()
+
+    @property
+    def held_map_path(self) -> Path:
+        return (self.directory / HELD_MAP).resolve()
 
     def command_line(self) -> list[str]:
         """How to start this HAProxy (in the foreground, under a supervisor)."""
@@ -578,6 +617,8 @@ class HAProxyFrontDoor:
             # Created empty (a closed door: no key known) until the first access
             # sync; never overwritten here, for the runtime API keeps them.
             self._access_map_path(name).touch(mode=0o600)
+        # door.lua loads it when HAProxy starts; holds keep it (never overwritten here).
+        self.held_map_path.touch()
         config = render_config(
             table,
             self.directory,
@@ -586,6 +627,7 @@ class HAProxyFrontDoor:
             max_body_bytes=self.max_body_bytes,
             metrics=self.metrics,
             slots=self.slots,
+            hold_seconds=self.hold_seconds,
         )
         changed |= _write_if_changed(self.config_path, config)
         return changed
@@ -597,6 +639,9 @@ class HAProxyFrontDoor:
             if not self.runtime.available():
                 # Not running (yet): what it reads when it starts is current.
                 return ["wrote configuration"] if self.write(table) else []
+            # A worker that died holding a model left its entry: past its
+            # deadline it holds nothing (door.lua), and it goes here.
+            changes = self._expire_holds()
             current = self.runtime.servers()
             entries = self.runtime.map_entries(self.map_path)
             backends = {
@@ -611,7 +656,6 @@ class HAProxyFrontDoor:
                 for (backend, server), status in current.items()
                 if backend == backends[model]
             }
-            changes = []
             servers = {endpoint.server for endpoint in table.endpoints}
             running = {backend for backend, _ in current}
             new = sorted(m for m, backend in backends.items() if backend not in running)
@@ -677,6 +721,116 @@ class HAProxyFrontDoor:
             if time.monotonic() > deadline:
                 changes.append(f"drain of {backend}/{server}: {status.in_flight} still in flight")
                 return changes
+            time.sleep(0.02)
+
+    def take_out(
+        self, model: str, server: str, *, timeout: float, hold_seconds: float, owner: str
+    ) -> TakenOut:
+        """FrontDoor.take_out. Held: the hold first (a request that got past
+        the door before it is already in `server`'s count), then the wait for
+        `server`'s requests in flight while it is still READY (a request whose
+        hold runs out meanwhile is served by the old version), then the drain
+        (one whose hold runs out during the swap gets the door's 503, which
+        clients retry, not vLLM's 404), and the hold renewed for the swap."""
+        with self._locked():
+            backend = self._backend(model)
+            servers = self.runtime.servers()
+            status = servers.get((backend, server))
+            others = [
+                name
+                for (b, name), s in servers.items()
+                if b == backend and name != server and s.state == ServerState.READY
+            ]
+            alone = status is not None and status.state == ServerState.READY and not others
+            if not alone or hold_seconds <= 0:
+                hold = False
+            else:
+                changes = self._hold(model, hold_seconds, owner)
+                hold = True
+        if not hold:
+            return TakenOut(self.drain(model, server, timeout=timeout, keep_one=True))
+        try:
+            deadline = time.monotonic() + timeout
+            busy = self._wait_idle(backend, server, deadline)
+            if not busy:
+                with self._locked():
+                    changes.append(self._set_state(backend, server, ServerState.DRAIN))
+                # Between the read and the drain, a request whose hold ran out.
+                busy = self._wait_idle(backend, server, deadline)
+            if busy:
+                changes.append(f"drain of {backend}/{server}: {busy} still in flight")
+            else:
+                with self._locked():
+                    changes += self._hold(model, hold_seconds, owner)
+        except GatewayError:
+            with contextlib.suppress(GatewayError):
+                self.release(model, owner=owner)
+            raise
+        return TakenOut(changes, held=True, owner=owner, busy=busy)
+
+    def hold(self, model: str, *, seconds: float, owner: str) -> list[str]:
+        """Holds `model`'s new requests until `seconds` from now at most (a
+        hold already there is moved to that deadline and owner)."""
+        with self._locked():
+            return self._hold(model, seconds, owner)
+
+    def release(self, model: str, *, owner: str) -> list[str]:
+        with self._locked():
+            entry = self.runtime.map_entries(self.held_map_path).get(model)
+            if entry is None or entry.partition("-")[2] != owner:
+                return []
+            line = f"del map {self.held_map_path} {model}"
+            _checked(self.runtime.command(line), line)
+            self._write_holds()
+            return [line]
+
+    def holds(self) -> dict[str, tuple[int, str]]:
+        """The door's holds now: served name -> (deadline in epoch ms, owner)."""
+        found = {}
+        for model, entry in self.runtime.map_entries(self.held_map_path).items():
+            deadline, _, owner = entry.partition("-")
+            found[model] = (int(deadline) if deadline.isdigit() else 0, owner)
+        return found
+
+    def _hold(self, model: str, seconds: float, owner: str) -> list[str]:
+        """Holds (or holds longer) `model`'s new requests, until `seconds` from
+        now at most; the file follows, so a reloaded worker holds them too."""
+        if not owner.isalnum():
+            raise ValueError(f"a hold's owner is letters and digits, not {owner!r}")
+        deadline = int((time.time() + seconds) * 1000)
+        verb = "set" if model in self.runtime.map_entries(self.held_map_path) else "add"
+        line = f"{verb} map {self.held_map_path} {model} {deadline}-{owner}"
+        _checked(self.runtime.command(line), line)
+        self._write_holds()
+        return [line]
+
+    def _expire_holds(self) -> list[str]:
+        now = time.time() * 1000
+        lines = [
+            f"del map {self.held_map_path} {model}"
+            for model, (deadline, _) in sorted(self.holds().items())
+            if deadline <= now
+        ]
+        if lines:
+            self.runtime.commands(lines)
+            self._write_holds()
+        return lines
+
+    def _write_holds(self) -> None:
+        entries = self.runtime.map_entries(self.held_map_path)
+        text = "".join(f"{model} {entry}\n" for model, entry in sorted(entries.items()))
+        _write_if_changed(self.held_map_path, text)
+
+    def _wait_idle(self, backend: str, server: str, deadline: float) -> int:
+        """Waits until `server` has no request of `backend` in flight (HAProxy's
+        own count: it includes a request still on its way to vLLM, which vLLM's
+        metrics do not show yet); the count left at `deadline` (0: idle)."""
+        while True:
+            status = self.runtime.servers().get((backend, server))
+            if status is None or status.in_flight == 0:
+                return 0
+            if time.monotonic() > deadline:
+                return status.in_flight
             time.sleep(0.02)
 
     def weigh(self, model: str, weights: dict[str, int]) -> list[str]:

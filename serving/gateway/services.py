@@ -16,7 +16,7 @@ from dataclasses import replace
 from django.conf import settings
 from django.utils import timezone
 
-from serving.gateway import FrontDoor
+from serving.gateway import FrontDoor, TakenOut
 from serving.gateway.access import DoorAccess
 from serving.gateway.haproxy import GatewayError, HAProxyFrontDoor
 from serving.gateway.routing import RoutingTable, server_name
@@ -36,6 +36,7 @@ def front_door_for(deployment: Deployment) -> FrontDoor | None:
         listen=listen,
         max_body_bytes=settings.SERVING_GATEWAY_MAX_BODY_BYTES,
         metrics=settings.SERVING_GATEWAY_METRICS.get(deployment.name, ""),
+        hold_seconds=settings.SERVING_GATEWAY_HOLD_SECONDS,
     )
 
 
@@ -140,6 +141,52 @@ def gateway_drain_each(
     return [changes for changes, _, _ in results]
 
 
+def gateway_take_out(
+    deployment: Deployment, name: str, replica: Replica, *, owner: str
+) -> TakenOut | None:
+    """Before a swap of `name` on `replica`: drained at the door where another
+    replica serves `name`; where none does, `name`'s new requests held at the
+    door (SERVING_GATEWAY_HOLD_SECONDS at most each) and the replica drained
+    once its requests in flight are done (SERVING_GATEWAY_DRAIN_SECONDS at
+    most). Recorded as the replica's. None without a door, or when it failed
+    (logged and recorded; the swap goes on in place, as without a hold)."""
+    door = front_door_for(deployment)
+    if door is None:
+        return None
+    started = time.monotonic()
+    try:
+        taken = door.take_out(
+            name,
+            server_name(replica.pk),
+            timeout=settings.SERVING_GATEWAY_DRAIN_SECONDS,
+            hold_seconds=settings.SERVING_GATEWAY_HOLD_SECONDS,
+            owner=owner,
+        )
+    except GatewayError as error:
+        logger.warning("front door of %s: %s", deployment.name, error)
+        _record(deployment, [], started, error=str(error), replica=replica)
+        return None
+    _record(deployment, taken.changes, started, replica=replica)
+    return taken
+
+
+def gateway_release(deployment: Deployment, name: str, replica: Replica, *, owner: str) -> None:
+    """Ends `owner`'s hold of `name` (the swap on `replica` is done, or undone):
+    the held requests go on. A door that fails is logged and recorded; the
+    hold's deadline ends it, and the next sync removes it."""
+    door = front_door_for(deployment)
+    if door is None:
+        return
+    started = time.monotonic()
+    try:
+        changes = door.release(name, owner=owner)
+    except GatewayError as error:
+        logger.warning("front door of %s: %s", deployment.name, error)
+        _record(deployment, [], started, error=str(error), replica=replica)
+        return
+    _record(deployment, changes, started, replica=replica)
+
+
 def gateway_ready(deployment: Deployment, name: str, replicas: list[Replica]) -> list[str]:
     door = front_door_for(deployment)
     if door is None:
@@ -218,8 +265,15 @@ def _unheld(table: RoutingTable, name: str) -> RoutingTable:
     return replace(table, routes=routes)
 
 
-def _record(deployment: Deployment, changes: list[str], started: float, error: str = "") -> None:
-    """One attempt row per change that names a replica's server (`.../r<id> ...`)."""
+def _record(
+    deployment: Deployment,
+    changes: list[str],
+    started: float,
+    error: str = "",
+    replica: Replica | None = None,
+) -> None:
+    """One attempt row per change that names a replica's server (`.../r<id> ...`),
+    or, given `replica`, per change made for it (a hold of its adapter)."""
     if not changes and not error:
         return
     duration = (time.monotonic() - started) * 1000 / max(len(changes), 1)
@@ -227,6 +281,8 @@ def _record(deployment: Deployment, changes: list[str], started: float, error: s
     rows = []
     for change in changes or [error]:
         server = next((ids[word] for word in _servers_in(change) if word in ids), None)
+        if server is None and replica is not None:
+            server = replica.pk
         if server is None:
             logger.info("front door of %s: %s", deployment.name, change)
             continue

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -36,8 +37,10 @@ from serving.fanout import on_replicas, verify_with_fingerprint
 from serving.gateway.services import (
     gateway_drain,
     gateway_ready,
+    gateway_release,
     gateway_swaps_one_by_one,
     gateway_sync,
+    gateway_take_out,
 )
 from serving.models import (
     Deployment,
@@ -202,6 +205,9 @@ class _Context:
     # drained, for SERVING_ROLLBACK_RETAIN_SECONDS (a rollback's switch), then
     # swapped by the reconcile.
     kept: Replica | None = None
+    # Names this worker's holds at the front door (only its own are released):
+    # a worker that resumes the rollout after a lost claim holds under its own.
+    hold_owner: str = field(default_factory=lambda: secrets.token_hex(8))
 
 
 def _fan_out(ctx: _Context, replicas: list[Replica], work) -> dict[int, ReplicaOutcome]:
@@ -400,26 +406,38 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
     for index, group in enumerate(groups):
         group_steps = [steps[r.pk] for r in group]
         _phase(ctx, group_steps, RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
-        if swap and not ctx.moves and index >= (switch_after or 0):
-            # (Those that kept the version get no traffic for it: nothing to drain.)
-            gateway_drain(deployment, name, group)
-        loaded = _fan_out(ctx, group, load)
-        if swap and not ctx.moves and not all(o.ok for o in loaded.values()):
-            _switch_back(ctx, name, group, swapped)
-        if _failed(ctx, group_steps, loaded, "load"):
-            gateway_sync(deployment, release=name)
-            return
-        _phase(ctx, group_steps, RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
-        verified = _fan_out(ctx, group, verify)
-        fingerprints_check_rollout(rollout=rollout, replicas=group, outcomes=verified)
-        if swap and not ctx.moves and not all(o.ok for o in verified.values()):
-            _switch_back(ctx, name, group, swapped)
-        if _failed(ctx, group_steps, verified, "verification"):
-            gateway_sync(deployment, release=name)
-            return
-        if swap:
-            gateway_ready(deployment, name, group)
-            swapped += group
+        # (Those that kept the version get no traffic for it: nothing to take out.)
+        take_out = swap and not ctx.moves and index >= (switch_after or 0)
+        with _taken_out(ctx, name, group, take_out) as taken:
+            if taken is not None and taken.busy:
+                # Never unloaded under requests it still runs (SERVING_GATEWAY_DRAIN_SECONDS).
+                loaded = {
+                    r.pk: ReplicaOutcome().fail(
+                        f"{taken.busy} request(s) through {name} were still running there "
+                        f"after {settings.SERVING_GATEWAY_DRAIN_SECONDS:g} s "
+                        "(SERVING_GATEWAY_DRAIN_SECONDS); not swapped while they run."
+                    )
+                    for r in group
+                }
+            else:
+                loaded = _fan_out(ctx, group, load)
+            if swap and not ctx.moves and not all(o.ok for o in loaded.values()):
+                _switch_back(ctx, name, group, swapped)
+            phase = "drain" if taken is not None and taken.busy else "load"
+            if _failed(ctx, group_steps, loaded, phase):
+                gateway_sync(deployment, release=name)
+                return
+            _phase(ctx, group_steps, RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
+            verified = _fan_out(ctx, group, verify)
+            fingerprints_check_rollout(rollout=rollout, replicas=group, outcomes=verified)
+            if swap and not ctx.moves and not all(o.ok for o in verified.values()):
+                _switch_back(ctx, name, group, swapped)
+            if _failed(ctx, group_steps, verified, "verification"):
+                gateway_sync(deployment, release=name)
+                return
+            if swap:
+                gateway_ready(deployment, name, group)
+                swapped += group
         if ctx.moves:
             # The new version serves there: the old one's replica gets nothing
             # new, finishes what it has, and keeps the old version loaded.
@@ -444,6 +462,25 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
         )
     _succeed(ctx, served)
     gateway_sync(deployment, release=name)
+
+
+@contextlib.contextmanager
+def _taken_out(ctx: _Context, name: str, group: list[Replica], take: bool):
+    """With `take`, the swap's replica (a group of one) taken out at the front
+    door for the block (gateway_take_out): drained, or, where it is the only
+    one serving `name`, `name`'s new requests held at the door. The hold ends
+    when the block does, whichever way: after the replica is back, or after a
+    failure's switch back and rollback. A worker that dies meanwhile leaves a
+    hold that its deadline ends (door.lua) and the next sync removes."""
+    taken = None
+    if take:
+        [replica] = group
+        taken = gateway_take_out(ctx.deployment, name, replica, owner=ctx.hold_owner)
+    try:
+        yield taken
+    finally:
+        if taken is not None and taken.held:
+            gateway_release(ctx.deployment, name, replica, owner=taken.owner)
 
 
 def _swap_order(

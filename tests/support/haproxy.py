@@ -129,3 +129,17 @@ def vllm_404s(log_path: Path, since: int = 0) -> int:
         handle.seek(since)
         text = handle.read().decode(errors="replace")
     return len(re.findall(r'"POST /v1/(?:chat/)?completions HTTP/1\.1" 404', text))
+
+
+def held_ms(log: Path, model: str, since: int = 0) -> list[int]:
+    """How long the door held each request for `model` that it held (the last
+    field of its log line, door.lua's txn.held_ms), from byte `since` on."""
+    with open(log, "rb") as handle:
+        handle.seek(since)
+        text = handle.read().decode(errors="replace")
+    found = []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) > 10 and words[7] == model and words[-1].isdigit():
+            found.append(int(words[-1]))
+    return found
