@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from serving.gateway.haproxy import ACCESS_MAPS, render_config, render_map
+from serving.gateway.haproxy import ACCESS_MAPS, HELD_MAP, render_config, render_map
 from serving.gateway.routing import ReplicaView, ServedView, ServerState, routing_table
 from serving.gateway.selectors import routing_table_for
 
@@ -58,6 +58,7 @@ def test_the_rendered_configuration_is_valid_for_haproxy(tmp_path):
     (tmp_path / "models.map").write_text(render_map(built))
     for name in ACCESS_MAPS:
         (tmp_path / f"{name}.map").touch()
+    (tmp_path / HELD_MAP).touch()  # door.lua loads it at start
     (tmp_path / "unavailable.http").write_text("HTTP/1.1 503 x\r\n\r\n")
     config = render_config(
         built, tmp_path, listen="127.0.0.1:1", states={("m_a", "r2"): ServerState.DRAIN}
