@@ -9,6 +9,7 @@ Gateway API Inference Extension) implements the same small protocol.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,13 +45,21 @@ class FrontDoor(Protocol):
         """Sends `model`'s requests to `server` again."""
 
     def take_out(
-        self, model: str, server: str, *, timeout: float, hold_seconds: float, owner: str
+        self,
+        model: str,
+        server: str,
+        *,
+        timeout: float,
+        hold_seconds: float,
+        owner: str,
+        tick: Callable[[], None] | None = None,
     ) -> TakenOut:
         """Before a swap of `model` on `server`: no new request of it goes
         there, and its requests in flight there finish (waited at most
         `timeout`). Where another replica serves `model`, a drain. Where none
         does, the door holds `model`'s new requests (at most `hold_seconds`
-        each) until `release`, so that no client meets the swap's gap."""
+        each) until `release`, so that no client meets the swap's gap. `tick()`
+        runs while it waits."""
 
     def release(self, model: str, *, owner: str) -> list[str]:
         """Ends `owner`'s hold of `model`: the held requests go on, routed as

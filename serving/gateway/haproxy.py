@@ -40,7 +40,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -724,7 +724,14 @@ class HAProxyFrontDoor:
             time.sleep(0.02)
 
     def take_out(
-        self, model: str, server: str, *, timeout: float, hold_seconds: float, owner: str
+        self,
+        model: str,
+        server: str,
+        *,
+        timeout: float,
+        hold_seconds: float,
+        owner: str,
+        tick: Callable[[], None] | None = None,
     ) -> TakenOut:
         """FrontDoor.take_out. Held: the hold first (a request that got past
         the door before it is already in `server`'s count), then the wait for
@@ -751,18 +758,20 @@ class HAProxyFrontDoor:
             return TakenOut(self.drain(model, server, timeout=timeout, keep_one=True))
         try:
             deadline = time.monotonic() + timeout
-            busy = self._wait_idle(backend, server, deadline)
+            busy = self._wait_idle(backend, server, deadline, tick)
             if not busy:
                 with self._locked():
                     changes.append(self._set_state(backend, server, ServerState.DRAIN))
                 # Between the read and the drain, a request whose hold ran out.
-                busy = self._wait_idle(backend, server, deadline)
+                busy = self._wait_idle(backend, server, deadline, tick)
             if busy:
                 changes.append(f"drain of {backend}/{server}: {busy} still in flight")
             else:
                 with self._locked():
                     changes += self._hold(model, hold_seconds, owner)
-        except GatewayError:
+        except Exception:
+            # HAProxy failed, or `tick` says the caller must stop: the hold is
+            # not left behind (its deadline would end it, seconds later).
             with contextlib.suppress(GatewayError):
                 self.release(model, owner=owner)
             raise
@@ -821,11 +830,14 @@ class HAProxyFrontDoor:
         text = "".join(f"{model} {entry}\n" for model, entry in sorted(entries.items()))
         _write_if_changed(self.held_map_path, text)
 
-    def _wait_idle(self, backend: str, server: str, deadline: float) -> int:
+    def _wait_idle(self, backend: str, server: str, deadline: float, tick=None) -> int:
         """Waits until `server` has no request of `backend` in flight (HAProxy's
         own count: it includes a request still on its way to vLLM, which vLLM's
-        metrics do not show yet); the count left at `deadline` (0: idle)."""
+        metrics do not show yet); the count left at `deadline` (0: idle).
+        `tick()` runs between reads (the caller's claim outlives a long wait)."""
         while True:
+            if tick is not None:
+                tick()
             status = self.runtime.servers().get((backend, server))
             if status is None or status.in_flight == 0:
                 return 0

@@ -142,14 +142,15 @@ def gateway_drain_each(
 
 
 def gateway_take_out(
-    deployment: Deployment, name: str, replica: Replica, *, owner: str
+    deployment: Deployment, name: str, replica: Replica, *, owner: str, tick=None
 ) -> TakenOut | None:
     """Before a swap of `name` on `replica`: drained at the door where another
     replica serves `name`; where none does, `name`'s new requests held at the
     door (SERVING_GATEWAY_HOLD_SECONDS at most each) and the replica drained
     once its requests in flight are done (SERVING_GATEWAY_DRAIN_SECONDS at
-    most). Recorded as the replica's. None without a door, or when it failed
-    (logged and recorded; the swap goes on in place, as without a hold)."""
+    most; `tick()` runs meanwhile). Recorded as the replica's. None without a
+    door, or when it failed (logged and recorded; the swap goes on in place,
+    as without a hold)."""
     door = front_door_for(deployment)
     if door is None:
         return None
@@ -161,6 +162,7 @@ def gateway_take_out(
             timeout=settings.SERVING_GATEWAY_DRAIN_SECONDS,
             hold_seconds=settings.SERVING_GATEWAY_HOLD_SECONDS,
             owner=owner,
+            tick=tick,
         )
     except GatewayError as error:
         logger.warning("front door of %s: %s", deployment.name, error)

@@ -475,7 +475,11 @@ def _taken_out(ctx: _Context, name: str, group: list[Replica], take: bool):
     taken = None
     if take:
         [replica] = group
-        taken = gateway_take_out(ctx.deployment, name, replica, owner=ctx.hold_owner)
+        # The wait for its requests in flight renews the claim; a cancel or a
+        # lost claim ends it (Stopped), the hold released by the door.
+        taken = gateway_take_out(
+            ctx.deployment, name, replica, owner=ctx.hold_owner, tick=ctx.watch.check
+        )
     try:
         yield taken
     finally:

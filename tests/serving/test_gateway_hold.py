@@ -216,3 +216,13 @@ def test_a_client_can_neither_lift_a_hold_nor_set_one(door):
     assert Sent(door, OTHER).wait().seconds < 1.0
     front.release(HELD, owner="swap3")
     assert [t.wait().status for t in tries] == [200, 200, 200]
+
+
+def test_a_take_out_whose_caller_must_stop_leaves_no_hold(door):
+    def cancelled():
+        raise RuntimeError("the rollout was cancelled")
+
+    with pytest.raises(RuntimeError):
+        door.door.take_out(HELD, "r1", timeout=5, hold_seconds=10, owner="stop", tick=cancelled)
+    assert door.door.holds() == {}
+    assert HELD not in door.door.held_map_path.read_text()

@@ -32,8 +32,10 @@ class RecordingDoor:
     def apply_access(self, access):
         return []
 
-    def take_out(self, model, server, *, timeout, hold_seconds, owner):
+    def take_out(self, model, server, *, timeout, hold_seconds, owner, tick=None):
         self.calls.append(("take_out", server))
+        if tick is not None:
+            tick()  # the engine's claim is renewed while it waits
         return TakenOut(
             [f"add map /door/held.map {model} 1-{owner}"], held=True, owner=owner, busy=self.busy
         )
