@@ -391,6 +391,8 @@ def test_haproxy_holds_no_environment_of_the_process_that_starts_it(door):
     assert [line for line in shown if not line.startswith("HAPROXY_")] == [
         "PATH=/usr/sbin:/usr/bin:/bin",
         GLIBC_TUNABLES,
+        # The configuration's own `setenv`: where door.lua finds held.map.
+        f"DOOR_HELD_MAP={door.door.held_map_path}",
     ]
 
 
