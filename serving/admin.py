@@ -1,13 +1,16 @@
 """Admin screens for the control plane. Rollout history, attempts and drift are
 read-only records; the vLLM API key is never shown."""
 
+from django import forms
 from django.contrib import admin, messages
 
 from core.actors import actor_from_request
 from core.admin_mixins import ReadOnlyAdminMixin
 from core.errors import ApplicationError
 from serving.models import (
+    LIMIT_FIELDS,
     AdapterGrant,
+    DepartmentLimits,
     Deployment,
     DriftEvent,
     HttpAttempt,
@@ -21,6 +24,7 @@ from serving.models import (
     VersionFingerprint,
 )
 from serving.services.deployments import deployment_delete
+from serving.services.limits import department_limits_set, limits_checked
 
 
 class ReplicaInline(admin.TabularInline):
@@ -162,7 +166,16 @@ class VersionFingerprintAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 class InferenceKeyAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Issued and revoked on the Keys pages and the API (audited), not here."""
 
-    list_display = ["prefix", "name", "department", "holder_kind", "expires_at", "revoked_at"]
+    list_display = [
+        "prefix",
+        "name",
+        "department",
+        "holder_kind",
+        "requests_per_minute",
+        "tokens_per_minute",
+        "expires_at",
+        "revoked_at",
+    ]
     list_filter = ["department"]
     list_select_related = ["department"]
     exclude = ["secret_sha256"]
@@ -176,3 +189,56 @@ class AdapterGrantAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["pk", "adapter", "department", "status", "expires_at", "decided_by"]
     list_filter = ["status", "department"]
     list_select_related = ["adapter__department", "department", "decided_by"]
+
+
+class DepartmentLimitsForm(forms.ModelForm):
+    class Meta:
+        model = DepartmentLimits
+        fields = ["department", *LIMIT_FIELDS]
+
+    def clean(self):
+        cleaned = super().clean()
+        try:
+            limits_checked({name: cleaned.get(name) for name in LIMIT_FIELDS})
+        except ApplicationError as error:
+            raise forms.ValidationError(error.message) from error
+        return cleaned
+
+
+@admin.register(DepartmentLimits)
+class DepartmentLimitsAdmin(admin.ModelAdmin):
+    """Platform admins set a department's limits here or in the API; either way
+    through the service, which audits the change and tells every front door."""
+
+    form = DepartmentLimitsForm
+    list_display = ["department", *LIMIT_FIELDS, "updated_by", "updated_at"]
+    list_select_related = ["department", "updated_by"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["department"] if obj else []
+
+    def _platform_admin(self, request) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    def has_view_permission(self, request, obj=None):
+        return self._platform_admin(request)
+
+    def has_change_permission(self, request, obj=None):
+        return self._platform_admin(request)
+
+    def has_add_permission(self, request):
+        return self._platform_admin(request)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # empty every field instead: the change is audited
+
+    def has_module_permission(self, request):
+        return self._platform_admin(request)
+
+    def save_model(self, request, obj, form, change):
+        saved = department_limits_set(
+            actor=actor_from_request(request),
+            department=form.cleaned_data.get("department") or obj.department,
+            changes={name: form.cleaned_data.get(name) for name in LIMIT_FIELDS},
+        )
+        obj.pk = saved.pk

@@ -690,6 +690,10 @@ class InferenceKey(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
     revoked_reason = models.CharField(max_length=200, blank=True)
+    # Set by its department's approvers, never above the department's own
+    # (serving/services/limits.py); empty: only the department's limit applies.
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveBigIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -697,6 +701,14 @@ class InferenceKey(models.Model):
             models.CheckConstraint(
                 condition=Q(service_account__isnull=True) | Q(person__isnull=True),
                 name="inference_key_one_holder",
+            ),
+            models.CheckConstraint(
+                condition=Q(requests_per_minute__isnull=True) | Q(requests_per_minute__gt=0),
+                name="inference_key_rpm_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(tokens_per_minute__isnull=True) | Q(tokens_per_minute__gt=0),
+                name="inference_key_tpm_positive",
             ),
         ]
         indexes = [models.Index(fields=["revoked_at", "expires_at"], name="inference_key_live")]
@@ -764,3 +776,48 @@ class AdapterGrant(models.Model):
 
     def __str__(self) -> str:
         return f"grant #{self.pk}: {self.department.slug} calls {self.adapter.served_name}"
+
+
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "tokens_per_month")
+
+
+class DepartmentLimits(models.Model):
+    """What one department's keys may use at the front doors, set by platform
+    admins (serving/services/limits.py, audited). Empty: no limit of that kind.
+
+    Requests per minute are counted by each front door (per deployment); tokens
+    are metered across every door and enforced within one reconcile tick of
+    being crossed (docs/gateway.md, "Limits")."""
+
+    department = models.OneToOneField(Department, on_delete=models.CASCADE, related_name="limits")
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveBigIntegerField(null=True, blank=True)
+    # Budgets: prompt plus completion tokens per UTC day and per UTC month.
+    tokens_per_day = models.PositiveBigIntegerField(null=True, blank=True)
+    tokens_per_month = models.PositiveBigIntegerField(null=True, blank=True)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "department limits"
+        constraints = [
+            *(
+                models.CheckConstraint(
+                    condition=Q(**{f"{name}__isnull": True}) | Q(**{f"{name}__gt": 0}),
+                    name=f"department_{name}_positive",
+                )
+                for name in LIMIT_FIELDS
+            ),
+            # A day's budget above the month's could never be reached.
+            models.CheckConstraint(
+                condition=Q(tokens_per_day__isnull=True)
+                | Q(tokens_per_month__isnull=True)
+                | Q(tokens_per_day__lte=models.F("tokens_per_month")),
+                name="department_day_budget_within_month",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"limits of {self.department.slug}"

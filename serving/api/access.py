@@ -1,5 +1,6 @@
-"""/api/v1/inference-keys/, /api/v1/grants/ and /api/v1/adapters/{id}/callers/:
-who may call what at the front doors (docs/operators/keys-and-grants.md).
+"""/api/v1/inference-keys/, /api/v1/grants/, /api/v1/adapters/{id}/callers/ and
+/api/v1/departments/{slug}/limits/: who may call what at the front doors, and
+how much (docs/operators/keys-and-grants.md, docs/gateway.md "Limits").
 
 Reads go through serving.access_selectors (outsiders get 404), writes through
 one service each (serving/services/inference_keys.py, grants.py)."""
@@ -18,6 +19,7 @@ from rest_framework.response import Response
 from rest_framework.routers import DefaultRouter
 from rest_framework.views import APIView
 
+from core import selectors as core_selectors
 from core.api.filters import StrictFilterSet
 from core.api.views import ActorMixin, schema_only
 from core.errors import ReferenceNotFound
@@ -26,8 +28,14 @@ from registry import selectors as registry_selectors
 from serving import access_selectors
 from serving.gateway.selectors import live_inference_keys
 from serving.models import AdapterGrant, InferenceKey
+from serving.quota_selectors import department_budgets, department_limits_of
 from serving.services.grants import grant_decide, grant_request, grant_revoke
 from serving.services.inference_keys import HOLDERS, inference_key_issue, inference_key_revoke
+from serving.services.limits import (
+    MAXIMUM,
+    department_limits_set,
+    inference_key_limits_set,
+)
 
 KEY_STATUSES = ["active", "suspended", "expired", "revoked"]
 
@@ -75,8 +83,20 @@ class InferenceKeySerializer(serializers.ModelSerializer):
             "revoked_at",
             "revoked_by",
             "revoked_reason",
+            "requests_per_minute",
+            "tokens_per_minute",
         ]
         read_only_fields = fields
+        extra_kwargs = {
+            "requests_per_minute": {
+                "help_text": "The key's own limit at each front door; null: its "
+                "department's alone. Never above the department's."
+            },
+            "tokens_per_minute": {
+                "help_text": "Prompt plus completion tokens a minute (UTC), metered; null: "
+                "its department's alone."
+            },
+        }
 
     def get_status(self, key) -> str:
         return access_selectors.key_status(key)
@@ -114,6 +134,29 @@ class InferenceKeyCreateSerializer(serializers.Serializer):
         return fields
 
 
+def _limit_field(name: str, help_text: str) -> serializers.IntegerField:
+    return serializers.IntegerField(
+        min_value=1,
+        max_value=MAXIMUM[name],
+        allow_null=True,
+        required=False,
+        help_text=help_text + " null: no limit. Left out: unchanged.",
+    )
+
+
+class KeyLimitsSerializer(serializers.Serializer):
+    requests_per_minute = _limit_field(
+        "requests_per_minute",
+        "Requests a minute (UTC calendar minute) at each front door, at most the "
+        "department's; over it the door answers 429.",
+    )
+    tokens_per_minute = _limit_field(
+        "tokens_per_minute",
+        "Prompt plus completion tokens a minute, at most the department's; enforced "
+        "from metered usage within one reconcile tick.",
+    )
+
+
 class RevokeSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
 
@@ -142,6 +185,13 @@ class InferenceKeyFilter(StrictFilterSet):
         request=InferenceKeyCreateSerializer, responses={201: InferenceKeyCreatedSerializer}
     ),
     revoke=extend_schema(request=RevokeSerializer, responses=InferenceKeySerializer),
+    limits=extend_schema(
+        request=KeyLimitsSerializer,
+        responses=InferenceKeySerializer,
+        description="Sets the key's own limits (approvers of its department and platform "
+        "admins): never above its department's (400 `above_department_limit`). In effect "
+        "at every front door within seconds, without a reload.",
+    ),
 )
 class InferenceKeyViewSet(
     ActorMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
@@ -193,6 +243,96 @@ class InferenceKeyViewSet(
         return Response(
             InferenceKeySerializer(access_selectors.inference_key_get(self.actor, key.pk)).data
         )
+
+    @action(detail=True, methods=["patch"])
+    def limits(self, request, pk=None):
+        data = KeyLimitsSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        key = inference_key_limits_set(
+            actor=self.actor, key=self.get_object(), changes=dict(data.validated_data)
+        )
+        return Response(
+            InferenceKeySerializer(access_selectors.inference_key_get(self.actor, key.pk)).data
+        )
+
+
+# --- Department limits --------------------------------------------------------
+
+
+class DepartmentLimitsSerializer(serializers.Serializer):
+    requests_per_minute = _limit_field(
+        "requests_per_minute",
+        "Requests a minute (UTC calendar minute) from all the department's keys, "
+        "counted by each front door; over it the door answers 429.",
+    )
+    tokens_per_minute = _limit_field(
+        "tokens_per_minute",
+        "Prompt plus completion tokens a minute from all its keys, metered across the "
+        "front doors; enforced within one reconcile tick of being crossed.",
+    )
+    tokens_per_day = _limit_field(
+        "tokens_per_day",
+        "Token budget per UTC day; once spent, the doors answer 429 `insufficient_quota` "
+        "until midnight UTC.",
+    )
+    tokens_per_month = _limit_field(
+        "tokens_per_month",
+        "Token budget per UTC calendar month; at least tokens_per_day.",
+    )
+
+
+class BudgetSerializer(serializers.Serializer):
+    limit = serializers.ChoiceField(
+        choices=["tokens_per_minute", "tokens_per_day", "tokens_per_month"]
+    )
+    value = serializers.IntegerField(help_text="The limit, in tokens.")
+    used = serializers.IntegerField(
+        allow_null=True, help_text="Metered so far in this window; null: not metered yet."
+    )
+    left = serializers.IntegerField(allow_null=True, help_text="value - used, at least 0.")
+    resets_at = serializers.DateTimeField(help_text="When the window ends (UTC).")
+
+
+class DepartmentLimitsReadSerializer(DepartmentLimitsSerializer):
+    department = serializers.SlugField()
+    budgets = BudgetSerializer(
+        many=True, help_text="What is left of each token limit now, where one is set."
+    )
+
+
+class DepartmentLimitsView(ActorMixin, APIView):
+    def _body(self, department) -> dict:
+        limits = department_limits_of(department)
+        return DepartmentLimitsReadSerializer(
+            {
+                "department": department.slug,
+                **{name: getattr(limits, name) for name in DepartmentLimitsSerializer().fields},
+                "budgets": department_budgets(department.slug, limits),
+            }
+        ).data
+
+    @extend_schema(
+        responses=DepartmentLimitsReadSerializer,
+        description="The department's limits at the front doors and what is left of its "
+        "token budgets. Its members and platform admins; others get 404.",
+    )
+    def get(self, request, slug: str):
+        return Response(self._body(core_selectors.department_get(self.actor, slug)))
+
+    @extend_schema(
+        request=DepartmentLimitsSerializer,
+        responses=DepartmentLimitsReadSerializer,
+        description="Sets the named limits (platform admins only; audited). In effect at "
+        "every front door within seconds, without a reload.",
+    )
+    def patch(self, request, slug: str):
+        department = core_selectors.department_get(self.actor, slug)
+        data = DepartmentLimitsSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        department_limits_set(
+            actor=self.actor, department=department, changes=dict(data.validated_data)
+        )
+        return Response(self._body(department))
 
 
 # --- Grants -------------------------------------------------------------------
@@ -366,4 +506,9 @@ router.register("grants", GrantViewSet, basename="grant")
 urlpatterns = [
     *router.urls,
     path("adapters/<int:pk>/callers/", AdapterCallersView.as_view(), name="adapter-callers"),
+    path(
+        "departments/<slug:slug>/limits/",
+        DepartmentLimitsView.as_view(),
+        name="department-limits",
+    ),
 ]

@@ -23,6 +23,7 @@ from registry.models import Adapter
 from registry.web.queries import my_departments
 from serving import access_selectors
 from serving.models import GrantStatus
+from serving.quota_selectors import department_budgets, department_limits_of
 from serving.services.grants import (
     can_decide,
     can_revoke,
@@ -43,6 +44,7 @@ def _key_rows(actor: Actor, keys) -> list[dict]:
     return [
         {
             "key": key,
+            "limited": key.requests_per_minute or key.tokens_per_minute,
             "status": access_selectors.key_status(key),
             "may_revoke": key.revoked_at is None and may_revoke(actor, key),
         }
@@ -167,8 +169,19 @@ def department_keys(request, actor: Actor, slug: str):
         keys=_key_rows(actor, keys[:200]),
         grants=_grant_rows(actor, grants[:100]),
         approves=can_approve(actor, department.pk),
+        **_limits_context(department),
     )
     return _keys_response(request, context, status)
+
+
+def _limits_context(department) -> dict:
+    """The department's limits and what is left of its token budgets."""
+    limits = department_limits_of(department)
+    return {
+        "limits": limits,
+        "has_limits": any(vars(limits).values()),
+        "budgets": department_budgets(department.slug, limits),
+    }
 
 
 def _for_department(form: InferenceKeyForm, actor: Actor, department) -> None:
