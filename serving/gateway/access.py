@@ -8,12 +8,19 @@ service account or a person), and `allowed` says which served names each
 department may call here: its own department's adapters on a deployment it may
 use, the base model, and adapters of other departments through an approved,
 unexpired grant. Anything else is answered as if it did not exist (404).
+
+Limits (serving/quotas.py): `rpm` is requests per minute per key and per
+department ("key:<id>", "dept:<slug>"), counted by the door itself; `limited`
+holds the callers the door refuses until a time because metered tokens crossed
+a limit. Both answer 429 in OpenAI's shape.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from serving.quotas import Limited
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,8 @@ class DoorAccess:
     # Served name -> the id of the adapter version served under it: the door
     # writes it into each request's id, for metering (observability.metering).
     versions: Mapping[str, int] = field(default_factory=dict)
+    rpm: Mapping[str, int] = field(default_factory=dict)  # caller entry -> requests a minute
+    limited: Mapping[str, Limited] = field(default_factory=dict)  # caller entry -> refused until
 
     def models_for(self, department: str) -> list[str]:
         """The served names a department may call here, sorted: what

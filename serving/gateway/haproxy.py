@@ -93,7 +93,8 @@ GLIBC_TUNABLES = (
 # a map file is 0600, changes at runtime (`set map`, no reload: a rotated key
 # is in effect for the next request) and `show env` never prints it.
 # versions.map: served name -> the version id it serves (for the request id).
-ACCESS_MAPS = ("keys", "grants", "catalog", "upstream", "door", "versions")
+# The door's flags (with the fingerprint) last: see apply_access.
+ACCESS_MAPS = ("keys", "grants", "catalog", "upstream", "versions", "rpm", "limited", "door")
 UPSTREAM_ENTRY = "replicas"
 # The caller of an open door (no keys): its /v1/models lists every route.
 OPEN_CALLER = "*"
@@ -281,6 +282,8 @@ def render_config(
         # A model the caller may not call is one that does not exist, to it.
         f"    http-request set-var(txn.refusal) str({NOT_FOUND_BACKEND}) if !refused !open "
         "!{ var(txn.grant) -m found }",
+        # Over a limit: answered at once, never held first.
+        *_limit_rules(d),
         *_hold_rules(d, hold_seconds),
         # The request id vLLM reports with its token counts (observability.metering):
         # who called (key id) and which version serves the model, then a random
@@ -305,6 +308,7 @@ def render_config(
             lf=f"%[var(txn.dept),map({d}/catalog.map,{empty_catalog}),b64dec]",
         ),
         *_answer(NOT_FOUND_BACKEND, 404, lf=NOT_FOUND_BODY),
+        *_limit_backends(),
     ]
     if metrics:
         out += [
@@ -374,13 +378,163 @@ def _server_words(endpoint) -> list[str]:
     return words
 
 
-def _answer(backend: str, status: int, *, lf: str = "", fixed: str = "", bearer=False) -> list:
+def _answer(
+    backend: str,
+    status: int,
+    *,
+    lf: str = "",
+    fixed: str = "",
+    bearer=False,
+    headers: tuple[tuple[str, str], ...] = (),
+) -> list:
     """A backend that answers the door's own reply (no server behind it)."""
     body = f"lf-string {_quote(lf)}" if lf else f"string {_quote(fixed)}"
     header = " hdr WWW-Authenticate Bearer" if bearer else ""
+    header += "".join(f" hdr {name} {_quote(value)}" for name, value in headers)
     return [
         f"backend {backend}",
         f"    http-request return status {status} content-type application/json {body}{header}",
+        "",
+    ]
+
+
+# --- Limits (issue 32): requests per minute counted here, tokens refused from
+# the `limited` map the control plane computes from metering (serving/quotas.py).
+# Both answer 429 in OpenAI's shape with Retry-After and x-ratelimit-* headers,
+# which the `openai` client turns into RateLimitError and waits on before it
+# retries (it retries a 429 only when Retry-After is at most 120 s: a spent
+# budget's renewal, hours away, is not retried).
+
+# Calendar minutes (UTC), counted per caller entry and minute: an exact count
+# and an exact reset (the minute's end), where a sliding rate (http_req_rate)
+# could only estimate when a request would be taken again. A burst across a
+# minute's edge may get twice the limit in 60 s, as with every fixed window.
+RATE_TABLE = "door_rates"
+RATE_TABLE_SIZE = 200_000
+REQUESTS_BODY = _error(
+    "Rate limit reached for %[var(txn.rl_scope)] on requests per min (RPM): "
+    "Limit %[var(txn.rl_limit)]. Please try again in %[var(txn.rl_reset)]s.",
+    "requests",
+    "rate_limit_exceeded",
+)
+TOKENS_BODY = _error(
+    "Rate limit reached for %[var(txn.rl_scope)] on tokens per min (TPM): "
+    "Limit %[var(txn.rl_limit)]. Please try again in %[var(txn.rl_retry)]s.",
+    "tokens",
+    "rate_limit_exceeded",
+)
+BUDGET_BODY = _error(
+    "%[var(txn.rl_scope)] has used its token budget (%[var(txn.rl_which)]: "
+    "%[var(txn.rl_limit)]); it renews in %[var(txn.rl_retry)]s.",
+    "insufficient_quota",
+    "insufficient_quota",
+)
+
+
+def _limit_rules(d: Path) -> list[str]:
+    """The frontend's limit checks, for a keyed request the door would route
+    (after its key and grant checks: a refused request counts against nothing).
+    Tokens first (a caller refused until a time is not counted), then the
+    key's requests per minute, then its department's (a key past its own
+    limit does not use up its department's minute)."""
+    kblock = "{ var(txn.rl_kblock),field(1,|),sub(txn.rl_now) -m int gt 0 }"
+    dblock = "{ var(txn.rl_dblock),field(1,|),sub(txn.rl_now) -m int gt 0 }"
+    blocked = "{ var(txn.rl_block) -m found }"
+    when_blocked = f"if !refused {blocked}"
+    key_rpm = "{ var(txn.rl_krpm) -m found }"
+    dept_rpm = "{ var(txn.rl_drpm) -m found }"
+    return [
+        "    # --- Limits (serving/quotas.py; docs/gateway.md, Limits)",
+        "    acl rl_on var(txn.key_id) -m found",
+        "    acl rl_key_over var(txn.rl_kleft) -m int lt 0",
+        "    acl rl_dept_over var(txn.rl_dleft) -m int lt 0",
+        '    http-request set-var-fmt(txn.rl_kname) "key:%[var(txn.key_id)]" if !refused rl_on',
+        '    http-request set-var-fmt(txn.rl_dname) "dept:%[var(txn.dept)]" if !refused rl_on',
+        "    http-request set-var(txn.rl_now) date if !refused rl_on",
+        # Refused for tokens until a time: "until (epoch s)|limit|value".
+        f"    http-request set-var(txn.rl_kblock) var(txn.rl_kname),map({d}/limited.map) "
+        "if !refused rl_on",
+        f"    http-request set-var(txn.rl_dblock) var(txn.rl_dname),map({d}/limited.map) "
+        "if !refused rl_on",
+        f"    http-request set-var(txn.rl_block) var(txn.rl_kblock) if !refused {kblock}",
+        '    http-request set-var-fmt(txn.rl_scope) "key %[var(txn.key_id)]" '
+        f"if !refused {blocked}",
+        f"    http-request set-var(txn.rl_block) var(txn.rl_dblock) if !refused !{blocked} "
+        f"{dblock}",
+        '    http-request set-var-fmt(txn.rl_scope) "department %[var(txn.dept)]" '
+        f"if !refused {blocked} !{{ var(txn.rl_scope) -m found }}",
+        "    http-request set-var(txn.rl_retry) var(txn.rl_block),field(1,|),sub(txn.rl_now) "
+        f"{when_blocked}",
+        f"    http-request set-var(txn.rl_which) var(txn.rl_block),field(2,|) {when_blocked}",
+        f"    http-request set-var(txn.rl_limit) var(txn.rl_block),field(3,|) {when_blocked}",
+        "    http-request set-var(txn.refusal) str(door_429_tokens) if !refused "
+        f"{blocked} {{ var(txn.rl_which) -m str tokens_per_minute }}",
+        f"    http-request set-var(txn.refusal) str(door_429_budget) {when_blocked}",
+        # Requests per minute: each caller's count in this minute (sc_inc_gpc0
+        # increments and reads at once: exact across HAProxy's threads).
+        "    http-request set-var(txn.rl_minute) date,div(60) if !refused rl_on",
+        "    http-request set-var(txn.rl_reset) date,mod(60),neg,add(60) if !refused rl_on",
+        f"    http-request set-var(txn.rl_krpm) var(txn.rl_kname),map_str_int({d}/rpm.map) "
+        "if !refused rl_on",
+        f"    http-request track-sc1 var(txn.rl_kname),concat(:,txn.rl_minute,) table {RATE_TABLE} "
+        f"if !refused {key_rpm}",
+        f"    http-request set-var(txn.rl_kused) sc_inc_gpc0(1) if !refused {key_rpm}",
+        "    http-request set-var(txn.rl_kleft) var(txn.rl_krpm),sub(txn.rl_kused) "
+        "if !refused { var(txn.rl_kused) -m found }",
+        '    http-request set-var-fmt(txn.rl_scope) "key %[var(txn.key_id)]" '
+        "if !refused rl_key_over",
+        "    http-request set-var(txn.rl_limit) var(txn.rl_krpm) if !refused rl_key_over",
+        "    http-request set-var(txn.refusal) str(door_429_requests) if !refused rl_key_over",
+        f"    http-request set-var(txn.rl_drpm) var(txn.rl_dname),map_str_int({d}/rpm.map) "
+        "if !refused rl_on",
+        f"    http-request track-sc2 var(txn.rl_dname),concat(:,txn.rl_minute,) table {RATE_TABLE} "
+        f"if !refused {dept_rpm}",
+        f"    http-request set-var(txn.rl_dused) sc_inc_gpc0(2) if !refused {dept_rpm}",
+        "    http-request set-var(txn.rl_dleft) var(txn.rl_drpm),sub(txn.rl_dused) "
+        "if !refused { var(txn.rl_dused) -m found }",
+        '    http-request set-var-fmt(txn.rl_scope) "department %[var(txn.dept)]" '
+        "if !refused rl_dept_over",
+        "    http-request set-var(txn.rl_limit) var(txn.rl_drpm) if !refused rl_dept_over",
+        "    http-request set-var(txn.refusal) str(door_429_requests) if !refused rl_dept_over",
+        # A taken request tells the caller about the tighter of its two limits,
+        # as OpenAI's answers do.
+        f"    http-request set-var(txn.rl_limit) var(txn.rl_krpm) if !refused {key_rpm}",
+        "    http-request set-var(txn.rl_left) var(txn.rl_kleft) if !refused "
+        "{ var(txn.rl_kleft) -m found }",
+        f"    http-request set-var(txn.rl_limit) var(txn.rl_drpm) if !refused {dept_rpm} "
+        "!{ var(txn.rl_left) -m found } || !refused { var(txn.rl_dleft),sub(txn.rl_left) "
+        "-m int lt 0 }",
+        f"    http-request set-var(txn.rl_left) var(txn.rl_dleft) if !refused {dept_rpm} "
+        "!{ var(txn.rl_left) -m found } || !refused { var(txn.rl_dleft),sub(txn.rl_left) "
+        "-m int lt 0 }",
+        "    http-response set-header x-ratelimit-limit-requests %[var(txn.rl_limit)] "
+        "if { var(txn.rl_left) -m found }",
+        "    http-response set-header x-ratelimit-remaining-requests %[var(txn.rl_left)] "
+        "if { var(txn.rl_left) -m found }",
+        "    http-response set-header x-ratelimit-reset-requests %[var(txn.rl_reset)]s "
+        "if { var(txn.rl_left) -m found }",
+    ]
+
+
+def _limit_backends() -> list[str]:
+    requests = (
+        ("Retry-After", "%[var(txn.rl_reset)]"),
+        ("x-ratelimit-limit-requests", "%[var(txn.rl_limit)]"),
+        ("x-ratelimit-remaining-requests", "0"),
+        ("x-ratelimit-reset-requests", "%[var(txn.rl_reset)]s"),
+    )
+    tokens = (
+        ("Retry-After", "%[var(txn.rl_retry)]"),
+        ("x-ratelimit-limit-tokens", "%[var(txn.rl_limit)]"),
+        ("x-ratelimit-remaining-tokens", "0"),
+        ("x-ratelimit-reset-tokens", "%[var(txn.rl_retry)]s"),
+    )
+    return [
+        *_answer("door_429_requests", 429, lf=REQUESTS_BODY, headers=requests),
+        *_answer("door_429_tokens", 429, lf=TOKENS_BODY, headers=tokens),
+        *_answer("door_429_budget", 429, lf=BUDGET_BODY, headers=tokens),
+        f"backend {RATE_TABLE}",
+        f"    stick-table type string len 96 size {RATE_TABLE_SIZE} expire 2m store gpc0",
         "",
     ]
 
@@ -1030,6 +1184,11 @@ def access_maps(access: DoorAccess) -> dict[str, dict[str, str]]:
     if access.open:
         everything = sorted({model for _, model in access.allowed})
         catalog[OPEN_CALLER] = _catalog_body(access.deployment, everything)
+    limited = {
+        entry: f"{block.until}|{block.limit}|{block.value}"
+        for entry, block in access.limited.items()
+    }
+    rpm = {entry: str(value) for entry, value in access.rpm.items()}
     upstream = {}
     if access.upstream_key:
         upstream[UPSTREAM_ENTRY] = base64.b64encode(access.upstream_key.encode()).decode()
@@ -1041,6 +1200,8 @@ def access_maps(access: DoorAccess) -> dict[str, dict[str, str]]:
         ("grants", grants),
         ("catalog", catalog),
         ("upstream", upstream),
+        ("rpm", rpm),
+        ("limited", limited),
         ("door", flags),
         ("versions", versions),
     ):
@@ -1052,6 +1213,8 @@ def access_maps(access: DoorAccess) -> dict[str, dict[str, str]]:
         "grants": grants,
         "catalog": catalog,
         "upstream": upstream,
+        "rpm": rpm,
+        "limited": limited,
         "door": flags,
         "versions": versions,
     }

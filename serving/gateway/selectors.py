@@ -20,6 +20,8 @@ from serving.models import (
     ReplicaHealth,
     ServedAdapter,
 )
+from serving.quota_selectors import department_limits, key_limits, limited_now
+from serving.quotas import door_rpm
 from serving.sync_state import loaded_from
 
 
@@ -79,7 +81,8 @@ def live_inference_keys(now=None):
 
 def door_access(deployment: Deployment) -> DoorAccess:
     """The table the deployment's front door enforces (serving/gateway/access.py),
-    in four queries whatever the number of keys, departments or grants.
+    in six queries whatever the number of keys, departments or grants (and
+    metering's, for tokens, where a token limit is set).
 
     Each department that may use the deployment (allowed_departments; empty:
     every one) may call the base model and its own adapters served here; a
@@ -88,16 +91,17 @@ def door_access(deployment: Deployment) -> DoorAccess:
     agreed). Every live key is listed: one whose department may call nothing
     here is a known caller answered 404, not an unknown one."""
     now = timezone.now()
+    live = live_inference_keys(now)
     keys = {
         row["secret_sha256"]: CallerKey(
             key_id=row["pk"],
             department=row["department__slug"],
             expires_at=int(row["expires_at"].timestamp()),
         )
-        for row in live_inference_keys(now).values(
-            "pk", "secret_sha256", "department__slug", "expires_at"
-        )
+        for row in live.values("pk", "secret_sha256", "department__slug", "expires_at")
     }
+    per_key = key_limits(live)
+    per_department = department_limits()
     through = Deployment.allowed_departments.through.objects.filter(deployment_id=deployment.pk)
     users = set(
         Department.objects.filter(
@@ -125,4 +129,6 @@ def door_access(deployment: Deployment) -> DoorAccess:
         allowed=frozenset(allowed),
         upstream_key="" if refusal(deployment) else deployment.vllm_api_key,
         versions={name: version for name, _, version in served},
+        rpm=door_rpm(per_key, per_department),
+        limited=limited_now(per_key, per_department, now),
     )

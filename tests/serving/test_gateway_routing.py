@@ -195,7 +195,7 @@ def test_the_front_door_modules_import_without_django_settings():
 
 @pytest.mark.django_db
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy not installed")
-def test_an_access_sync_with_nothing_changed_is_four_queries_and_two_runtime_reads(
+def test_an_access_sync_with_nothing_changed_is_six_queries_and_two_runtime_reads(
     settings, tmp_path, deployment, django_assert_num_queries, monkeypatch
 ):
     """The reconcile syncs every door's access table each tick: in step, that
@@ -216,7 +216,7 @@ def test_an_access_sync_with_nothing_changed_is_four_queries_and_two_runtime_rea
         monkeypatch.setattr(
             RuntimeAPI, "command", lambda api, line: sent.append(line) or command(api, line)
         )
-        with django_assert_num_queries(4):
+        with django_assert_num_queries(6):
             assert gateway_sync_access(deployment) == []
     # Is it running, and the fingerprint it holds: two reads, nothing written.
     assert sent == ["show info", f"show map {door.directory.resolve()}/door.map"]
