@@ -275,3 +275,37 @@ def test_a_vllm_started_with_an_api_key_answers_a_keyed_client_through_the_door(
         assert replica_key not in log.read_text()
     finally:
         server.stop()
+
+
+def test_the_openai_client_gets_rate_limit_error_past_a_limit_and_waits_retry_after(real_door, api):
+    """Limits (docs/gateway.md): past its requests per minute the key gets a 429
+    the client raises as RateLimitError; refused for tokens until a time, the
+    client's own retry waits the door's Retry-After and then gets vLLM's answer."""
+    from dataclasses import replace
+
+    from serving.quotas import Limited
+
+    try:
+        if 60 - time.time() % 60 < 15:  # the minute's count must not restart halfway
+            time.sleep(60 - time.time() % 60 + 0.05)
+        real_door.door.apply_access(replace(access_table(), rpm={"key:1": 2}))
+        for _ in range(2):
+            api.completions.create(model=SERVED_BASE, prompt="The contract", max_tokens=1)
+        with pytest.raises(openai.RateLimitError) as refused:
+            api.completions.create(model=SERVED_BASE, prompt="The contract", max_tokens=1)
+        assert refused.value.code == "rate_limit_exceeded"
+        assert refused.value.response.headers["x-ratelimit-remaining-requests"] == "0"
+
+        until = int(time.time()) + 3
+        real_door.door.apply_access(
+            replace(access_table(), limited={"key:1": Limited(until, "tokens_per_minute", 10)})
+        )
+        patient = openai.OpenAI(base_url=real_door.url + "/v1", api_key=KEY, max_retries=3)
+        started = time.monotonic()
+        answer = patient.completions.create(model=SERVED_BASE, prompt="The contract", max_tokens=1)
+        waited = time.monotonic() - started
+        assert answer.model == SERVED_BASE and answer.usage.completion_tokens == 1
+        assert waited >= 1.9, waited  # one wait of Retry-After (counted: test_door_limits.py)
+        assert time.time() >= until
+    finally:
+        real_door.door.apply_access(access_table())
