@@ -1,6 +1,6 @@
 """What the limits at the front doors need from the database: each live key's
 and each department's limits (two queries), and the metered tokens they are
-compared to (`metered_tokens`, the seam to metering). The pure side is
+compared to (`metered_tokens`, from metering). The pure side is
 serving/quotas.py."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from datetime import datetime
 from django.db.models import Q
 from django.utils import timezone
 
+from core.models import Department
 from serving.models import DepartmentLimits
 from serving.quotas import (
     BudgetLeft,
@@ -19,18 +20,22 @@ from serving.quotas import (
     budgets_left,
     limited_callers,
 )
+from serving.token_usage import metering_available, tokens_used
 
 
 def metered_tokens(scope: str, since: datetime, until: datetime) -> dict | None:
     """Tokens (prompt plus completion) per key id (`scope` "key") or per
-    department slug ("department") of requests through the front doors between
-    `since` and `until`.
-
-    The seam to metering (issue 32, item 1): it is not on main yet, so nothing
-    is metered and this answers None ("unknown", which limits nobody and shows
-    as "not metered yet"), never a zero that would read as a full budget. Wiring
-    metering is this one function returning its totals."""
-    return None
+    department slug ("department") of requests metered since `since` (up to now:
+    `until` is the moment the windows were computed for), on every deployment,
+    as vLLM counted them (serving.token_usage, read by observability's metering).
+    None where nothing meters tokens: unknown, which limits nobody."""
+    if not metering_available():
+        return None
+    used = tokens_used(scope, since)
+    if scope == "key":
+        return {key_id: row.tokens for key_id, row in used.items()}
+    slugs = dict(Department.objects.filter(pk__in=list(used)).values_list("pk", "slug"))
+    return {slugs[pk]: row.tokens for pk, row in used.items() if pk in slugs}
 
 
 def department_limits() -> dict[str, DepartmentLimitsView]:

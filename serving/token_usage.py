@@ -33,6 +33,12 @@ TokensReader = Callable[[Per, datetime, Iterable[int] | None], dict[int, TokensU
 _readers: list[TokensReader] = []
 
 
+def metering_available() -> bool:
+    """Whether anything meters tokens (a reader is registered): without one,
+    "used nothing" would be a guess, and limits on tokens refuse nobody."""
+    return bool(_readers)
+
+
 def tokens_reader_register(reader: TokensReader) -> None:
     if reader not in _readers:
         _readers.append(reader)

@@ -287,7 +287,7 @@ class BudgetSerializer(serializers.Serializer):
     )
     value = serializers.IntegerField(help_text="The limit, in tokens.")
     used = serializers.IntegerField(
-        allow_null=True, help_text="Metered so far in this window; null: not metered yet."
+        allow_null=True, help_text="Metered so far in this window; null: nothing meters tokens."
     )
     left = serializers.IntegerField(allow_null=True, help_text="value - used, at least 0.")
     resets_at = serializers.DateTimeField(help_text="When the window ends (UTC).")

@@ -1,8 +1,9 @@
 """Limits (serving/quotas.py, serving/services/limits.py): which callers the
 doors refuse for tokens, from "tokens per key and department over a window"
-(metering is not on main yet: usage is given here as the rows metering would
-sum); who sets which limit, the bounds, the audit, the API and the page; and
-what reaches the door's maps. The door's side on a real HAProxy: test_door_limits.py."""
+(the pure side from usage rows given here; the database side from metered
+requests written directly, as metering writes them); who sets which limit, the
+bounds, the audit, the API and the page; and what reaches the door's maps.
+The door's side on a real HAProxy: test_door_limits.py."""
 
 from __future__ import annotations
 
@@ -163,6 +164,21 @@ def test_the_door_s_maps_hold_the_limits_and_the_refused_callers():
 # -- services -------------------------------------------------------------------------
 
 
+def metered(deployment, key, tokens: int, *, at: datetime) -> None:
+    """A request as metering records it (observability.metering): one row."""
+    from observability.models import MeteredRequest
+
+    MeteredRequest.objects.create(
+        request_id=f"u1.k{key.pk}.v0.{MeteredRequest.objects.count()}",
+        deployment=deployment,
+        finished_at=at,
+        key=key,
+        department=key.department,
+        prompt_tokens=tokens // 2,
+        completion_tokens=tokens - tokens // 2,
+    )
+
+
 @pytest.fixture
 def key(alex, legal):
     issued, _ = inference_key_issue(
@@ -265,15 +281,37 @@ def test_the_door_s_table_lists_key_limits_and_the_callers_metering_says_are_ove
         actor=actor(alex), key=key, changes={"requests_per_minute": 5, "tokens_per_minute": 100}
     )
     department_limits_set(actor=actor(root), department=legal, changes={"tokens_per_day": 1000})
-    now = datetime.now(UTC)
-    rows = [(now - timedelta(seconds=1), key.pk, "legal", 150)]
-    with mock.patch("serving.quota_selectors.metered_tokens", usage(rows)):
-        access = door_access(deployment)
+    assert door_access(deployment).limited == {}  # nothing used yet
+    metered(deployment, key, 150, at=datetime.now(UTC))
+
+    access = door_access(deployment)
+
     assert access.rpm == {f"key:{key.pk}": 5}
     assert set(access.limited) == {f"key:{key.pk}"}
     assert access.limited[f"key:{key.pk}"].limit == "tokens_per_minute"
-    # Until metering is wired, nothing is metered and nobody is limited.
+    # Nothing meters tokens (no reader): unknown, which limits nobody.
+    with mock.patch("serving.token_usage._readers", []):
+        assert door_access(deployment).limited == {}
+
+
+@pytest.mark.django_db
+def test_a_department_past_its_day_budget_is_limited_from_metered_requests(
+    root, alex, legal, key, tmp_path
+):
+    deployment = make_deployment(root, ["http://127.0.0.1:9/"], tmp_path / "v")
+    department_limits_set(actor=actor(root), department=legal, changes={"tokens_per_day": 1000})
+    other, _ = inference_key_issue(
+        actor=actor(alex), department=legal, name="other", expires_in_days=3
+    )
+    now = datetime.now(UTC)
+    metered(deployment, key, 600, at=now)
     assert door_access(deployment).limited == {}
+    metered(deployment, other, 400, at=now)  # the department's keys together
+
+    limited = door_access(deployment).limited["dept:legal"]
+
+    midnight = datetime.combine(now.date() + timedelta(days=1), datetime.min.time(), UTC)
+    assert limited == Limited(int(midnight.timestamp()), "tokens_per_day", 1000)
 
 
 # -- API ------------------------------------------------------------------------------
@@ -287,7 +325,7 @@ def test_the_api_reads_and_sets_a_department_s_limits(as_root, as_lena, legal, r
     body = as_lena.get(url).json()
     assert body["tokens_per_day"] == 1000 and body["requests_per_minute"] is None
     assert [b["limit"] for b in body["budgets"]] == ["tokens_per_day", "tokens_per_month"]
-    assert body["budgets"][0]["used"] is None  # not metered yet
+    assert (body["budgets"][0]["used"], body["budgets"][0]["left"]) == (0, 1000)
     assert as_lena.patch(url, {"tokens_per_day": 5}, format="json").status_code == 403
     refused = as_root.patch(url, {"tokens_per_day": 0}, format="json")
     assert refused.status_code == 400 and "tokens_per_day" in refused.content.decode()
@@ -311,17 +349,20 @@ def test_the_api_sets_a_key_s_limits_and_shows_them(as_alex, key, root, legal):
 
 
 @pytest.mark.django_db
-def test_the_department_keys_page_shows_the_limits(client, alex, root, legal, key):
-    department_limits_set(
-        actor=actor(root),
-        department=legal,
-        changes={"requests_per_minute": 120, "tokens_per_day": 5000},
-    )
+def test_the_department_keys_page_shows_the_limits_and_what_is_left(
+    client, alex, root, legal, key, tmp_path
+):
+    changes = {"requests_per_minute": 120, "tokens_per_day": 5000}
+    department_limits_set(actor=actor(root), department=legal, changes=changes)
+    deployment = make_deployment(root, ["http://127.0.0.1:9/"], tmp_path / "v")
+    metered(deployment, key, 1200, at=datetime.now(UTC))
     client.force_login(alex)
     page = client.get("/departments/legal/keys/").content.decode()
     assert "120 requests a minute" in page
     assert "5,000 tokens a day" in page
-    assert "not metered yet" in page
+    budget = page[page.index('data-testid="budget-tokens_per_day"') :]
+    budget = budget[: budget.index("</tr>")]
+    assert "<td>1,200</td>" in budget and "<td>3,800</td>" in budget
 
 
 @pytest.mark.django_db

@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('core', '0004_service_accounts'),
-        ('serving', '0017_inference_keys_grants'),
+        ('serving', '0018_deployment_restore_hold'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
