@@ -320,6 +320,7 @@ def test_a_department_past_its_limit_does_not_slow_another(door):
     assert set(before_statuses) == set(during_statuses) == {200}
     assert int(counts["429"]) > 10 * int(counts.get("200", 0)) > 0
     assert int(counts.get("200", 0)) <= 60 * 2  # a minute's edge may fall inside the run
-    # Generous: the machine is shared, but a door slowed by the refused load
-    # would show tens of milliseconds here.
-    assert p50_during < max(3 * p50_before, p50_before + 10), (p50_before, p50_during)
+    # Generous: on two shared cores the refused load's own client and the door's
+    # answers take CPU (seen: 3.75 -> 3.92 ms idle, 2.32 -> 9.79 ms beside a CI
+    # run); a door that queued the others behind it would show far more.
+    assert p50_during < max(4 * p50_before, p50_before + 15), (p50_before, p50_during)
