@@ -164,3 +164,47 @@ def test_a_grant_lets_another_department_in_until_it_expires(
         assert door_access_tick() == 1
 
     assert refused_within(door, secret, 404, started) < WITHIN_SECONDS
+
+
+def test_limits_set_in_the_product_are_enforced_by_the_door_within_one_tick(
+    door, deployment, root, alex, legal, django_capture_on_commit_callbacks
+):
+    """A key's requests per minute, set by its approver, reach the door on
+    commit; a department past its day budget by metered tokens (rows written as
+    metering writes them) is refused from the next access tick."""
+    from observability.models import MeteredRequest
+    from serving.services.limits import department_limits_set, inference_key_limits_set
+
+    with synced(django_capture_on_commit_callbacks):
+        key, secret = inference_key_issue(
+            actor=actor(alex), department=legal, name="batch", expires_in_days=3
+        )
+        inference_key_limits_set(
+            actor=actor(alex), key=key, changes={"requests_per_minute": 1_000_000}
+        )
+    answer = requests.post(
+        door + "/v1/completions",
+        json={"model": "legal-contracts", "prompt": "x", "max_tokens": 1},
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=30,
+    )
+    assert answer.status_code == 200
+    assert answer.headers["x-ratelimit-limit-requests"] == "1000000"
+
+    with synced(django_capture_on_commit_callbacks):
+        department_limits_set(actor=actor(root), department=legal, changes={"tokens_per_day": 100})
+    assert call(door, secret) == 200  # nothing used yet
+    MeteredRequest.objects.create(
+        request_id="u1.k1.v0.spent",
+        deployment=deployment,
+        finished_at=timezone.now(),
+        key=key,
+        department=legal,
+        prompt_tokens=60,
+        completion_tokens=40,
+    )
+    started = time.monotonic()
+    with synced(django_capture_on_commit_callbacks):
+        door_access_tick()
+
+    assert refused_within(door, secret, 429, started) < WITHIN_SECONDS
