@@ -37,6 +37,7 @@ from serving.services.inference_keys import (
     may_issue,
     may_revoke,
 )
+from serving.services.limits import can_set_key_limits, inference_key_limits_set
 from serving.web.forms import GrantDecisionForm, GrantRequestForm, InferenceKeyForm
 
 
@@ -45,6 +46,7 @@ def _key_rows(actor: Actor, keys) -> list[dict]:
         {
             "key": key,
             "limited": key.requests_per_minute or key.tokens_per_minute,
+            "may_set_limits": key.revoked_at is None and can_set_key_limits(actor, key),
             "status": access_selectors.key_status(key),
             "may_revoke": key.revoked_at is None and may_revoke(actor, key),
         }
@@ -206,6 +208,40 @@ def key_revoke_view(request, actor: Actor, pk: int):
     else:
         messages.success(request, f"Revoked key {key.name} ({key.prefix}…).")
     return redirect(safe_next(request, reverse("serving:my-keys")))
+
+
+def _limit(value: str) -> int | None:
+    """A limit from the page's field: empty is no limit; anything else must be
+    a whole number (the service says which are in bounds)."""
+    value = (value or "").strip().replace(",", "")
+    if not value:
+        return None
+    if not value.isdigit():
+        raise ApplicationError(f"{value!r} is not a whole number.", code="bad_limit")
+    return int(value)
+
+
+@require_POST
+@page
+def key_limits_view(request, actor: Actor, pk: int):
+    """An approver sets a key's own limits from the department's keys page."""
+    key = access_selectors.inference_key_get(actor, pk) if actor.token is None else None
+    if key is None:
+        raise Http404
+    try:
+        changes = {
+            name: _limit(request.POST.get(name, ""))
+            for name in ("requests_per_minute", "tokens_per_minute")
+        }
+        inference_key_limits_set(actor=actor, key=key, changes=changes)
+    except NotFound:
+        raise
+    except ApplicationError as error:
+        messages.error(request, f"Key {key.name}: {error.message}")
+    else:
+        messages.success(request, f"Limits of key {key.name} ({key.prefix}…) set.")
+    fallback = reverse("serving:department-keys", args=[key.department.slug])
+    return redirect(safe_next(request, fallback))
 
 
 def _grant_rows(actor: Actor, grants) -> list[dict]:

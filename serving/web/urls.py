@@ -18,6 +18,7 @@ urlpatterns = [
     path("rollouts/<int:pk>/cancel/", views.rollout_cancel_view, name="rollout-cancel"),
     path("keys/", access_views.my_keys, name="my-keys"),
     path("keys/<int:pk>/revoke/", access_views.key_revoke_view, name="key-revoke"),
+    path("keys/<int:pk>/limits/", access_views.key_limits_view, name="key-limits"),
     path("departments/<slug:slug>/keys/", access_views.department_keys, name="department-keys"),
     path("grants/<int:pk>/decide/", access_views.grant_decide_view, name="grant-decide"),
     path(

@@ -387,3 +387,32 @@ def test_the_admin_sets_a_department_s_limits_through_the_service(client, root, 
 def test_a_department_approver_may_not_open_the_limits_admin(client, alex):
     client.force_login(alex)
     assert client.get("/admin/serving/departmentlimits/").status_code in (302, 403)
+
+
+@pytest.mark.django_db
+def test_an_approver_sets_a_key_s_limits_on_the_department_s_page(client, alex, root, legal, key):
+    department_limits_set(actor=actor(root), department=legal, changes={"requests_per_minute": 100})
+    client.force_login(alex)
+    url = f"/keys/{key.pk}/limits/"
+    page = client.get("/departments/legal/keys/").content.decode()
+    assert f'action="{url}"' in page
+
+    client.post(url, {"requests_per_minute": "40", "tokens_per_minute": ""})
+    key.refresh_from_db()
+    assert (key.requests_per_minute, key.tokens_per_minute) == (40, None)
+
+    refused = client.post(url, {"requests_per_minute": "400"}, follow=True).content.decode()
+    assert "above the department&#x27;s own (100)" in refused
+    assert client.post(url, {"requests_per_minute": "lots"}, follow=True).status_code == 200
+    key.refresh_from_db()
+    assert key.requests_per_minute == 40
+
+
+@pytest.mark.django_db
+def test_a_member_gets_no_limits_form_and_cannot_post_one(client, lena, legal, key):
+    client.force_login(lena)
+    page = client.get("/departments/legal/keys/").content.decode()
+    assert f"/keys/{key.pk}/limits/" not in page
+    assert client.post(f"/keys/{key.pk}/limits/", {"requests_per_minute": "1"}).status_code == 404
+    key.refresh_from_db()
+    assert key.requests_per_minute is None
