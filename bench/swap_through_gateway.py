@@ -1,34 +1,41 @@
-"""Version swaps through the front door, under continuous traffic, on 2 real vLLM replicas.
+"""Version swaps and rollbacks through the front door, under continuous traffic, on real vLLM.
 
     .venv/bin/python -m bench.swap_through_gateway [--swaps 10] [--replicas 2] [--smoke]
         [--json PATH]
 
-Two real vLLM 0.32 servers (CPU, tiny model) behind a real HAProxy front door
-(serving/gateway/haproxy.py). Clients keep sending one-token completions with
-model=<served name> through it. Then, in one run:
+One or two real vLLM 0.32 servers (CPU, tiny model) behind a real HAProxy front
+door (serving/gateway/haproxy.py). Clients keep sending one-token completions
+with model=<served name> through it. Then, in one run:
 
   steady      no swap, before the swaps and again after them: the throughput
               the swaps are measured against (the mean of both);
-  gateway     --swaps swaps v(n) -> v(n+1), each the product's way: per replica,
-              drained at the front door (no new requests, in-flight finished),
-              unload+load there, verified (listed from the new path and a
-              completion through it), put back; one replica at a time;
+  gateway     --swaps swaps v0 -> v(n), each followed by its rollback v(n) ->
+              v0 (a reload too), each the product's way
+              (serving/services/rollout_engine.py): per replica, taken out at
+              the front door (drained where another replica serves the adapter;
+              where none does, the adapter's new requests HELD at the door while
+              the replica finishes what it has and is drained), unload+load
+              there, verified (listed from the new path and a completion through
+              it), put back, the hold released; one replica at a time;
+  no hold     (--replicas 1 only) --swaps swaps the same way without the hold,
+              as before it existed: the swap's gap meets the clients;
   raw         the baseline: the same number of unload+load swaps on the same
               servers, clients calling a replica directly (no front door),
               as clients did before it existed.
 
-Reported: failed requests in each phase; throughput inside the swap windows and
-over the whole swap phase, each against steady state (target >= 0.9); and the
-requests that reached a replica without the adapter, counted from vLLM's own
-access logs (404 on a completion) and from HAProxy's log (requests it had to
-send again to another replica), target 0.
+Reported: failed requests in each phase (target 0 through the door); how long
+the door held the requests it held (p50, p99, max, from HAProxy's log);
+throughput inside the swap windows and over the whole swap phase, each against
+steady state (target >= 0.9); and the requests that reached a replica without
+the adapter, counted from vLLM's own access logs (404 on a completion) and from
+HAProxy's log (requests it had to send again to another replica), target 0.
 
 With --replicas 1 (a deployment of a single replica) there is no other replica
-to drain to: the front door keeps the only one serving (make before break
-cannot hold) and the swap happens in place, which on vLLM 0.32 is unload then
-load under the same name. Its cost is the gap between the two: reported as the
-failed requests per swap through the front door and the gap's length, from the
-first failed request of a swap to its last, beside the same raw baseline.
+to drain to: the door holds the adapter's requests while the only replica swaps
+in place (vLLM 0.32: unload then load under the same name). With --replicas 2
+the adapter is on both, so each swap drains one while the other serves (no
+hold), and a second part puts it on ONE replica: swaps made on the other first,
+rollbacks by a switch of traffic.
 """
 
 from __future__ import annotations
@@ -47,7 +54,13 @@ from serving.gateway.routing import ReplicaView, ServedView, routing_table
 from serving.replica_calls import RetryPolicy, ensure_loaded, verify_serving
 from serving.vllm_client import VLLMClient
 from tests.support.adapters import AdapterSpec, write_adapter_dir
-from tests.support.haproxy import open_access, retried_requests, running_haproxy, vllm_404s
+from tests.support.haproxy import (
+    held_ms,
+    open_access,
+    retried_requests,
+    running_haproxy,
+    vllm_404s,
+)
 from tests.support.vllm_servers import (
     ensure_tiny_model,
     ensure_vllm_installed,
@@ -72,15 +85,19 @@ def _table(servers, loaded_path: str | None):
     )
 
 
-STEPS: dict[str, list[float]] = {"drain": [], "swap": [], "verify": [], "ready": []}
+STEPS: dict[str, list[float]] = {"take out": [], "swap": [], "verify": [], "ready": []}
+# SERVING_GATEWAY_HOLD_SECONDS' default: the longest a request waits at the door.
+HOLD_SECONDS = 20.0
 
 
-def gateway_swap(door: HAProxyFrontDoor, servers, path: str) -> None:
-    """The product's swap (serving/services/rollouts.py behind a front door)."""
+def gateway_swap(door: HAProxyFrontDoor, servers, path: str, hold_seconds: float) -> None:
+    """The product's swap behind a front door (rollout_engine._run: gateway_take_out,
+    ensure_loaded, verify, gateway_ready, gateway_release), one replica at a time."""
     for index, server in enumerate(servers):
         name = f"r{index + 1}"
         started = time.monotonic()
-        door.drain(NAME, name, timeout=60)
+        taken = door.take_out(NAME, name, timeout=60, hold_seconds=hold_seconds, owner="bench")
+        assert not taken.busy, taken.changes
         drained = time.monotonic()
         with VLLMClient(server.base_url, timeout=60) as client:
             loaded = ensure_loaded(client, NAME, path, POLICY)
@@ -90,12 +107,56 @@ def gateway_swap(door: HAProxyFrontDoor, servers, path: str) -> None:
             assert verified.ok, verified.error
         checked = time.monotonic()
         door.ready(NAME, name)
+        if taken.held:
+            door.release(NAME, owner=taken.owner)
         for step, seconds in zip(
             STEPS,
             (drained - started, swapped - drained, checked - swapped, time.monotonic() - checked),
             strict=True,
         ):
             STEPS[step].append(seconds)
+
+
+def swap_phase(door, servers, paths, swaps: int, pause: float, hold_seconds: float, rollbacks):
+    """`swaps` swaps v0 -> v(n) (and, with `rollbacks`, each one's rollback to
+    v0): each swap's window, the second before it, and its seconds."""
+    windows, before, durations = [], [], []
+    phase_start = time.monotonic()
+    for n in range(1, swaps + 1):
+        for path in [paths[n], paths[0]] if rollbacks else [paths[n] if n % 2 else paths[0]]:
+            started = time.monotonic()
+            # The same run's baseline, under the same load: the seconds just
+            # before each swap (this machine's load swings a lot over minutes).
+            before.append((max(started - pause, phase_start), started))
+            gateway_swap(door, servers, path, hold_seconds)
+            ended = time.monotonic()
+            durations.append(ended - started)
+            windows.append((started, max(ended, started + 0.25)))
+            time.sleep(pause)
+    return windows, before, durations, (phase_start, time.monotonic())
+
+
+def _failures(traffic, windows) -> tuple[int, int, dict, list[float]]:
+    """(failed requests, swaps that failed some, failed by status, each swap's
+    gap: from its first failed request to its last)."""
+    failed, failing, statuses, gaps = 0, 0, {}, []
+    for start, end in windows:
+        # A request that failed in the gap may end a moment after the swap did.
+        failed_at = [r for r in traffic.results if start <= r[0] < end + 1 and not r[1]]
+        failed += len(failed_at)
+        failing += bool(failed_at)
+        times = [r[0] for r in failed_at]
+        gaps.append(max(times) - min(times) if times else 0.0)
+        for r in failed_at:
+            statuses[r[2]] = statuses.get(r[2], 0) + 1
+    return failed, failing, statuses, gaps
+
+
+def _percentile(values: list[int], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
 def _serve_check(server, path: str) -> None:
@@ -191,8 +252,11 @@ def run(
         log_dir=work / "logs",
         timeout=300,
     )
-    door = HAProxyFrontDoor(work / "gateway", listen=f"127.0.0.1:{free_port()}")
+    door = HAProxyFrontDoor(
+        work / "gateway", listen=f"127.0.0.1:{free_port()}", hold_seconds=HOLD_SECONDS
+    )
     log = work / "haproxy.log"
+    unheld = None
     try:
         for server in servers:
             raw_swap(server, paths[0])
@@ -205,27 +269,28 @@ def run(
                 steady_start = time.monotonic()
                 time.sleep(steady_seconds)
                 steady = [(steady_start, time.monotonic())]
-                windows, before, durations = [], [], []
-                phase_start = time.monotonic()
-                for n in range(1, swaps + 1):
-                    started = time.monotonic()
-                    # The same run's baseline, under the same load: the seconds just
-                    # before each swap (this machine's load swings a lot over minutes).
-                    before.append((max(started - pause, phase_start), started))
-                    gateway_swap(door, servers, paths[n])
-                    ended = time.monotonic()
-                    durations.append(ended - started)
-                    windows.append((started, max(ended, started + 0.25)))
-                    time.sleep(pause)
-                phase = [(phase_start, time.monotonic())]
+                windows, before, durations, phase = swap_phase(
+                    door, servers, paths, swaps, pause, HOLD_SECONDS, rollbacks=True
+                )
                 # Steady state again after the swaps, so that the baseline is the
                 # mean of before and after (A-B-A): this machine's load drifts over
                 # the minutes a run takes, and one side alone measured the drift.
                 steady_again = time.monotonic()
                 time.sleep(steady_seconds)
                 steady.append((steady_again, time.monotonic()))
-            misrouted = sum(vllm_404s(s.log_path, o) for s, o in zip(servers, offsets, strict=True))
-            retried = retried_requests(log)
+                held = held_ms(log, NAME)
+                misrouted = sum(
+                    vllm_404s(s.log_path, o) for s, o in zip(servers, offsets, strict=True)
+                )
+                retried = retried_requests(log)
+                unheld_start = time.monotonic()
+                if replicas == 1:
+                    # As before the hold: the swap's gap meets the clients.
+                    since = log.stat().st_size
+                    unheld_windows, _, unheld_durations, _ = swap_phase(
+                        door, servers, paths, swaps, pause, 0, rollbacks=False
+                    )
+                    unheld = (unheld_windows, unheld_durations, held_ms(log, NAME, since))
             moved = None
             if replicas == 2:
                 offsets = [s.log_path.stat().st_size for s in servers]
@@ -236,7 +301,7 @@ def run(
                 moved["retried_by_haproxy"] = retried_requests(log) - retried
         steady_n, steady_failed, steady_rps = traffic.count(steady)
         swap_n, swap_failed, swap_rps = traffic.count(windows)
-        phase_n, phase_failed, phase_rps = traffic.count(phase)
+        phase_n, phase_failed, phase_rps = traffic.count([phase])
         _, _, before_rps = traffic.count(before[1:] or before)
         # Swap by swap: its window against the second before it (long swaps, whose
         # verification queued behind the machine's other work, weigh no more).
@@ -245,18 +310,23 @@ def run(
             for w, b in zip(windows, before, strict=True)
             if traffic.count([b])[0]  # the first swap has no second before it
         ] or [0.0]
-        failed_total = sum(1 for r in traffic.results if not r[1])
-        # A swap's gap: from its first failed request to its last (0 without one).
-        gaps, failing_swaps = [], 0
-        for start, end in windows:
-            # A request that failed in the gap may end a moment after the swap did.
-            failed_at = [r[0] for r in traffic.results if start <= r[0] < end + 1 and not r[1]]
-            failing_swaps += bool(failed_at)
-            gaps.append(max(failed_at) - min(failed_at) if failed_at else 0.0)
-        statuses: dict[int, int] = {}
-        for r in traffic.results:
-            if not r[1]:
-                statuses[r[2]] = statuses.get(r[2], 0) + 1
+        _, failing_swaps, statuses, gaps = _failures(traffic, windows)
+        # Every failure before the phase without the hold (steady states included).
+        failed_total = sum(1 for r in traffic.results if not r[1] and r[0] < unheld_start)
+        no_hold = None
+        if unheld:
+            failed, failing, by_status, unheld_gaps = _failures(traffic, unheld[0])
+            no_hold = {
+                "swaps": len(unheld[0]),
+                "failed": failed,
+                "failed_per_swap": round(failed / len(unheld[0]), 2),
+                "swaps_that_failed_requests": failing,
+                "failed_by_status": by_status,
+                "gap_seconds_median": round(statistics.median(unheld_gaps), 3),
+                "gap_seconds_max": round(max(unheld_gaps), 3),
+                "held_requests": len(unheld[2]),
+                "swap_seconds_median": round(statistics.median(unheld[1]), 3),
+            }
 
         # Baseline: unload+load on the same servers, clients on a replica directly.
         raw_windows = []
@@ -272,10 +342,14 @@ def run(
     finally:
         for server in servers:
             server.stop()
+    # Each swap and rollback of the gateway phase, steps summed per replica.
+    per_replica = [sum(STEPS[k][i] for k in STEPS) for i in range(len(windows) * replicas)]
     return {
         "swaps": swaps,
+        "rollbacks": swaps,
         "clients": clients,
         "replicas": replicas,
+        "hold_seconds": HOLD_SECONDS,
         "steady": {
             "requests": steady_n,
             "failed": steady_failed,
@@ -284,13 +358,17 @@ def run(
             "rps_after_swaps": round(traffic.count(steady[1:])[2], 2),
         },
         "gateway": {
-            "requests": len(traffic.results),
+            "requests": sum(1 for r in traffic.results if r[0] < unheld_start),
             "failed": failed_total,
             "failed_in_swap_windows": swap_failed,
             "failed_by_status": statuses,
             "swaps_that_failed_requests": failing_swaps,
             "gap_seconds_median": round(statistics.median(gaps), 3),
             "gap_seconds_max": round(max(gaps), 3),
+            "held_requests": len(held),
+            "held_ms_p50": _percentile(held, 0.5),
+            "held_ms_p99": _percentile(held, 0.99),
+            "held_ms_max": max(held, default=0),
             "rps_in_swap_windows": round(swap_rps, 2),
             "rps_over_swap_phase": round(phase_rps, 2),
             "ratio_in_swap_windows": round(swap_rps / max(steady_rps, 1e-9), 3),
@@ -302,20 +380,22 @@ def run(
             "swap_seconds_median": round(statistics.median(durations), 3),
             "swap_seconds_max": round(max(durations), 3),
             # Per replica: each step's median seconds.
-            "step_seconds_median": {k: round(statistics.median(v), 3) for k, v in STEPS.items()},
-            "step_seconds_max": {k: round(max(v), 3) for k, v in STEPS.items()},
+            "step_seconds_median": {
+                k: round(statistics.median(v[: len(windows) * replicas]), 3)
+                for k, v in STEPS.items()
+            },
+            "step_seconds_max": {
+                k: round(max(v[: len(windows) * replicas]), 3) for k, v in STEPS.items()
+            },
             "misrouted_vllm_404": misrouted,
             "retried_by_haproxy": retried,
             "requests_in_swap_phase": phase_n,
             "failed_in_swap_phase": phase_failed,
             "requests_in_swap_windows": swap_n,
         },
+        "no_hold": no_hold,
         "moved": moved,
-        "rollback_by_reload_ms_median": round(
-            1000
-            * statistics.median(sum(STEPS[k][i] for k in STEPS) for i in range(len(STEPS["swap"]))),
-            1,
-        ),
+        "rollback_by_reload_ms_median": round(1000 * statistics.median(per_replica), 1),
         "raw_unload_load": {
             "requests": len(direct.results),
             "failed": raw_failed,
@@ -351,7 +431,7 @@ def main() -> None:
         type=int,
         choices=[1, 2],
         default=2,
-        help="1: a single-replica deployment, where a swap happens in place",
+        help="1: a single-replica deployment, where the door holds requests during a swap",
     )
     bench_results.add_arguments(parser)  # --smoke (2 swaps, short phases), --json PATH
     args = parser.parse_args()
@@ -364,31 +444,50 @@ def main() -> None:
     out = bench_results.Results("swap_through_gateway", args)
     n = result["replicas"]
     replicas = f"{n} real vLLM replica{'s' if n > 1 else ''}"
+    count = f"{result['swaps']} swaps and {result['rollbacks']} rollbacks"
     out.note(
-        f"{result['swaps']} swaps, {result['clients']} clients, {replicas} behind "
-        "a real HAProxy; the baseline is raw unload+load on the same servers, clients on a "
-        "replica directly"
+        f"{count}, {result['clients']} clients, {replicas} behind a real HAProxy; the "
+        "baseline is raw unload+load on the same servers, clients on a replica directly"
     )
     if n == 1:
         out.note(
-            "one replica: nothing to drain to, so the swap is in place (vLLM 0.32: unload, "
-            "then load under the same name); its cost is the gap between the two"
+            "one replica: nothing to drain to, so the door holds the adapter's new requests "
+            f"(at most {result['hold_seconds']:g} s each) while the replica swaps in place "
+            "(vLLM 0.32: unload, then load under the same name)"
         )
     failures = out.table(
         "failures",
         ["path", "requests", "failed", "failed per swap", "reached a replica without it"],
-        "failed requests during version swaps",
+        "failed requests during version swaps and rollbacks",
     )
     failures.row(
-        "front door (drain, swap, verify, ready)",
+        "front door (take out: drain, or hold where alone; swap, verify, ready)",
         g["requests"],
         g["failed"],
-        round(g["failed"] / result["swaps"], 2),
+        round(g["failed"] / (2 * result["swaps"]), 2),
         g["misrouted_vllm_404"] + g["retried_by_haproxy"],
     )
+    u = result["no_hold"]
+    if u is not None:
+        failures.row(
+            "front door without the hold (swap in place, as before)",
+            "",
+            u["failed"],
+            u["failed_per_swap"],
+            "",
+        )
     failures.row(
         "raw unload+load", r["requests"], r["failed"], r["failed_per_swap"], "(each failure)"
     )
+    held = out.table(
+        "held",
+        ["measure", "value"],
+        "requests the door held while a swap ran (from HAProxy's log)",
+    )
+    held.row("requests held", g["held_requests"])
+    held.row("held, p50 ms", g["held_ms_p50"])
+    held.row("held, p99 ms", g["held_ms_p99"])
+    held.row("held, max ms", g["held_ms_max"])
     throughput = out.table(
         "throughput",
         ["measure", "req/s", "ratio"],
@@ -404,20 +503,27 @@ def main() -> None:
         g["ratio_to_just_before"],
     )  # fmt: skip
     throughput.row("swap by swap, median", "", g["ratio_per_swap_median"])
-    if n == 1:
+    throughput.row("whole swap phase", g["rps_over_swap_phase"], g["ratio_over_swap_phase"])
+    if u is not None:
         gap = out.table(
             "gap",
-            ["measure", "value"],
+            ["measure", "with the hold", "without"],
             "a swap in place on a single replica, through the front door",
         )
         gap.row(
-            "swaps that failed requests", f"{g['swaps_that_failed_requests']} of {result['swaps']}"
+            "swaps that failed requests",
+            f"{g['swaps_that_failed_requests']} of {2 * result['swaps']}",
+            f"{u['swaps_that_failed_requests']} of {u['swaps']}",
         )
-        gap.row("failed requests per swap", round(g["failed"] / result["swaps"], 2))
-        gap.row("failed, by status", json.dumps(g["failed_by_status"]))
-        gap.row("gap (first to last failure), median s", g["gap_seconds_median"])
-        gap.row("gap, max s", g["gap_seconds_max"])
-        gap.row("unload+load (the swap step), median s", g["step_seconds_median"]["swap"])
+        gap.row(
+            "failed requests per swap",
+            round(g["failed"] / (2 * result["swaps"]), 2),
+            u["failed_per_swap"],
+        )
+        gap.row("failed, by status", json.dumps(g["failed_by_status"]),
+                json.dumps(u["failed_by_status"]))  # fmt: skip
+        gap.row("gap (first to last failure), max s", g["gap_seconds_max"], u["gap_seconds_max"])
+        gap.row("swap, median s", g["swap_seconds_median"], u["swap_seconds_median"])
     steps = out.table("steps", ["step", "median s", "max s"], "each step of a swap, per replica")
     for step, median in g["step_seconds_median"].items():
         steps.row(step, median, g["step_seconds_max"][step])
@@ -450,11 +556,20 @@ def main() -> None:
     out.verdict("requests that reached a replica without the adapter",
                 g["misrouted_vllm_404"] + g["retried_by_haproxy"], target="0",
                 met=g["misrouted_vllm_404"] + g["retried_by_haproxy"] == 0, unit="")  # fmt: skip
+    if n == 1:
+        out.verdict("the longest hold", g["held_ms_max"], target=f"< {result['hold_seconds']:g} s",
+                    met=g["held_ms_max"] < result["hold_seconds"] * 1000, unit="ms")  # fmt: skip
+    held_note = (
+        f"; held p50 {g['held_ms_p50']:.0f} ms, max {g['held_ms_max']:.0f} ms"
+        if g["held_requests"]
+        else ""
+    )
     out.headline(
         f"version swap under traffic through the front door ({n} replica{'s' if n > 1 else ''})",
-        f"{g['failed']} failed requests in {result['swaps']} swaps; throughput "
+        f"{g['failed']} failed requests in {count}{held_note}; throughput "
         f"{g['ratio_in_swap_windows']}× steady ({g['ratio_to_just_before']}× the second before)",
-        f"raw unload+load: {r['failed_per_swap']} per swap",
+        f"raw unload+load: {r['failed_per_swap']} per swap"
+        + (f"; without the hold: {u['failed_per_swap']} per swap" if u else ""),
         f"0: {'met' if g['failed'] == 0 else 'not met'}; ≥ 0.9×: "
         f"{'met' if g['ratio_in_swap_windows'] >= 0.9 else 'MISSED'}",
     )
@@ -467,18 +582,13 @@ def main() -> None:
             f"by reload: {result['rollback_by_reload_ms_median']:.0f} ms",
             f"< 1 s, no reload: {'met' if switched else 'MISSED'}",
         )
-    print(f"{result['swaps']} swaps, {result['clients']} clients, {replicas}")
-    if n == 1:
-        print(
-            f"  one replica, swap in place: {g['swaps_that_failed_requests']} of "
-            f"{result['swaps']} swaps failed requests, {g['failed']} in all "
-            f"({g['failed_by_status']}); gap median {g['gap_seconds_median']} s, max "
-            f"{g['gap_seconds_max']} s; unload+load median {g['step_seconds_median']['swap']} s"
-        )
+    print(f"{count}, {result['clients']} clients, {replicas}")
     print(f"  steady state through the front door: {s['rps']} req/s, {s['failed']} failed")
     print(
-        f"  through the front door (drain, swap, verify, ready): {g['failed']} failed of "
-        f"{g['requests']}; swap {g['swap_seconds_median']} s median, {g['swap_seconds_max']} s max"
+        f"  through the front door: {g['failed']} failed of {g['requests']}; "
+        f"swap {g['swap_seconds_median']} s median, {g['swap_seconds_max']} s max; "
+        f"{g['held_requests']} held, p50 {g['held_ms_p50']} ms, p99 {g['held_ms_p99']} ms, "
+        f"max {g['held_ms_max']} ms"
     )
     print(
         f"    throughput in the swap windows = {g['ratio_in_swap_windows']} x steady "
@@ -489,6 +599,12 @@ def main() -> None:
         f"    reached a replica without the adapter: {g['misrouted_vllm_404']} (vLLM logs), "
         f"{g['retried_by_haproxy']} retried by HAProxy (target 0)"
     )
+    if u is not None:
+        print(
+            f"  without the hold (as before): {u['failed']} failed in {u['swaps']} swaps "
+            f"({u['failed_per_swap']} per swap, {u['failed_by_status']}); gap max "
+            f"{u['gap_seconds_max']} s"
+        )
     print(
         f"  baseline, raw unload+load, clients on the replica: {r['failed']} failed of "
         f"{r['requests']} ({r['failed_per_swap']} per swap)"
