@@ -44,7 +44,8 @@ NO_VLLM_2 = ["new_pod_to_served", "upload_throughput"]
 # Behind a real HAProxy: two vLLM servers of its own (swap_through_gateway), one
 # (door_overhead); stand-in replicas (placement). One lane each bench: a bench in
 # two lanes would run twice at once and set its result twice.
-GATEWAY = ["swap_through_gateway", "placement", "door_overhead"]
+# metering: one vLLM of its own (exporting spans) and the product's web process.
+GATEWAY = ["swap_through_gateway", "placement", "door_overhead", "metering"]
 EVERY = SHARED_VLLM + OWN_VLLM + NO_VLLM + NO_VLLM_2 + GATEWAY
 
 
