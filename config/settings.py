@@ -549,6 +549,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": SERVING_SWEEP_INTERVAL_SECONDS},
     },
     "serving-housekeeping": {"task": "serving.housekeeping", "schedule": 600.0},
+    "observability-housekeeping": {"task": "observability.housekeeping", "schedule": 3600.0},
     "serving-door-access-tick": {
         "task": "serving.door_access_tick",
         "schedule": SERVING_ACCESS_TICK_SECONDS,

@@ -26,7 +26,6 @@ from observability.models import (
     ReconcileStats,
     ReplicaLoraState,
 )
-from observability.tokens import metered_requests_prune
 from observability.usage import front_door_usage_record
 from observability.vllm_metrics import clients_only, demand_units, fetch_metrics
 from registry.models import Adapter
@@ -65,7 +64,6 @@ def reconcile_finished(
     if settings.OBSERVABILITY_FRONT_DOOR_USAGE:
         # Whatever the reconcile's outcome: the front door counted requests anyway.
         _guarded(front_door_usage_record, deployment)
-    _guarded(metered_requests_prune, deployment)
     _guarded(reconcile_stats_record, deployment, seconds, ok=ok, tally=wrote)
 
 

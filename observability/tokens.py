@@ -153,13 +153,12 @@ def _days_add(cursor, deployment, rows, spans: dict[str, SpanTokens], versions) 
         )
 
 
-def metered_requests_prune(deployment: Deployment) -> int:
-    """Deletes the deployment's per-request rows past their retention
-    (OBSERVABILITY_METERED_REQUEST_DAYS); their days stay in DailyTokens. A
-    batch resent that late (the exporter gives up within a minute) is not a
-    concern."""
+def metered_requests_prune() -> int:
+    """Deletes the per-request rows past their retention
+    (OBSERVABILITY_METERED_REQUEST_DAYS), every deployment's; their days stay
+    in DailyTokens. A batch resent that late (the exporter gives up within a
+    minute) is not a concern. Run by beat (observability.housekeeping), not by
+    the reconcile: an in-sync tick stays within its statement budget."""
     cutoff = timezone.now() - timedelta(days=settings.OBSERVABILITY_METERED_REQUEST_DAYS)
-    deleted, _ = MeteredRequest.objects.filter(
-        deployment=deployment, finished_at__lt=cutoff
-    ).delete()
+    deleted, _ = MeteredRequest.objects.filter(finished_at__lt=cutoff).delete()
     return deleted

@@ -249,12 +249,12 @@ def test_limits_read_tokens_per_key_and_department_over_a_window(
 
 @pytest.mark.django_db
 def test_per_request_rows_are_pruned_and_their_days_stay(deployment, served, settings):
-    from observability.tokens import metered_requests_prune
+    from observability.tasks import housekeeping
 
     settings.OBSERVABILITY_METERED_REQUEST_DAYS = 2
     old = datetime.now(tz=UTC).timestamp() - 3 * 86400
     spans, _ = read_spans(otlp_body(llm_span("old", 1, 1, ended=old), llm_span("new", 1, 1)))
     metered_spans_record(deployment, spans)
-    assert metered_requests_prune(deployment) == 1
+    assert housekeeping() == {"pruned_metered_requests": 1}
     assert list(MeteredRequest.objects.values_list("request_id", flat=True)) == ["new"]
     assert DailyTokens.objects.aggregate(n=Sum("requests"))["n"] == 2
