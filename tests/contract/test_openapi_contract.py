@@ -49,8 +49,8 @@ SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 MAX_EXAMPLES = 30
 SEED = 14
 # schemathesis' coverage phase (every boundary and wrong type of every
-# parameter) generates ~4,400 cases here and takes ~5 minutes per caller, so
-# the tier runs the other phases; run it in full by hand before a release:
+# parameter) runs in tests/contract/test_coverage_phase.py, its positive cases
+# as a member; the whole phase (~4,400 cases, ~5 minutes per caller) by hand:
 #   schemathesis --config-file tests/contract/schemathesis.toml run \
 #     <url>/api/schema/ --checks all -H "Authorization: Bearer <token>"
 PHASES = "examples,fuzzing,stateful"
