@@ -9,9 +9,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import jsonschema
 import pytest
-import yaml
 
 from serving.gateway.inference_extension import manifests, pod_labels, render_yaml
 from serving.kserve import manifests as kserve_manifests
@@ -20,6 +18,7 @@ from serving.services.promotions import promotion_create
 from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version
+from tests.support import crd_schemas
 
 pytestmark = pytest.mark.django_db
 
@@ -29,47 +28,11 @@ CRDS = (
 )
 
 
-def _strict(schema: dict) -> dict:
-    """Kubernetes prunes unknown fields; `kubectl apply --validate=strict`
-    refuses them. So does this: every object schema gets additionalProperties false."""
-    schema = copy.deepcopy(schema)
-
-    def walk(node):
-        if isinstance(node, dict):
-            if node.get("type") == "object" and "properties" in node:
-                node.setdefault("additionalProperties", False)
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(schema)
-    return schema
-
-
-def _schemas() -> dict[tuple[str, str], dict]:
-    found = {}
-    for path in CRDS.glob("*.yaml"):
-        crd = yaml.safe_load(path.read_text())
-        group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
-        for version in crd["spec"]["versions"]:
-            if version["served"]:
-                schema = _strict(version["schema"]["openAPIV3Schema"])
-                found[(f"{group}/{version['name']}", kind)] = schema
-    return found
-
-
-SCHEMAS = _schemas()
+SCHEMAS = crd_schemas.load(CRDS)
 
 
 def problems(resource: dict) -> list[str]:
-    schema = SCHEMAS.get((resource["apiVersion"], resource["kind"]))
-    if schema is None:
-        return [f"no CRD serves {resource['apiVersion']} {resource['kind']}"]
-    body = {k: v for k, v in resource.items() if k not in ("apiVersion", "kind", "metadata")}
-    validator = jsonschema.Draft202012Validator(schema)
-    return [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(body)]
+    return crd_schemas.problems(SCHEMAS, resource)
 
 
 def promote(user, deployment, version) -> None:
