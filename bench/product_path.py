@@ -375,7 +375,9 @@ def start_worker(queue: str, log: Path, concurrency: int = 2) -> subprocess.Pope
     )
 
 
-def wait_worker_ready(log: Path, timeout: float = 60) -> None:
+def wait_worker_ready(log: Path, timeout: float = 180) -> None:
+    # Generous: in the suite a bench smoke may start its worker while the other
+    # heavy worker boots vLLM servers on the same two cores (a 60 s wait ran out).
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if log.exists() and "ready." in log.read_text(errors="replace"):
