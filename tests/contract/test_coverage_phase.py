@@ -33,13 +33,7 @@ import time
 
 import pytest
 
-from tests.contract.test_openapi_contract import (  # noqa: F401 (cast is a fixture)
-    HERE,
-    SCHEMATHESIS,
-    SEED,
-    bearer,
-    cast,
-)
+from tests.contract.runs import HERE, SCHEMATHESIS, SEED, bearer
 
 pytestmark = [pytest.mark.contract, pytest.mark.django_db(transaction=True, reset_sequences=True)]
 
@@ -50,7 +44,7 @@ unexpected-methods = []
 """
 
 
-def test_the_schemas_boundary_cases_keep_the_contract(cast, live_server, tmp_path):  # noqa: F811
+def test_the_schemas_boundary_cases_keep_the_contract(cast, live_server, tmp_path):
     config = tmp_path / "schemathesis.toml"
     config.write_text((HERE / "schemathesis.toml").read_text() + BOUNDS)
     started = time.monotonic()
