@@ -5,8 +5,11 @@
 # - light: every test outside the heavy tiers, on two pytest-xdist workers,
 #   each with its own test database (pytest-django adds _gw0/_gw1 to its name);
 # - heavy: the tiers that run real vLLM, Chromium, the fault scenarios, the
-#   contract, conformance, the benches and the stress tests, one test at a
-#   time: on two cores two of them side by side starve each other's servers.
+#   contract, conformance, the benches and the stress tests, on two workers of
+#   its own (SUITE_HEAVY_WORKERS) with --dist loadfile: a file's tests stay on
+#   one worker with its module's servers. Its tests mostly wait on servers (a
+#   vLLM boot, a load, a swap window: one worker kept the CPU busy about 30%
+#   of the time), so the second worker fills those waits.
 # Both always run, and the script fails if either does. SUITE_RUNS=heavy (or
 # light) runs one alone; arguments go to every run.
 #
@@ -54,6 +57,10 @@ broker_plus() {
 
 light_args=(-q --durations=25 -n "${SUITE_WORKERS:-2}" -m "not ($HEAVY)" "$@")
 heavy_args=(-q --durations=25 -m "$HEAVY" "$@")
+heavy_workers="${SUITE_HEAVY_WORKERS:-2}"
+if ((heavy_workers > 1)); then
+  heavy_args=(-n "$heavy_workers" --dist loadfile "${heavy_args[@]}")
+fi
 runs="${SUITE_RUNS:-light heavy}"
 # Side by side when both run against PostgreSQL and Redis (CI), the heavy run
 # on two workers too: its tests spend most of their time waiting on servers (a
@@ -82,19 +89,14 @@ if [[ "$overlap" == 1 ]]; then
     ((${#failed[@]} == 0))
   ) >"$light_log" 2>&1 &
   light_pid=$!
-  # The heavy run on workers of its own too (a file's tests stay on one worker,
-  # with its module's servers), on databases of its own: pytest-django names a
-  # worker's test database after the run's (test_<name>_gw0), and the light
-  # run's workers already have those of $DATABASE_URL.
-  heavy_workers="${SUITE_HEAVY_WORKERS:-2}"
+  # The heavy run on databases of its own: pytest-django names a worker's test
+  # database after the run's (test_<name>_gw0), and the light run's workers
+  # already have those of $DATABASE_URL.
   (
     export CELERY_BROKER_URL DATABASE_URL
     CELERY_BROKER_URL="$(broker_plus 4)"
     if [[ "$DATABASE_URL" =~ ^([^?]+/)([^/?]+)(\?.*)?$ ]]; then
       DATABASE_URL="${BASH_REMATCH[1]}${BASH_REMATCH[2]}_heavy${BASH_REMATCH[3]}"
-    fi
-    if ((heavy_workers > 1)); then
-      heavy_args=(-n "$heavy_workers" --dist loadfile "${heavy_args[@]}")
     fi
     run_pytest heavy "${heavy_args[@]}"
     ((${#failed[@]} == 0))
