@@ -176,11 +176,14 @@ def render_config(
     metrics: str = "",
     slots: int = SLOTS,
     hold_seconds: float = HOLD_SECONDS,
+    metering: bool = True,
 ) -> str:
     """haproxy.cfg for the table. `states` overrides the table's state of
     (backend, server) pairs: what a held route has right now. `metrics`: where
     HAProxy's Prometheus exporter listens (an internal address), or nowhere.
-    `hold_seconds`: the longest a request waits for a held model (0: never)."""
+    `hold_seconds`: the longest a request waits for a held model (0: never).
+    `metering` False leaves out the request ids and the limits: the door
+    before them, bench/door_overhead.py's baseline; never the product's."""
     states = states or {}
     d = directory.resolve()
     too_large = _error(
@@ -283,15 +286,9 @@ def render_config(
         f"    http-request set-var(txn.refusal) str({NOT_FOUND_BACKEND}) if !refused !open "
         "!{ var(txn.grant) -m found }",
         # Over a limit: answered at once, never held first.
-        *_limit_rules(d),
+        *(_limit_rules(d) if metering else []),
         *_hold_rules(d, hold_seconds),
-        # The request id vLLM reports with its token counts (observability.metering):
-        # who called (key id) and which version serves the model, then a random
-        # part. Set here whatever the client sent, so that no caller can bill another.
-        # After the hold: a held request is stamped with what serves it then.
-        f"    http-request set-var(txn.version) var(txn.model),map({d}/versions.map,0) if !refused",
-        "    http-request set-header x-request-id "
-        '"u1.k%[var(txn.key_id)].v%[var(txn.version)].%[uuid]"',
+        *(_request_id_rules(d) if metering else []),
         # Chosen after the hold: a held request goes where the map says once it ends.
         "    use_backend %[var(txn.refusal)] if refused",
         f"    use_backend %[var(txn.model),map({d}/models.map,{NOT_FOUND_BACKEND})]",
@@ -355,6 +352,18 @@ def render_config(
             out.append(" ".join(_server_words(endpoint) + ["disabled"]))
         out.append("")
     return "\n".join(out)
+
+
+def _request_id_rules(d: Path) -> list[str]:
+    """The request id vLLM reports with its token counts (observability.metering):
+    who called (key id) and which version serves the model, then a random part.
+    Set whatever the client sent, so that no caller can bill another. After the
+    hold: a held request is stamped with what serves it then."""
+    return [
+        f"    http-request set-var(txn.version) var(txn.model),map({d}/versions.map,0) if !refused",
+        "    http-request set-header x-request-id "
+        '"u1.k%[var(txn.key_id)].v%[var(txn.version)].%[uuid]"',
+    ]
 
 
 def _hold_rules(d: Path, hold_seconds: float) -> list[str]:
@@ -716,8 +725,10 @@ class HAProxyFrontDoor:
         metrics: str = "",
         slots: int = SLOTS,
         hold_seconds: float = HOLD_SECONDS,
+        metering: bool = True,
     ):
         self.directory = Path(directory)
+        self.metering = metering
         self.slots = slots
         self.hold_seconds = hold_seconds
         self.listen = listen
@@ -782,6 +793,7 @@ class HAProxyFrontDoor:
             metrics=self.metrics,
             slots=self.slots,
             hold_seconds=self.hold_seconds,
+            metering=self.metering,
         )
         changed |= _write_if_changed(self.config_path, config)
         return changed

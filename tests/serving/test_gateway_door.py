@@ -385,6 +385,17 @@ def test_the_runtime_api_is_a_unix_socket_only(tmp_path):
     assert master == f"{tmp_path.resolve()}/master.sock,mode,600"
 
 
+def test_the_bench_s_door_without_metering_stamps_no_ids_and_counts_no_limits(tmp_path):
+    """bench/door_overhead.py's baseline; the product's door has both."""
+    table = routing_table(deployment="gw", base_model=BASE, replicas=[], served=[])
+    product = render_config(table, tmp_path, listen="127.0.0.1:8080")
+    bare = render_config(table, tmp_path, listen="127.0.0.1:8080", metering=False)
+    for config, present in ((product, True), (bare, False)):
+        assert ("set-header x-request-id" in config) is present
+        assert ("track-sc1" in config and "limited.map" in config) is present
+    assert HAProxyFrontDoor(tmp_path, listen="127.0.0.1:8080").metering is True
+
+
 def test_haproxy_holds_no_environment_of_the_process_that_starts_it(door):
     shown = door.door.runtime.command("show env").split()
     # HAProxy adds its own (HAPROXY_*); nothing else of the caller's survives.
