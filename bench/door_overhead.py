@@ -369,8 +369,8 @@ def report(args, out, real, standin, rates, routed, reloaded) -> None:
     out.verdict("rollout end to first routed request, p99", p99 * 1000, target="< 1000",
                 met=p99 < 1.0, unit="ms")  # fmt: skip
     out.note(
-        "metered tokens against vLLM's own totals (target: equal) are bench/metering.py's: "
-        "docs/figures.md, Metering"
+        "metered tokens against vLLM's own totals (target: equal): bench/metering.py, "
+        "its figures under Metering"
     )
     door_met = max(door_adds.values()) <= 1.0
     meter_met = max(meter_adds.values()) <= 1.0
