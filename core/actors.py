@@ -41,8 +41,9 @@ class Actor:
         ids = {self.user.pk}
         if self.token is not None:
             ids.add(self.token.created_by_id)
-            if self.token.service_account_id is not None:
-                ids.add(self.token.service_account.created_by_id)
+            account = self.token.service_account if self.token.service_account_id else None
+            if account is not None:
+                ids.add(account.created_by_id)
         return frozenset(ids)
 
     @property

@@ -26,8 +26,9 @@ def audit_record(
     details: dict | None = None,
 ) -> AuditEvent:
     details = dict(details or {})
-    account = actor.token.service_account if actor and actor.token else None
-    if account is not None:
+    token = actor.token if actor else None
+    account = token.service_account if token else None
+    if token is not None and account is not None:
         # Every use names the account, who created it, and who minted the token.
         details.setdefault(
             "service_account",
@@ -35,7 +36,7 @@ def audit_record(
                 "id": account.pk,
                 "name": str(account),
                 "created_by": account.created_by.get_username(),
-                "token_created_by": actor.token.created_by.get_username(),
+                "token_created_by": token.created_by.get_username(),
             },
         )
     event = AuditEvent(

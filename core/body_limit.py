@@ -32,7 +32,7 @@ class RequestTooLarge(ApplicationError):
     code = "request_too_large"
 
 
-def _human(size: int) -> str:
+def _human(size: float) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
             return f"{size:g} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
@@ -111,6 +111,8 @@ def insert_upload_handler(django_request, handler) -> bool:
 
 
 def _response(request, error: RequestTooLarge):
+    response: HttpResponse
+    body: dict[str, object]
     if request.path.startswith("/api/"):
         body = {
             "error": {

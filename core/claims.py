@@ -37,7 +37,7 @@ class Lease:
         now = timezone.now()
         mine = Q(**{self.owner_field: owner})
         taken = (
-            self.model.objects.filter(pk=pk)
+            self.model._default_manager.filter(pk=pk)
             .filter(self.free(now) | mine)
             .update(**{self.owner_field: owner, self.until_field: now + timedelta(seconds=seconds)})
         )
@@ -45,7 +45,7 @@ class Lease:
 
     def renew(self, pk, owner: str, seconds: float) -> bool:
         """Extends our claim; False means we lost it (expired and taken by another)."""
-        renewed = self.model.objects.filter(pk=pk, **{self.owner_field: owner}).update(
+        renewed = self.model._default_manager.filter(pk=pk, **{self.owner_field: owner}).update(
             **{self.until_field: timezone.now() + timedelta(seconds=seconds)}
         )
         return renewed == 1
@@ -53,7 +53,7 @@ class Lease:
     def release(self, pk, owner: str, **also) -> bool:
         """Lets go of the claim only if it is still ours; `also` are columns set
         in the same UPDATE (a finished run's timestamp, say)."""
-        released = self.model.objects.filter(pk=pk, **{self.owner_field: owner}).update(
+        released = self.model._default_manager.filter(pk=pk, **{self.owner_field: owner}).update(
             **{self.owner_field: "", self.until_field: None}, **also
         )
         return released == 1
@@ -64,21 +64,21 @@ class Lease:
     def claim_many(self, pks, owner: str, seconds: float) -> set:
         """Takes every free (or already ours) row of `pks`; returns those we hold."""
         now = timezone.now()
-        rows = self.model.objects.filter(pk__in=list(pks))
+        rows = self.model._default_manager.filter(pk__in=list(pks))
         rows.filter(self.free(now) | Q(**{self.owner_field: owner})).update(
             **{self.owner_field: owner, self.until_field: now + timedelta(seconds=seconds)}
         )
         return set(rows.filter(**{self.owner_field: owner}).values_list("pk", flat=True))
 
     def renew_many(self, pks, owner: str, seconds: float) -> int:
-        return self.model.objects.filter(pk__in=list(pks), **{self.owner_field: owner}).update(
-            **{self.until_field: timezone.now() + timedelta(seconds=seconds)}
-        )
+        return self.model._default_manager.filter(
+            pk__in=list(pks), **{self.owner_field: owner}
+        ).update(**{self.until_field: timezone.now() + timedelta(seconds=seconds)})
 
     def release_many(self, pks, owner: str) -> int:
-        return self.model.objects.filter(pk__in=list(pks), **{self.owner_field: owner}).update(
-            **{self.owner_field: "", self.until_field: None}
-        )
+        return self.model._default_manager.filter(
+            pk__in=list(pks), **{self.owner_field: owner}
+        ).update(**{self.owner_field: "", self.until_field: None})
 
 
 class LeaseLost(Exception):
@@ -107,7 +107,7 @@ class Heartbeat:
         try:
             renewed = self.lease.renew(self.pk, self.owner, self.seconds)
         except DatabaseError:
-            connection = connections[self.lease.model.objects.db]
+            connection = connections[self.lease.model._default_manager.db]
             if not connection.in_atomic_block:  # a broken connection is replaced on next use
                 connection.close_if_unusable_or_obsolete()
             if now - self._renewed < self.seconds * 2 / 3:

@@ -53,7 +53,7 @@ def _broker() -> dict:
 def _names_only(name: str, result: dict) -> dict:
     if not result.get("ok", True):
         logger.warning("readiness: %s: %s", name, result)
-    shown = {"ok": bool(result.get("ok", True))}
+    shown: dict[str, object] = {"ok": bool(result.get("ok", True))}
     if result.get("optional"):
         shown["optional"] = True
     if result.get("notice"):

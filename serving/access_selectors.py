@@ -108,7 +108,7 @@ def adapter_callers(adapter: Adapter, grants: list[AdapterGrant] | None = None) 
         if not d.allowed_departments.all()
         or adapter.department_id in {x.pk for x in d.allowed_departments.all()}
     ]
-    callers = [
+    callers: list[dict[str, object]] = [
         {
             "department": adapter.department.slug,
             "why": "own",

@@ -30,7 +30,7 @@ from serving.services.limits import department_limits_set, limits_checked
 class ReplicaInline(admin.TabularInline):
     model = Replica
     extra = 0
-    fields = [
+    fields = (
         "base_url",
         "active",
         "health",
@@ -39,7 +39,7 @@ class ReplicaInline(admin.TabularInline):
         "in_sync_polls",
         "in_sync_since",
         "last_error",
-    ]
+    )
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None):

@@ -162,8 +162,8 @@ def differences(deployment: Deployment, through: int) -> list[str]:
     for row in rows.order_by("adapter__served_name"):
         seen.add(row.adapter_id)
         name = row.adapter.served_name
-        fact = chained.served.get(row.adapter_id)
-        chained_version = fact.get("version_id") if fact else None
+        fact = chained.served.get(row.adapter_id) or {}
+        chained_version = fact.get("version_id")
         if row.version_id != chained_version:
             said = f"version {fact.get('version')}" if chained_version else "nothing served"
             found.append(

@@ -64,9 +64,8 @@ class PoolFigures:
 
     @property
     def over(self) -> bool:
-        return (
-            None not in (self.pool_bytes, self.budget_bytes) and self.pool_bytes > self.budget_bytes
-        )
+        pool, budget = self.pool_bytes, self.budget_bytes
+        return pool is not None and budget is not None and pool > budget
 
 
 def pool_figures(

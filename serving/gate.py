@@ -275,7 +275,7 @@ def check_memory(deployment: Deployment, version: AdapterVersion) -> GateCheck:
         f"LoRA pool {figures.pool_bytes} bytes ({deployment.max_loras} slots x "
         f"{figures.slot_bytes} bytes at max_lora_rank {deployment.max_lora_rank})"
     )
-    if figures.budget_bytes is None:
+    if figures.budget_bytes is None or not deployment.gpu_memory_bytes:
         return GateCheck("memory", True, f"{pool}; GPU memory not configured.", advisory=True)
     share = figures.pool_bytes / deployment.gpu_memory_bytes
     budget = (

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 
 import yaml
 from django.conf import settings
 from django.http import HttpResponse
 
 from core.errors import Conflict
+from registry.models import AdapterVersion
 from serving.models import Deployment, ServedAdapter
 from serving.placement import placed_keys
 from serving.volume import serve_path_for
@@ -45,6 +47,11 @@ def promoted(deployment: Deployment) -> list[ServedAdapter]:
     )
 
 
+def _version(served: ServedAdapter) -> AdapterVersion:
+    assert served.version is not None  # promoted() reads only rows that serve one
+    return served.version
+
+
 def lora_modules(deployment: Deployment, served: list[ServedAdapter]) -> list[dict]:
     """One {"name", "path", "base_model_name"} per promoted adapter that is on
     every replica. Every pod of a ServingRuntime gets the same args, so an
@@ -54,7 +61,7 @@ def lora_modules(deployment: Deployment, served: list[ServedAdapter]) -> list[di
     return [
         {
             "name": s.adapter.served_name,
-            "path": s.served_path or serve_path_for(deployment, s.version),
+            "path": s.served_path or serve_path_for(deployment, _version(s)),
             "base_model_name": deployment.base_model_name,
         }
         for s in served
@@ -135,7 +142,7 @@ def manifests(deployment: Deployment) -> list[dict]:
             code="kserve_incomplete",
         )
     served = promoted(deployment)
-    env = [
+    env: list[dict[str, object]] = [
         # The control plane pushes new versions at runtime; without this vLLM has no load route.
         {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
@@ -207,7 +214,7 @@ def manifests(deployment: Deployment) -> list[dict]:
             ],
         },
     }
-    service = {
+    service: dict[str, Any] = {
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
         "metadata": _metadata(deployment, deployment.name),

@@ -19,6 +19,10 @@ from registry.models import Adapter, AdapterVersion
 
 
 class Deployment(models.Model):
+    # The departments a create or update asked for, carried from validation to
+    # the save (serving.services.deployments): a many-to-many waits for the row.
+    _departments: list | None
+
     name = models.SlugField(max_length=100, unique=True)
     environment = models.CharField(max_length=32, default="staging")
     description = models.TextField(blank=True)

@@ -210,31 +210,31 @@ def place(
         asked = math.ceil(demand / per - 1e-9) if demand else 0
         wanted = max(low, min(asked, high))
         # Placed before, on a replica that is still up: stays (HRW order breaks ties).
-        kept = [k for k in ranked(wish.name, wish.previous.replicas) if k in up]
+        still = [k for k in ranked(wish.name, wish.previous.replicas) if k in up]
         low_since = wish.previous.low_since
         target = wanted
-        if wanted < len(kept) and len(kept) <= high:
+        if wanted < len(still) and len(still) <= high:
             # Fewer wanted: only after the quiet period (bounds lowered: at once).
             low_since = now if low_since is None else low_since
             if now - low_since < settings.quiet_seconds:
-                target = len(kept)
+                target = len(still)
             else:
                 low_since = None
         else:
             low_since = None
         reason = Reason.MAX if asked > high else Reason.MIN if asked <= low else Reason.DEMAND
         targets[wish.name] = target
-        kept_by[wish.name] = kept[:target]
+        kept_by[wish.name] = still[:target]
         notes[wish.name] = {
             "reason": reason,
             "demand": demand,
             "low_since": low_since,
-            "dropped": kept[target:],
+            "dropped": still[target:],
         }
         # Every placement still up keeps its room this tick, also one being
         # dropped: its unload may wait for the churn budget, and room freed by
         # an unload is only counted once it is done (the next tick).
-        for key in kept:
+        for key in still:
             occupancy[key] += 1
 
     # New placements, one round per replica count, so that every adapter gets

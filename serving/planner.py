@@ -105,6 +105,8 @@ class ModelShape:
             chosen = "float16"
         if problems:
             raise PlannerInputError(problems)
+        # positive() put every missing required one in problems.
+        assert hidden and intermediate and layers and heads and kv_heads and vocab
         if heads and kv_heads and heads % kv_heads:
             raise PlannerInputError(
                 {"config.num_key_value_heads": f"{kv_heads} does not divide {heads} heads"}

@@ -6,6 +6,7 @@ serving/quotas.py."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import cast
 
 from django.db.models import Q
 from django.utils import timezone
@@ -20,7 +21,7 @@ from serving.quotas import (
     budgets_left,
     limited_callers,
 )
-from serving.token_usage import metering_available, tokens_used
+from serving.token_usage import Per, metering_available, tokens_used
 
 
 def metered_tokens(scope: str, since: datetime, until: datetime) -> dict | None:
@@ -31,7 +32,7 @@ def metered_tokens(scope: str, since: datetime, until: datetime) -> dict | None:
     None where nothing meters tokens: unknown, which limits nobody."""
     if not metering_available():
         return None
-    used = tokens_used(scope, since)
+    used = tokens_used(cast(Per, scope), since)  # "key" or "department", as documented
     if scope == "key":
         return {key_id: row.tokens for key_id, row in used.items()}
     slugs = dict(Department.objects.filter(pk__in=list(used)).values_list("pk", "slug"))

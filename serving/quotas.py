@@ -145,8 +145,8 @@ def limited_callers(
         (TOKENS_PER_MONTH, windows.month),
     ):
         used = ask("department", window, any(getattr(d, kind) for d in departments.values()))
-        for slug, limits in departments.items():
-            limit = getattr(limits, kind)
+        for slug, department_limits in departments.items():
+            limit = getattr(department_limits, kind)
             crossed(department_entry(slug), used.get(slug, 0), limit, kind, window[1])
     return found
 

@@ -73,7 +73,8 @@ def replicas_sync(deployment: Deployment, *, with_deferred: bool = False) -> lis
             existing[url], _ = Replica.objects.get_or_create(
                 deployment=deployment, base_url=url, defaults={"discovered_via": via}
             )
-            existing[url].has_deferred = False
+            # A new row has no deferred steps; with_deferred annotates the others.
+            existing[url].has_deferred = False  # type: ignore[attr-defined]
         elif not replica.active:
             replica.active = True
             replica.save(update_fields=["active"])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import PurePosixPath
+from typing import Any
 from urllib.parse import urlsplit
 
 from django.db.models import Prefetch, Q, QuerySet
@@ -208,7 +210,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
     visible_names = {s.adapter.served_name for s in served}
     # Unknown adapters could be any department's; replica URLs are the platform's.
     show_unknown = sees_infrastructure(actor)
-    replicas = []
+    replicas: list[dict] = []
     labels = replica_labels(deployment)
     for replica in deployment.replicas.all():
         if not replica.active:
@@ -226,7 +228,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
                     "served_name": s.adapter.served_name,
                     "desired_root": desired,
                     "actual_root": actual,
-                    "placed": placed[s.pk] is None or replica.pk in placed[s.pk],
+                    "placed": _placed_on(placed[s.pk], replica.pk),
                     # A copy kept for a rollback is as intended: nothing repairs it.
                     "in_sync": state in (SyncState.IN_SYNC, SyncState.RETAINED),
                     # Decided on the full roots; a member's view shows folder names only.
@@ -254,7 +256,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
             deployment=deployment, version_id__in=[s.version_id for s in served if s.version_id]
         )
     }
-    desired = [
+    desired_rows: list[dict[str, Any]] = [
         {
             "adapter_id": s.adapter_id,
             "department": s.adapter.department.slug,
@@ -263,16 +265,18 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
             "version_id": s.version_id,
             "served_path": s.served_path,
             "estimated_memory_bytes": s.version.estimated_memory_bytes if s.version else 0,
-            "fingerprint": _fingerprint(fingerprints.get(s.version_id), show_unknown),
+            "fingerprint": _fingerprint(
+                fingerprints.get(s.version_id) if s.version_id else None, show_unknown
+            ),
         }
         for s in served
     ]
     if not sees_infrastructure(actor):
-        for replica in replicas:
-            for item in replica["adapters"]:
+        for shown in replicas:
+            for item in shown["adapters"]:
                 item["desired_root"] = _folder_only(item["desired_root"])
                 item["actual_root"] = _folder_only(item["actual_root"])
-        for row in desired:
+        for row in desired_rows:
             row["served_path"] = _folder_only(row["served_path"])
     slots_used = ServedAdapter.objects.filter(deployment=deployment, version__isnull=False).count()
     return {
@@ -280,9 +284,14 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
         "last_reconciled_at": deployment.last_reconciled_at,
         "slots_used": slots_used,
         "max_cpu_loras": deployment.max_cpu_loras,
-        "desired": desired,
+        "desired": desired_rows,
         "replicas": replicas,
     }
+
+
+def _placed_on(keys: frozenset[int] | None, replica_id: int) -> bool:
+    """None: no placement bounds, so every replica."""
+    return keys is None or replica_id in keys
 
 
 def _fingerprint(fingerprint: VersionFingerprint | None, with_replica: bool) -> dict | None:
@@ -351,12 +360,15 @@ def deployment_placement(actor: Actor, deployment: Deployment) -> list[dict]:
 
     items = []
     for served in served_adapters_for(actor, deployment).order_by("adapter__served_name"):
-        if served.version_id is None:
+        version = served.version
+        if version is None:
             continue
         bounded = is_bounded(served.min_replicas, served.max_replicas)
         state = State.from_dict(served.placement) if bounded else None
         if state is None:
-            keys, reason, wanted, detail, demand = list(replicas), Reason.EVERYWHERE, None, "", None
+            keys: Sequence[int] = list(replicas)
+            reason: Reason | None = Reason.EVERYWHERE
+            wanted, detail, demand = None, "", None
         else:
             keys, wanted, detail, demand = state.replicas, state.wanted, state.detail, state.demand
             known = {r.value for r in Reason}
@@ -366,7 +378,7 @@ def deployment_placement(actor: Actor, deployment: Deployment) -> list[dict]:
             {
                 "served_name": served.adapter.served_name,
                 "department": served.adapter.department.slug,
-                "version": served.version.number,
+                "version": version.number,
                 "min_replicas": served.min_replicas,
                 "max_replicas": served.max_replicas,
                 "wanted": len(placed) if wanted is None else wanted,

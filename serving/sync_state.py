@@ -51,7 +51,9 @@ def classify_kept(desired: str | None, actual: str | None, health: str, *, kept:
     return SyncState.RETAINED if kept and state.drifted else state
 
 
-def desired_root(served, replica_id: int, placed: frozenset[int] | None = ()) -> str | None:
+def desired_root(
+    served, replica_id: int, placed: frozenset[int] | None | tuple[()] = ()
+) -> str | None:
     """The root `served` (a ServedAdapter) is meant to be served from on replica
     `replica_id`: its path where placement puts it (serving.placement), None
     where it is retired or not placed there. `placed`: its placed replica keys

@@ -3,6 +3,8 @@ API: departments and their memberships, the audit feed and tokens (the probes ar
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -26,6 +28,11 @@ def schema_only(view) -> bool:
 
 
 class ActorMixin:
+    # Set by the DRF view this is mixed into (Django's View and DRF's APIView
+    # type `request` differently, so it is left open here).
+    request: Any
+    kwargs: dict
+
     @property
     def actor(self) -> Actor:
         if not hasattr(self, "_actor"):

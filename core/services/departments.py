@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import cast
+
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
@@ -44,7 +46,7 @@ def department_update(
     require_platform_admin(actor)
     with transaction.atomic():
         locked = Department.objects.select_for_update().get(pk=department.pk)
-        changes = {}
+        changes: dict[str, list[object]] = {}
         if name is not None and name != locked.name:
             changes["name"] = [locked.name, name]
             locked.name = name
@@ -56,7 +58,8 @@ def department_update(
                 locked.artifact_retention_days,
                 artifact_retention_days,
             ]
-            locked.artifact_retention_days = artifact_retention_days
+            # Not UNCHANGED (checked above), so the int or None the caller passed.
+            locked.artifact_retention_days = cast("int | None", artifact_retention_days)
         if not changes:
             return locked
         locked.full_clean()

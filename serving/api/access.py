@@ -306,7 +306,10 @@ class DepartmentLimitsView(ActorMixin, APIView):
         return DepartmentLimitsReadSerializer(
             {
                 "department": department.slug,
-                **{name: getattr(limits, name) for name in DepartmentLimitsSerializer().fields},
+                **{
+                    name: getattr(limits, name)
+                    for name in list(DepartmentLimitsSerializer().fields)
+                },
                 "budgets": department_budgets(department.slug, limits),
             }
         ).data

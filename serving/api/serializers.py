@@ -379,7 +379,8 @@ class ReplicaSummarySerializer(serializers.Serializer):
 
 class CanarySideSerializer(serializers.Serializer):
     requests = serializers.IntegerField(help_text="Since the bake began.")
-    errors = serializers.IntegerField(
+    # DRF's metaclass takes declared fields off the class: no shadowing of .errors.
+    errors = serializers.IntegerField(  # type: ignore[assignment]
         help_text="5xx answers and failed connections or responses at the front door."
     )
     error_rate = serializers.FloatField()
@@ -565,7 +566,10 @@ class AdoptionSerializer(serializers.ModelSerializer):
 
 
 class PlacedReplicaSerializer(serializers.Serializer):
-    label = serializers.CharField(help_text="replica-1, replica-2, ... in address order.")
+    # DRF's metaclass takes declared fields off the class: no shadowing of .label.
+    label = serializers.CharField(  # type: ignore[assignment]
+        help_text="replica-1, replica-2, ... in address order."
+    )
     health = serializers.ChoiceField(choices=ReplicaHealth.choices)
     base_url = serializers.CharField(
         required=False, help_text="Platform admins only: the replica's address."

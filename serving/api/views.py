@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django_filters import rest_framework as filters
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -32,7 +34,7 @@ from serving.services.rollouts import rollout_canary_decide, rollout_cancel
 
 # Platform admins read the whole deployment, members and tokens its summary:
 # the schema says "one of the two", and each has fields the other lacks.
-DEPLOYMENT_AS_SEEN = {
+DEPLOYMENT_AS_SEEN: dict[str, Any] = {
     "component_name": "DeploymentAsSeen",
     "serializers": [s.DeploymentSerializer, s.DeploymentSummarySerializer],
     "resource_type_field_name": None,

@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, transaction
@@ -222,7 +223,7 @@ class EndpointSliceWatch:
         self.stop_event = stop or threading.Event()
         self.stats = WatchStats(last_progress=time.time())
         self._slices: dict[str, object] = {}
-        self._watch = None
+        self._watch: Any = None  # a kubernetes.watch.Watch while one runs (imported lazily)
         self._applied: set[str] | None = None
         self._unapplied = False
         self._delay = INITIAL_DELAY
@@ -266,8 +267,15 @@ class EndpointSliceWatch:
             self.target.namespace, label_selector=self.target.selector, _request_timeout=timeout
         )
         self.stats.lists += 1
-        self._slices = {item.metadata.name: item for item in listing.items or []}
-        self.stats.resource_version = listing.metadata.resource_version
+        # The API server names every object and versions every list.
+        self._slices = {
+            item.metadata.name: item
+            for item in listing.items or []
+            if item.metadata and item.metadata.name
+        }
+        self.stats.resource_version = (
+            listing.metadata.resource_version if listing.metadata else None
+        )
         self._apply()
         self._mark_progress()
 

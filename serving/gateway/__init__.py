@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from serving.gateway.access import DoorAccess
 from serving.gateway.routing import RoutingTable
 
 
@@ -35,6 +36,10 @@ class FrontDoor(Protocol):
     def apply(self, table: RoutingTable) -> list[str]:
         """Makes the routes match the table without dropping a request. Routes
         the table marks `held` (a rollout owns them now) keep their states."""
+
+    def apply_access(self, access: DoorAccess) -> list[str]:
+        """Makes the door enforce `access` (keys, grants, each caller's model
+        list, open or not), in effect for the next request."""
 
     def drain(self, model: str, server: str, *, timeout: float, keep_one: bool = True) -> list[str]:
         """Sends no new request for `model` to `server`, then waits until the

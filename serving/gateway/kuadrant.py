@@ -150,10 +150,10 @@ def policies(
                 "rates": [{"limit": limits.requests_per_minute, "window": "1m"}],
                 "when": when_department(slug),
             }
-    for key_id, limits in sorted(keys.items()):
-        if limits.requests_per_minute:
+    for key_id, key_limits in sorted(keys.items()):
+        if key_limits.requests_per_minute:
             requests[f"key-{key_id}"] = {
-                "rates": [{"limit": limits.requests_per_minute, "window": "1m"}],
+                "rates": [{"limit": key_limits.requests_per_minute, "window": "1m"}],
                 "when": when_key(key_id),
             }
     if requests:
@@ -175,10 +175,10 @@ def policies(
         ]
         if rates:
             tokens[f"department-{slug}"] = {"rates": rates, "when": when_department(slug)}
-    for key_id, limits in sorted(keys.items()):
-        if limits.tokens_per_minute:
+    for key_id, key_limits in sorted(keys.items()):
+        if key_limits.tokens_per_minute:
             tokens[f"key-{key_id}"] = {
-                "rates": [{"limit": limits.tokens_per_minute, "window": "1m"}],
+                "rates": [{"limit": key_limits.tokens_per_minute, "window": "1m"}],
                 "when": when_key(key_id),
             }
     if tokens:

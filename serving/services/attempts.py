@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from serving.models import HttpAttempt, Replica, ReplicaRollout
 from serving.replica_calls import ReplicaOutcome
 
@@ -11,7 +13,7 @@ def attempts_record(
 
 
 def attempts_record_all(
-    rows: list[tuple[Replica, ReplicaOutcome, ReplicaRollout | None]],
+    rows: Sequence[tuple[Replica, ReplicaOutcome, ReplicaRollout | None]],
 ) -> None:
     """Every attempt of several replicas in one INSERT."""
     HttpAttempt.objects.bulk_create(

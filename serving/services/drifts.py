@@ -62,7 +62,7 @@ class DriftRecorder:
                 last.actual_root,
                 last.detail,
             ) == (event.kind, event.expected_root, event.actual_root, event.detail)
-            if same:
+            if same and last is not None:
                 repeated.append(last.pk)
             else:
                 event.last_seen_at = now

@@ -118,12 +118,14 @@ def fingerprints_check_rollout(
     nobody can tell which side has the right weights: the record is dropped
     with the rollout (which fails and rolls back), and the next rollout of the
     version records it afresh. A fingerprint from an earlier rollout stands."""
+    version_id = rollout.target_version_id
+    assert version_id is not None, f"rollout {rollout.pk} swaps in no version"
     agreed = True
     for replica in replicas:
         agreed &= fingerprint_check(
             outcomes[replica.pk],
             deployment=rollout.deployment,
-            version_id=rollout.target_version_id,
+            version_id=version_id,
             replica=replica,
             name=rollout.adapter.served_name,
             rollout=rollout,

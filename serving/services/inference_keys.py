@@ -169,7 +169,7 @@ def require_visible_key(actor: Actor, key: InferenceKey) -> None:
 def holder_label(key: InferenceKey) -> str:
     if key.service_account_id:
         return f"service account {key.service_account}"
-    if key.person_id:
+    if key.person is not None:
         return f"person {key.person.get_username()}"
     return f"department {key.department.slug}"
 

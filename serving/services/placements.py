@@ -264,7 +264,12 @@ def served_placement_set(
         whole = isinstance(value, int) and not isinstance(value, bool)
         if value is not None and (not whole or not 1 <= value <= MAX_BOUND):
             problems[field] = f"must be a whole number from 1 to {MAX_BOUND}, or null"
-    if not problems and None not in (min_replicas, max_replicas) and min_replicas > max_replicas:
+    if (
+        not problems
+        and min_replicas is not None
+        and max_replicas is not None
+        and min_replicas > max_replicas
+    ):
         problems["min_replicas"] = f"must not be above max_replicas ({max_replicas})"
     if problems:
         raise ValidationFailed(

@@ -135,7 +135,7 @@ def _require_canary_possible(deployment: Deployment, served: ServedAdapter | Non
     replicas = deployment.replicas.filter(active=True).count()
     refusal = canary_refusal(deployment, served.version_id if served else None, replicas)
     capped = served.max_replicas if served is not None else None
-    if not refusal and capped is not None and capped < 2:
+    if not refusal and served is not None and capped is not None and capped < 2:
         # The worker pushes to the adapter's placed replicas only (serving.placement):
         # on one, there is no old version left for the split.
         refusal = (
@@ -333,6 +333,7 @@ def rollback_to(
                 code="nothing_to_roll_back_to",
             )
         version = last.previous_version
+    assert version is not None  # excluded by the query above
     if version.adapter_id != adapter.pk:
         # Like any name that names nothing: this adapter has no such version.
         raise NotFound("That version belongs to another adapter.", code="wrong_adapter")

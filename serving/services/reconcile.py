@@ -174,7 +174,7 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
                 logger.error(
                     "after reconcile of %s, %r failed: %s", deployment.name, receiver, error
                 )
-        done = {"last_reconciled_at": timezone.now()} if ok else {}
+        done: dict[str, object] = {"last_reconciled_at": timezone.now()} if ok else {}
         if ok and report.fingerprint_cursor is not None:
             done["fingerprint_checked_through"] = report.fingerprint_cursor
         deployment_reconcile_release(deployment.pk, worker, **done)
@@ -219,6 +219,13 @@ class _Job:
     @property
     def replica(self) -> Replica:
         return self.tick.replica
+
+    @property
+    def row(self) -> ServedAdapter:
+        """The served row of a job that loads or checks one (only the unload of
+        an unknown adapter has none, and it never asks)."""
+        assert self.served is not None, f"{self.kind} of {self.name} has no served row"
+        return self.served
 
     @property
     def loads(self) -> bool:
@@ -568,17 +575,18 @@ def _replan(job: _Job, served: ServedAdapter) -> _Job | None:
     """The job again, against the row as it is now that it is claimed."""
     if job.kind in (DriftKind.FINGERPRINT_MISMATCH, RECORD_FINGERPRINT):
         if (served.version_id, served.served_path) != (
-            job.served.version_id,
-            job.served.served_path,
+            job.row.version_id,
+            job.row.served_path,
         ):
             return None  # a rollout finished in between: the next tick checks the new version
-        served.fingerprint_probe = job.served.fingerprint_probe
+        # The probe the tick's query annotated (fingerprint_probe_annotation).
+        served.fingerprint_probe = job.row.fingerprint_probe  # type: ignore[attr-defined]
         job.served = served
         return job
     missing = (DriftKind.MISSING_RELOADED, DriftKind.PLACED_LOADED)
     seen = {} if job.kind in missing else {job.name: job.actual}
     # A placed load verifies against the fingerprint the tick read.
-    served.fingerprint_probe = getattr(job.served, "fingerprint_probe", None)
+    served.fingerprint_probe = getattr(job.served, "fingerprint_probe", None)  # type: ignore[attr-defined]
     return _job_for(job.tick, job.name, served, seen)
 
 
@@ -586,13 +594,17 @@ def _stage(deployment, jobs: list[_Job], keeper: _Keeper) -> None:
     """The folders every load needs, each version once however many replicas
     miss it; a folder already verified is not read again (serving.volume). A
     fingerprint mismatch's folder may be damaged on disk: staging checks it."""
-    versions = {job.served.version_id: job.served.version for job in jobs}
+    wanted = [(job, job.row.version) for job in jobs]
+    # A job that loads has a version (_Job.loads).
+    versions = {version.pk: version for _, version in wanted if version is not None}
     if not versions:
         return
     # The folder may have gone: a new volume, or a replica added later.
     staged = stage_versions(deployment, list(versions.values()), progress=keeper.beat)
-    for job in jobs:
-        result = staged[job.served.version_id]
+    for job, version in wanted:
+        if version is None:
+            continue
+        result = staged[version.pk]
         if isinstance(result, StagingError):
             job.staging_error = str(result)
 
@@ -646,7 +658,7 @@ def _run_job(deployment, client, job: _Job) -> None:
         _repair_weights(deployment, client, job)
     elif job.kind == RECORD_FINGERPRINT:
         job.outcome = verify_with_fingerprint(
-            client, job.name, job.served.served_path, NO_RETRY, deployment=deployment
+            client, job.name, job.row.served_path, NO_RETRY, deployment=deployment
         )
     elif job.kind == DriftKind.PLACED_LOADED:
         _load_placed(deployment, client, job)
@@ -654,7 +666,7 @@ def _run_job(deployment, client, job: _Job) -> None:
         job.outcome = ensure_loaded(
             client,
             job.name,
-            job.served.served_path,
+            job.row.served_path,
             NO_RETRY,
             known_version=job.replica.vllm_version,
         )
@@ -667,7 +679,7 @@ def _load_placed(deployment, client, job: _Job) -> None:
     completion unlike the base model's, the version's fingerprint if it has
     one): the front door routes to a replica only once it lists the adapter, so
     what fails verification is unloaded again."""
-    name, path = job.name, job.served.served_path
+    name, path = job.name, job.row.served_path
     probe = getattr(job.served, "fingerprint_probe", None)
     fingerprint = Probe.from_dict(probe) if probe else None
     outcome = job.outcome = ensure_loaded(
@@ -688,8 +700,8 @@ def _load_placed(deployment, client, job: _Job) -> None:
 
 def _repair_weights(deployment, client, job: _Job) -> None:
     """Unload, load, verify against the fingerprint again."""
-    name, path = job.name, job.served.served_path
-    fingerprint = Probe.from_dict(job.served.fingerprint_probe)
+    name, path = job.name, job.row.served_path
+    fingerprint = Probe.from_dict(job.row.fingerprint_probe)  # type: ignore[attr-defined]
     outcome = job.outcome = ReplicaOutcome()
     # Probed again under the claim: a rollout that failed and rolled back between
     # the sample and the claim reloaded the adapter already.
@@ -728,11 +740,12 @@ def _record(deployment, job: _Job, drifts: DriftRecorder, report: ReconcileRepor
     if job.outcome is None:  # stopped before its turn
         return
     if job.kind == RECORD_FINGERPRINT:
-        if job.outcome.ok:
+        version_id = job.row.version_id  # a sampled row serves a version
+        if job.outcome.ok and version_id is not None:
             fingerprint_check(
                 job.outcome,
                 deployment=deployment,
-                version_id=served.version_id,
+                version_id=version_id,
                 replica=replica,
                 name=job.name,
             )
@@ -752,7 +765,7 @@ def _record(deployment, job: _Job, drifts: DriftRecorder, report: ReconcileRepor
         )
         return
     if job.loads:
-        snapshot[job.name] = served.served_path
+        snapshot[job.name] = job.row.served_path
     else:
         snapshot.pop(job.name, None)
     drifts.add(replica, job.kind, job.name, expected=expected, actual=job.actual)
@@ -763,7 +776,7 @@ def _record(deployment, job: _Job, drifts: DriftRecorder, report: ReconcileRepor
 
 
 def _record_weights(job: _Job, drifts: DriftRecorder, report: ReconcileReport) -> None:
-    replica, path = job.replica, job.served.served_path
+    replica, path = job.replica, job.row.served_path
     job.tick.drifted = True
     if job.resolved:
         return
@@ -771,6 +784,8 @@ def _record_weights(job: _Job, drifts: DriftRecorder, report: ReconcileReport) -
         f"The probe through {job.name} was off its fingerprint: "
         f"{describe_distance(job.distance)}, above the tolerance {tolerance():g}."
     )
+    if job.outcome is None:  # stopped before its turn
+        return
     if job.outcome.ok:
         drifts.add(
             replica,
@@ -852,7 +867,9 @@ def _write(ticks: list[_Tick], drifts: DriftRecorder, now, report: ReconcileRepo
     """The tick's writes. A replica up, in sync and as recorded costs nothing of
     its own: all of them share one UPDATE that counts the poll. Others get their
     row written, and their poll's attempts stored."""
-    in_sync, quiet_down, attempts = [], [], []
+    in_sync: list[int] = []
+    quiet_down: list[int] = []
+    attempts: list[tuple[Replica, ReplicaOutcome, None]] = []
     for tick in ticks:
         replica = tick.replica
         changes = dict(tick.changes)

@@ -343,6 +343,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
         return
 
     target = rollout.target_version
+    assert target is not None, f"rollout {rollout.pk} swaps in no version"
     # A resumed rollout stages again if it never recorded its folder (staging is
     # idempotent: a verified folder is reused as it is).
     if rollout.status in (RolloutStatus.PENDING, RolloutStatus.STAGING) or not rollout.served_path:
@@ -528,7 +529,9 @@ def _moves_for(
     ):
         return {}
     resumed = set(ReplicaRollout.objects.filter(rollout=rollout).values_list("replica", flat=True))
-    path = rollout.served_path or serve_path_for(rollout.deployment, rollout.target_version)
+    target = rollout.target_version
+    assert target is not None, f"rollout {rollout.pk} swaps in no version"
+    path = rollout.served_path or serve_path_for(rollout.deployment, target)
     spares = swap_spares(rollout.deployment, served, placed, everyone, path=path, resumed=resumed)
     return {spare.pk: old for spare, old in zip(spares or [], placed, strict=False)}
 

@@ -108,7 +108,9 @@ def rollout_enqueue(rollout_id: int) -> bool:
     try:
         run_rollout.delay(rollout_id)
     except Exception:  # kombu raises many types; any of them means "not sent"
-        logger.warning("rollout %s: enqueue failed; the sweeper will retry", rollout_id, exc_info=1)
+        logger.warning(
+            "rollout %s: enqueue failed; the sweeper will retry", rollout_id, exc_info=True
+        )
         return False
     return True
 

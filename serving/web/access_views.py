@@ -7,6 +7,8 @@ beside the form or as a message."""
 
 from __future__ import annotations
 
+from typing import cast
+
 from django import forms
 from django.contrib import messages
 from django.http import Http404
@@ -85,7 +87,7 @@ def _issue(request, actor: Actor, form: InferenceKeyForm, context: dict) -> int:
 def _personal(form: InferenceKeyForm) -> InferenceKeyForm:
     """Your own page issues keys you hold; a department's and its accounts' are
     issued on the department's page."""
-    form.fields["holder"].choices = [("person", "Me (ends when I leave)")]
+    cast(forms.ChoiceField, form.fields["holder"]).choices = [("person", "Me (ends when I leave)")]
     form.fields["holder"].widget = forms.HiddenInput()
     form.fields["holder"].initial = "person"
     del form.fields["service_account"]
@@ -190,7 +192,9 @@ def _for_department(form: InferenceKeyForm, actor: Actor, department) -> None:
     """The department is the page's; a member may only hold a key themselves."""
     form.fields["department"].widget = forms.HiddenInput()
     if not may_issue(actor, department.pk, "department"):
-        form.fields["holder"].choices = [("person", "Me (ends when I leave)")]
+        cast(forms.ChoiceField, form.fields["holder"]).choices = [
+            ("person", "Me (ends when I leave)")
+        ]
 
 
 @require_POST

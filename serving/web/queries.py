@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 
@@ -309,7 +310,7 @@ def _replica_phases(step, stage: str) -> tuple[str, str]:
 def rollout_progress(rollout: Rollout) -> dict:
     """Stage -> load -> verify for each replica, from the rows the worker writes."""
     stage = _stage_state(rollout)
-    steps = []
+    steps: list[dict[str, Any]] = []
     for step in rollout.replica_steps.all():
         load, verify = _replica_phases(step, stage)
         if rollout.kind == RolloutKind.RETIRE:
@@ -385,11 +386,11 @@ def adapter_standing(actor: Actor, adapters) -> dict[int, Standing]:
         approved.setdefault(adapter_id, (pk, number))
     standing = {}
     for adapter in adapters:
-        pk, number = approved.get(adapter.pk, (None, None))
+        newest_approved = approved.get(adapter.pk)
         standing[adapter.pk] = Standing(
             live=live.get(adapter.pk, []),
-            approved_id=pk,
-            approved_number=number,
+            approved_id=newest_approved[0] if newest_approved else None,
+            approved_number=newest_approved[1] if newest_approved else None,
             may_promote=can_promote(actor, adapter.department_id),
         )
     return standing

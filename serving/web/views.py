@@ -237,6 +237,7 @@ def promote(request, actor: Actor, pk: int):
         )
         return redirect("web:version", pk=version.pk)
     rollout = promotion.rollouts.order_by("-pk").first()
+    assert rollout is not None, "an approved promotion starts its rollout"
     messages.success(request, f"Promoting {label} to {deployment.name}.")
     return redirect("serving:rollout", pk=rollout.pk)
 
