@@ -3,7 +3,10 @@ REAL door (Debian's HAProxy 2.6): the door writes the caller's key and the
 version into each request id, vLLM exports one span per request over OTLP/HTTP
 to the product's receiver (a live server here), and the ledger holds exactly
 vLLM's own counts: what each client was told in `usage`, streams included, and
-vLLM's Prometheus totals. A client's own X-Request-Id changes nothing.
+vLLM's Prometheus totals. A client's own X-Request-Id changes nothing. Then
+real Chromium (tests/browser/conftest.py) shows a department's member those
+same counts on the usage page and the adapter page, on this test's vLLM (no
+server of its own: the suite's time is short).
 
 The faults (a door reload, a receiver that dies mid-write, a replica restart)
 are tests/faults/test_metering_faults.py; 10,000 requests are bench/metering.py."""
@@ -31,6 +34,8 @@ from serving.gateway.routing import ReplicaView, ServedView, routing_table
 from serving.gateway.selectors import door_access
 from serving.models import AdapterGrant, GrantStatus, ServedAdapter
 from serving.services.inference_keys import inference_key_issue
+from tests.browser.conftest import browser, new_page  # noqa: F401 (fixtures, asked for below)
+from tests.browser.test_story import sign_in
 from tests.conftest import actor
 from tests.factories import make_approved_version
 from tests.serving.conftest import make_deployment
@@ -162,7 +167,7 @@ def metered(live_server, root, lena, alex, fred, legal, finance, contracts, tiny
         server.stop()
 
 
-def test_tokens_are_vllm_s_own_count_per_caller_adapter_and_version(metered):
+def test_tokens_are_vllm_s_own_count_per_caller_adapter_and_version(metered, request, contracts):
     told: Counter = Counter()  # (department, model) -> prompt, completion as clients saw them
     before = vllm_totals(metered.server)
     calls = 0
@@ -202,3 +207,39 @@ def test_tokens_are_vllm_s_own_count_per_caller_adapter_and_version(metered):
             assert row.owner.slug == "legal" and row.version_id == metered.version_id
         else:
             assert row.owner is None and row.version is None
+
+    # What a member of Legal reads in a browser: the same counts, not requests only.
+    page_shows_vllm_s_tokens(request, told, rows, contracts.pk)
+
+
+def page_shows_vllm_s_tokens(request, told: Counter, rows: dict, adapter_pk: int) -> None:
+    """Lena (Legal) in real Chromium. The usage page's calls table: vLLM's
+    prompt and completion counts of Legal's calls and of Finance's calls of
+    Legal's adapter (Legal owns it: it sees who used it), never Finance's calls
+    of the base model; the cost table: Legal's own sums; the adapter page's
+    usage card: every caller's tokens of the adapter. Asked for here, after the
+    metering's assertions, so that Chromium starts only when there is
+    something to show (tests/browser/conftest.py's fixtures)."""
+    page = request.getfixturevalue("new_page")()
+    sign_in(page, "lena")
+    page.goto("/usage/")
+    calls = page.get_by_test_id("usage-calls")
+
+    def line(slug, model):
+        return calls.get_by_test_id(f"calls-{slug}-{model}-v{rows[(slug, model)].version_number}")
+
+    for slug, model in (("legal", ADAPTER), ("legal", SERVED_BASE), ("finance", ADAPTER)):
+        shown = [line(slug, model).get_by_test_id(f"{kind}-tokens").inner_text()
+                 for kind in ("prompt", "completion")]  # fmt: skip
+        assert shown == [str(told[(slug, model, "prompt")]), str(told[(slug, model, "completion")])]
+    assert line("finance", SERVED_BASE).count() == 0
+    legal = [told[("legal", model, kind)] for kind in ("prompt", "completion")
+             for model in (ADAPTER, SERVED_BASE)]  # fmt: skip
+    called = page.get_by_test_id("cost-legal").get_by_test_id("called-tokens").inner_text()
+    assert called == f"{legal[0] + legal[1]} + {legal[2] + legal[3]}"
+
+    page.goto(f"/adapters/{adapter_pk}/")
+    adapter_tokens = sum(told[(slug, ADAPTER, kind)] for slug in ("legal", "finance")
+                         for kind in ("prompt", "completion"))  # fmt: skip
+    card = page.get_by_test_id("adapter-usage")
+    assert card.get_by_test_id(f"tokens-{DEPLOYMENT}").inner_text() == str(adapter_tokens)
