@@ -18,6 +18,7 @@ from .base import (
     validate_key,
     validate_prefix,
 )
+from .s3_writer import S3StreamWriter, is_boto_error
 
 # S3 rejects multipart parts below 5 MiB (except the last one).
 MIN_PART_MB = 5
@@ -77,13 +78,6 @@ def make_s3_client(
 def error_code(exc: BaseException) -> str:
     response = getattr(exc, "response", None) or {}
     return str(response.get("Error", {}).get("Code", ""))
-
-
-def is_boto_error(exc: BaseException) -> bool:
-    from boto3.exceptions import Boto3Error
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    return isinstance(exc, (BotoCoreError, ClientError, Boto3Error))
 
 
 class _S3Reader(io.RawIOBase):
@@ -187,7 +181,9 @@ class S3ArtifactStore(ArtifactStore):
         validate_prefix(prefix)
         return f"{self.prefix}/{prefix}" if self.prefix else prefix
 
-    def _fail(self, action: str, exc: BaseException, key: str | None = None) -> StorageError:
+    def storage_error(
+        self, action: str, exc: BaseException, key: str | None = None
+    ) -> StorageError:
         code = error_code(exc)
         where = f"s3://{self.bucket}/{key}" if key is not None else f"s3://{self.bucket}"
         if key is not None and code in NOT_FOUND_CODES:
@@ -213,15 +209,13 @@ class S3ArtifactStore(ArtifactStore):
             )
         except Exception as exc:
             if is_boto_error(exc):
-                raise self._fail("upload to", exc, full) from exc
+                raise self.storage_error("upload to", exc, full) from exc
             raise
 
     def open_write(self, key: str) -> ArtifactWriter:
         # No sha256 metadata: the digest is only known once the last byte has
         # gone, after the multipart upload was created. The registry's database
         # holds the digest of every file.
-        from .s3_writer import S3StreamWriter
-
         return S3StreamWriter(self, self._key(key), self._stream_part_size, self._stream_in_flight)
 
     def metadata(self, key: str) -> dict[str, str]:
@@ -230,7 +224,7 @@ class S3ArtifactStore(ArtifactStore):
             return self._client.head_object(Bucket=self.bucket, Key=full).get("Metadata", {})
         except Exception as exc:
             if is_boto_error(exc):
-                raise self._fail("head", exc, full) from exc
+                raise self.storage_error("head", exc, full) from exc
             raise
 
     def open_read(self, key: str) -> BinaryIO:
@@ -239,7 +233,7 @@ class S3ArtifactStore(ArtifactStore):
             body = self._client.get_object(Bucket=self.bucket, Key=full)["Body"]
         except Exception as exc:
             if is_boto_error(exc):
-                raise self._fail("read", exc, full) from exc
+                raise self.storage_error("read", exc, full) from exc
             raise
         return io.BufferedReader(_S3Reader(body, f"s3://{self.bucket}/{full}"), COPY_BUFFER)
 
@@ -251,7 +245,7 @@ class S3ArtifactStore(ArtifactStore):
             self._client.download_file(self.bucket, full, str(dest), Config=self._transfer)
         except Exception as exc:
             if is_boto_error(exc):
-                raise self._fail("download", exc, full) from exc
+                raise self.storage_error("download", exc, full) from exc
             raise
 
     def exists(self, key: str) -> bool:
@@ -263,7 +257,7 @@ class S3ArtifactStore(ArtifactStore):
             if error_code(exc) in NOT_FOUND_CODES:
                 return False
             if is_boto_error(exc):
-                raise self._fail("head", exc, full) from exc
+                raise self.storage_error("head", exc, full) from exc
             raise
         return True
 
@@ -274,7 +268,7 @@ class S3ArtifactStore(ArtifactStore):
                 yield from page.get("Contents", [])
         except Exception as exc:
             if is_boto_error(exc):
-                raise self._fail("list", exc, full_prefix) from exc
+                raise self.storage_error("list", exc, full_prefix) from exc
             raise
 
     def list_prefix(self, prefix: str) -> list[StoredObject]:
@@ -296,7 +290,7 @@ class S3ArtifactStore(ArtifactStore):
                 )
             except Exception as exc:
                 if is_boto_error(exc):
-                    raise self._fail("delete under", exc, full_prefix) from exc
+                    raise self.storage_error("delete under", exc, full_prefix) from exc
                 raise
             errors = [e for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
             if errors:

@@ -5,11 +5,30 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
 
 from .base import ArtifactWriter, StorageError
-from .s3 import S3ArtifactStore, is_boto_error
 
 logger = logging.getLogger(__name__)
+
+
+def is_boto_error(exc: BaseException) -> bool:
+    from boto3.exceptions import Boto3Error
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return isinstance(exc, (BotoCoreError, ClientError, Boto3Error))
+
+
+class UploadTarget(Protocol):
+    """What the writer needs of its store (registry.storage.s3.S3ArtifactStore),
+    named here so that the writer stays below the store it serves."""
+
+    bucket: str
+    client: Any
+
+    def storage_error(
+        self, action: str, exc: BaseException, key: str | None = None
+    ) -> StorageError: ...
 
 
 class S3StreamWriter(ArtifactWriter):
@@ -18,7 +37,7 @@ class S3StreamWriter(ArtifactWriter):
     travel at once, so memory stays near (in_flight + 1) x part_size whatever
     the object's size. An object smaller than one part is a single PUT."""
 
-    def __init__(self, store: S3ArtifactStore, key: str, part_size: int, in_flight: int):
+    def __init__(self, store: UploadTarget, key: str, part_size: int, in_flight: int):
         self._store = store
         self._key = key
         self._part_size = part_size
@@ -35,7 +54,7 @@ class S3StreamWriter(ArtifactWriter):
             return fn(Bucket=self._store.bucket, Key=self._key, **kwargs)
         except Exception as exc:
             if is_boto_error(exc):
-                raise self._store._fail(action, exc, self._key) from exc
+                raise self._store.storage_error(action, exc, self._key) from exc
             raise
 
     def write(self, data: bytes) -> None:
