@@ -34,6 +34,7 @@ from mlflow_bridge.client import (
     MlflowUnavailable,
 )
 from mlflow_bridge.models import MirrorState, MlflowAliasMirror, MlflowVersionMirror
+from mlflow_bridge.signals import mirror_pending
 from registry.models import Adapter, AdapterVersion
 from serving.models import Deployment
 
@@ -68,18 +69,8 @@ def _now():
 
 
 def _enqueue_on_commit(kind: str, pk: int) -> None:
-    def send():
-        from mlflow_bridge import tasks
-
-        task = tasks.sync_version_mirror if kind == "version" else tasks.sync_alias_mirror
-        try:
-            task.delay(pk)
-        except Exception:
-            # A broker outage must not turn a committed approval into an error;
-            # the row stays pending and the catch-up task finds it.
-            logger.exception("could not enqueue the MLflow %s mirror of %s", kind, pk)
-
-    transaction.on_commit(send)
+    # The receiver (mlflow_bridge.receivers.send_mirror) sends the task.
+    transaction.on_commit(lambda: mirror_pending.send(sender=None, kind=kind, pk=pk))
 
 
 def mirror_version_request(version: AdapterVersion) -> MlflowVersionMirror | None:
@@ -357,20 +348,13 @@ def _due(model, now):
     return due
 
 
-def mirror_catch_up() -> dict[str, int]:
-    """Enqueues every pending or failed mirror row whose backoff has passed."""
+def mirror_due() -> tuple[list[int], list[int]]:
+    """The pending or failed mirror rows whose backoff has passed (version rows,
+    alias rows): the catch-up task sends them again."""
     if not mlc.mirror_enabled():
-        return {"versions": 0, "aliases": 0}
+        return [], []
     now = _now()
-    versions = _due(MlflowVersionMirror, now)
-    aliases = _due(MlflowAliasMirror, now)
-    from mlflow_bridge import tasks
-
-    for pk in versions:
-        tasks.sync_version_mirror.delay(pk)
-    for pk in aliases:
-        tasks.sync_alias_mirror.delay(pk)
-    return {"versions": len(versions), "aliases": len(aliases)}
+    return list(_due(MlflowVersionMirror, now)), list(_due(MlflowAliasMirror, now))
 
 
 def mirror_resync(*, only_unsynced: bool = False, log=None) -> dict[str, int]:

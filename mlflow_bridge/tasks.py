@@ -10,7 +10,7 @@ from celery import shared_task
 from django.conf import settings
 
 from core.backoff import backoff_delay
-from mlflow_bridge import mirror
+from mlflow_bridge import mirror, webhooks
 from mlflow_bridge.client import MlflowCallError
 from mlflow_bridge.models import MlflowAliasMirror, MlflowVersionMirror
 
@@ -58,11 +58,20 @@ def sync_alias_mirror(self, alias_id: int) -> str:
 
 @shared_task(name="mlflow_bridge.catch_up", acks_late=True, ignore_result=True)
 def catch_up() -> dict:
-    from mlflow_bridge import webhooks
-
+    """Sends again every mirror row whose backoff has passed and every accepted
+    webhook delivery nobody finished."""
+    versions, aliases = mirror.mirror_due()
+    for pk in versions:
+        sync_version_mirror.delay(pk)
+    for pk in aliases:
+        sync_alias_mirror.delay(pk)
+    stale = webhooks.webhook_stale()
+    for pk in stale:
+        handle_webhook.delay(pk)
     return {
-        **mirror.mirror_catch_up(),
-        "webhooks": webhooks.webhook_catch_up(),
+        "versions": len(versions),
+        "aliases": len(aliases),
+        "webhooks": len(stale),
         "webhook_refusals_audited": webhooks.webhook_refusals_audit(),
     }
 
@@ -76,7 +85,6 @@ def catch_up() -> dict:
 def handle_webhook(self, delivery_id: int) -> str:
     """Registers what an accepted MLflow webhook delivery names (mlflow_bridge/webhooks.py).
     MLflow unreachable: retried with backoff; the delivery stays accepted meanwhile."""
-    from mlflow_bridge import webhooks
 
     try:
         return webhooks.webhook_handle(delivery_id=delivery_id)

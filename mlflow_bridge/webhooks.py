@@ -44,6 +44,7 @@ from mlflow_bridge.models import (
     WebhookRefusalCount,
     WebhookRule,
 )
+from mlflow_bridge.signals import webhook_accepted
 
 logger = logging.getLogger(__name__)
 
@@ -228,9 +229,8 @@ def webhook_refusals_audit(*, batch: int = 200) -> int:
 
 
 def _enqueue_on_commit(pk: int) -> None:
-    from mlflow_bridge.tasks import handle_webhook
-
-    transaction.on_commit(lambda: handle_webhook.delay(pk))
+    # The receiver (mlflow_bridge.receivers.send_webhook) sends the task.
+    transaction.on_commit(lambda: webhook_accepted.send(sender=None, delivery_id=pk))
 
 
 # -- rules (platform admins) ------------------------------------------------------
@@ -370,20 +370,17 @@ def webhook_handle(*, delivery_id: int) -> str:
     )
 
 
-def webhook_catch_up(*, older_than_seconds: float = 300) -> int:
-    """Enqueues again accepted deliveries nobody finished: an enqueue lost at commit,
-    or a task that gave up while MLflow was down. Handling is idempotent."""
-    from mlflow_bridge.tasks import handle_webhook
-
+def webhook_stale(*, older_than_seconds: float = 300) -> list[int]:
+    """Accepted deliveries nobody finished: an enqueue lost at commit, or a task
+    that gave up while MLflow was down. The catch-up task sends them again
+    (handling is idempotent)."""
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
     stale = list(
         WebhookDelivery.objects.filter(
             status=DeliveryStatus.ACCEPTED, received_at__lt=cutoff
         ).values_list("pk", flat=True)[:100]
     )
-    for pk in stale:
-        handle_webhook.delay(pk)
-    return len(stale)
+    return stale
 
 
 def _rule_actor(rule: WebhookRule, delivery: WebhookDelivery) -> Actor:
