@@ -29,6 +29,11 @@ class ServingConfig(AppConfig):
         core_signals.membership_changed.connect(
             receivers.resync_on_membership, dispatch_uid="serving.resync_on_membership"
         )
+        signals.door_access_changed.connect(receivers.sync_doors, dispatch_uid="serving.sync_doors")
+        signals.rollout_ready.connect(receivers.send_rollout, dispatch_uid="serving.send_rollout")
+        signals.replicas_became_ready.connect(
+            receivers.reconcile_new_replicas, dispatch_uid="serving.reconcile_new_replicas"
+        )
         signals.served_version_changed.connect(
             receivers.resync_on_served_change, dispatch_uid="serving.resync_on_served_change"
         )

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 from registry.models import VersionStatus
+
+logger = logging.getLogger(__name__)
 
 
 def retire_when_deprecated(sender, *, version, previous, **kwargs) -> None:
@@ -52,6 +56,35 @@ def end_service_account_keys(sender, *, actor, account, **kwargs) -> None:
         keys=InferenceKey.objects.filter(service_account=account),
         reason="service account deactivated",
     )
+
+
+def sync_doors(sender, *, deployment_ids, **kwargs) -> None:
+    """The request side changed what doors enforce (serving.signals.door_access_changed)."""
+    from serving.tasks import door_access_enqueue
+
+    door_access_enqueue(deployment_ids)
+
+
+def send_rollout(sender, *, rollout_id: int, **kwargs) -> bool:
+    """A committed rollout's task. A broker that is down loses nothing: the
+    sweeper sends it again once nobody has picked it up."""
+    from serving.tasks import run_rollout
+
+    try:
+        run_rollout.delay(rollout_id)
+    except Exception:  # kombu raises many types; any of them means "not sent"
+        logger.warning(
+            "rollout %s: enqueue failed; the sweeper will retry", rollout_id, exc_info=True
+        )
+        return False
+    return True
+
+
+def reconcile_new_replicas(sender, *, deployment_id: int, **kwargs) -> None:
+    """Discovered replicas get what they should serve (serving.signals.replicas_became_ready)."""
+    from serving.tasks import reconcile_one
+
+    reconcile_one.delay(deployment_id)
 
 
 def resync_on_membership(sender, *, user, department, **kwargs) -> None:

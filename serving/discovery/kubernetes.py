@@ -29,6 +29,7 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 
 from serving.models import Deployment, Replica
+from serving.signals import replicas_became_ready
 
 logger = logging.getLogger(__name__)
 
@@ -127,8 +128,6 @@ def ready_urls(slices, deployment: Deployment) -> set[str]:
 def replicas_apply(deployment_id: int, urls: set[str]) -> list[str]:
     """Makes the deployment's active replicas exactly `urls`; returns the URLs
     that became ready. Rows are kept when a pod goes (their history matters)."""
-    from serving.tasks import reconcile_one
-
     with transaction.atomic():
         existing = {
             r.base_url: r
@@ -150,7 +149,10 @@ def replicas_apply(deployment_id: int, urls: set[str]) -> list[str]:
             base_url__in=urls
         ).update(active=False)
         if became_ready:
-            transaction.on_commit(partial(reconcile_one.delay, deployment_id))
+            # The receiver (serving.receivers.reconcile_new_replicas) sends a reconcile.
+            transaction.on_commit(
+                partial(replicas_became_ready.send, sender=Replica, deployment_id=deployment_id)
+            )
     return became_ready
 
 

@@ -16,7 +16,7 @@ worker killed mid-bake loses its claim; the sweeper sends the rollout again;
 the next worker checks the canary replica (idempotent: loaded and verified
 already), sets the split again and bakes on until the same deadline. Status
 changes go through serving.transitions with compare-and-swap, as the rest of
-the engine's (rollout_engine.py, whose helpers this module uses).
+the engine's (serving.services.rollout_steps, shared with the engine's swaps).
 
 The gates are pure functions (serving/canary_gates.py); the counters are the
 front door's, per server, in the adapter's backend (HAProxy's `show stat`).
@@ -57,7 +57,7 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
-from serving.services import rollout_engine as engine
+from serving.services import rollout_steps
 from serving.services.fingerprints import fingerprints_check_rollout
 
 logger = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def canary_run(ctx, served: ServedAdapter, name: str, load, verify) -> None:
     rollout = ctx.rollout
     refusal = canary_refusal(ctx.deployment, served.version_id, len(ctx.replicas))
     if refusal and not rollout.canary_outcome:
-        engine._finish(ctx, RolloutStatus.FAILED, f"The canary cannot run: {refusal}")
+        rollout_steps.finish(ctx, RolloutStatus.FAILED, f"The canary cannot run: {refusal}")
         gateway_sync(ctx.deployment, release=name)
         return
     canary = _canary_replica(ctx)
@@ -137,19 +137,19 @@ def _swap_canary(ctx, canary: Replica, name: str, load, verify) -> bool:
     step = ctx.steps[canary.pk]
     # Were this to fail, only the canary replica has changed: it alone goes back.
     ctx.rollback_order = [canary]
-    engine._phase(ctx, [step], RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
+    rollout_steps.enter_phase(ctx, [step], RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
     gateway_drain(ctx.deployment, name, [canary])
-    loaded = engine._fan_out(ctx, [canary], load)
-    if engine._failed(ctx, [step], loaded, "load"):
+    loaded = rollout_steps.fan_out(ctx, [canary], load)
+    if rollout_steps.rollback_if_failed(ctx, [step], loaded, "load"):
         gateway_sync(ctx.deployment, release=name)
         return False
-    engine._phase(ctx, [step], RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
-    verified = engine._fan_out(ctx, [canary], verify)
+    rollout_steps.enter_phase(ctx, [step], RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
+    verified = rollout_steps.fan_out(ctx, [canary], verify)
     fingerprints_check_rollout(rollout=ctx.rollout, replicas=[canary], outcomes=verified)
-    if engine._failed(ctx, [step], verified, "verification"):
+    if rollout_steps.rollback_if_failed(ctx, [step], verified, "verification"):
         gateway_sync(ctx.deployment, release=name)
         return False
-    engine._set_steps([step], ReplicaStepStatus.SUCCEEDED)
+    rollout_steps.set_steps([step], ReplicaStepStatus.SUCCEEDED)
     return True
 
 
@@ -161,7 +161,7 @@ def _bake(ctx, served: ServedAdapter, canary: Replica, rest: list[Replica], name
     if rollout.canary_bake_until is None:
         rollout.canary_bake_until = timezone.now() + timedelta(seconds=rollout.canary_bake_seconds)
         Rollout.objects.filter(pk=rollout.pk).update(canary_bake_until=rollout.canary_bake_until)
-    engine._set_status(ctx, RolloutStatus.BAKING)
+    rollout_steps.set_status(ctx, RolloutStatus.BAKING)
     weights = gates.split_weights(rollout.canary_share, str(canary.pk), [str(r.pk) for r in rest])
     _split(ctx, served, canary, rest, name, {int(pk): w for pk, w in weights.items()})
     # A resumed bake goes on with the counts it had; a first one starts them now.
@@ -200,7 +200,7 @@ def _bake(ctx, served: ServedAdapter, canary: Replica, rest: list[Replica], name
     while True:
         try:
             ctx.watch.check()
-        except engine.Stopped:
+        except rollout_steps.Stopped:
             if ctx.watch.reason == "the rollout was cancelled":
                 # Cancelled: the new version takes no more of the traffic now, not
                 # at the next reconcile (which puts the old version back there).
@@ -280,7 +280,7 @@ def _decide(ctx, outcome: str, reason: str, report: dict) -> None:
             canary_outcome=outcome, canary_gates=report
         )
         if not decided:
-            raise engine.Stopped("another worker decided this canary")
+            raise rollout_steps.Stopped("another worker decided this canary")
         rollout.canary_outcome, rollout.canary_gates = outcome, report
         audit_record(
             actor=None,
@@ -329,26 +329,26 @@ def _promote(ctx, served, canary: Replica, rest: list[Replica], name: str, load,
         if step.status == ReplicaStepStatus.SUCCEEDED:  # a resumed promotion
             swapped.append(replica)
             continue
-        engine._phase(ctx, [step], RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
+        rollout_steps.enter_phase(ctx, [step], RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
         gateway_drain(ctx.deployment, name, [replica])
-        loaded = engine._fan_out(ctx, [replica], load)
+        loaded = rollout_steps.fan_out(ctx, [replica], load)
         if not all(o.ok for o in loaded.values()):
-            engine._switch_back(ctx, name, [replica], swapped)
-        if engine._failed(ctx, [step], loaded, "load"):
+            rollout_steps.switch_back(ctx, name, [replica], swapped)
+        if rollout_steps.rollback_if_failed(ctx, [step], loaded, "load"):
             gateway_sync(ctx.deployment, release=name)
             return
-        engine._phase(ctx, [step], RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
-        verified = engine._fan_out(ctx, [replica], verify)
+        rollout_steps.enter_phase(ctx, [step], RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
+        verified = rollout_steps.fan_out(ctx, [replica], verify)
         fingerprints_check_rollout(rollout=ctx.rollout, replicas=[replica], outcomes=verified)
         if not all(o.ok for o in verified.values()):
-            engine._switch_back(ctx, name, [replica], swapped)
-        if engine._failed(ctx, [step], verified, "verification"):
+            rollout_steps.switch_back(ctx, name, [replica], swapped)
+        if rollout_steps.rollback_if_failed(ctx, [step], verified, "verification"):
             gateway_sync(ctx.deployment, release=name)
             return
         gateway_ready(ctx.deployment, name, [replica])
         swapped.append(replica)
-        engine._set_steps([step], ReplicaStepStatus.SUCCEEDED)
-    engine._succeed(ctx, served)
+        rollout_steps.set_steps([step], ReplicaStepStatus.SUCCEEDED)
+    rollout_steps.succeed(ctx, served)
     gateway_sync(ctx.deployment, release=name)
 
 
@@ -380,7 +380,7 @@ def _roll_back(ctx, served, canary: Replica, rest: list[Replica], name: str, rea
         )
     ServedAdapter.objects.filter(pk=served.pk).update(gateway_weights={})
     ctx.rollback_order = [canary]
-    engine._rollback_everywhere(
+    rollout_steps.rollback_everywhere(
         ctx, f"{reason.rstrip('.')}. Traffic left the canary in {switch_ms:.1f} ms"
     )
     # What a rollback by reload would have cost: the old version serving again there.

@@ -24,8 +24,9 @@ from core.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
 from core.models import Department
 from core.state import move
 from registry.models import Adapter
-from serving.models import AdapterGrant, GrantStatus, ServedAdapter
+from serving.models import AdapterGrant, Deployment, GrantStatus, ServedAdapter
 from serving.services.inference_keys import lifetime_days
+from serving.signals import door_access_changed
 from serving.transitions import GRANT_TRANSITIONS
 
 logger = logging.getLogger(__name__)
@@ -242,10 +243,9 @@ def _not_open(status: str) -> Conflict:
 
 def _doors_change(grant: AdapterGrant) -> None:
     """The deployments that serve the grant's adapter."""
-    from serving.tasks import door_access_enqueue
-
-    door_access_enqueue(
-        ServedAdapter.objects.filter(
+    door_access_changed.send(
+        sender=Deployment,
+        deployment_ids=ServedAdapter.objects.filter(
             adapter_id=grant.adapter_id, version__isnull=False
-        ).values_list("deployment_id", flat=True)
+        ).values_list("deployment_id", flat=True),
     )

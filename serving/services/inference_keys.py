@@ -24,6 +24,7 @@ from core.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
 from core.models import Department, ServiceAccount
 from core.services.tokens import hash_token_secret
 from serving.models import Deployment, InferenceKey
+from serving.signals import door_access_changed
 
 KEY_PREFIX = "lsk_"  # noqa: S105 - a public marker, not a secret
 HOLDERS = ("department", "service_account", "person")
@@ -200,6 +201,6 @@ def inference_keys_end(*, actor: Actor | None, keys, reason: str) -> list[str]:
 
 def _doors_change() -> None:
     """Every live key is in every door's table: all of them hear of it."""
-    from serving.tasks import door_access_enqueue
-
-    door_access_enqueue(Deployment.objects.values_list("pk", flat=True))
+    door_access_changed.send(
+        sender=Deployment, deployment_ids=Deployment.objects.values_list("pk", flat=True)
+    )

@@ -14,6 +14,7 @@ from core.audit import audit_record
 from core.errors import Conflict, NotAuthorized, ValidationFailed
 from core.models import Department
 from serving.models import LIMIT_FIELDS, DepartmentLimits, Deployment, InferenceKey
+from serving.signals import door_access_changed
 
 KEY_LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute")
 # Bounds that keep a typo from reading as "no limit": 1e12 tokens is beyond
@@ -156,6 +157,6 @@ def inference_key_limits_set(*, actor: Actor, key: InferenceKey, changes: dict) 
 
 def _doors_change() -> None:
     """Limits apply at every door: all of them hear of it."""
-    from serving.tasks import door_access_enqueue
-
-    door_access_enqueue(Deployment.objects.values_list("pk", flat=True))
+    door_access_changed.send(
+        sender=Deployment, deployment_ids=Deployment.objects.values_list("pk", flat=True)
+    )

@@ -18,22 +18,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
-import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from core.audit import audit_record
-from core.claims import LeaseLost
 from core.state import move
 from registry.storage import ObjectNotFound, StorageError
-from serving.attestation import refusal, served_fact
-from serving.fanout import on_replicas, verify_with_fingerprint
+from serving.attestation import refusal
+from serving.fanout import verify_with_fingerprint
 from serving.gateway.services import (
     gateway_drain,
     gateway_ready,
@@ -43,7 +38,6 @@ from serving.gateway.services import (
     gateway_take_out,
 )
 from serving.models import (
-    Deployment,
     Replica,
     ReplicaHealth,
     ReplicaRollout,
@@ -57,30 +51,37 @@ from serving.models import (
 from serving.replica_calls import (
     ReplicaOutcome,
     RetryPolicy,
-    RetryStopped,
     ensure_loaded,
     ensure_unloaded,
 )
 from serving.replica_rows import replicas_sync
-from serving.retention import retained_for
-from serving.services.attempts import attempts_record_all
 from serving.services.fingerprints import fingerprints_check_rollout
 from serving.services.leases import (
-    claim_seconds,
     served_adapter_claim,
-    served_adapter_heartbeat,
     served_adapter_release,
 )
 from serving.services.placements import (
     placement_targets,
-    served_placement_moved,
     swap_spares,
 )
-from serving.services.reported_facts import replica_load_refusals_report
-from serving.signals import served_version_changed
-from serving.sync_state import as_listing, loaded_adapters
+from serving.services.rollout_steps import (
+    RolloutContext,
+    Stopped,
+    Watch,
+    audit_ended,
+    enter_phase,
+    fan_out,
+    finish,
+    note_observed,
+    rollback_if_failed,
+    set_status,
+    set_steps,
+    succeed,
+    switch_back,
+)
+from serving.signals import rollout_ready, served_version_changed
+from serving.sync_state import loaded_adapters
 from serving.transitions import (
-    REPLICA_STEP_TRANSITIONS,
     ROLLOUT_TERMINAL,
     ROLLOUT_TRANSITIONS,
 )
@@ -97,134 +98,11 @@ class LeaseBusy(Exception):
     """Another worker is pushing this adapter to this deployment; retry later."""
 
 
-class Stopped(Exception):
-    """This worker must stop: the rollout was cancelled, or another worker holds it now."""
-
-
-class _Watch:
-    """Keeps the worker's claim and notices a cancel. Only the rollout's own
-    thread talks to the database here; the replicas' threads only `sleep`,
-    which returns early (RetryStopped) once the work must stop."""
-
-    def __init__(self, rollout_id: int, served_id: int, worker: str):
-        self.rollout_id = rollout_id
-        self.heartbeat = served_adapter_heartbeat(served_id, worker)
-        # Cancel is looked for this often while the work goes on.
-        self.interval = min(claim_seconds() / 3, 2.0)
-        self._checked = time.monotonic()
-        self._stop = threading.Event()
-        self.reason = ""
-
-    def check(self) -> None:
-        """Renews the claim when due; raises Stopped if the work must end."""
-        if self._stop.is_set():
-            raise Stopped(self.reason)
-        try:
-            self.heartbeat.beat()
-        except LeaseLost as error:
-            self._halt(str(error))
-        now = time.monotonic()
-        if now - self._checked >= self.interval:
-            self._checked = now
-            status = (
-                Rollout.objects.filter(pk=self.rollout_id).values_list("status", flat=True).first()
-            )
-            if status == RolloutStatus.CANCELLED:
-                self._halt("the rollout was cancelled")
-
-    def _halt(self, reason: str) -> None:
-        self.reason = reason
-        self._stop.set()
-        raise Stopped(reason)
-
-    def sleep(self, seconds: float) -> None:
-        """A back-off wait in a replica's thread. Never touches the database."""
-        if self._stop.wait(seconds):
-            raise RetryStopped(self.reason)
-
-    def tick(self) -> None:
-        """While the replicas' threads work: renews the claim. If the work must
-        stop, the threads are told to (they stop retrying) and are still waited
-        for, so their attempts get recorded."""
-        if not self._stop.is_set():
-            # On Stopped, _halt has set the event: the threads stop retrying.
-            with contextlib.suppress(Stopped):
-                self.check()
-
-    def raise_if_stopped(self) -> None:
-        if self._stop.is_set():
-            raise Stopped(self.reason)
-
-
-def _set_status(ctx: _Context, status: str, **fields) -> None:
-    """Compare-and-swap from the status this worker last saw."""
-    ctx.watch.check()
-    if not move(ctx.rollout, ROLLOUT_TRANSITIONS, status, **fields):
-        now = Rollout.objects.filter(pk=ctx.rollout.pk).values_list("status", flat=True).first()
-        raise Stopped(f"the rollout is {now} now, not {ctx.rollout.status}")
-
-
-def _set_steps(steps: list[ReplicaRollout], status: str, errors: dict[int, str] | None = None):
-    """Compare-and-swap of replica steps, one UPDATE per (old status, error)
-    (usually one for every replica: each statement is a round trip on the
-    rollout's critical path). Steps the table does not let move are left alone."""
-    groups: dict[tuple[str, str], list[ReplicaRollout]] = {}
-    for step in steps:
-        if step.status != status and status not in REPLICA_STEP_TRANSITIONS[step.status]:
-            continue
-        # A failed step keeps its reason when it is then rolled back.
-        keep = status in (ReplicaStepStatus.FAILED, ReplicaStepStatus.ROLLED_BACK)
-        error = (errors or {}).get(step.replica_id, step.error if keep else "")
-        groups.setdefault((step.status, error), []).append(step)
-    for (old, error), group in groups.items():
-        moved = ReplicaRollout.objects.filter(pk__in=[s.pk for s in group], status=old).update(
-            status=status, error=error, updated_at=timezone.now()
-        )
-        if moved != len(group):
-            raise Stopped("the rollout's replica steps were changed by someone else")
-        for step in group:
-            step.status, step.error = status, error
-
-
-@dataclass
-class _Context:
-    rollout: Rollout
-    deployment: Deployment
-    replicas: list[Replica]  # the ones this rollout pushes to (deferred ones are not)
-    steps: dict[int, ReplicaRollout]
-    policy: RetryPolicy
-    watch: _Watch
-    # Behind a front door, the order a rollback goes through the replicas one
-    # at a time, each drained there first (make before break); None: all at once.
-    rollback_order: list[Replica] | None = None
-    # A swap made on spare replicas (swap_spares): per replica pushed to, the
-    # replica whose traffic it takes, which keeps the old version, drained.
-    moves: dict[int, Replica] = field(default_factory=dict)
-    moved: list[Replica] = field(default_factory=list)  # those that took it so far
-    # An in-place swap behind a front door: the replica left on the old version,
-    # drained, for SERVING_ROLLBACK_RETAIN_SECONDS (a rollback's switch), then
-    # swapped by the reconcile.
-    kept: Replica | None = None
-    # Names this worker's holds at the front door (only its own are released):
-    # a worker that resumes the rollout after a lost claim holds under its own.
-    hold_owner: str = field(default_factory=lambda: secrets.token_hex(8))
-
-
-def _fan_out(ctx: _Context, replicas: list[Replica], work) -> dict[int, ReplicaOutcome]:
-    """Runs `work(client, replica)` on every replica at once (serving.fanout);
-    records attempts after."""
-    results = on_replicas(
-        ctx.deployment, replicas, work, tick=ctx.watch.tick, interval=ctx.watch.interval
-    )
-    outcomes = {r.pk: outcome for r, outcome in zip(replicas, results, strict=True)}
-    attempts_record_all([(r, outcomes[r.pk], ctx.steps.get(r.pk)) for r in replicas])
-    for replica in replicas:
-        outcome = outcomes[replica.pk]
-        if outcome.vllm_version and outcome.vllm_version != replica.vllm_version:
-            replica.vllm_version = outcome.vllm_version
-            Replica.objects.filter(pk=replica.pk).update(vllm_version=outcome.vllm_version)
-    ctx.watch.raise_if_stopped()
-    return outcomes
+def rollout_enqueue(rollout_id: int) -> bool:
+    """Sends the rollout's task. A broker that is down loses nothing: the rollout
+    is committed, and the sweeper sends it again once nobody has picked it up."""
+    answers = rollout_ready.send(sender=Rollout, rollout_id=rollout_id)
+    return bool(answers) and all(sent for _, sent in answers)
 
 
 def rollout_execute(rollout_id: int, worker: str) -> str:
@@ -245,7 +123,7 @@ def rollout_execute(rollout_id: int, worker: str) -> str:
                 error=held[:10000],
                 finished_at=timezone.now(),
             ):
-                _audit_ended(rollout, RolloutStatus.FAILED, held)
+                audit_ended(rollout, RolloutStatus.FAILED, held)
         return rollout.status
     served, _ = ServedAdapter.objects.get_or_create(
         deployment=rollout.deployment, adapter=rollout.adapter
@@ -257,7 +135,7 @@ def rollout_execute(rollout_id: int, worker: str) -> str:
     finished = False
     try:
         served.refresh_from_db()
-        _run(rollout, served, _Watch(rollout.pk, served.pk, worker))
+        _run(rollout, served, Watch(rollout.pk, served.pk, worker))
         # Every status it reached was a compare-and-swap on this instance: what it
         # holds is what the row says (one SELECT less on the critical path).
         finished = rollout.status in ROLLOUT_TERMINAL
@@ -295,7 +173,7 @@ def rollout_execute(rollout_id: int, worker: str) -> str:
                             ReplicaStepStatus.VERIFYING,
                         ],
                     ).update(status=ReplicaStepStatus.FAILED, error="The rollout crashed.")
-                    _audit_ended(rollout, RolloutStatus.FAILED, f"Internal error: {error}")
+                    audit_ended(rollout, RolloutStatus.FAILED, f"Internal error: {error}")
         raise
     finally:
         try:
@@ -307,7 +185,7 @@ def rollout_execute(rollout_id: int, worker: str) -> str:
     return rollout.status
 
 
-def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
+def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
     deployment = rollout.deployment
     if rollout.started_at is None:
         # The previous version is what was serving when this rollout actually started.
@@ -331,12 +209,12 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
     steps = _steps_for(rollout, replicas)
     pushed = [r for r in replicas if steps[r.pk].status != ReplicaStepStatus.DEFERRED]
     policy = replace(RetryPolicy.from_settings(), sleep=watch.sleep)
-    ctx = _Context(rollout, deployment, pushed, steps, policy, watch, moves=moves)
+    ctx = RolloutContext(rollout, deployment, pushed, steps, policy, watch, moves=moves)
     if not replicas:
         why = "The deployment has no replicas."
         if placement is not None:
             why = f"No room: no replica that is up has room for it ({placement.detail})."
-        _finish(ctx, RolloutStatus.FAILED, why)
+        finish(ctx, RolloutStatus.FAILED, why)
         return
     if rollout.kind == RolloutKind.RETIRE:
         _retire(ctx)
@@ -348,11 +226,11 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
     # idempotent: a verified folder is reused as it is).
     if rollout.status in (RolloutStatus.PENDING, RolloutStatus.STAGING) or not rollout.served_path:
         if rollout.status in (RolloutStatus.PENDING, RolloutStatus.STAGING):
-            _set_status(ctx, RolloutStatus.STAGING)
+            set_status(ctx, RolloutStatus.STAGING)
         try:
             folder = stage_version(deployment, target, progress=watch.check)
         except ObjectNotFound as error:
-            _finish(ctx, RolloutStatus.FAILED, f"Staging failed: {error}")
+            finish(ctx, RolloutStatus.FAILED, f"Staging failed: {error}")
             return
         except StorageError as error:
             # The store is down, not the artifact bad: wait for it. The rollout
@@ -362,7 +240,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
             )
             raise StoreUnavailable(str(error)) from error
         except (StagingError, OSError) as error:
-            _finish(ctx, RolloutStatus.FAILED, f"Staging failed: {error}")
+            finish(ctx, RolloutStatus.FAILED, f"Staging failed: {error}")
             return
         rollout.staged_path = folder.write_path
         rollout.served_path = folder.serve_path
@@ -406,7 +284,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
     swapped: list[Replica] = []
     for index, group in enumerate(groups):
         group_steps = [steps[r.pk] for r in group]
-        _phase(ctx, group_steps, RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
+        enter_phase(ctx, group_steps, RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
         # (Those that kept the version get no traffic for it: nothing to take out.)
         take_out = swap and not ctx.moves and index >= (switch_after or 0)
         with _taken_out(ctx, name, group, take_out) as taken:
@@ -421,19 +299,19 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
                     for r in group
                 }
             else:
-                loaded = _fan_out(ctx, group, load)
+                loaded = fan_out(ctx, group, load)
             if swap and not ctx.moves and not all(o.ok for o in loaded.values()):
-                _switch_back(ctx, name, group, swapped)
+                switch_back(ctx, name, group, swapped)
             phase = "drain" if taken is not None and taken.busy else "load"
-            if _failed(ctx, group_steps, loaded, phase):
+            if rollback_if_failed(ctx, group_steps, loaded, phase):
                 gateway_sync(deployment, release=name)
                 return
-            _phase(ctx, group_steps, RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
-            verified = _fan_out(ctx, group, verify)
+            enter_phase(ctx, group_steps, RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
+            verified = fan_out(ctx, group, verify)
             fingerprints_check_rollout(rollout=rollout, replicas=group, outcomes=verified)
             if swap and not ctx.moves and not all(o.ok for o in verified.values()):
-                _switch_back(ctx, name, group, swapped)
-            if _failed(ctx, group_steps, verified, "verification"):
+                switch_back(ctx, name, group, swapped)
+            if rollback_if_failed(ctx, group_steps, verified, "verification"):
                 gateway_sync(deployment, release=name)
                 return
             if swap:
@@ -448,11 +326,11 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
             # The replicas that kept this version serve it again: the traffic
             # leaves the others at once (a rollback's switch); they are swapped after.
             gateway_drain(deployment, name, [r for r in pushed if r not in swapped])
-        _set_steps(group_steps, ReplicaStepStatus.SUCCEEDED)
+        set_steps(group_steps, ReplicaStepStatus.SUCCEEDED)
     if ctx.kept is not None:
         gateway_drain(deployment, name, [ctx.kept])
         retain = settings.SERVING_ROLLBACK_RETAIN_SECONDS
-        _set_steps(
+        set_steps(
             [steps[ctx.kept.pk]],
             ReplicaStepStatus.DEFERRED,
             {
@@ -461,12 +339,12 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: _Watch) -> None:
                 "traffic. The reconcile swaps it then."
             },
         )
-    _succeed(ctx, served)
+    succeed(ctx, served)
     gateway_sync(deployment, release=name)
 
 
 @contextlib.contextmanager
-def _taken_out(ctx: _Context, name: str, group: list[Replica], take: bool):
+def _taken_out(ctx: RolloutContext, name: str, group: list[Replica], take: bool):
     """With `take`, the swap's replica (a group of one) taken out at the front
     door for the block (gateway_take_out): drained, or, where it is the only
     one serving `name`, `name`'s new requests held at the door. The hold ends
@@ -489,7 +367,7 @@ def _taken_out(ctx: _Context, name: str, group: list[Replica], take: bool):
 
 
 def _swap_order(
-    ctx: _Context, name: str, path: str, before: str | None
+    ctx: RolloutContext, name: str, path: str, before: str | None
 ) -> tuple[list[Replica], int | None]:
     """The order an in-place swap goes through the replicas, one at a time, and
     after how many the others are drained at once (None: never). Replicas that
@@ -536,67 +414,6 @@ def _moves_for(
     return {spare.pk: old for spare, old in zip(spares or [], placed, strict=False)}
 
 
-def _move_back(ctx: _Context, reason: str) -> None:
-    """A swap made on spare replicas failed: the replicas that kept the old
-    version get its traffic back (the runtime API: milliseconds, no reload),
-    then the new version leaves the spares, drained first."""
-    name = ctx.rollout.adapter.served_name
-    gateway_ready(ctx.deployment, name, [ctx.moves[r.pk] for r in ctx.moved])
-    gateway_drain(ctx.deployment, name, ctx.moved)
-    outcomes = _fan_out(
-        ctx, ctx.replicas, lambda client, replica: ensure_unloaded(client, name, ctx.policy)
-    )
-    kept = ", ".join(sorted(old.base_url for old in ctx.moves.values()))
-    _end_rollback(
-        ctx,
-        outcomes,
-        failed=lambda detail: (
-            f"{reason}. The old version still serves on {kept}; unloading the new one "
-            f"failed on {detail}; reconcile will keep trying."
-        ),
-        succeeded=(
-            f"{reason}. The old version never stopped serving on {kept}; the new one was "
-            "unloaded where it was tried."
-        ),
-    )
-
-
-def _end_rollback(
-    ctx: _Context,
-    outcomes: dict[int, ReplicaOutcome],
-    *,
-    failed: Callable[[str], str],
-    succeeded: str,
-) -> None:
-    """Marks the steps that were undone, then ends the rollout: FAILED, naming
-    each replica where undoing failed (the reconcile keeps trying), else ROLLED_BACK."""
-    errors = {pk: o.error for pk, o in outcomes.items() if not o.ok}
-    _set_steps(
-        [s for pk, s in ctx.steps.items() if pk not in errors], ReplicaStepStatus.ROLLED_BACK
-    )
-    if errors:
-        by_url = {r.pk: r.base_url for r in ctx.replicas}
-        detail = "; ".join(f"{by_url[pk]}: {m}" for pk, m in errors.items())
-        _finish(ctx, RolloutStatus.FAILED, failed(detail))
-        return
-    _finish(ctx, RolloutStatus.ROLLED_BACK, succeeded)
-
-
-def _switch_back(ctx: _Context, name: str, failed: list[Replica], swapped: list[Replica]):
-    """A swap failed on `failed`: traffic leaves the replicas already on the new
-    version at once (the runtime API, milliseconds) wherever a replica not yet
-    swapped still serves the old one; then the rollback goes one replica at a
-    time, the failed one first, so that one always serves."""
-    gateway_drain(ctx.deployment, name, swapped)
-    rest = [r for r in ctx.replicas if r not in failed and r not in swapped]
-    ctx.rollback_order = [*failed, *swapped, *rest]
-
-
-def _phase(ctx: _Context, steps, status: str, step_status: str) -> None:
-    _set_status(ctx, status)
-    _set_steps(steps, step_status)
-
-
 def _steps_for(rollout: Rollout, replicas: list[Replica]) -> dict[int, ReplicaRollout]:
     """One row per replica; a resumed rollout finds the rows it made before.
 
@@ -626,194 +443,24 @@ def _steps_for(rollout: Rollout, replicas: list[Replica]) -> dict[int, ReplicaRo
     return steps
 
 
-def _failed(ctx: _Context, steps, outcomes: dict[int, ReplicaOutcome], phase: str) -> bool:
-    errors = {pk: o.error for pk, o in outcomes.items() if not o.ok}
-    if not errors:
-        return False
-    _set_steps([s for s in steps if s.replica_id in errors], ReplicaStepStatus.FAILED, errors)
-    by_pk = {r.pk: r for r in ctx.replicas}
-    if phase == "load":  # a refusal may name a fact the record has wrong
-        replica_load_refusals_report(ctx.deployment, {by_pk[pk]: e for pk, e in errors.items()})
-    summary = "; ".join(f"{by_pk[pk].base_url}: {message}" for pk, message in errors.items())
-    _rollback_everywhere(ctx, f"{phase.capitalize()} failed on {len(errors)} replica(s): {summary}")
-    return True
-
-
-def _rollback_everywhere(ctx: _Context, reason: str) -> None:
-    """Puts every replica this rollout pushed to back on the previous version,
-    or unloads the adapter where nothing was served before."""
-    if ctx.moves:
-        _move_back(ctx, reason)
-        return
-    rollout = ctx.rollout
-    previous = rollout.previous_version
-    name = rollout.adapter.served_name
-    if previous is not None:
-        try:
-            folder = stage_version(ctx.deployment, previous, progress=ctx.watch.check)
-        except (StagingError, OSError) as error:
-            _finish(ctx, RolloutStatus.FAILED, f"{reason}. Rollback staging failed: {error}")
-            return
-
-        def load_previous(client, replica):
-            return ensure_loaded(
-                client, name, folder.serve_path, ctx.policy, known_version=replica.vllm_version
-            )
-
-        if ctx.rollback_order:
-            outcomes = {}
-            for replica in ctx.rollback_order:
-                gateway_drain(ctx.deployment, name, [replica])
-                outcomes.update(_fan_out(ctx, [replica], load_previous))
-                if outcomes[replica.pk].ok:
-                    gateway_ready(ctx.deployment, name, [replica])
-        else:
-            outcomes = _fan_out(ctx, ctx.replicas, load_previous)
-        restored = f"v{previous.number}"
-    else:
-        outcomes = _fan_out(
-            ctx, ctx.replicas, lambda client, replica: ensure_unloaded(client, name, ctx.policy)
-        )
-        restored = "not loaded (there was no previous version)"
-    _end_rollback(
-        ctx,
-        outcomes,
-        failed=lambda detail: (
-            f"{reason}. Rollback to {restored} failed on {detail}; reconcile will keep trying."
-        ),
-        succeeded=f"{reason}. Every replica is back on {restored}.",
-    )
-
-
-def _finish(ctx: _Context, status: str, error: str) -> None:
-    with transaction.atomic():
-        _set_status(ctx, status, error=error[:10000], finished_at=timezone.now())
-        _audit_ended(ctx.rollout, status, error)
-
-
-def _audit_ended(rollout: Rollout, status: str, reason: str) -> None:
-    """The audit event of a rollout the worker ended (no person acted)."""
-    audit_record(
-        actor=None,
-        action=f"rollout.{status}",
-        obj=rollout,
-        department=rollout.adapter.department,
-        to_state=status,
-        comment=reason[:2000],
-    )
-
-
-def _succeed(ctx: _Context, served: ServedAdapter) -> None:
-    rollout = ctx.rollout
-    deferred = _deferred_count(ctx)
-    with transaction.atomic():
-        _set_status(ctx, RolloutStatus.SUCCEEDED, error="", finished_at=timezone.now())
-        placed = {}
-        left = [ctx.kept.pk] if ctx.kept is not None else []
-        if ctx.moves:
-            # Where the swap moved it; the replicas it left keep the old version
-            # for SERVING_ROLLBACK_RETAIN_SECONDS (a rollback is then a switch).
-            moved = {old.pk: spare for spare, old in ctx.moves.items()}
-            placed["placement"] = served_placement_moved(served, moved)
-            left = [old.pk for old in ctx.moves.values()]
-        ServedAdapter.objects.filter(pk=served.pk).update(
-            version=rollout.target_version,
-            served_path=rollout.served_path,
-            updated_at=timezone.now(),
-            # served: the row as this rollout started, its path the version before.
-            retained=retained_for(
-                served.served_path,
-                left,
-                now=time.time(),
-                seconds=settings.SERVING_ROLLBACK_RETAIN_SECONDS,
-            ),
-            **placed,
-        )
-        mark_unreferenced(ctx.deployment)
-        served_version_changed.send(
-            sender=Rollout,
-            deployment=ctx.deployment,
-            adapter=rollout.adapter,
-            version=rollout.target_version,
-        )
-        # Last before the commit: the audit chain's lock is global and held until
-        # then (core.audit_chain), and every promotion and rollout takes it.
-        audit_record(
-            actor=None,
-            action="rollout.succeeded",
-            obj=rollout,
-            department=rollout.adapter.department,
-            to_state=RolloutStatus.SUCCEEDED,
-            details={
-                "served_path": rollout.served_path,
-                "deferred_replicas": deferred,
-                # What the deployment serves from now on, chained (serving/attestation.py).
-                "served": served_fact(
-                    ctx.deployment.pk,
-                    rollout.adapter_id,
-                    rollout.target_version,
-                    rollout.served_path,
-                ),
-            },
-        )
-    _note_observed(
-        ctx,
-        rollout.adapter.served_name,
-        rollout.served_path,
-        only={r.pk for r in ctx.replicas if r is not ctx.kept},
-    )
-
-
-def _deferred_count(ctx: _Context) -> int:
-    return sum(1 for s in ctx.steps.values() if s.status == ReplicaStepStatus.DEFERRED)
-
-
-def _note_observed(
-    ctx: _Context, name: str, root: str | None, only: set[int] | None = None
-) -> None:
-    """What the rollout saw each replica it pushed to serve, so the state view
-    is right before the next reconcile looks again. Called after the rollout's
-    outcome is committed, in a transaction of its own: every rollout of the
-    deployment writes these rows, so their locks are held as briefly as possible.
-
-    The rows are read again under a lock (in pk order, as every rollout of the
-    deployment does): rollouts running at once each add their own adapter, and
-    a list read at the start of the rollout would drop the others' additions.
-    FOR NO KEY UPDATE, the lock an UPDATE takes: FOR UPDATE would also block the
-    foreign-key checks of other rollouts' attempt inserts, which lock the
-    replicas in their own order (a deadlock)."""
-    ids = [r.pk for r in ctx.replicas if only is None or r.pk in only]
-    with transaction.atomic():
-        rows = list(
-            Replica.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk")
-        )
-        for replica in rows:
-            loaded = loaded_adapters(replica)
-            loaded.pop(name, None)
-            if root is not None:
-                loaded[name] = root
-            replica.loaded_adapters = as_listing(loaded)
-        Replica.objects.bulk_update(rows, ["loaded_adapters"])
-
-
-def _retire(ctx: _Context) -> None:
+def _retire(ctx: RolloutContext) -> None:
     name = ctx.rollout.adapter.served_name
     pushed = [ctx.steps[r.pk] for r in ctx.replicas]
-    _set_status(ctx, RolloutStatus.LOADING)
-    _set_steps(pushed, ReplicaStepStatus.LOADING)
+    set_status(ctx, RolloutStatus.LOADING)
+    set_steps(pushed, ReplicaStepStatus.LOADING)
     # The front door answers 404 for it from now on (no route), and the requests
     # in flight finish before the adapter goes.
     gateway_sync(ctx.deployment, release=name)
     gateway_drain(ctx.deployment, name, ctx.replicas, keep_one=False)
-    outcomes = _fan_out(
+    outcomes = fan_out(
         ctx, ctx.replicas, lambda client, r: ensure_unloaded(client, name, ctx.policy)
     )
     errors = {pk: o.error for pk, o in outcomes.items() if not o.ok}
-    _set_steps([s for s in pushed if s.replica_id not in errors], ReplicaStepStatus.SUCCEEDED)
-    _set_steps([s for s in pushed if s.replica_id in errors], ReplicaStepStatus.FAILED, errors)
+    set_steps([s for s in pushed if s.replica_id not in errors], ReplicaStepStatus.SUCCEEDED)
+    set_steps([s for s in pushed if s.replica_id in errors], ReplicaStepStatus.FAILED, errors)
     with transaction.atomic():
         if errors:
-            _set_status(
+            set_status(
                 ctx,
                 RolloutStatus.FAILED,
                 error="Unload failed on some replicas; reconcile will retry: "
@@ -821,12 +468,12 @@ def _retire(ctx: _Context) -> None:
                 finished_at=timezone.now(),
             )
         else:
-            _set_status(ctx, RolloutStatus.SUCCEEDED, finished_at=timezone.now())
+            set_status(ctx, RolloutStatus.SUCCEEDED, finished_at=timezone.now())
         mark_unreferenced(ctx.deployment)
         served_version_changed.send(
             sender=Rollout, deployment=ctx.deployment, adapter=ctx.rollout.adapter, version=None
         )
-        # Last before the commit, as in _succeed: the audit chain's lock is global.
+        # Last before the commit, as in succeed: the audit chain's lock is global.
         status = RolloutStatus.FAILED if errors else RolloutStatus.SUCCEEDED
         audit_record(
             actor=None,
@@ -836,5 +483,5 @@ def _retire(ctx: _Context) -> None:
             to_state=status,
             details={"kind": RolloutKind.RETIRE, "failed_replicas": len(errors)},
         )
-    _note_observed(ctx, name, None, only={r.pk for r in ctx.replicas if r.pk not in errors})
+    note_observed(ctx, name, None, only={r.pk for r in ctx.replicas if r.pk not in errors})
     gateway_sync(ctx.deployment, release=name)

@@ -32,6 +32,7 @@ from serving.models import (
 from serving.services.leases import (
     served_adapter_release_if_expired,
 )
+from serving.services.rollout_engine import rollout_enqueue
 from serving.transitions import (
     REPLICA_STEP_UNFINISHED,
     ROLLOUT_TERMINAL,
@@ -98,21 +99,6 @@ def rollout_audit_created(actor: Actor | None, rollout: Rollout) -> None:
             ),
         },
     )
-
-
-def rollout_enqueue(rollout_id: int) -> bool:
-    """Sends the rollout's task. A broker that is down loses nothing: the rollout
-    is committed, and the sweeper sends it again once nobody has picked it up."""
-    from serving.tasks import run_rollout
-
-    try:
-        run_rollout.delay(rollout_id)
-    except Exception:  # kombu raises many types; any of them means "not sent"
-        logger.warning(
-            "rollout %s: enqueue failed; the sweeper will retry", rollout_id, exc_info=True
-        )
-        return False
-    return True
 
 
 def rollout_cancel(*, actor: Actor, rollout: Rollout, comment: str = "") -> Rollout:

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from serving.models import Rollout, ServedAdapter
 from serving.services.leases import SERVED_ADAPTER_LEASE
-from serving.services.rollouts import rollout_enqueue
+from serving.services.rollout_engine import rollout_enqueue
 from serving.transitions import ROLLOUT_TERMINAL
 
 logger = logging.getLogger(__name__)

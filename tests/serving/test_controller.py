@@ -195,17 +195,17 @@ def test_a_worker_that_lost_its_claim_stops_without_writing_more(
 def test_a_status_change_someone_else_made_is_never_overwritten(
     lena, deployment, approved_v1, fake_replicas
 ):
-    from serving.services.rollout_engine import Stopped, _Context, _set_status, _Watch
+    from serving.services.rollout_steps import RolloutContext, Stopped, Watch, set_status
 
     rollout = promote(lena, deployment, approved_v1)
     served = ServedAdapter.objects.get(deployment=deployment)
     served_adapter_claim(served.pk, "w")
-    watch = _Watch(rollout.pk, served.pk, "w")
-    ctx = _Context(rollout, deployment, [], {}, None, watch)
+    watch = Watch(rollout.pk, served.pk, "w")
+    ctx = RolloutContext(rollout, deployment, [], {}, None, watch)
     # Read as pending; meanwhile another worker moved it on.
     Rollout.objects.filter(pk=rollout.pk).update(status=RolloutStatus.LOADING)
     with pytest.raises(Stopped):
-        _set_status(ctx, RolloutStatus.STAGING)
+        set_status(ctx, RolloutStatus.STAGING)
     rollout.refresh_from_db()
     assert rollout.status == RolloutStatus.LOADING
 

@@ -1,0 +1,428 @@
+"""The steps a rollout is made of, shared by the engine's swaps
+(serving.services.rollout_engine) and the traffic canary
+(serving.services.canary): the compare-and-swap of the rollout's status and of
+its replica steps, the fan-out to replicas with its attempts recorded, the
+rollback, the switch back at the front door, and the end (succeeded, failed or
+rolled back, audited). Public, so that neither strategy calls the other's
+private names; neither is imported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from core.audit import audit_record
+from core.claims import LeaseLost
+from core.state import move
+from serving.attestation import served_fact
+from serving.fanout import on_replicas
+from serving.gateway.services import (
+    gateway_drain,
+    gateway_ready,
+)
+from serving.models import (
+    Deployment,
+    Replica,
+    ReplicaRollout,
+    ReplicaStepStatus,
+    Rollout,
+    RolloutStatus,
+    ServedAdapter,
+)
+from serving.replica_calls import (
+    ReplicaOutcome,
+    RetryPolicy,
+    RetryStopped,
+    ensure_loaded,
+    ensure_unloaded,
+)
+from serving.retention import retained_for
+from serving.services.attempts import attempts_record_all
+from serving.services.leases import (
+    claim_seconds,
+    served_adapter_heartbeat,
+)
+from serving.services.placements import (
+    served_placement_moved,
+)
+from serving.services.reported_facts import replica_load_refusals_report
+from serving.signals import served_version_changed
+from serving.sync_state import as_listing, loaded_adapters
+from serving.transitions import (
+    REPLICA_STEP_TRANSITIONS,
+    ROLLOUT_TRANSITIONS,
+)
+from serving.volume import StagingError, mark_unreferenced, stage_version
+
+logger = logging.getLogger(__name__)
+
+
+class Stopped(Exception):
+    """This worker must stop: the rollout was cancelled, or another worker holds it now."""
+
+
+class Watch:
+    """Keeps the worker's claim and notices a cancel. Only the rollout's own
+    thread talks to the database here; the replicas' threads only `sleep`,
+    which returns early (RetryStopped) once the work must stop."""
+
+    def __init__(self, rollout_id: int, served_id: int, worker: str):
+        self.rollout_id = rollout_id
+        self.heartbeat = served_adapter_heartbeat(served_id, worker)
+        # Cancel is looked for this often while the work goes on.
+        self.interval = min(claim_seconds() / 3, 2.0)
+        self._checked = time.monotonic()
+        self._stop = threading.Event()
+        self.reason = ""
+
+    def check(self) -> None:
+        """Renews the claim when due; raises Stopped if the work must end."""
+        if self._stop.is_set():
+            raise Stopped(self.reason)
+        try:
+            self.heartbeat.beat()
+        except LeaseLost as error:
+            self._halt(str(error))
+        now = time.monotonic()
+        if now - self._checked >= self.interval:
+            self._checked = now
+            status = (
+                Rollout.objects.filter(pk=self.rollout_id).values_list("status", flat=True).first()
+            )
+            if status == RolloutStatus.CANCELLED:
+                self._halt("the rollout was cancelled")
+
+    def _halt(self, reason: str) -> None:
+        self.reason = reason
+        self._stop.set()
+        raise Stopped(reason)
+
+    def sleep(self, seconds: float) -> None:
+        """A back-off wait in a replica's thread. Never touches the database."""
+        if self._stop.wait(seconds):
+            raise RetryStopped(self.reason)
+
+    def tick(self) -> None:
+        """While the replicas' threads work: renews the claim. If the work must
+        stop, the threads are told to (they stop retrying) and are still waited
+        for, so their attempts get recorded."""
+        if not self._stop.is_set():
+            # On Stopped, _halt has set the event: the threads stop retrying.
+            with contextlib.suppress(Stopped):
+                self.check()
+
+    def raise_if_stopped(self) -> None:
+        if self._stop.is_set():
+            raise Stopped(self.reason)
+
+
+def set_status(ctx: RolloutContext, status: str, **fields) -> None:
+    """Compare-and-swap from the status this worker last saw."""
+    ctx.watch.check()
+    if not move(ctx.rollout, ROLLOUT_TRANSITIONS, status, **fields):
+        now = Rollout.objects.filter(pk=ctx.rollout.pk).values_list("status", flat=True).first()
+        raise Stopped(f"the rollout is {now} now, not {ctx.rollout.status}")
+
+
+def set_steps(steps: list[ReplicaRollout], status: str, errors: dict[int, str] | None = None):
+    """Compare-and-swap of replica steps, one UPDATE per (old status, error)
+    (usually one for every replica: each statement is a round trip on the
+    rollout's critical path). Steps the table does not let move are left alone."""
+    groups: dict[tuple[str, str], list[ReplicaRollout]] = {}
+    for step in steps:
+        if step.status != status and status not in REPLICA_STEP_TRANSITIONS[step.status]:
+            continue
+        # A failed step keeps its reason when it is then rolled back.
+        keep = status in (ReplicaStepStatus.FAILED, ReplicaStepStatus.ROLLED_BACK)
+        error = (errors or {}).get(step.replica_id, step.error if keep else "")
+        groups.setdefault((step.status, error), []).append(step)
+    for (old, error), group in groups.items():
+        moved = ReplicaRollout.objects.filter(pk__in=[s.pk for s in group], status=old).update(
+            status=status, error=error, updated_at=timezone.now()
+        )
+        if moved != len(group):
+            raise Stopped("the rollout's replica steps were changed by someone else")
+        for step in group:
+            step.status, step.error = status, error
+
+
+@dataclass
+class RolloutContext:
+    rollout: Rollout
+    deployment: Deployment
+    replicas: list[Replica]  # the ones this rollout pushes to (deferred ones are not)
+    steps: dict[int, ReplicaRollout]
+    policy: RetryPolicy
+    watch: Watch
+    # Behind a front door, the order a rollback goes through the replicas one
+    # at a time, each drained there first (make before break); None: all at once.
+    rollback_order: list[Replica] | None = None
+    # A swap made on spare replicas (swap_spares): per replica pushed to, the
+    # replica whose traffic it takes, which keeps the old version, drained.
+    moves: dict[int, Replica] = field(default_factory=dict)
+    moved: list[Replica] = field(default_factory=list)  # those that took it so far
+    # An in-place swap behind a front door: the replica left on the old version,
+    # drained, for SERVING_ROLLBACK_RETAIN_SECONDS (a rollback's switch), then
+    # swapped by the reconcile.
+    kept: Replica | None = None
+    # Names this worker's holds at the front door (only its own are released):
+    # a worker that resumes the rollout after a lost claim holds under its own.
+    hold_owner: str = field(default_factory=lambda: secrets.token_hex(8))
+
+
+def fan_out(ctx: RolloutContext, replicas: list[Replica], work) -> dict[int, ReplicaOutcome]:
+    """Runs `work(client, replica)` on every replica at once (serving.fanout);
+    records attempts after."""
+    results = on_replicas(
+        ctx.deployment, replicas, work, tick=ctx.watch.tick, interval=ctx.watch.interval
+    )
+    outcomes = {r.pk: outcome for r, outcome in zip(replicas, results, strict=True)}
+    attempts_record_all([(r, outcomes[r.pk], ctx.steps.get(r.pk)) for r in replicas])
+    for replica in replicas:
+        outcome = outcomes[replica.pk]
+        if outcome.vllm_version and outcome.vllm_version != replica.vllm_version:
+            replica.vllm_version = outcome.vllm_version
+            Replica.objects.filter(pk=replica.pk).update(vllm_version=outcome.vllm_version)
+    ctx.watch.raise_if_stopped()
+    return outcomes
+
+
+def move_back(ctx: RolloutContext, reason: str) -> None:
+    """A swap made on spare replicas failed: the replicas that kept the old
+    version get its traffic back (the runtime API: milliseconds, no reload),
+    then the new version leaves the spares, drained first."""
+    name = ctx.rollout.adapter.served_name
+    gateway_ready(ctx.deployment, name, [ctx.moves[r.pk] for r in ctx.moved])
+    gateway_drain(ctx.deployment, name, ctx.moved)
+    outcomes = fan_out(
+        ctx, ctx.replicas, lambda client, replica: ensure_unloaded(client, name, ctx.policy)
+    )
+    kept = ", ".join(sorted(old.base_url for old in ctx.moves.values()))
+    end_rollback(
+        ctx,
+        outcomes,
+        failed=lambda detail: (
+            f"{reason}. The old version still serves on {kept}; unloading the new one "
+            f"failed on {detail}; reconcile will keep trying."
+        ),
+        succeeded=(
+            f"{reason}. The old version never stopped serving on {kept}; the new one was "
+            "unloaded where it was tried."
+        ),
+    )
+
+
+def end_rollback(
+    ctx: RolloutContext,
+    outcomes: dict[int, ReplicaOutcome],
+    *,
+    failed: Callable[[str], str],
+    succeeded: str,
+) -> None:
+    """Marks the steps that were undone, then ends the rollout: FAILED, naming
+    each replica where undoing failed (the reconcile keeps trying), else ROLLED_BACK."""
+    errors = {pk: o.error for pk, o in outcomes.items() if not o.ok}
+    set_steps([s for pk, s in ctx.steps.items() if pk not in errors], ReplicaStepStatus.ROLLED_BACK)
+    if errors:
+        by_url = {r.pk: r.base_url for r in ctx.replicas}
+        detail = "; ".join(f"{by_url[pk]}: {m}" for pk, m in errors.items())
+        finish(ctx, RolloutStatus.FAILED, failed(detail))
+        return
+    finish(ctx, RolloutStatus.ROLLED_BACK, succeeded)
+
+
+def switch_back(ctx: RolloutContext, name: str, failed: list[Replica], swapped: list[Replica]):
+    """A swap failed on `failed`: traffic leaves the replicas already on the new
+    version at once (the runtime API, milliseconds) wherever a replica not yet
+    swapped still serves the old one; then the rollback goes one replica at a
+    time, the failed one first, so that one always serves."""
+    gateway_drain(ctx.deployment, name, swapped)
+    rest = [r for r in ctx.replicas if r not in failed and r not in swapped]
+    ctx.rollback_order = [*failed, *swapped, *rest]
+
+
+def enter_phase(ctx: RolloutContext, steps, status: str, step_status: str) -> None:
+    set_status(ctx, status)
+    set_steps(steps, step_status)
+
+
+def rollback_if_failed(
+    ctx: RolloutContext, steps, outcomes: dict[int, ReplicaOutcome], phase: str
+) -> bool:
+    errors = {pk: o.error for pk, o in outcomes.items() if not o.ok}
+    if not errors:
+        return False
+    set_steps([s for s in steps if s.replica_id in errors], ReplicaStepStatus.FAILED, errors)
+    by_pk = {r.pk: r for r in ctx.replicas}
+    if phase == "load":  # a refusal may name a fact the record has wrong
+        replica_load_refusals_report(ctx.deployment, {by_pk[pk]: e for pk, e in errors.items()})
+    summary = "; ".join(f"{by_pk[pk].base_url}: {message}" for pk, message in errors.items())
+    rollback_everywhere(ctx, f"{phase.capitalize()} failed on {len(errors)} replica(s): {summary}")
+    return True
+
+
+def rollback_everywhere(ctx: RolloutContext, reason: str) -> None:
+    """Puts every replica this rollout pushed to back on the previous version,
+    or unloads the adapter where nothing was served before."""
+    if ctx.moves:
+        move_back(ctx, reason)
+        return
+    rollout = ctx.rollout
+    previous = rollout.previous_version
+    name = rollout.adapter.served_name
+    if previous is not None:
+        try:
+            folder = stage_version(ctx.deployment, previous, progress=ctx.watch.check)
+        except (StagingError, OSError) as error:
+            finish(ctx, RolloutStatus.FAILED, f"{reason}. Rollback staging failed: {error}")
+            return
+
+        def load_previous(client, replica):
+            return ensure_loaded(
+                client, name, folder.serve_path, ctx.policy, known_version=replica.vllm_version
+            )
+
+        if ctx.rollback_order:
+            outcomes = {}
+            for replica in ctx.rollback_order:
+                gateway_drain(ctx.deployment, name, [replica])
+                outcomes.update(fan_out(ctx, [replica], load_previous))
+                if outcomes[replica.pk].ok:
+                    gateway_ready(ctx.deployment, name, [replica])
+        else:
+            outcomes = fan_out(ctx, ctx.replicas, load_previous)
+        restored = f"v{previous.number}"
+    else:
+        outcomes = fan_out(
+            ctx, ctx.replicas, lambda client, replica: ensure_unloaded(client, name, ctx.policy)
+        )
+        restored = "not loaded (there was no previous version)"
+    end_rollback(
+        ctx,
+        outcomes,
+        failed=lambda detail: (
+            f"{reason}. Rollback to {restored} failed on {detail}; reconcile will keep trying."
+        ),
+        succeeded=f"{reason}. Every replica is back on {restored}.",
+    )
+
+
+def finish(ctx: RolloutContext, status: str, error: str) -> None:
+    with transaction.atomic():
+        set_status(ctx, status, error=error[:10000], finished_at=timezone.now())
+        audit_ended(ctx.rollout, status, error)
+
+
+def audit_ended(rollout: Rollout, status: str, reason: str) -> None:
+    """The audit event of a rollout the worker ended (no person acted)."""
+    audit_record(
+        actor=None,
+        action=f"rollout.{status}",
+        obj=rollout,
+        department=rollout.adapter.department,
+        to_state=status,
+        comment=reason[:2000],
+    )
+
+
+def succeed(ctx: RolloutContext, served: ServedAdapter) -> None:
+    rollout = ctx.rollout
+    deferred = deferred_count(ctx)
+    with transaction.atomic():
+        set_status(ctx, RolloutStatus.SUCCEEDED, error="", finished_at=timezone.now())
+        placed = {}
+        left = [ctx.kept.pk] if ctx.kept is not None else []
+        if ctx.moves:
+            # Where the swap moved it; the replicas it left keep the old version
+            # for SERVING_ROLLBACK_RETAIN_SECONDS (a rollback is then a switch).
+            moved = {old.pk: spare for spare, old in ctx.moves.items()}
+            placed["placement"] = served_placement_moved(served, moved)
+            left = [old.pk for old in ctx.moves.values()]
+        ServedAdapter.objects.filter(pk=served.pk).update(
+            version=rollout.target_version,
+            served_path=rollout.served_path,
+            updated_at=timezone.now(),
+            # served: the row as this rollout started, its path the version before.
+            retained=retained_for(
+                served.served_path,
+                left,
+                now=time.time(),
+                seconds=settings.SERVING_ROLLBACK_RETAIN_SECONDS,
+            ),
+            **placed,
+        )
+        mark_unreferenced(ctx.deployment)
+        served_version_changed.send(
+            sender=Rollout,
+            deployment=ctx.deployment,
+            adapter=rollout.adapter,
+            version=rollout.target_version,
+        )
+        # Last before the commit: the audit chain's lock is global and held until
+        # then (core.audit_chain), and every promotion and rollout takes it.
+        audit_record(
+            actor=None,
+            action="rollout.succeeded",
+            obj=rollout,
+            department=rollout.adapter.department,
+            to_state=RolloutStatus.SUCCEEDED,
+            details={
+                "served_path": rollout.served_path,
+                "deferred_replicas": deferred,
+                # What the deployment serves from now on, chained (serving/attestation.py).
+                "served": served_fact(
+                    ctx.deployment.pk,
+                    rollout.adapter_id,
+                    rollout.target_version,
+                    rollout.served_path,
+                ),
+            },
+        )
+    note_observed(
+        ctx,
+        rollout.adapter.served_name,
+        rollout.served_path,
+        only={r.pk for r in ctx.replicas if r is not ctx.kept},
+    )
+
+
+def deferred_count(ctx: RolloutContext) -> int:
+    return sum(1 for s in ctx.steps.values() if s.status == ReplicaStepStatus.DEFERRED)
+
+
+def note_observed(
+    ctx: RolloutContext, name: str, root: str | None, only: set[int] | None = None
+) -> None:
+    """What the rollout saw each replica it pushed to serve, so the state view
+    is right before the next reconcile looks again. Called after the rollout's
+    outcome is committed, in a transaction of its own: every rollout of the
+    deployment writes these rows, so their locks are held as briefly as possible.
+
+    The rows are read again under a lock (in pk order, as every rollout of the
+    deployment does): rollouts running at once each add their own adapter, and
+    a list read at the start of the rollout would drop the others' additions.
+    FOR NO KEY UPDATE, the lock an UPDATE takes: FOR UPDATE would also block the
+    foreign-key checks of other rollouts' attempt inserts, which lock the
+    replicas in their own order (a deadlock)."""
+    ids = [r.pk for r in ctx.replicas if only is None or r.pk in only]
+    with transaction.atomic():
+        rows = list(
+            Replica.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk")
+        )
+        for replica in rows:
+            loaded = loaded_adapters(replica)
+            loaded.pop(name, None)
+            if root is not None:
+                loaded[name] = root
+            replica.loaded_adapters = as_listing(loaded)
+        Replica.objects.bulk_update(rows, ["loaded_adapters"])
