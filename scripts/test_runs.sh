@@ -30,11 +30,12 @@ user_args=("$@")
 suite_started=$SECONDS
 failed=()
 
+pytest_prefix=()
 run_pytest() {
   local name="$1" started=$SECONDS rc=0
   shift
-  echo "=== the $name run: pytest $*"
-  "$PYTEST" "$@" || rc=$?
+  echo "=== the $name run: ${pytest_prefix[*]} pytest $*"
+  "${pytest_prefix[@]}" "$PYTEST" "$@" || rc=$?
   # 5, no tests collected: fine when the arguments chose tests of the other run only.
   if ((rc == 5 && ${#user_args[@]})); then rc=0; fi
   printf '{"run": "%s", "wall": %d, "exit": %d}\n' "$name" $((SECONDS - started)) "$rc" \
@@ -62,14 +63,15 @@ if ((heavy_workers > 1)); then
   heavy_args=(-n "$heavy_workers" --dist loadfile "${heavy_args[@]}")
 fi
 runs="${SUITE_RUNS:-light heavy}"
-# Side by side when both run against PostgreSQL and Redis (CI), the heavy run
-# on two workers too: its tests spend most of their time waiting on servers (a
-# vLLM boot, a load, a swap window; the CPU was busy 30% of a serial run), and
-# the other workers fill those cores. On the embedded defaults both
-# would share one SQLite broker file, so they run one after the other.
-# Off by default (SUITE_OVERLAP=auto turns it on there): on this 2-core machine
-# side by side took 35 min against 50 but load-sensitive tests (a worker's
-# 5-second stop, a bench's worker start) failed under it.
+# Side by side when both run against PostgreSQL and Redis (CI); on the
+# embedded defaults both would share one SQLite broker file, so they run one
+# after the other. The heavy run's tests mostly wait on servers (a vLLM boot,
+# a load, a swap window), the light run's are CPU-bound: the light run goes
+# under nice (SUITE_LIGHT_NICE, 10), so it takes only the CPU the heavy run
+# leaves, and the heavy run's timings (a swap window, a worker's start) are
+# what they would be alone. Without nice, side by side starved both and
+# load-sensitive tests failed. The light tests that time a process of their
+# own (a worker's 5-second stop) are in the heavy tiers for that reason.
 overlap="${SUITE_OVERLAP:-0}"
 if [[ "$overlap" == auto ]]; then
   overlap=0
@@ -85,6 +87,7 @@ if [[ "$overlap" == 1 ]]; then
   (
     export CELERY_BROKER_URL
     CELERY_BROKER_URL="$(broker_plus 2)"
+    pytest_prefix=(nice -n "${SUITE_LIGHT_NICE:-10}")
     run_pytest light "${light_args[@]}"
     ((${#failed[@]} == 0))
   ) >"$light_log" 2>&1 &
