@@ -101,10 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     from serving import tasks
     from serving.discovery.kubernetes import EndpointSliceWatch, WatchTarget, api_client
     from serving.models import Replica
+    from serving.reconcile.tick import reconcile_deployment
+    from serving.rollouts.engine import rollout_execute
     from serving.services.deployments import deployment_create
     from serving.services.promotions import promotion_create
-    from serving.services.reconcile import reconcile_deployment
-    from serving.services.rollout_engine import rollout_execute
     from tests.support.adapters import AdapterSpec, adapter_tar_gz
     from tests.support.k8s_apiserver import StandInKubeAPIServer
     from tests.support.vllm_standin import serve_standin

@@ -139,7 +139,7 @@ def _placements(deployment) -> dict[str, set[int]]:
 
 
 def _in_sync_ticks(deployment, count: int, replicas: int):
-    from serving.services.reconcile import reconcile_deployment
+    from serving.reconcile.tick import reconcile_deployment
     from tests.support.fleet import measure
 
     walls, statements = [], []
@@ -154,7 +154,7 @@ def _in_sync_ticks(deployment, count: int, replicas: int):
 def _until_in_sync(deployment, limit: int = 40, *, loads_only: bool = False) -> int:
     """Ticks until nothing is left to do (`loads_only`: until nothing is left
     to load or unload; the sampled fingerprint check may still record some)."""
-    from serving.services.reconcile import reconcile_deployment
+    from serving.reconcile.tick import reconcile_deployment
 
     for tick in range(1, limit + 1):
         report = reconcile_deployment(deployment.pk, "bench")
@@ -190,7 +190,7 @@ def run(args, out) -> None:
     from serving.gateway.services import front_door_for
     from serving.models import ServedAdapter
     from serving.placement import ReplicaSlot, Settings, State, Wish, place
-    from serving.services.reconcile import reconcile_deployment
+    from serving.reconcile.tick import reconcile_deployment
     from tests.support.fleet import served_adapters_clone, standin_fleet, standin_load
     from tests.support.haproxy import open_access, running_haproxy
     from tests.support.vllm_servers import free_port

@@ -100,7 +100,7 @@ class _Ctx:
 @section("tick")
 def tick_section(ctx: _Ctx) -> None:
     from bench.scale_support import deployment_for, median
-    from serving.services.reconcile import reconcile_deployment
+    from serving.reconcile.tick import reconcile_deployment
     from tests.support.fleet import (
         fingerprints_record,
         measure,
@@ -211,7 +211,7 @@ def heal_section(ctx: _Ctx) -> None:
     from django.conf import settings
 
     from bench.scale_support import deployment_for
-    from serving.services.reconcile import reconcile_deployment
+    from serving.reconcile.tick import reconcile_deployment
     from tests.support.fleet import (
         fingerprints_record,
         measure,
@@ -278,7 +278,7 @@ def real_section(ctx: _Ctx) -> None:
     if not count:
         return
     from bench.scale_support import deployment_for, median
-    from serving.services.reconcile import reconcile_deployment
+    from serving.reconcile.tick import reconcile_deployment
     from tests.support.fleet import fingerprints_record, measure, served_adapters_clone
     from tests.support.vllm_servers import ensure_tiny_model, start_servers
 

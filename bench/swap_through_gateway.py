@@ -11,7 +11,7 @@ with model=<served name> through it. Then, in one run:
               the swaps are measured against (the mean of both);
   gateway     --swaps swaps v0 -> v(n), each followed by its rollback v(n) ->
               v0 (a reload too), each the product's way
-              (serving/services/rollout_engine.py): per replica, taken out at
+              (serving/rollouts/engine.py): per replica, taken out at
               the front door (drained where another replica serves the adapter;
               where none does, the adapter's new requests HELD at the door while
               the replica finishes what it has and is drained), unload+load
@@ -91,7 +91,7 @@ HOLD_SECONDS = 20.0
 
 
 def gateway_swap(door: HAProxyFrontDoor, servers, path: str, hold_seconds: float) -> None:
-    """The product's swap behind a front door (rollout_engine._run: gateway_take_out,
+    """The product's swap behind a front door (serving.rollouts.engine._run: gateway_take_out,
     ensure_loaded, verify, gateway_ready, gateway_release), one replica at a time."""
     for index, server in enumerate(servers):
         name = f"r{index + 1}"
@@ -171,7 +171,7 @@ def _serve_check(server, path: str) -> None:
 
 def moved_phase(door: HAProxyFrontDoor, servers, paths, swaps: int, clients: int, pause: float):
     """An adapter placement holds on ONE of the two replicas. Each swap is made
-    before break (serving/services/rollout_engine.py, swap_spares): the new
+    before break (serving/rollouts/engine.py, swap_spares): the new
     version loaded and verified on the other replica, the traffic sent there,
     the old replica drained; it keeps the old version. Then rollbacks, each
     back to the version the other replica kept: verified there, a switch of

@@ -498,9 +498,9 @@ SERVING_GATEWAY_HOLD_SECONDS = cfg.number(
 # the deployment has loads the new version on others first and moves the traffic
 # there (make before break); the old version stays loaded where it was, drained, for
 # SERVING_ROLLBACK_RETAIN_SECONDS, so that a rollback in that time is a switch of
-# traffic, not a reload (serving/services/rollout_engine.py, docs/gateway.md).
+# traffic, not a reload (serving/rollouts/engine.py, docs/gateway.md).
 SERVING_ROLLBACK_RETAIN_SECONDS = cfg.number("SERVING_ROLLBACK_RETAIN_SECONDS", 600.0, minimum=0)
-# A traffic canary (serving/services/canary.py, docs/gateway.md#canary): its bake
+# A traffic canary (serving/rollouts/canary.py, docs/gateway.md#canary): its bake
 # time is stated per rollout, at most SERVING_CANARY_MAX_BAKE_SECONDS. Its gates:
 # at least SERVING_CANARY_MIN_REQUESTS to the canary before it is judged; its error
 # rate at most SERVING_CANARY_MAX_ERROR_RATE_INCREASE above the old version's; its

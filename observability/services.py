@@ -89,7 +89,7 @@ def reconcile_stats_record(
     `tally` False: this reconcile stored no attempt rows (an in-sync tick), so
     the tally query is skipped; rows from elsewhere wait for the next tally."""
     now = timezone.now()
-    # The reconcile's claim is held while this runs (serving.services.reconcile):
+    # The reconcile's claim is held while this runs (serving.reconcile.tick):
     # no other writer, so no transaction or row lock (each costs statements per tick).
     stats, _ = ReconcileStats.objects.get_or_create(deployment=deployment)
     buckets = list(stats.duration_buckets or [])

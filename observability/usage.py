@@ -8,7 +8,7 @@ one. A counter lower than before means a reload in between: everything it
 shows now is new. (Requests the old worker answered after the previous reading
 are lost with it; a reconcile every few seconds keeps that small.)
 
-Runs under the reconcile's claim (serving.services.reconcile): no other writer
+Runs under the reconcile's claim (serving.reconcile.tick): no other writer
 of the deployment's rows, so no row lock. An unchanged reading writes nothing.
 """
 

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from serving.services.rollout_engine import rollout_execute
+    from serving.rollouts.engine import rollout_execute
     from tests.support.adapters import AdapterSpec, write_adapter_dir
     from tests.support.vllm_servers import ensure_tiny_model
 

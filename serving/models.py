@@ -246,7 +246,7 @@ class ServedAdapter(models.Model):
     )
     served_path = models.CharField(max_length=1000, blank=True)
     # A canary's split at the front door, {server: weight}, so that a reload of
-    # the gateway keeps it; empty when no canary is baking (serving/services/canary.py).
+    # the gateway keeps it; empty when no canary is baking (serving/rollouts/canary.py).
     gateway_weights = models.JSONField(default=dict, blank=True)
     lease_owner = models.CharField(max_length=100, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
@@ -386,7 +386,7 @@ class Rollout(models.Model):
         max_length=12, choices=RolloutStatus.choices, default=RolloutStatus.PENDING
     )
     canary = models.BooleanField(default=False)
-    # A traffic canary (serving/services/canary.py): the new version takes this
+    # A traffic canary (serving/rollouts/canary.py): the new version takes this
     # percentage of the adapter's requests at the front door for the bake time,
     # then all of them if the health gates hold. Null: no traffic split.
     canary_share = models.PositiveSmallIntegerField(null=True, blank=True)

@@ -13,9 +13,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from serving.models import Deployment, HttpAttempt
-from serving.services.reconcile import reconcile_deployment
-from serving.services.rollout_engine import LeaseBusy, rollout_execute
-from serving.services.sweep import sweep_rollouts
+from serving.reconcile.tick import reconcile_deployment
+from serving.rollouts.engine import LeaseBusy, rollout_execute
+from serving.rollouts.sweep import sweep_rollouts
 from serving.volume import collect_garbage
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def run_rollout(self, rollout_id: int) -> str:
 
 @shared_task(name="serving.sweep", acks_late=True, ignore_result=True)
 def sweep() -> list[int]:
-    """Re-enqueues rollouts whose task was lost (serving.services.sweep)."""
+    """Re-enqueues rollouts whose task was lost (serving.rollouts.sweep)."""
     return sweep_rollouts()
 
 

@@ -70,6 +70,4 @@ def test_serving_layers_upside_down_are_broken(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "serving upside down BROKEN" in result.stdout
     # The worker's engine does import its steps: reversed, that is refused.
-    assert "serving.services.rollout_engine -> serving.services.rollout_steps" in result.stdout, (
-        result.stdout
-    )
+    assert "serving.rollouts.engine -> serving.rollouts.steps" in result.stdout, result.stdout

@@ -2,7 +2,7 @@
 deployment's adapter at once, and two reconcilers never work on the same
 deployment. Claims are short (SERVING_CLAIM_SECONDS) and renewed by a
 heartbeat while the work goes on, so a crashed holder's claim expires within
-seconds and the sweeper (serving.services.sweep) hands the work on."""
+seconds and the sweeper (serving.rollouts.sweep) hands the work on."""
 
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def _require_canary_split(share: int, bake: int | None) -> None:
 
 
 def _require_canary_possible(deployment: Deployment, served: ServedAdapter | None) -> None:
-    from serving.services.canary import canary_refusal
+    from serving.rollouts.canary import canary_refusal
 
     replicas = deployment.replicas.filter(active=True).count()
     refusal = canary_refusal(deployment, served.version_id if served else None, replicas)
@@ -176,7 +176,7 @@ def promotion_create(
     """Runs the gate; then either starts the rollout or, where the deployment's
     policy asks for it, waits for a second person's approval. With a
     `canary_share` (percent) and `canary_bake_seconds`, the rollout is a
-    traffic canary (serving/services/canary.py)."""
+    traffic canary (serving/rollouts/canary.py)."""
     require_may_deploy(actor, deployment, version.adapter)
     _require_servable(version)
     report = _require_gate(deployment, version)

@@ -2,7 +2,7 @@
 audit it, send its task again, and cancel it.
 
 The worker's side, which stages the artifact and pushes it to the replicas, is
-serving/services/rollout_engine.py.
+serving/rollouts/engine.py.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
+from serving.rollouts.engine import rollout_enqueue
 from serving.services.leases import (
     served_adapter_release_if_expired,
 )
-from serving.services.rollout_engine import rollout_enqueue
 from serving.transitions import (
     REPLICA_STEP_UNFINISHED,
     ROLLOUT_TERMINAL,

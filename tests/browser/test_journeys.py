@@ -26,7 +26,7 @@ from config.celery import app as celery_app
 from observability.models import DailyUsage
 from registry.models import AdapterVersion
 from serving.models import Rollout, ServedAdapter
-from serving.services.reconcile import reconcile_deployment
+from serving.reconcile.tick import reconcile_deployment
 from tests.browser.conftest import SCREENSHOTS
 from tests.browser.test_serving_story import celery_worker
 from tests.browser.test_story import sign_in

@@ -23,7 +23,7 @@ from django.db import connections
 
 from config.celery import app as celery_app
 from serving.models import Rollout
-from serving.services.reconcile import reconcile_deployment
+from serving.reconcile.tick import reconcile_deployment
 from tests.browser.conftest import TABLET
 from tests.browser.test_story import no_horizontal_scroll, sign_in
 from tests.factories import make_adapter, make_approved_version
@@ -213,8 +213,8 @@ def test_refusals_and_failures_read_clearly(
     new_page, screenshot, fake_replicas, tmp_path, lena, alex, paula, legal, root, settings
 ):
     """The gate's refusal, and a rollout vLLM refused, as an approver sees them."""
+    from serving.rollouts.engine import rollout_execute
     from serving.services.promotions import promotion_create
-    from serving.services.rollout_engine import rollout_execute
     from tests.conftest import actor
 
     settings.SERVING_RETRY_DEADLINE_SECONDS = 1.0

@@ -247,7 +247,7 @@ def the_record_is_checked_against_the_replica(deployment, cases, people, server,
     matches the record; a record typed wrong is a drift and blocks promotions."""
     from observability.services import vllm_metrics_observe
     from serving.models import Deployment, DriftEvent, DriftKind, Replica
-    from serving.services.reconcile import reconcile_deployment
+    from serving.reconcile.tick import reconcile_deployment
 
     admin, member, approver = people
     record = Deployment.objects.get(name=deployment["name"])

@@ -12,9 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.capacity import deployment_shape
 from serving.planner import lora_pool_bytes
+from serving.reconcile.tick import reconcile_deployment
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
-from serving.services.reconcile import reconcile_deployment
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.observability.conftest import lora_info
 from tests.serving.conftest import make_deployment

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from serving.reconcile.tick import reconcile_deployment
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
-from serving.services.reconcile import reconcile_deployment
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.support.prometheus_server import PrometheusServer, ScrapeJob, prometheus_available
 

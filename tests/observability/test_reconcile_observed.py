@@ -8,9 +8,9 @@ import pytest
 
 from observability.models import AdapterActivity, AttemptTally, ReconcileStats, ReplicaLoraState
 from serving.models import Deployment, HttpAttempt
+from serving.reconcile.tick import reconcile_deployment
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
-from serving.services.reconcile import reconcile_deployment
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.observability.conftest import lora_info
 
@@ -152,7 +152,7 @@ def test_a_reconcile_that_raises_is_counted_as_failed_and_still_raises(deploymen
     def broken(*args, **kwargs):
         raise RuntimeError("discovery failed")
 
-    monkeypatch.setattr("serving.services.reconcile.replicas_sync", broken)
+    monkeypatch.setattr("serving.reconcile.tick.replicas_sync", broken)
     with pytest.raises(RuntimeError, match="discovery failed"):
         reconcile_deployment(deployment.pk, "beat")
     stats = ReconcileStats.objects.get()

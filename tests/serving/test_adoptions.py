@@ -14,8 +14,8 @@ import requests
 from core.models import AuditEvent
 from registry.models import AdapterVersion
 from serving.models import Adoption, Promotion, Rollout, ServedAdapter
-from serving.services.reconcile import reconcile_deployment
-from serving.services.rollout_engine import rollout_execute
+from serving.reconcile.tick import reconcile_deployment
+from serving.rollouts.engine import rollout_execute
 from serving.volume import serve_path_for
 from tests.conftest import client_for
 from tests.serving.conftest import make_deployment

@@ -7,8 +7,8 @@ import pytest
 
 from core.models import AuditEvent
 from serving.models import Promotion, Rollout, RolloutStatus, ServedAdapter
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create, promotion_review
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.support.authorization import CALLERS, caller_client
 

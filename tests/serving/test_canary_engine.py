@@ -1,4 +1,4 @@
-"""The canary's worker (serving/services/canary.py) on a real HAProxy in front
+"""The canary's worker (serving/rollouts/canary.py) on a real HAProxy in front
 of two stand-in replicas: the split it sets, and each way a bake ends without
 the gates' numbers deciding it (a person aborts, a person promotes, too few
 requests to prove anything). The gates deciding on real traffic are in
@@ -15,8 +15,8 @@ from django.utils import timezone
 from core.models import AuditEvent
 from serving.gateway.services import front_door_for, gateway_sync
 from serving.models import CanaryRequest, Rollout, RolloutStatus, ServedAdapter
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
-from serving.services.rollout_engine import rollout_execute
 from serving.services.rollouts import rollout_canary_decide
 from tests.conftest import actor
 from tests.support.haproxy import haproxy_available, running_haproxy

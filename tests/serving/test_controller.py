@@ -26,12 +26,12 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
+from serving.reconcile.tick import reconcile_deployment
+from serving.rollouts.engine import rollout_execute
+from serving.rollouts.sweep import rollouts_to_sweep, sweep_rollouts
 from serving.services.leases import served_adapter_claim
 from serving.services.promotions import promotion_create
-from serving.services.reconcile import reconcile_deployment
-from serving.services.rollout_engine import rollout_execute
 from serving.services.rollouts import rollout_cancel
-from serving.services.sweep import rollouts_to_sweep, sweep_rollouts
 from tests.conftest import actor, client_for
 
 
@@ -195,7 +195,7 @@ def test_a_worker_that_lost_its_claim_stops_without_writing_more(
 def test_a_status_change_someone_else_made_is_never_overwritten(
     lena, deployment, approved_v1, fake_replicas
 ):
-    from serving.services.rollout_steps import RolloutContext, Stopped, Watch, set_status
+    from serving.rollouts.steps import RolloutContext, Stopped, Watch, set_status
 
     rollout = promote(lena, deployment, approved_v1)
     served = ServedAdapter.objects.get(deployment=deployment)

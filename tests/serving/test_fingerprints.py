@@ -18,11 +18,11 @@ from django.utils import timezone
 
 from serving.models import DriftEvent, Replica, ReplicaRollout, VersionFingerprint
 from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
+from serving.reconcile.tick import reconcile_deployment
 from serving.replica_rows import replicas_sync
+from serving.rollouts.engine import rollout_execute
 from serving.services.fingerprints import fingerprint_compare, next_in_rotation
 from serving.services.promotions import promotion_create
-from serving.services.reconcile import reconcile_deployment
-from serving.services.rollout_engine import rollout_execute
 from serving.volume import stage_version
 from tests.conftest import actor, client_for
 from tests.factories import make_adapter, make_approved_version
@@ -255,7 +255,7 @@ def test_a_weight_repair_longer_than_a_claim_keeps_its_claims(
 ):
     """The mismatch's reload is planned with the other repairs: the tick's
     thread renews the deployment's and the adapter's claims while it runs."""
-    import serving.services.reconcile as reconcile
+    import serving.reconcile.tick as reconcile
     from serving.models import Deployment, ServedAdapter
 
     rollout = promote(lena, deployment, approved_v1)

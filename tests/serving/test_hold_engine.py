@@ -11,7 +11,7 @@ import pytest
 
 from serving.gateway import TakenOut
 from serving.models import HttpAttempt, ServedAdapter
-from serving.services.rollout_engine import rollout_execute
+from serving.rollouts.engine import rollout_execute
 from tests.serving.conftest import make_deployment
 from tests.serving.test_rollouts import promote
 from tests.support.vllm_standin import serve_standin
@@ -136,7 +136,7 @@ def test_a_worker_that_crashes_mid_swap_still_ends_the_hold(
     def crash(**kwargs):
         raise RuntimeError("a bug between verify and ready")
 
-    monkeypatch.setattr("serving.services.rollout_engine.fingerprints_check_rollout", crash)
+    monkeypatch.setattr("serving.rollouts.engine.fingerprints_check_rollout", crash)
     _, swap = promote(lena, single, approved_v2)
     with pytest.raises(RuntimeError):
         rollout_execute(swap.pk, "w")

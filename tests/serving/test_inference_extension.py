@@ -13,9 +13,9 @@ import pytest
 
 from serving.gateway.inference_extension import manifests, pod_labels, render_yaml
 from serving.kserve import manifests as kserve_manifests
+from serving.rollouts.engine import rollout_execute
 from serving.services.deployments import deployment_update
 from serving.services.promotions import promotion_create
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version
 from tests.support import crd_schemas

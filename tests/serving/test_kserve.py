@@ -11,9 +11,9 @@ import yaml
 from django.core.management import CommandError, call_command
 
 from serving.kserve import manifests
+from serving.rollouts.engine import rollout_execute
 from serving.services.deployments import deployment_update
 from serving.services.promotions import promotion_create, retire
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version
 from tests.serving.kserve_schema import kserve_problems

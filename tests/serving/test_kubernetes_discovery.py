@@ -24,10 +24,10 @@ from serving.discovery.kubernetes import (
     ready_urls,
 )
 from serving.models import Deployment, Replica
+from serving.reconcile.tick import reconcile_deployment
+from serving.rollouts.engine import rollout_execute
 from serving.services.deployments import deployment_update
 from serving.services.promotions import promotion_create
-from serving.services.reconcile import reconcile_deployment
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.serving.conftest import make_deployment
 from tests.support.k8s_apiserver import StandInKubeAPIServer

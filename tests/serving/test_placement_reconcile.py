@@ -13,8 +13,8 @@ import requests
 
 from serving.models import DriftEvent, DriftKind, Replica, ServedAdapter
 from serving.placement import Reason, State
-from serving.services.reconcile import reconcile_deployment
-from serving.services.rollout_engine import rollout_execute
+from serving.reconcile.tick import reconcile_deployment
+from serving.rollouts.engine import rollout_execute
 from tests.serving.conftest import make_deployment
 from tests.serving.test_reconcile_scale import MAX_STATEMENTS
 from tests.serving.test_rollouts import promote

@@ -76,7 +76,7 @@ def test_a_deployment_can_be_limited_to_departments(lena, finance, deployment, a
 
 
 def test_promoting_the_served_version_again_is_409(lena, deployment, approved_v1):
-    from serving.services.rollout_engine import rollout_execute
+    from serving.rollouts.engine import rollout_execute
 
     promotion = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
     rollout_execute(promotion.rollouts.get().pk, "w")

@@ -4,9 +4,9 @@ shown against real vLLM in tests/serving/vllm/."""
 import pytest
 
 from serving.models import DriftEvent, Replica
+from serving.reconcile.tick import reconcile_deployment
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
-from serving.services.reconcile import reconcile_deployment
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from observability.models import ReplicaLoraState
 from serving.models import DriftEvent, HttpAttempt, Replica, ServedAdapter, StagedFolder
-from serving.services.reconcile import reconcile_deployment
+from serving.reconcile.tick import reconcile_deployment
 from serving.volume import StagingError, stage_version, stage_versions
 from tests.serving.conftest import make_deployment
 from tests.support.fleet import (
@@ -146,7 +146,7 @@ def test_a_replica_down_for_several_ticks_is_one_event(fleet_deployment, fleet, 
 def test_repairs_run_in_parallel_within_the_bounds(
     settings, fleet_deployment, fleet, approved_v1, monkeypatch
 ):
-    import serving.services.reconcile as reconcile
+    import serving.reconcile.tick as reconcile
 
     settings.SERVING_RECONCILE_CONCURRENCY = 4
     settings.SERVING_RECONCILE_PER_REPLICA = 2
@@ -246,7 +246,7 @@ def test_claims_stay_held_through_repairs_longer_than_a_claim(
     and the adapters' claims are renewed meanwhile, never left to expire."""
     from django.db import connection
 
-    import serving.services.reconcile as reconcile
+    import serving.reconcile.tick as reconcile
     from registry.models import Department
     from serving.models import Deployment
     from tests.factories import make_adapter, make_approved_version

@@ -10,8 +10,8 @@ import pytest
 
 from core.redaction import redact
 from registry.artifact_store import get_artifact_store
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
-from serving.services.rollout_engine import rollout_execute
 from serving.volume import stage_version
 from tests.conftest import actor
 from tests.support.s3_server import free_port

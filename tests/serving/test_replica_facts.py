@@ -11,8 +11,8 @@ from rest_framework.test import APIClient
 from core.errors import Conflict
 from observability.services import vllm_metrics_observe
 from serving.models import DriftEvent, DriftKind, Replica
+from serving.reconcile.tick import reconcile_deployment
 from serving.services.promotions import promotion_create
-from serving.services.reconcile import reconcile_deployment
 from tests.conftest import actor
 from tests.observability.conftest import lora_info
 
@@ -174,7 +174,7 @@ def test_a_dispute_reported_again_is_the_same_drift_event_counted(deployment, fa
 def test_a_load_refused_for_its_rank_disputes_the_recorded_max_lora_rank(
     root, lena, deployment, fake_replicas, approved_v1, approved_v2
 ):
-    from serving.services.rollout_engine import rollout_execute
+    from serving.rollouts.engine import rollout_execute
 
     fake_replicas[1].max_lora_rank = 4  # started with --max-lora-rank 4; recorded 16
     promotion = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)

@@ -30,10 +30,10 @@ from core.models import AuditEvent
 from serving.attestation import RestoreHeld, differences
 from serving.gateway.selectors import door_access, routing_table_for
 from serving.models import Deployment, ServedAdapter
+from serving.reconcile.tick import reconcile_deployment
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
-from serving.services.reconcile import reconcile_deployment
 from serving.services.restore import deployment_restore_acknowledge
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor, client_for, requires_postgres
 from tests.serving.conftest import make_deployment
 from tests.support.processes import REPO_ROOT

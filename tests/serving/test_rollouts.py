@@ -7,8 +7,8 @@ import pytest
 
 from serving.models import HttpAttempt, Rollout, ServedAdapter
 from serving.replica_calls import BASE_RECHECKS
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create, retire, rollback_to
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 
 pytestmark = pytest.mark.django_db
@@ -191,8 +191,8 @@ def test_already_loaded_with_the_same_root_is_success(lena, deployment, approved
 
 
 def test_a_busy_lease_makes_the_task_retry_later(lena, deployment, approved_v1):
+    from serving.rollouts.engine import LeaseBusy
     from serving.services.leases import served_adapter_claim
-    from serving.services.rollout_engine import LeaseBusy
 
     _, rollout = promote(lena, deployment, approved_v1)
     served = ServedAdapter.objects.get(deployment=deployment, adapter=approved_v1.adapter)

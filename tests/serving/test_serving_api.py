@@ -3,8 +3,8 @@
 import pytest
 
 from serving.models import Rollout
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor, client_for
 from tests.serving.conftest import TINY_IDENTITY
 from tests.support.authorization import CALLERS, caller_client
@@ -111,7 +111,7 @@ def test_outsiders_do_not_see_rollouts_or_served_adapters(as_fred, lena, deploym
 
 
 def test_state_shows_desired_against_actual(as_lena, lena, deployment, approved_v1, fake_replicas):
-    from serving.services.reconcile import reconcile_deployment
+    from serving.reconcile.tick import reconcile_deployment
 
     promotion = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
     rollout_execute(promotion.rollouts.get().pk, "w")
@@ -412,7 +412,7 @@ def test_a_deployment_limited_to_other_departments_is_not_found_for_members(
 def test_drift_events_carry_their_count_and_last_sighting(
     as_root, as_lena, lena, deployment, approved_v1, fake_replicas
 ):
-    from serving.services.reconcile import reconcile_deployment
+    from serving.reconcile.tick import reconcile_deployment
 
     promotion = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
     rollout_execute(promotion.rollouts.get().pk, "w")

@@ -8,8 +8,8 @@ import pytest
 from django.utils import timezone
 
 from serving.models import StagedFolder
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create, retire
-from serving.services.rollout_engine import rollout_execute
 from serving.volume import StagingError, collect_garbage, relative_path, stage_version
 from tests.conftest import actor
 

@@ -14,7 +14,7 @@ import socket
 from django.core.management.base import BaseCommand, CommandError
 
 from serving.models import Deployment
-from serving.services.reconcile import reconcile_deployment
+from serving.reconcile.tick import reconcile_deployment
 
 
 class Command(BaseCommand):

@@ -19,8 +19,8 @@ from __future__ import annotations
 import pytest
 
 from serving.models import Rollout, RolloutStatus
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor, client_for
 from tests.factories import make_approved_version
 from tests.serving.conftest import make_deployment

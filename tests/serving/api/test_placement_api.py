@@ -8,8 +8,8 @@ import pytest
 
 from core.models import AuditEvent
 from serving.models import Replica, ServedAdapter
-from serving.services.reconcile import reconcile_deployment
-from serving.services.rollout_engine import rollout_execute
+from serving.reconcile.tick import reconcile_deployment
+from serving.rollouts.engine import rollout_execute
 from tests.serving.test_rollouts import promote
 
 pytestmark = pytest.mark.django_db

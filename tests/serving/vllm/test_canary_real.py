@@ -76,7 +76,7 @@ def test_a_good_canary_bakes_on_its_share_survives_its_worker_and_takes_all_traf
     v1 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=1))
     v2 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=2))
     from serving.gateway.services import front_door_for, gateway_sync
-    from serving.services.sweep import sweep_rollouts
+    from serving.rollouts.sweep import sweep_rollouts
 
     deployment = Deployment.objects.get(name="canary-cpu")
     gateway_sync(deployment)

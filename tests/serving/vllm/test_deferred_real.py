@@ -9,7 +9,7 @@ import time
 import pytest
 
 from serving.models import Deployment
-from serving.services.reconcile import reconcile_deployment
+from serving.reconcile.tick import reconcile_deployment
 from tests.serving.vllm.conftest import adapters_on, chat_through_openai, ok
 from tests.support.adapters import AdapterSpec
 

@@ -17,9 +17,9 @@ from safetensors.numpy import save as save_safetensors
 
 from serving.models import DriftEvent, VersionFingerprint
 from serving.probe import Probe, has_no_effect, matches
+from serving.reconcile.tick import reconcile_deployment
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
-from serving.services.reconcile import reconcile_deployment
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version
 from tests.serving.conftest import make_deployment

@@ -18,9 +18,9 @@ import pytest
 
 from serving.kserve import MODEL_MOUNT, manifests
 from serving.models import Replica
+from serving.rollouts.engine import rollout_execute
 from serving.services.deployments import deployment_update
 from serving.services.promotions import promotion_create
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version
 from tests.serving.vllm.conftest import SERVED_BASE, adapters_on, chat_through_openai

@@ -18,8 +18,8 @@ import requests
 
 from serving.models import Deployment, ServedAdapter
 from serving.placement import State
+from serving.reconcile.tick import reconcile_deployment
 from serving.services.promotions import promotion_create
-from serving.services.reconcile import reconcile_deployment
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version
 from tests.serving.vllm.conftest import adapters_on, ok

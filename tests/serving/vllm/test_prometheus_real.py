@@ -14,7 +14,7 @@ import pytest
 
 from observability.models import AdapterActivity
 from serving.models import Deployment
-from serving.services.reconcile import reconcile_deployment
+from serving.reconcile.tick import reconcile_deployment
 from tests.serving.vllm.conftest import chat_through_openai
 from tests.support.adapters import AdapterSpec
 from tests.support.prometheus_server import PrometheusServer, ScrapeJob, prometheus_available

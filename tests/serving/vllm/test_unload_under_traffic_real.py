@@ -22,10 +22,10 @@ import pytest
 import requests
 
 from serving.models import Deployment, ServedAdapter
+from serving.reconcile.tick import reconcile_deployment
 from serving.replica_facts import busy_adapters_from_metrics
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create, retire
-from serving.services.reconcile import reconcile_deployment
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version
 from tests.support.adapters import AdapterSpec

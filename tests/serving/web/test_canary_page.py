@@ -9,8 +9,8 @@ import pytest
 from django.utils import timezone
 
 from serving.models import Rollout, RolloutStatus
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 
 pytestmark = pytest.mark.django_db
@@ -33,7 +33,7 @@ def baking(settings, tmp_path, lena, deployment, approved_v1, approved_v2) -> Ro
     )
     rollout = promotion.rollouts.get()
     canary = deployment.replicas.order_by("base_url").first()
-    # What the worker writes while it bakes (serving/services/canary.py).
+    # What the worker writes while it bakes (serving/rollouts/canary.py).
     report = {
         "weights": {str(canary.pk): 10, "9999": 90},
         "share": 10,

@@ -13,8 +13,8 @@ import pytest
 from django.conf import settings
 
 from serving.models import DriftEvent, ServedAdapter
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 
 pytestmark = pytest.mark.django_db

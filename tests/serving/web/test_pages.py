@@ -22,8 +22,8 @@ from serving.models import (
     Rollout,
     ServedAdapter,
 )
+from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import FOUR_EYES_PROMOTION, promotion_create
-from serving.services.rollout_engine import rollout_execute
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version, make_version
 from tests.serving.conftest import make_deployment

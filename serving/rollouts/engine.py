@@ -55,16 +55,7 @@ from serving.replica_calls import (
     ensure_unloaded,
 )
 from serving.replica_rows import replicas_sync
-from serving.services.fingerprints import fingerprints_check_rollout
-from serving.services.leases import (
-    served_adapter_claim,
-    served_adapter_release,
-)
-from serving.services.placements import (
-    placement_targets,
-    swap_spares,
-)
-from serving.services.rollout_steps import (
+from serving.rollouts.steps import (
     RolloutContext,
     Stopped,
     Watch,
@@ -78,6 +69,15 @@ from serving.services.rollout_steps import (
     set_steps,
     succeed,
     switch_back,
+)
+from serving.services.fingerprints import fingerprints_check_rollout
+from serving.services.leases import (
+    served_adapter_claim,
+    served_adapter_release,
+)
+from serving.services.placements import (
+    placement_targets,
+    swap_spares,
 )
 from serving.signals import rollout_ready, served_version_changed
 from serving.sync_state import loaded_adapters
@@ -267,7 +267,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
 
     if rollout.canary_share:
         # A traffic canary: a share of the requests, a bake, health gates.
-        from serving.services.canary import canary_run
+        from serving.rollouts.canary import canary_run
 
         canary_run(ctx, served, name, load, verify)
         return

@@ -16,7 +16,7 @@ worker killed mid-bake loses its claim; the sweeper sends the rollout again;
 the next worker checks the canary replica (idempotent: loaded and verified
 already), sets the split again and bakes on until the same deadline. Status
 changes go through serving.transitions with compare-and-swap, as the rest of
-the engine's (serving.services.rollout_steps, shared with the engine's swaps).
+the engine's (serving.rollouts.steps, shared with the engine's swaps).
 
 The gates are pure functions (serving/canary_gates.py); the counters are the
 front door's, per server, in the adapter's backend (HAProxy's `show stat`).
@@ -57,7 +57,7 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
-from serving.services import rollout_steps
+from serving.rollouts import steps as rollout_steps
 from serving.services.fingerprints import fingerprints_check_rollout
 
 logger = logging.getLogger(__name__)

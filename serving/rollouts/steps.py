@@ -1,6 +1,6 @@
 """The steps a rollout is made of, shared by the engine's swaps
-(serving.services.rollout_engine) and the traffic canary
-(serving.services.canary): the compare-and-swap of the rollout's status and of
+(serving.rollouts.engine) and the traffic canary
+(serving.rollouts.canary): the compare-and-swap of the rollout's status and of
 its replica steps, the fan-out to replicas with its attempts recorded, the
 rollback, the switch back at the front door, and the end (succeeded, failed or
 rolled back, audited). Public, so that neither strategy calls the other's

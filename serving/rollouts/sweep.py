@@ -19,8 +19,8 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from serving.models import Rollout, ServedAdapter
+from serving.rollouts.engine import rollout_enqueue
 from serving.services.leases import SERVED_ADAPTER_LEASE
-from serving.services.rollout_engine import rollout_enqueue
 from serving.transitions import ROLLOUT_TERMINAL
 
 logger = logging.getLogger(__name__)
