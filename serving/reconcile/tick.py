@@ -585,7 +585,8 @@ def _replan(job: _Job, served: ServedAdapter) -> _Job | None:
         return job
     missing = (DriftKind.MISSING_RELOADED, DriftKind.PLACED_LOADED)
     seen = {} if job.kind in missing else {job.name: job.actual}
-    # A placed load verifies against the fingerprint the tick read.
+    # A placed load verifies against the fingerprint the tick read (an
+    # annotation of the tick's query, unknown to the model's type).
     served.fingerprint_probe = getattr(job.served, "fingerprint_probe", None)  # type: ignore[attr-defined]
     return _job_for(job.tick, job.name, served, seen)
 
@@ -701,6 +702,7 @@ def _load_placed(deployment, client, job: _Job) -> None:
 def _repair_weights(deployment, client, job: _Job) -> None:
     """Unload, load, verify against the fingerprint again."""
     name, path = job.name, job.row.served_path
+    # The tick's query annotated the row with its probe (fingerprint_probe_annotation).
     fingerprint = Probe.from_dict(job.row.fingerprint_probe)  # type: ignore[attr-defined]
     outcome = job.outcome = ReplicaOutcome()
     # Probed again under the claim: a rollout that failed and rolled back between
