@@ -262,7 +262,7 @@ def test_the_state_view_keeps_what_rollouts_running_at_once_added(
     again at the end, not from the list it read at its start: another rollout
     that finished in between keeps its adapter in the view."""
     from serving.models import Replica
-    from serving.services import rollout_engine as rollouts
+    from serving.rollouts import engine as rollouts
 
     other = {"id": "finance-forecast", "root": "/volume/finance/forecast/v1-0000"}
     read_at_start = rollouts.replicas_sync
