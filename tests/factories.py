@@ -8,7 +8,7 @@ import itertools
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from registry.ingest.incoming import UploadedFiles
-from registry.models import Adapter, AdapterVersion
+from registry.models import Adapter, AdapterVersion, VersionStatus
 from registry.services.adapters import adapter_create
 from registry.services.versions import version_register, version_transition
 from tests.conftest import actor
@@ -38,3 +38,40 @@ def make_approved_version(author, approver, adapter, spec=None) -> AdapterVersio
     version = make_version(author, adapter, spec)
     version_transition(actor=actor(author), version=version, action="submit")
     return version_transition(actor=actor(approver), version=version, action="approve")
+
+
+def make_approved_versions_bulk(
+    author, approver, department, specs: list[AdapterSpec], *, prefix: str
+) -> list[AdapterVersion]:
+    """One approved version each of len(specs) new adapters named `<prefix>NNN`
+    (served as `<department slug>-<prefix>NNN`), for tests about hundreds of
+    adapters: each version's files go through the real ingest (validated,
+    stored: its own weights), while the adapters and the approvals are written
+    in bulk (their own services are tested in tests/registry)."""
+    from django.utils import timezone
+
+    adapters = Adapter.objects.bulk_create(
+        Adapter(
+            department=department,
+            name=f"{prefix}{i:03d}",
+            served_name=f"{department.slug}-{prefix}{i:03d}",
+            base_model="tiny-llama",
+            created_by=author,
+        )
+        for i in range(len(specs))
+    )
+    Adapter.owners.through.objects.bulk_create(
+        Adapter.owners.through(adapter_id=a.pk, user_id=author.pk) for a in adapters
+    )
+    versions = [make_version(author, a, spec) for a, spec in zip(adapters, specs, strict=True)]
+    AdapterVersion.objects.filter(pk__in=[v.pk for v in versions]).update(
+        status=VersionStatus.APPROVED,
+        submitted_by=author,
+        reviewed_by=approver,
+        reviewed_at=timezone.now(),
+    )
+    return list(
+        AdapterVersion.objects.filter(pk__in=[v.pk for v in versions])
+        .select_related("adapter")
+        .order_by("adapter__name")
+    )

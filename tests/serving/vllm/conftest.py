@@ -78,7 +78,14 @@ def fast_retries(settings):
 
 
 @pytest.fixture
-def celery_worker(transactional_db) -> Iterator[Any]:
+def worker_threads() -> int:
+    """The worker's threads; a module overrides it (hundreds of rollouts keep
+    two replicas busier with more at once)."""
+    return 2
+
+
+@pytest.fixture
+def celery_worker(transactional_db, worker_threads) -> Iterator[Any]:
     """A real worker (thread pool) consuming every queue of the configured
     broker: the embedded SQLite one by default, Redis in CI."""
     from config.celery import app
@@ -87,7 +94,7 @@ def celery_worker(transactional_db) -> Iterator[Any]:
     with start_worker(
         app,
         pool="threads",
-        concurrency=2,
+        concurrency=worker_threads,
         perform_ping_check=False,
         shutdown_timeout=60,
         loglevel="WARNING",
