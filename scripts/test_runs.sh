@@ -72,7 +72,7 @@ runs="${SUITE_RUNS:-light heavy}"
 # what they would be alone. Without nice, side by side starved both and
 # load-sensitive tests failed. The light tests that time a process of their
 # own (a worker's 5-second stop) are in the heavy tiers for that reason.
-overlap="${SUITE_OVERLAP:-0}"
+overlap="${SUITE_OVERLAP:-auto}"
 if [[ "$overlap" == auto ]]; then
   overlap=0
   if [[ "$runs" == "light heavy" && "${CELERY_BROKER_URL:-}" == redis* \

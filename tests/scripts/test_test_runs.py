@@ -28,6 +28,8 @@ with open(os.environ["FAKE_LOG"], "a") as log:
 with open(os.environ["FAKE_LOG"] + ".brokers", "a") as log:
     log.write(json.dumps([run, os.environ.get("CELERY_BROKER_URL", ""),
                           os.environ.get("DATABASE_URL", "")]) + "\\n")
+with open(os.environ["FAKE_LOG"] + ".nice", "a") as log:
+    log.write(json.dumps([run, os.nice(0)]) + "\\n")
 with open(os.environ["SUITE_TIER_TIMES"], "a") as times:
     tier = "light" if run == "light" else "vllm"
     times.write(json.dumps({{"tier": tier, "seconds": 90.0, "tests": 3}}) + "\\n")
@@ -66,12 +68,13 @@ def marker_of(call: list[str]) -> str:
     return call[call.index("-m") + 1]
 
 
-def test_the_light_tiers_run_on_two_workers_and_the_heavy_ones_one_test_at_a_time(run_test_runs):
+def test_the_light_tiers_run_on_two_workers_and_the_heavy_ones_on_two_of_their_own(run_test_runs):
     done, calls = run_test_runs()
     assert done.returncode == 0, done.stderr
     light, heavy = calls
     assert light[light.index("-n") + 1] == "2"
-    assert "-n" not in heavy
+    # A file's tests stay on one heavy worker, with its module's servers.
+    assert heavy[:4] == ["-n", "2", "--dist", "loadfile"]
     assert marker_of(light) == f"not ({marker_of(heavy)})"
     # Every tier the clock names is in the heavy run, and nothing else is.
     assert set(re.split(r"\s+or\s+", marker_of(heavy))) == set(TIERS)
@@ -87,7 +90,7 @@ def test_the_arguments_go_to_every_run(run_test_runs):
 def test_one_run_alone(run_test_runs):
     done, calls = run_test_runs(SUITE_RUNS="heavy")
     assert done.returncode == 0, done.stderr
-    assert len(calls) == 1 and "-n" not in calls[0]
+    assert len(calls) == 1 and not marker_of(calls[0]).startswith("not")
 
 
 def test_a_failing_light_run_still_runs_the_heavy_one_and_fails_the_whole(run_test_runs):
@@ -159,7 +162,17 @@ def test_on_postgresql_and_redis_the_runs_go_side_by_side_each_on_its_own_server
     assert heavy[:4] == ["-n", "2", "--dist", "loadfile"]
     assert "(the runs side by side; guard: 0.1 min" in done.stdout, done.stdout
     # The light run's output is shown too, after the heavy run's.
-    assert done.stdout.index("=== the heavy run") < done.stdout.index("=== the light run: pytest")
+    assert done.stdout.index("=== the heavy run") < done.stdout.index("=== the light run: nice")
+    # The light run takes only the CPU the heavy run leaves.
+    nice = dict(map(json.loads, Path(f"{tmp_path}/calls.jsonl.nice").read_text().splitlines()))
+    assert nice["light"] >= nice["heavy"] + 10, nice
+
+
+def test_by_default_ci_s_servers_put_the_runs_side_by_side(run_test_runs):
+    done, calls = run_test_runs(SUITE_OVERLAP="", CI="true", **SERVERS)
+    assert done.returncode == 0, done.stderr
+    assert len(calls) == 2
+    assert "side by side" in done.stdout, done.stdout
 
 
 def test_side_by_side_a_failing_light_run_fails_the_whole(run_test_runs):
@@ -173,5 +186,6 @@ def test_on_the_embedded_defaults_the_runs_go_one_after_the_other(run_test_runs,
     embedded = {"DATABASE_URL": "", "CELERY_BROKER_URL": ""}
     done, calls = run_test_runs(SUITE_OVERLAP="auto", FAKE_SLEEP="1", **embedded)
     assert done.returncode == 0, done.stderr
-    assert ["-n" in call for call in calls] == [True, False]  # light, then heavy
+    light, heavy = calls  # one after the other, light first
+    assert marker_of(light).startswith("not (") and not marker_of(heavy).startswith("not")
     assert "side by side" not in done.stdout
