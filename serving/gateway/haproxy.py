@@ -67,6 +67,10 @@ MAX_BODY_BYTES = 1024 * 1024
 # limit; a buffer this size is what each request in flight costs (twice: the
 # answer has one too).
 HEADER_ROOM = 64 * 1024
+# The request line and headers the door takes (a 431 past it): half the room, so
+# that a body of the limit always fits in the buffer behind them. Without it, a
+# client's headers could fill the room and leave the door half a body to read.
+MAX_HEADER_BYTES = HEADER_ROOM // 2
 # The only paths a client reaches, after normalisation, each with its method:
 # the OpenAI endpoints clients use. Loading adapters, /metrics, /tokenize and
 # the rest of vLLM's server stay the control plane's (it calls replicas directly).
@@ -189,6 +193,11 @@ def render_config(
     too_large = _error(
         f"The request body is larger than {max_body_bytes} bytes.", "BadRequestError", 413
     )
+    headers_too_large = _error(
+        f"The request line and headers are larger than {MAX_HEADER_BYTES} bytes.",
+        "BadRequestError",
+        431,
+    )
     empty_catalog = base64.b64encode(EMPTY_CATALOG.encode()).decode()
     out = [
         f"# Rendered by the control plane for deployment {table.deployment}; do not edit.",
@@ -250,6 +259,10 @@ def render_config(
         "    acl refused var(txn.refusal) -m found",
         "    http-request set-var(txn.refusal) str(door_404_path) if !{ url_beg / } "
         "|| !METH_POST !METH_GET || METH_POST !client_post || METH_GET !client_get",
+        # (2.6 has no req.hdrs_len.)
+        "    http-request set-var(txn.head_len) req.hdrs,length if !refused",
+        "    http-request set-var(txn.refusal) str(door_431_headers) if !refused "
+        f"{{ url,length,add(txn.head_len) gt {MAX_HEADER_BYTES} }}",
         "    http-request set-var(txn.refusal) str(door_413_body) if !refused "
         f"{{ req.body_size gt {max_body_bytes} }}",
         # Keys are checked by their SHA-256 (the door never holds one in clear);
@@ -295,6 +308,7 @@ def render_config(
         "",
         *_answer("door_404_path", 404, lf=NO_SUCH_PATH_BODY),
         *_answer("door_413_body", 413, fixed=too_large),
+        *_answer("door_431_headers", 431, fixed=headers_too_large),
         *_answer("door_401_key", 401, fixed=NO_KEY_BODY, bearer=True),
         *_answer("door_401_expired", 401, fixed=EXPIRED_KEY_BODY, bearer=True),
         *_answer("door_400_body", 400, lf=BAD_BODY),

@@ -368,6 +368,31 @@ def test_a_chunked_body_over_the_limit_gets_a_413(door):
     assert door.post("/v1/completions", data=chunks()).status_code == 413
 
 
+def test_headers_that_leave_no_room_for_the_body_get_a_431_not_a_half_read_body(door):
+    # A body under the limit behind 70 KB of headers: HAProxy's buffer (the
+    # limit plus 64 KiB) fills before the body ends, and the door read half a
+    # body ("an unterminated string", 400). Headers past the door's own limit
+    # are refused first, so every body under the limit is read whole.
+    body = {"model": "legal-contracts", "prompt": "x" * (1024 * 1024 - 1000), "max_tokens": 1}
+    response = door.post("/v1/completions", body, headers={"X-Padding": "y" * 70_000})
+    assert response.status_code == 431, response.text
+    assert "32768 bytes" in response.json()["error"]["message"]
+
+
+def test_a_long_query_string_counts_with_the_headers(door):
+    body = {"model": "legal-contracts", "prompt": "x" * (1024 * 1024 - 1000), "max_tokens": 1}
+    response = door.post("/v1/completions?q=" + "z" * 70_000, body)
+    assert response.status_code == 431, response.text
+
+
+def test_headers_under_the_limit_beside_a_body_of_the_limit_get_through(door):
+    # 7 KB: the stand-in replica (http.server) takes at most 8 KiB of headers.
+    body = {"model": "legal-contracts", "prompt": "x" * (1024 * 1024 - 1000), "max_tokens": 1}
+    response = door.post("/v1/completions", body, headers={"X-Padding": "y" * 7_000})
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == "legal-contracts"
+
+
 # -- the admin surface ----------------------------------------------------------------------
 
 
