@@ -393,6 +393,10 @@ _MLFLOW_BEAT = {
 SERVING_HTTP_TIMEOUT_SECONDS = cfg.number("SERVING_HTTP_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 SERVING_CONNECT_TIMEOUT_SECONDS = cfg.number("SERVING_CONNECT_TIMEOUT_SECONDS", 3.0, minimum=0.1)
 SERVING_LOAD_TIMEOUT_SECONDS = cfg.number("SERVING_LOAD_TIMEOUT_SECONDS", 60.0, minimum=1)
+# How long after the control plane's last probe through an adapter on a replica
+# its label sets in /metrics are still taken for the probe's, not clients'
+# (serving.services.own_probes): a probe's request may outlive its answer.
+SERVING_OWN_PROBE_GRACE_SECONDS = cfg.number("SERVING_OWN_PROBE_GRACE_SECONDS", 15.0, minimum=0.0)
 # Transient failures are retried with exponential backoff until this deadline.
 SERVING_RETRY_DEADLINE_SECONDS = cfg.number("SERVING_RETRY_DEADLINE_SECONDS", 90.0)
 SERVING_RETRY_BASE_SECONDS = cfg.number("SERVING_RETRY_BASE_SECONDS", 0.5)

@@ -36,6 +36,7 @@ from serving.models import Deployment, HttpAttempt, Replica, ReplicaHealth
 from serving.probe import OwnRequests
 from serving.replica_calls import ReplicaOutcome
 from serving.services.attempts import attempts_record_all
+from serving.services.own_probes import own_probes_marked, own_probes_settle
 from serving.services.placements import replica_demand_report
 from serving.services.reported_facts import replica_max_lora_report
 
@@ -171,7 +172,10 @@ def vllm_metrics_observe(
     counted on the replica's state (ok_reads); a failed one is an HttpAttempt row.
     Whatever the number of replicas, the states cost one locked SELECT and one
     UPDATE. `probed`: per replica id, what the reconcile just asked there itself
-    (its weight check's probes), which is not clients' activity or demand."""
+    (its weight check's probes), which is not clients' activity or demand; nor
+    is what the control plane probed anywhere else (serving.services.own_probes).
+    A replica's first successful read is a baseline: what vLLM still lists from
+    before is not news."""
     probed = probed or {}
     if refusal(deployment):
         # Held after a restore: its key goes nowhere (serving.attestation).
@@ -181,6 +185,9 @@ def vllm_metrics_observe(
     if not replicas:
         return MetricsReadings()
     api_key = deployment.vllm_api_key
+    # Read before /metrics: a mark is settled only by a read that began after its grace.
+    read_at = timezone.now()
+    marks = own_probes_marked(r.pk for r in replicas)
     readings = fan_out(replicas, lambda r: _read(r, api_key), limit=16)
     failed = [
         (r, outcome, None)
@@ -203,7 +210,8 @@ def vllm_metrics_observe(
     before = {s.pk: {f: getattr(s, f) for f in _STATE_FIELDS} for s in states.values()}
     for replica, (outcome, snapshot) in zip(replicas, readings, strict=True):
         own = probed.get(replica.pk)
-        _state_apply(deployment, states[replica.pk], snapshot, outcome, now, own)
+        marked = frozenset(marks.get(replica.pk, ()))
+        _state_apply(deployment, states[replica.pk], snapshot, outcome, now, own, marked)
         result.snapshots[replica.pk] = snapshot
     _update_rows(ReplicaLoraState, list(states.values()), _STATE_FIELDS, before)
     # Each replica's demand per adapter since the previous read, for placement
@@ -214,13 +222,23 @@ def vllm_metrics_observe(
             replica.pk: demand_units(
                 _clients_since(
                     snapshot,
-                    before[states[replica.pk].pk]["series_timestamp"],
+                    before[states[replica.pk].pk],
                     probed.get(replica.pk),
+                    frozenset(marks.get(replica.pk, ())),
                 )
             )
             for replica, (_, snapshot) in zip(replicas, readings, strict=True)
             if snapshot is not None
         },
+    )
+    # Marks whose probes this read has seen out (only where it answered).
+    own_probes_settle(
+        {
+            replica.pk: marks[replica.pk]
+            for replica, (_, snapshot) in zip(replicas, readings, strict=True)
+            if snapshot is not None and replica.pk in marks
+        },
+        read_at,
     )
     # The replica's real --max-loras, for the deployment record's check (written
     # only where it changed).
@@ -297,13 +315,22 @@ def replica_lora_state_record(
     return state
 
 
-def _clients_since(snapshot: LoraSnapshot, after: float | None, own) -> tuple:
-    """The label sets current since `after` that show clients' requests."""
-    return clients_only(snapshot.since(after), own, after)
+def _clients_since(snapshot: LoraSnapshot, previous: dict, own, marked) -> tuple:
+    """The label sets current since the previous read (`previous`: the state's
+    fields before this read) that show clients' requests; none at a first read."""
+    if not previous["ok_reads"]:
+        return ()
+    after = previous["series_timestamp"]
+    return clients_only(snapshot.since(after), own, after, marked)
 
 
-def _state_apply(deployment, state, snapshot: LoraSnapshot | None, outcome, now, own=None) -> None:
-    """One read's news on a replica's state (in memory; the caller saves)."""
+def _state_apply(
+    deployment, state, snapshot: LoraSnapshot | None, outcome, now, own=None, marked=frozenset()
+) -> None:
+    """One read's news on a replica's state (in memory; the caller saves). The
+    first successful read sets the baseline: vLLM keeps exporting label sets
+    from long before (other control planes' probes, older traffic)."""
+    first = not state.ok_reads
     state.observed_at = now
     state.ok = snapshot is not None
     state.error = (outcome.error or "")[:2000]
@@ -323,7 +350,9 @@ def _state_apply(deployment, state, snapshot: LoraSnapshot | None, outcome, now,
     fresh = snapshot.since(after)
     if fresh:
         state.series_timestamp = max(s.timestamp for s in fresh)
-    fresh = clients_only(fresh, own, after)
+    if first:
+        return
+    fresh = clients_only(fresh, own, after, marked)
     if fresh:
         state.samples += 1
         counts = dict(state.concurrency or {})

@@ -20,7 +20,10 @@ from serving.vllm_client import TRANSIENT_STATUS, AttemptResult
 
 
 def clients_only(
-    series: tuple[LoraSeries, ...], own: OwnRequests | None, after: float | None
+    series: tuple[LoraSeries, ...],
+    own: OwnRequests | None,
+    after: float | None,
+    marked: frozenset[str] = frozenset(),
 ) -> tuple[LoraSeries, ...]:
     """The label sets among `series` (those current since `after`) that show
     clients' requests, given what the control plane itself just asked that
@@ -28,7 +31,20 @@ def clients_only(
     probes' if the read just before them did not show it as current since
     `after`; if it did, a client was there first: it is kept, with the stamp
     that read saw. A client's request for a probed adapter while the probes
-    ran is missed (the same series). Idle and mixed sets stay as they are."""
+    ran is missed (the same series). Idle and mixed sets stay as they are.
+
+    `marked`: adapters the control plane probed there recently, wherever from
+    (serving.services.own_probes): a set listing marked adapters and none
+    but probed ones is the probes', whatever the read before showed."""
+    if marked:
+        probed = marked | (own.names if own is not None else frozenset())
+        series = tuple(
+            s
+            for s in series
+            if not (listed := {*s.running, *s.waiting})
+            or not listed <= probed
+            or not listed & marked
+        )
     if own is None or own.before is None or not own.names:
         return series
     kept = []

@@ -825,3 +825,27 @@ class DepartmentLimits(models.Model):
 
     def __str__(self) -> str:
         return f"limits of {self.department.slug}"
+
+
+class OwnProbe(models.Model):
+    """A request the control plane itself sent through an adapter on a replica
+    (verification, the weight check), recorded before it is sent and again
+    once it answered. vLLM lists such a request in /metrics like a client's:
+    observability does not count an adapter's label sets as clients' while it
+    is marked here, and deletes the mark (compare-and-swap on probed_at) at
+    the first read made SERVING_OWN_PROBE_GRACE_SECONDS after the last probe,
+    whichever worker makes it (serving.services.own_probes)."""
+
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="own_probes")
+    served_name = models.CharField(max_length=200)
+    probed_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["replica", "served_name"], name="own_probe_per_replica_adapter"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.served_name} probed at {self.probed_at}"

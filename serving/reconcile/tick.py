@@ -80,6 +80,7 @@ from serving.services.leases import (
     served_adapters_release,
     served_adapters_renew,
 )
+from serving.services.own_probes import own_probes_record, own_probes_record_each
 from serving.services.placements import placement_tick
 from serving.signals import reconcile_finished
 from serving.sync_state import (
@@ -474,19 +475,26 @@ def _plan_weight_check(deployment, up: list[_Tick], desired, keeper, report) -> 
     chosen = next_in_rotation(candidates, deployment.fingerprint_checked_through, count)
     if not chosen:
         return None
-    by_replica = {tick.replica.pk: tick for tick in up}
 
-    def probe_replica(client, replica) -> tuple[ReplicaOutcome, dict[str, Probe]]:
-        snapshot, planned = by_replica[replica.pk].snapshot, by_replica[replica.pk].jobs
-        repairing = {job.name for job in planned}
-        outcome, probes = ReplicaOutcome(), {}
-        names = [
+    def names_for(tick: _Tick) -> list[str]:
+        repairing = {job.name for job in tick.jobs}
+        return [
             name
             for name in chosen
             # Not served there (yet): the listing's repairs' business.
-            if classify(_desired_root(desired[name]), snapshot.get(name)) == SyncState.IN_SYNC
+            if classify(_desired_root(desired[name]), tick.snapshot.get(name)) == SyncState.IN_SYNC
             and name not in repairing
         ]
+
+    planned = {tick.replica.pk: names_for(tick) for tick in up}
+    # Marked in the database too: should this worker die before its read of
+    # /metrics, the next read still knows them (serving.services.own_probes).
+    probing = [(tick.replica, name) for tick in up for name in planned[tick.replica.pk]]
+    own_probes_record_each(probing)
+
+    def probe_replica(client, replica) -> tuple[ReplicaOutcome, dict[str, Probe]]:
+        outcome, probes = ReplicaOutcome(), {}
+        names = planned[replica.pk]
         if names and settings.OBSERVABILITY_VLLM_METRICS:
             # vLLM's metrics list the probes like clients' requests: what they
             # showed just before is what the probes cannot have caused.
@@ -503,14 +511,17 @@ def _plan_weight_check(deployment, up: list[_Tick], desired, keeper, report) -> 
         return outcome, probes
 
     replicas = [tick.replica for tick in up]
-    answers = on_replicas(
-        deployment,
-        replicas,
-        probe_replica,
-        limit=32,
-        tick=keeper.beat,
-        interval=_beat_seconds(),
-    )
+    try:
+        answers = on_replicas(
+            deployment,
+            replicas,
+            probe_replica,
+            limit=32,
+            tick=keeper.beat,
+            interval=_beat_seconds(),
+        )
+    finally:
+        own_probes_record_each(probing)
     unrecorded: set[str] = set()
     for tick, (outcome, probes) in zip(up, answers, strict=True):
         if any(not attempt.ok for _, attempt in outcome.attempts):
@@ -667,6 +678,9 @@ def _run_lanes(deployment, jobs: list[_Job], keeper: _Keeper) -> None:
                 _run_job(deployment, client, job)
 
     lanes = _lanes(jobs)
+    # Their verification requests are ours, not demand (serving.services.own_probes).
+    probing = [(job.replica, job.name) for job in jobs if job.kind in _PROBING]
+    own_probes_record_each(probing)
     try:
         fan_out(
             lanes,
@@ -678,6 +692,12 @@ def _run_lanes(deployment, jobs: list[_Job], keeper: _Keeper) -> None:
     except BaseException:
         stop.set()
         raise
+    finally:
+        own_probes_record_each(probing)
+
+
+# The repairs that send requests through the adapter (_run_job).
+_PROBING = (DriftKind.FINGERPRINT_MISMATCH, RECORD_FINGERPRINT, DriftKind.PLACED_LOADED)
 
 
 def _run_job(deployment, client, job: _Job) -> None:
@@ -866,10 +886,12 @@ def _complete_deferred(deployment, replica, desired, snapshot, report) -> None:
         elif state != SyncState.IN_SYNC:
             continue  # not loaded yet (the repair failed or was left to a rollout)
         else:
+            own_probes_record([replica], [name])
             with client_for(replica, deployment) as client:
                 outcome = verify_with_fingerprint(
                     client, name, served.served_path, NO_RETRY, deployment=deployment
                 )
+            own_probes_record([replica], [name])
             # Records the version's fingerprint if it has none, else compares.
             fingerprint_check(
                 outcome,

@@ -144,7 +144,7 @@ def _swap_canary(ctx, canary: Replica, name: str, load, verify) -> bool:
         gateway_sync(ctx.deployment, release=name)
         return False
     rollout_steps.enter_phase(ctx, [step], RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
-    verified = rollout_steps.fan_out(ctx, [canary], verify)
+    verified = rollout_steps.fan_out(ctx, [canary], verify, probes=name)
     fingerprints_check_rollout(rollout=ctx.rollout, replicas=[canary], outcomes=verified)
     if rollout_steps.rollback_if_failed(ctx, [step], verified, "verification"):
         gateway_sync(ctx.deployment, release=name)
@@ -338,7 +338,7 @@ def _promote(ctx, served, canary: Replica, rest: list[Replica], name: str, load,
             gateway_sync(ctx.deployment, release=name)
             return
         rollout_steps.enter_phase(ctx, [step], RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
-        verified = rollout_steps.fan_out(ctx, [replica], verify)
+        verified = rollout_steps.fan_out(ctx, [replica], verify, probes=name)
         fingerprints_check_rollout(rollout=ctx.rollout, replicas=[replica], outcomes=verified)
         if not all(o.ok for o in verified.values()):
             rollout_steps.switch_back(ctx, name, [replica], swapped)

@@ -307,7 +307,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
                 gateway_sync(deployment, release=name)
                 return
             enter_phase(ctx, group_steps, RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
-            verified = fan_out(ctx, group, verify)
+            verified = fan_out(ctx, group, verify, probes=name)
             fingerprints_check_rollout(rollout=rollout, replicas=group, outcomes=verified)
             if swap and not ctx.moves and not all(o.ok for o in verified.values()):
                 switch_back(ctx, name, group, swapped)

@@ -52,6 +52,7 @@ from serving.services.leases import (
     claim_seconds,
     served_adapter_heartbeat,
 )
+from serving.services.own_probes import own_probes_record
 from serving.services.placements import (
     served_placement_moved,
 )
@@ -180,12 +181,22 @@ class RolloutContext:
     hold_owner: str = field(default_factory=lambda: secrets.token_hex(8))
 
 
-def fan_out(ctx: RolloutContext, replicas: list[Replica], work) -> dict[int, ReplicaOutcome]:
+def fan_out(
+    ctx: RolloutContext, replicas: list[Replica], work, *, probes: str = ""
+) -> dict[int, ReplicaOutcome]:
     """Runs `work(client, replica)` on every replica at once (serving.fanout);
-    records attempts after."""
-    results = on_replicas(
-        ctx.deployment, replicas, work, tick=ctx.watch.tick, interval=ctx.watch.interval
-    )
+    records attempts after. `probes`: the adapter the work sends requests
+    through (verification), marked as the control plane's own before and after
+    so that /metrics does not count them as demand (serving.services.own_probes)."""
+    if probes:
+        own_probes_record(replicas, [probes])
+    try:
+        results = on_replicas(
+            ctx.deployment, replicas, work, tick=ctx.watch.tick, interval=ctx.watch.interval
+        )
+    finally:
+        if probes:
+            own_probes_record(replicas, [probes])
     outcomes = {r.pk: outcome for r, outcome in zip(replicas, results, strict=True)}
     attempts_record_all([(r, outcomes[r.pk], ctx.steps.get(r.pk)) for r in replicas])
     for replica in replicas:
