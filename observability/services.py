@@ -185,9 +185,8 @@ def vllm_metrics_observe(
     if not replicas:
         return MetricsReadings()
     api_key = deployment.vllm_api_key
-    # Read before /metrics: a mark is settled only by a read that began after its grace.
+    # Taken before /metrics is read: a mark settles only at a read begun after its grace.
     read_at = timezone.now()
-    marks = own_probes_marked(r.pk for r in replicas)
     readings = fan_out(replicas, lambda r: _read(r, api_key), limit=16)
     failed = [
         (r, outcome, None)
@@ -208,9 +207,16 @@ def vllm_metrics_observe(
         for state in ReplicaLoraState.objects.bulk_create(missing):
             states[state.replica_id] = state
     before = {s.pk: {f: getattr(s, f) for f in _STATE_FIELDS} for s in states.values()}
+    marks = _own_probes(replicas, readings, states, before, probed)
+    grace = settings.SERVING_OWN_PROBE_GRACE_SECONDS
+    # On the clock of vLLM's stamps: the last time each mark's probes can have been current.
+    deadlines = {
+        pk: {name: at.timestamp() + grace for name, at in names.items()}
+        for pk, names in marks.items()
+    }
     for replica, (outcome, snapshot) in zip(replicas, readings, strict=True):
         own = probed.get(replica.pk)
-        marked = frozenset(marks.get(replica.pk, ()))
+        marked = deadlines.get(replica.pk)
         _state_apply(deployment, states[replica.pk], snapshot, outcome, now, own, marked)
         result.snapshots[replica.pk] = snapshot
     _update_rows(ReplicaLoraState, list(states.values()), _STATE_FIELDS, before)
@@ -224,7 +230,7 @@ def vllm_metrics_observe(
                     snapshot,
                     before[states[replica.pk].pk],
                     probed.get(replica.pk),
-                    frozenset(marks.get(replica.pk, ())),
+                    deadlines.get(replica.pk),
                 )
             )
             for replica, (_, snapshot) in zip(replicas, readings, strict=True)
@@ -232,20 +238,34 @@ def vllm_metrics_observe(
         },
     )
     # Marks whose probes this read has seen out (only where it answered).
-    own_probes_settle(
-        {
-            replica.pk: marks[replica.pk]
-            for replica, (_, snapshot) in zip(replicas, readings, strict=True)
-            if snapshot is not None and replica.pk in marks
-        },
-        read_at,
-    )
+    if marks:
+        own_probes_settle(marks, read_at)
     # The replica's real --max-loras, for the deployment record's check (written
     # only where it changed).
     for replica, (_, snapshot) in zip(replicas, readings, strict=True):
         if snapshot is not None and snapshot.max_lora is not None:
             replica_max_lora_report(deployment, replica, snapshot.max_lora)
     return result
+
+
+def _own_probes(replicas, readings, states, before, probed) -> dict[int, dict[str, datetime]]:
+    """Per replica id whose read shows label sets that would count as clients',
+    the adapters the control plane marked as probed there, with when
+    (serving.services.own_probes). Looked up only then: an idle tick costs no query."""
+    wanted = [
+        replica.pk
+        for replica, (_, snapshot) in zip(replicas, readings, strict=True)
+        if snapshot is not None
+        and any(
+            s.running or s.waiting
+            for s in _clients_since(
+                snapshot, before[states[replica.pk].pk], probed.get(replica.pk), None
+            )
+        )
+    ]
+    if not wanted:
+        return {}
+    return own_probes_marked(wanted)
 
 
 def _update_rows(model, rows: list, fields: list[str], before: dict) -> None:
@@ -325,7 +345,7 @@ def _clients_since(snapshot: LoraSnapshot, previous: dict, own, marked) -> tuple
 
 
 def _state_apply(
-    deployment, state, snapshot: LoraSnapshot | None, outcome, now, own=None, marked=frozenset()
+    deployment, state, snapshot: LoraSnapshot | None, outcome, now, own=None, marked=None
 ) -> None:
     """One read's news on a replica's state (in memory; the caller saves). The
     first successful read sets the baseline: vLLM keeps exporting label sets

@@ -10,6 +10,7 @@ attempt.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import requests
@@ -23,7 +24,7 @@ def clients_only(
     series: tuple[LoraSeries, ...],
     own: OwnRequests | None,
     after: float | None,
-    marked: frozenset[str] = frozenset(),
+    marked: Mapping[str, float] | None = None,
 ) -> tuple[LoraSeries, ...]:
     """The label sets among `series` (those current since `after`) that show
     clients' requests, given what the control plane itself just asked that
@@ -33,18 +34,19 @@ def clients_only(
     that read saw. A client's request for a probed adapter while the probes
     ran is missed (the same series). Idle and mixed sets stay as they are.
 
-    `marked`: adapters the control plane probed there recently, wherever from
-    (serving.services.own_probes): a set listing marked adapters and none
-    but probed ones is the probes', whatever the read before showed."""
+    `marked`: adapters the control plane probed there, wherever from
+    (serving.services.own_probes), each with the latest time its probes can
+    have been current (the last probe plus the grace). A set stamped by then,
+    listing marked adapters and none but probed ones, is the probes'."""
     if marked:
-        probed = marked | (own.names if own is not None else frozenset())
-        series = tuple(
-            s
-            for s in series
-            if not (listed := {*s.running, *s.waiting})
-            or not listed <= probed
-            or not listed & marked
-        )
+        probed = own.names if own is not None else frozenset()
+        kept = []
+        for s in series:
+            listed = {*s.running, *s.waiting}
+            mine = {name for name in listed if marked.get(name, -1.0) >= s.timestamp}
+            if not mine or not listed <= probed | mine:
+                kept.append(s)
+        series = tuple(kept)
     if own is None or own.before is None or not own.names:
         return series
     kept = []

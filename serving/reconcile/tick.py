@@ -475,26 +475,19 @@ def _plan_weight_check(deployment, up: list[_Tick], desired, keeper, report) -> 
     chosen = next_in_rotation(candidates, deployment.fingerprint_checked_through, count)
     if not chosen:
         return None
+    by_replica = {tick.replica.pk: tick for tick in up}
 
-    def names_for(tick: _Tick) -> list[str]:
-        repairing = {job.name for job in tick.jobs}
-        return [
+    def probe_replica(client, replica) -> tuple[ReplicaOutcome, dict[str, Probe]]:
+        snapshot, planned = by_replica[replica.pk].snapshot, by_replica[replica.pk].jobs
+        repairing = {job.name for job in planned}
+        outcome, probes = ReplicaOutcome(), {}
+        names = [
             name
             for name in chosen
             # Not served there (yet): the listing's repairs' business.
-            if classify(_desired_root(desired[name]), tick.snapshot.get(name)) == SyncState.IN_SYNC
+            if classify(_desired_root(desired[name]), snapshot.get(name)) == SyncState.IN_SYNC
             and name not in repairing
         ]
-
-    planned = {tick.replica.pk: names_for(tick) for tick in up}
-    # Marked in the database too: should this worker die before its read of
-    # /metrics, the next read still knows them (serving.services.own_probes).
-    probing = [(tick.replica, name) for tick in up for name in planned[tick.replica.pk]]
-    own_probes_record_each(probing)
-
-    def probe_replica(client, replica) -> tuple[ReplicaOutcome, dict[str, Probe]]:
-        outcome, probes = ReplicaOutcome(), {}
-        names = planned[replica.pk]
         if names and settings.OBSERVABILITY_VLLM_METRICS:
             # vLLM's metrics list the probes like clients' requests: what they
             # showed just before is what the probes cannot have caused.
@@ -511,17 +504,14 @@ def _plan_weight_check(deployment, up: list[_Tick], desired, keeper, report) -> 
         return outcome, probes
 
     replicas = [tick.replica for tick in up]
-    try:
-        answers = on_replicas(
-            deployment,
-            replicas,
-            probe_replica,
-            limit=32,
-            tick=keeper.beat,
-            interval=_beat_seconds(),
-        )
-    finally:
-        own_probes_record_each(probing)
+    answers = on_replicas(
+        deployment,
+        replicas,
+        probe_replica,
+        limit=32,
+        tick=keeper.beat,
+        interval=_beat_seconds(),
+    )
     unrecorded: set[str] = set()
     for tick, (outcome, probes) in zip(up, answers, strict=True):
         if any(not attempt.ok for _, attempt in outcome.attempts):
