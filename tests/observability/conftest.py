@@ -16,6 +16,24 @@ from tests.serving.conftest import (  # noqa: F401 - fixtures
 from tests.support.pages import signed_in
 
 
+def read_before(served_on, at: float) -> None:
+    """As if every replica's /metrics had been read once before, up to vLLM's
+    stamp `at` (a first read is only a baseline), and the rollouts' own probes
+    long since settled (serving.services.own_probes): what a test then serves
+    is clients' news."""
+    from django.utils import timezone
+
+    from observability.models import ReplicaLoraState
+    from serving.models import OwnProbe
+
+    OwnProbe.objects.filter(replica__deployment=served_on).delete()
+    for replica in served_on.replicas.all():
+        ReplicaLoraState.objects.update_or_create(
+            replica=replica,
+            defaults={"observed_at": timezone.now(), "ok_reads": 1, "series_timestamp": at},
+        )
+
+
 @pytest.fixture
 def web_lena(lena):
     return signed_in(lena)

@@ -16,7 +16,7 @@ from serving.reconcile.tick import reconcile_deployment
 from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
 from tests.conftest import actor
-from tests.observability.conftest import lora_info
+from tests.observability.conftest import lora_info, read_before
 from tests.serving.conftest import make_deployment
 from tests.support.vllm_standin import serve_standin
 
@@ -88,6 +88,7 @@ def rolled_out(lena, deployment, approved_v1, fake_replicas):
     promotion = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
     assert rollout_execute(promotion.rollouts.get().pk, "w") == "succeeded"
     now = time.time()
+    read_before(deployment, now - 60)
     fake_replicas[0].metrics_text = lora_info(("legal-contracts", "", now - 2))
     fake_replicas[1].metrics_text = lora_info(("", "", now - 1))
     reconcile_deployment(deployment.pk, "beat")
@@ -109,7 +110,8 @@ def test_a_scrape_after_a_promotion_and_a_reconcile(
     attempt = {"deployment": name, "status": "200"}
     assert value(s, "lora_vllm_http_attempts_total", purpose="load", **attempt) == 2
     assert value(s, "lora_vllm_http_attempts_total", purpose="reconcile_models", **attempt) == 2
-    assert value(s, "lora_vllm_http_attempts_total", purpose="metrics", **attempt) == 2
+    # read_before's read and the reconcile's, on each of the 2 replicas.
+    assert value(s, "lora_vllm_http_attempts_total", purpose="metrics", **attempt) == 4
     assert value(s, "lora_reconcile_runs_total", deployment=name, outcome="ok") == 1
     assert value(s, "lora_reconcile_duration_seconds_count", deployment=name) == 1
     assert (

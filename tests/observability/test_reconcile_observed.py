@@ -5,6 +5,7 @@ text, or what a test sets)."""
 import time
 
 import pytest
+from django.utils import timezone
 
 from observability.models import AdapterActivity, AttemptTally, ReconcileStats, ReplicaLoraState
 from serving.models import Deployment, HttpAttempt
@@ -12,7 +13,7 @@ from serving.reconcile.tick import reconcile_deployment
 from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
 from tests.conftest import actor
-from tests.observability.conftest import lora_info
+from tests.observability.conftest import lora_info, read_before
 
 pytestmark = pytest.mark.django_db
 
@@ -25,6 +26,7 @@ def served(lena, deployment, approved_v1):
 
 def test_a_reconcile_reads_each_replicas_lora_metrics(deployment, served, fake_replicas, contracts):
     now = time.time()
+    read_before(deployment, now - 60)
     fake_replicas[0].metrics_text = lora_info(("", "", now - 50), ("legal-contracts", "", now - 5))
     fake_replicas[1].metrics_text = lora_info(("", "", now - 3))
 
@@ -33,19 +35,20 @@ def test_a_reconcile_reads_each_replicas_lora_metrics(deployment, served, fake_r
     first = ReplicaLoraState.objects.get(replica__base_url=fake_replicas[0].base_url)
     assert first.ok and first.running == ["legal-contracts"] and first.max_lora == 2
     assert first.samples == 1 and first.peak_running == 1
-    assert first.concurrency == {"0": 1, "1": 1}  # both label sets are news on a first read
+    assert first.concurrency == {"0": 1, "1": 1}  # both label sets are news since the last read
     second = ReplicaLoraState.objects.get(replica__base_url=fake_replicas[1].base_url)
     assert second.running == [] and second.concurrency == {"0": 1}
     activity = AdapterActivity.objects.get()
     assert activity.adapter == contracts and activity.active_samples == 1
     assert abs(activity.last_active_at.timestamp() - (now - 5)) < 0.01
     # A successful read is counted on the state, not stored as an attempt row.
-    assert (first.ok_reads, second.ok_reads) == (1, 1)
+    assert (first.ok_reads, second.ok_reads) == (2, 2)
     assert not HttpAttempt.objects.filter(purpose="metrics").exists()
 
 
 def test_an_unchanged_series_is_not_counted_twice(deployment, served, fake_replicas):
     now = time.time()
+    read_before(deployment, now - 60)
     for replica in fake_replicas:
         replica.metrics_text = lora_info(("legal-contracts", "", now - 5))
     reconcile_deployment(deployment.pk, "beat")
@@ -61,6 +64,7 @@ def test_an_unchanged_series_is_not_counted_twice(deployment, served, fake_repli
 def test_a_request_that_finished_between_two_reads_still_counts(deployment, served, fake_replicas):
     # What vLLM 0.32 exports after a request: its label set, then the idle one.
     now = time.time()
+    read_before(deployment, now - 60)
     fake_replicas[0].metrics_text = lora_info(("", "", now - 30))
     fake_replicas[1].metrics_route = False
     reconcile_deployment(deployment.pk, "beat")
@@ -79,6 +83,7 @@ def test_a_request_that_finished_between_two_reads_still_counts(deployment, serv
 
 
 def test_waiting_requests_are_recorded(deployment, served, fake_replicas):
+    read_before(deployment, time.time() - 60)
     fake_replicas[0].metrics_text = lora_info(("a,b", "legal-contracts", time.time()))
     fake_replicas[1].metrics_route = False
     reconcile_deployment(deployment.pk, "beat")
@@ -157,3 +162,57 @@ def test_a_reconcile_that_raises_is_counted_as_failed_and_still_raises(deploymen
         reconcile_deployment(deployment.pk, "beat")
     stats = ReconcileStats.objects.get()
     assert (stats.runs, stats.failures) == (1, 1) and stats.last_success_at is None
+
+
+def test_a_rollouts_verification_probes_are_not_demand(deployment, served, fake_replicas):
+    from serving.models import OwnProbe, Replica
+
+    # The rollout marked its verification on both replicas (serving.services.own_probes).
+    assert OwnProbe.objects.filter(served_name="legal-contracts").count() == 2
+    marks = {p.replica_id: p.probed_at for p in OwnProbe.objects.all()}
+    now = time.time()
+    # Read once before the rollout; what vLLM lists now are its probes, running and waiting.
+    state_at = now - 60
+    ReplicaLoraState.objects.bulk_create(
+        ReplicaLoraState(
+            replica=r, observed_at=timezone.now(), ok_reads=1, series_timestamp=state_at
+        )
+        for r in Replica.objects.filter(deployment=deployment)
+    )
+    for replica in fake_replicas:
+        replica.metrics_text = lora_info(
+            ("", "", now - 70), ("legal-contracts", "legal-contracts", now)
+        )
+    reconcile_deployment(deployment.pk, "beat")
+
+    assert [r.lora_demand for r in Replica.objects.filter(deployment=deployment)] == [{}, {}]
+    assert not AdapterActivity.objects.exists()
+    # Still within the grace: the marks stay for the next read, unchanged.
+    assert {p.replica_id: p.probed_at for p in OwnProbe.objects.all()} == marks
+
+    # A client's request after the probes' grace counts.
+    later = now + 60
+    fake_replicas[0].metrics_text = lora_info(("legal-contracts", "", later))
+    reconcile_deployment(deployment.pk, "beat")
+    first = Replica.objects.get(base_url=fake_replicas[0].base_url)
+    assert first.lora_demand == {"legal-contracts": 1}
+    assert AdapterActivity.objects.get().active_samples == 1
+
+
+def test_a_replicas_first_read_is_a_baseline(deployment, served, fake_replicas):
+    from serving.models import Replica
+
+    now = time.time()
+    # Older activity vLLM still lists, for an adapter nobody probed.
+    for replica in fake_replicas:
+        replica.metrics_text = lora_info(("hr-policy", "hr-policy", now - 30), ("", "", now - 20))
+    reconcile_deployment(deployment.pk, "beat")
+    assert [r.lora_demand for r in Replica.objects.filter(deployment=deployment)] == [{}, {}]
+    assert not AdapterActivity.objects.exists()
+    state = ReplicaLoraState.objects.get(replica__base_url=fake_replicas[0].base_url)
+    assert state.series_timestamp == now - 20 and state.samples == 0 and state.ok_reads == 1
+
+    fake_replicas[0].metrics_text = lora_info(("hr-policy", "", now - 10), ("", "", now - 20))
+    reconcile_deployment(deployment.pk, "beat")
+    first = Replica.objects.get(base_url=fake_replicas[0].base_url)
+    assert first.lora_demand == {"hr-policy": 1}

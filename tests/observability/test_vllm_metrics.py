@@ -125,3 +125,19 @@ def test_label_sets_of_the_control_planes_own_probes_are_left_out_and_clients_ke
     assert clients_only(series, None, after=90.0) == series
     # The read before failed: nothing can be told apart, everything counts.
     assert clients_only(series, OwnRequests(frozenset({"legal"}), None), after=90.0) == series
+
+
+def test_label_sets_of_marked_probes_are_left_out_until_their_deadline():
+    # legal probed by a rollout (marked: its probes current until 100.0).
+    marked = {"legal": 100.0}
+    probe = LoraSeries(running=("legal",), waiting=("legal",), timestamp=99.5)
+    later = LoraSeries(running=("legal",), waiting=(), timestamp=100.5)  # a client, after
+    mixed = LoraSeries(running=("legal", "finance"), waiting=(), timestamp=99.6)
+    other = LoraSeries(running=("finance",), waiting=(), timestamp=99.7)
+    series = (probe, later, mixed, other)
+
+    assert clients_only(series, None, after=90.0, marked=marked) == (later, mixed, other)
+    # With the tick's own probes of finance too, the mixed set is all probes'.
+    own = OwnRequests(frozenset({"finance"}), before={})
+    assert clients_only(series, own, after=90.0, marked=marked) == (later,)
+    assert clients_only(series, None, after=90.0) == series

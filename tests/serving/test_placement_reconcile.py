@@ -434,3 +434,18 @@ def test_a_swap_on_every_replica_keeps_the_old_version_on_the_last_until_its_tim
         assert step.status == ReplicaStepStatus.SUCCEEDED, step.error
         assert _state_of(root, deployment, kept_id) == ("in_sync", True)
         assert _ask(url) == 200
+
+
+def test_the_verification_of_a_placed_copy_is_marked_as_the_control_planes_own(placed, fleet):
+    from serving.models import OwnProbe
+
+    deployment, served = placed
+    reconcile_deployment(deployment.pk, "beat")
+    by_url = {r.pk: r.base_url for r in Replica.objects.filter(deployment=deployment)}
+    marked = {(by_url[p.replica_id], p.served_name) for p in OwnProbe.objects.all()}
+    placed_copies = {
+        (fleet.replicas[i].base_url, s.adapter.served_name)
+        for s in served
+        for i in _holders(fleet, s.adapter.served_name)
+    }
+    assert placed_copies and placed_copies <= marked
