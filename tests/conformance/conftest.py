@@ -14,7 +14,7 @@ import pytest
 
 from tests.conformance import cases as generated_cases
 from tests.conformance import matrix
-from tests.serving.vllm.conftest import celery_worker  # noqa: F401 - a fixture
+from tests.serving.vllm.conftest import celery_worker, worker_threads  # noqa: F401 - fixtures
 from tests.support.vllm_servers import VLLMServer
 
 RESULTS: dict[str, list[dict]] = {}

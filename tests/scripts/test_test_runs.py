@@ -165,7 +165,7 @@ def test_on_postgresql_and_redis_the_runs_go_side_by_side_each_on_its_own_server
     assert done.stdout.index("=== the heavy run") < done.stdout.index("=== the light run: nice")
     # The light run takes only the CPU the heavy run leaves.
     nice = dict(map(json.loads, Path(f"{tmp_path}/calls.jsonl.nice").read_text().splitlines()))
-    assert nice["light"] >= nice["heavy"] + 10, nice
+    assert nice["light"] == min(19, nice["heavy"] + 10), nice  # 19: nice's floor
 
 
 def test_by_default_ci_s_servers_put_the_runs_side_by_side(run_test_runs):
