@@ -41,8 +41,15 @@ def test_promql_after_a_promotion_and_a_replica_going_down(
     with PrometheusServer(jobs, tmp_path) as prometheus:
         started = time.time()
         assert platform.promote_and_wait("staging-cpu", v1["id"])["status"] == "succeeded"
-        chat_through_openai(a.base_url, "legal-contracts")
         deployment = Deployment.objects.get(name="staging-cpu")
+        # A replica's first /metrics read is a baseline, and activity within the
+        # grace after the rollout's own probes is theirs, not a client's
+        # (serving/services/own_probes.py): a reconcile first, then a client
+        # request past a short grace.
+        settings.SERVING_OWN_PROBE_GRACE_SECONDS = 1.0
+        reconcile_deployment(deployment.pk, "test")
+        time.sleep(1.5)
+        chat_through_openai(a.base_url, "legal-contracts")
         reconcile_deployment(deployment.pk, "test")
         activity = AdapterActivity.objects.get(served_name="legal-contracts")
         assert activity.last_active_at.timestamp() >= started
