@@ -4,7 +4,7 @@
         [--per-adapter 2] [--ticks 5] [--database-url postgres://.../bench_placement]
         [--smoke] [--json PATH]
 
-compute  serving.placement for every adapter from scratch, timed (target < 1 s);
+compute  serving.placement_plan for every adapter from scratch, timed (target < 1 s);
          beside it modulo hashing, the baseline, on the same adapters and replicas.
 tick     The reconcile brings the fleet to its placement (every adapter on
          --per-adapter replicas, loaded and verified there), then an in-sync tick
@@ -62,7 +62,7 @@ def moved(before: dict[str, set[int]], after: dict[str, set[int]]) -> int:
 
 
 def _compute(args, out) -> dict:
-    from serving.placement import ReplicaSlot, Settings, Wish, place
+    from serving.placement_plan import ReplicaSlot, Settings, Wish, place
 
     names = [f"adapter-{i:04d}" for i in range(args.adapters)]
     wishes = [Wish(n, max_replicas=args.per_adapter) for n in names]
@@ -130,7 +130,7 @@ def _record_fingerprints(deployment, fleet, served) -> None:
 
 def _placements(deployment) -> dict[str, set[int]]:
     from serving.models import ServedAdapter
-    from serving.placement import State
+    from serving.placement_plan import State
 
     return {
         row.adapter.served_name: set(State.from_dict(row.placement).replicas)
@@ -189,7 +189,7 @@ def run(args, out) -> None:
     from serving.gateway.selectors import routing_table_for
     from serving.gateway.services import front_door_for
     from serving.models import ServedAdapter
-    from serving.placement import ReplicaSlot, Settings, State, Wish, place
+    from serving.placement_plan import ReplicaSlot, Settings, State, Wish, place
     from serving.reconcile.tick import reconcile_deployment
     from tests.support.fleet import served_adapters_clone, standin_fleet, standin_load
     from tests.support.haproxy import open_access, running_haproxy

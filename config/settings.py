@@ -438,7 +438,7 @@ SERVING_STAGED_REVERIFY_SECONDS = cfg.integer(
 # Reconcile repairs: how many HTTP calls at once in all, and to one replica.
 SERVING_RECONCILE_CONCURRENCY = cfg.integer("SERVING_RECONCILE_CONCURRENCY", 32, minimum=1)
 SERVING_RECONCILE_PER_REPLICA = cfg.integer("SERVING_RECONCILE_PER_REPLICA", 4, minimum=1)
-# Placement (serving/placement.py, docs/operators/placement.md): an adapter with
+# Placement (serving/placement_plan.py, docs/operators/placement.md): an adapter with
 # min_replicas/max_replicas follows its demand (running + waiting in vLLM's
 # /metrics) smoothed over SERVING_PLACEMENT_WINDOW_SECONDS, one replica per
 # SERVING_PLACEMENT_DEMAND_PER_REPLICA of it; it gives up a replica only after

@@ -48,7 +48,7 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
-from serving.placement import placed_keys
+from serving.placement_plan import placed_keys
 from serving.retention import Retained
 from serving.sync_state import SyncState, classify_kept, loaded_adapters
 

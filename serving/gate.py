@@ -14,7 +14,7 @@ from registry.models import AdapterVersion
 from serving.base_models import EMBEDDING_MODULES, KNOWN_ARCHITECTURES
 from serving.capacity import cold_load, pool_figures
 from serving.models import Deployment, Rollout, RolloutKind, ServedAdapter
-from serving.placement import Wish, placements_needed
+from serving.placement_plan import Wish, placements_needed
 from serving.transitions import ROLLOUT_TERMINAL
 
 
@@ -174,7 +174,7 @@ def check_capacity(deployment: Deployment, version: AdapterVersion) -> GateCheck
 
 def _placement_wishes(deployment: Deployment, version: AdapterVersion) -> tuple[list[Wish], Wish]:
     """The bounds of every adapter the deployment would serve with this version
-    (serving.placement), the version's own last: an adapter without a
+    (serving.placement_plan), the version's own last: an adapter without a
     ServedAdapter row yet has none (every replica)."""
     adapter_ids = _registered_adapter_ids(deployment, version)
     bounds = {
@@ -199,7 +199,7 @@ def _replica_count(deployment: Deployment) -> int:
 
 def check_host_cache(deployment: Deployment, version: AdapterVersion) -> GateCheck:
     """The deployment's total host cache (every replica's max_cpu_loras) against
-    the placements its adapters need (serving.placement: an adapter without
+    the placements its adapters need (serving.placement_plan: an adapter without
     bounds is on every replica, a bounded one on at least its min_replicas).
 
     An adapter without bounds above it still works: vLLM evicts the least

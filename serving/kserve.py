@@ -24,7 +24,7 @@ from django.http import HttpResponse
 from core.errors import Conflict
 from registry.models import AdapterVersion
 from serving.models import Deployment, ServedAdapter
-from serving.placement import placed_keys
+from serving.placement_plan import placed_keys
 from serving.volume import serve_path_for
 
 MODEL_MOUNT = "/mnt/models"
@@ -55,7 +55,7 @@ def _version(served: ServedAdapter) -> AdapterVersion:
 def lora_modules(deployment: Deployment, served: list[ServedAdapter]) -> list[dict]:
     """One {"name", "path", "base_model_name"} per promoted adapter that is on
     every replica. Every pod of a ServingRuntime gets the same args, so an
-    adapter with placement bounds (serving.placement) is left out: the control
+    adapter with placement bounds (serving.placement_plan) is left out: the control
     plane loads it at run time on the replicas placement puts it on, and a
     restarted pod must not load it everywhere (past its host cache)."""
     return [

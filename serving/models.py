@@ -77,7 +77,7 @@ class Deployment(models.Model):
     max_cpu_loras = models.PositiveIntegerField(default=8)
     max_lora_rank = models.PositiveIntegerField(default=16)
     # Adapters with placement bounds that placement puts on one replica at most
-    # (serving.placement); null: max_cpu_loras, so each replica's set stays within
+    # (serving.placement_plan); null: max_cpu_loras, so each replica's set stays within
     # vLLM's host cache. Above it vLLM evicts and re-reads from disk (LRU).
     placement_capacity = models.PositiveIntegerField(null=True, blank=True)
     max_registered_adapters = models.PositiveIntegerField(
@@ -213,7 +213,7 @@ class Replica(models.Model):
     # {"max_lora": n} from the max_lora label of vllm:lora_requests_info.
     reported_facts = models.JSONField(default=dict, blank=True)
     # Demand for each adapter at the last /metrics reading, for placement
-    # (serving.placement): {served name: 1 if listed running + 1 if listed waiting}.
+    # (serving.placement_plan): {served name: 1 if listed running + 1 if listed waiting}.
     # Written by observability only when it changes, so an idle tick writes nothing.
     lora_demand = models.JSONField(default=dict, blank=True)
 
@@ -251,11 +251,11 @@ class ServedAdapter(models.Model):
     lease_owner = models.CharField(max_length=100, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
-    # How many replicas hold it (serving.placement). Both null: every replica,
+    # How many replicas hold it (serving.placement_plan). Both null: every replica,
     # as before placement existed; a null min is the max.
     min_replicas = models.PositiveSmallIntegerField(null=True, blank=True)
     max_replicas = models.PositiveSmallIntegerField(null=True, blank=True)
-    # Where it is placed and why (serving.placement.State.as_dict), written by the
+    # Where it is placed and why (serving.placement_plan.State.as_dict), written by the
     # reconcile where it changes and by a rollout for the adapter it holds.
     placement = models.JSONField(default=dict, blank=True, editable=False)
     # The replicas a swap behind a front door left on the version before, drained,

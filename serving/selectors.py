@@ -27,7 +27,7 @@ from serving.models import (
     ServedAdapter,
     VersionFingerprint,
 )
-from serving.placement import placed_keys
+from serving.placement_plan import placed_keys
 from serving.retention import Retained
 from serving.sync_state import SyncState, classify_kept, desired_root, loaded_adapters
 
@@ -219,7 +219,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
         adapters = []
         for s in served:
             actual = loaded.get(s.adapter.served_name)
-            # None where retired, or where placement does not put it (serving.placement).
+            # None where retired, or where placement does not put it (serving.placement_plan).
             desired = desired_root(s, replica.pk, placed[s.pk])
             kept = retained[s.pk].keeps(replica.pk, actual, now)
             state = classify_kept(desired, actual, replica.health, kept=kept)
@@ -337,10 +337,10 @@ def kserve_manifests(actor: Actor, deployment: Deployment) -> str:
 
 def deployment_placement(actor: Actor, deployment: Deployment) -> list[dict]:
     """Where each adapter the actor may see lives on the deployment, and why
-    (serving.placement). Replicas are named by label (replica-1, ...) for
+    (serving.placement_plan). Replicas are named by label (replica-1, ...) for
     everyone; platform admins also get their addresses. An adapter without
     bounds is on every active replica; its placement is not stored."""
-    from serving.placement import REASON_TEXT, Reason, State, is_bounded
+    from serving.placement_plan import REASON_TEXT, Reason, State, is_bounded
 
     show_urls = sees_infrastructure(actor)
     labels = replica_labels(deployment)

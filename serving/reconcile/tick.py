@@ -49,7 +49,7 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
-from serving.placement import placed_keys
+from serving.placement_plan import placed_keys
 from serving.probe import OwnRequests, Probe, describe_distance
 from serving.replica_calls import (
     ReplicaOutcome,
@@ -268,7 +268,7 @@ def _job_for(tick: _Tick, name: str, served: ServedAdapter, loaded: dict) -> _Jo
     if kind is None:
         return None
     if placed is not None and served.version_id is not None:
-        # Placement (serving.placement): loaded where it is placed, and verified
+        # Placement (serving.placement_plan): loaded where it is placed, and verified
         # there before the front door routes to it; unloaded where it is not.
         if state == SyncState.NOT_UNLOADED:
             kind = DriftKind.UNPLACED_UNLOADED

@@ -200,7 +200,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
     everyone = replicas
     placement = None
     if rollout.kind != RolloutKind.RETIRE and replicas:
-        # Only where placement puts the adapter (serving.placement); a retire
+        # Only where placement puts the adapter (serving.placement_plan); a retire
         # unloads it wherever it may be.
         replicas, placement = placement_targets(deployment, served, replicas)
     moves = _moves_for(rollout, served, replicas, everyone) if placement is not None else {}

@@ -2,7 +2,7 @@
 the reconcile), the placement of the one adapter a rollout holds, the demand
 observability reads from vLLM's /metrics, and the bounds a person sets.
 
-The decisions are serving.placement's (pure); this module only feeds it what
+The decisions are serving.placement_plan's (pure); this module only feeds it what
 the database says and stores what changed. An adapter with no bounds is on
 every replica and stores nothing, so a deployment that never sets bounds
 writes nothing here at all.
@@ -26,7 +26,7 @@ from core.models import Ability
 from registry.models import Adapter
 from serving.deploy_access import require_may_deploy
 from serving.models import Deployment, Replica, ReplicaHealth, ServedAdapter
-from serving.placement import ReplicaSlot, Result, Settings, State, Wish, is_bounded, place
+from serving.placement_plan import ReplicaSlot, Result, Settings, State, Wish, is_bounded, place
 from serving.sync_state import loaded_adapters
 
 # The most replicas a bound may name (the column is a small integer).

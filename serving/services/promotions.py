@@ -136,7 +136,7 @@ def _require_canary_possible(deployment: Deployment, served: ServedAdapter | Non
     refusal = canary_refusal(deployment, served.version_id if served else None, replicas)
     capped = served.max_replicas if served is not None else None
     if not refusal and served is not None and capped is not None and capped < 2:
-        # The worker pushes to the adapter's placed replicas only (serving.placement):
+        # The worker pushes to the adapter's placed replicas only (serving.placement_plan):
         # on one, there is no old version left for the split.
         refusal = (
             f"placement holds {served.adapter.served_name} on {capped} replica "

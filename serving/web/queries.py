@@ -167,7 +167,7 @@ DRIFT = {state.value for state in SyncState if state.drifted}
 class Cell:
     state: str
     actual_root: str | None
-    placed: bool = True  # placement puts the adapter on this replica (serving.placement)
+    placed: bool = True  # placement puts the adapter on this replica (serving.placement_plan)
 
     @property
     def label(self) -> str:

@@ -1,4 +1,4 @@
-"""serving.placement, the pure function: bounds, demand and its smoothing, the
+"""serving.placement_plan, the pure function: bounds, demand and its smoothing, the
 quiet period, rendezvous hashing's stability, room, and the churn budget."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from serving.placement import (
+from serving.placement_plan import (
     Reason,
     ReplicaSlot,
     Settings,

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from serving.models import DriftEvent, DriftKind, Replica, ServedAdapter
-from serving.placement import Reason, State
+from serving.placement_plan import Reason, State
 from serving.reconcile.tick import reconcile_deployment
 from serving.rollouts.engine import rollout_execute
 from tests.serving.conftest import make_deployment

@@ -32,7 +32,7 @@ import requests
 from django.conf import settings as django_settings
 
 from serving.models import Deployment, Replica, ServedAdapter, VersionFingerprint
-from serving.placement import State
+from serving.placement_plan import State
 from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
 from serving.reconcile.tick import reconcile_deployment
 from serving.services.promotions import promotion_create

@@ -1,4 +1,4 @@
-"""Placement: which replicas of a deployment hold which adapter.
+"""The placement plan: which replicas of a deployment hold which adapter.
 
 A pure function of plain values (no Django), so the reconcile, the rollout
 engine, the gate, the pages and bench/placement.py all compute the same answer.
