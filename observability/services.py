@@ -36,9 +36,9 @@ from serving.models import Deployment, HttpAttempt, Replica, ReplicaHealth
 from serving.probe import OwnRequests
 from serving.replica_calls import ReplicaOutcome
 from serving.services.attempts import attempts_record_all
+from serving.services.fact_records import replica_max_lora_report
 from serving.services.own_probes import own_probes_marked, own_probes_settle
 from serving.services.placements import replica_demand_report
-from serving.services.reported_facts import replica_max_lora_report
 
 logger = logging.getLogger(__name__)
 

@@ -208,7 +208,7 @@ class Replica(models.Model):
     # replica per tick is most of the table at fleet scale).
     in_sync_polls = models.PositiveBigIntegerField(default=0)
     in_sync_since = models.DateTimeField(null=True, blank=True)
-    # What the replica itself says it serves, read by reconcile (serving.replica_facts):
+    # What the replica itself says it serves, read by reconcile (serving.fact_readings):
     # {"base_model": served name, "root": model path} from /v1/models' base card and
     # {"max_lora": n} from the max_lora label of vllm:lora_requests_info.
     reported_facts = models.JSONField(default=dict, blank=True)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from django.conf import settings
 
 from core.backoff import backoff_delay
+from serving.fact_readings import lora_activity_from_metrics, lora_label_sets
 from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
-from serving.replica_facts import lora_activity_from_metrics, lora_label_sets
 from serving.vllm_client import (
     AttemptResult,
     VLLMClient,

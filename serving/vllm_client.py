@@ -256,7 +256,7 @@ class VLLMClient:
         return self._request("GET", "/v1/models")
 
     def metrics(self) -> AttemptResult:
-        """GET /metrics: Prometheus text (serving.replica_facts.max_lora_from_metrics)."""
+        """GET /metrics: Prometheus text (serving.fact_readings.max_lora_from_metrics)."""
         return self._request("GET", "/metrics")
 
     def load_adapter(self, name: str, path: str, *, load_inplace: bool = False) -> AttemptResult:

@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from serving.attestation import refusal
 from serving.capacity import Tiers, deployment_tiers
+from serving.fact_readings import disputes as fact_disputes
 from serving.models import (
     Adoption,
     CanaryOutcome,
@@ -19,7 +20,6 @@ from serving.models import (
     ReplicaRollout,
     Rollout,
 )
-from serving.replica_facts import disputes as fact_disputes
 from serving.selectors import canary_split, rollout_replica_summary
 from serving.services.deployments import IDENTITY_FIELDS
 

@@ -31,6 +31,8 @@ from django.utils import timezone
 
 from core.claims import LeaseLost
 from serving.attestation import refusal
+from serving.fact_readings import REPORTED_FLAGS, base_card_facts, lora_label_sets
+from serving.fact_readings import disputes as fact_disputes
 from serving.fanout import (
     NO_RETRY,
     client_for,
@@ -59,8 +61,6 @@ from serving.replica_calls import (
     probe_weights,
     reload_adapter,
 )
-from serving.replica_facts import REPORTED_FLAGS, base_card_facts, lora_label_sets
-from serving.replica_facts import disputes as fact_disputes
 from serving.replica_rows import health_changes, replicas_sync
 from serving.retention import Retained
 from serving.services.attempts import attempts_record, attempts_record_all
@@ -333,7 +333,7 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
         tick = _Tick(replica, outcome, changes, flipped)
         if outcome.ok:
             # max_lora comes from /metrics, read after the reconcile by observability,
-            # and max_lora_rank from a refused load (serving.services.reported_facts);
+            # and max_lora_rank from a refused load (serving.services.fact_records);
             # a replica back from down may have restarted with other flags, so they
             # are unknown until read again.
             kept = {} if flipped else replica.reported_facts or {}

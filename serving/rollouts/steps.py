@@ -48,6 +48,7 @@ from serving.replica_calls import (
 )
 from serving.retention import retained_for
 from serving.services.attempts import attempts_record_all
+from serving.services.fact_records import replica_load_refusals_report
 from serving.services.leases import (
     claim_seconds,
     served_adapter_heartbeat,
@@ -56,7 +57,6 @@ from serving.services.own_probes import own_probes_record
 from serving.services.placements import (
     served_placement_moved,
 )
-from serving.services.reported_facts import replica_load_refusals_report
 from serving.signals import served_version_changed
 from serving.sync_state import as_listing, loaded_adapters
 from serving.transitions import (

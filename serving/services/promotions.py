@@ -19,6 +19,7 @@ from core.state import can_move, move
 from registry.models import Adapter, AdapterVersion, VersionStatus
 from serving.attestation import require_not_held
 from serving.deploy_access import require_may_deploy
+from serving.fact_readings import disputes as fact_disputes
 from serving.gate import GateReport, check_capacity, evaluate_gate
 from serving.models import (
     Deployment,
@@ -29,7 +30,6 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
-from serving.replica_facts import disputes as fact_disputes
 from serving.services.rollouts import rollout_audit_created, rollout_create
 from serving.transitions import PROMOTION_TRANSITIONS, ROLLOUT_TERMINAL
 

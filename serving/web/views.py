@@ -28,9 +28,9 @@ from registry.web.views import version_page_context
 from serving import kserve, selectors
 from serving.attestation import refusal
 from serving.deploy_access import deploy_refusal
+from serving.fact_readings import disputes as fact_disputes
 from serving.gate import evaluate_gate
 from serving.models import CanaryRequest, PromotionStatus, Rollout, RolloutStatus, ServedAdapter
-from serving.replica_facts import disputes as fact_disputes
 from serving.services.manifests import kserve_export
 from serving.services.promotions import (
     FOUR_EYES_PROMOTION,

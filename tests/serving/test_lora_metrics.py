@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from serving.fact_readings import lora_label_sets, max_lora_from_metrics
 from serving.lora_metrics import MetricsParseError, parse_lora_metrics
-from serving.replica_facts import lora_label_sets, max_lora_from_metrics
 from tests.support.attempts import answered
 from tests.support.metrics_samples import VLLM_032
 

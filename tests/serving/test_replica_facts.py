@@ -89,7 +89,7 @@ def test_the_same_facts_are_not_written_again(deployment, fake_replicas, django_
     report = reconcile_deployment(deployment.pk, "beat")
     vllm_metrics_observe(deployment, report.up)
     replicas = list(Replica.objects.all())
-    from serving.services.reported_facts import replica_max_lora_report
+    from serving.services.fact_records import replica_max_lora_report
 
     with django_assert_num_queries(0):
         for replica in replicas:
@@ -159,7 +159,7 @@ def test_register_local_deployment_takes_the_vllm_key_from_a_file_or_stdin(
 def test_a_dispute_reported_again_is_the_same_drift_event_counted(deployment, fake_replicas):
     # Through the one drift recorder (serving.services.drifts): a replica whose
     # max_lora flips away and back to the disputed value is one event, seen twice.
-    from serving.services.reported_facts import replica_max_lora_report
+    from serving.services.fact_records import replica_max_lora_report
 
     reconcile_deployment(deployment.pk, "beat")
     replica = Replica.objects.filter(deployment=deployment).first()

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from serving.fact_readings import busy_adapters_from_metrics
 from serving.replica_calls import (
     ReplicaOutcome,
     RetryPolicy,
@@ -16,7 +17,6 @@ from serving.replica_calls import (
     ensure_unloaded,
     reload_adapter,
 )
-from serving.replica_facts import busy_adapters_from_metrics
 from serving.vllm_client import AttemptResult, VLLMClient
 from tests.support.adapters import write_adapter_dir
 from tests.support.attempts import answered

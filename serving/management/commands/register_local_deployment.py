@@ -25,8 +25,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from core.actors import system_actor
 from core.errors import ApplicationError
+from serving.fact_readings import max_lora_from_metrics
 from serving.models import Deployment
-from serving.replica_facts import max_lora_from_metrics
 from serving.services.deployments import deployment_create, deployment_update
 from serving.vllm_client import VLLMClient, model_cards
 

@@ -21,9 +21,9 @@ import time
 import pytest
 import requests
 
+from serving.fact_readings import busy_adapters_from_metrics
 from serving.models import Deployment, ServedAdapter
 from serving.reconcile.tick import reconcile_deployment
-from serving.replica_facts import busy_adapters_from_metrics
 from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create, retire
 from tests.conftest import actor

@@ -1,12 +1,13 @@
-"""Facts a replica reports about itself, recorded where they change."""
+"""Fact records: the facts a replica reports about itself, stored where they change
+(the replica's `reported_facts`), a dispute with the record kept as a drift."""
 
 from __future__ import annotations
 
 from django.db import transaction
 from django.utils import timezone
 
+from serving.fact_readings import REPORTED_FLAGS, disputes, max_lora_rank_from_refusal
 from serving.models import Deployment, DriftKind, Replica
-from serving.replica_facts import REPORTED_FLAGS, disputes, max_lora_rank_from_refusal
 from serving.services.drifts import DriftRecorder
 
 
