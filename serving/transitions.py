@@ -12,7 +12,7 @@ from serving.models import ReplicaStepStatus as R
 from serving.models import RolloutStatus as S
 
 ROLLOUT_TRANSITIONS: dict[str, frozenset[str]] = {
-    # Every unfinished state may be cancelled by a person (serving.services.rollouts).
+    # Every unfinished state may be cancelled by a person (serving.services.rollout_requests).
     S.PENDING: frozenset({S.STAGING, S.LOADING, S.FAILED, S.CANCELLED}),
     S.STAGING: frozenset({S.LOADING, S.FAILED, S.CANCELLED}),
     # loading <-> verifying: a canary is loaded and verified, then the rest.

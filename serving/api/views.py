@@ -30,7 +30,7 @@ from serving.services.deployments import deployment_create, deployment_delete, d
 from serving.services.manifests import kserve_export
 from serving.services.placements import served_placement_set
 from serving.services.promotions import promotion_create, promotion_review, retire, rollback_to
-from serving.services.rollouts import rollout_canary_decide, rollout_cancel
+from serving.services.rollout_requests import rollout_canary_decide, rollout_cancel
 
 # Platform admins read the whole deployment, members and tokens its summary:
 # the schema says "one of the two", and each has fields the other lacks.

@@ -30,7 +30,7 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
-from serving.services.rollouts import rollout_audit_created, rollout_create
+from serving.services.rollout_requests import rollout_audit_created, rollout_create
 from serving.transitions import PROMOTION_TRANSITIONS, ROLLOUT_TERMINAL
 
 

@@ -38,7 +38,7 @@ from serving.services.promotions import (
     promotion_review,
     rollback_to,
 )
-from serving.services.rollouts import rollout_canary_decide, rollout_cancel
+from serving.services.rollout_requests import rollout_canary_decide, rollout_cancel
 from serving.transitions import ROLLOUT_TERMINAL
 from serving.web import queries
 from serving.web.forms import PromoteForm, PromotionReviewForm

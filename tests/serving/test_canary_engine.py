@@ -17,7 +17,7 @@ from serving.gateway.services import front_door_for, gateway_sync
 from serving.models import CanaryRequest, Rollout, RolloutStatus, ServedAdapter
 from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
-from serving.services.rollouts import rollout_canary_decide
+from serving.services.rollout_requests import rollout_canary_decide
 from tests.conftest import actor
 from tests.support.haproxy import haproxy_available, running_haproxy
 from tests.support.vllm_servers import free_port
@@ -180,7 +180,7 @@ def test_a_canary_without_enough_requests_in_its_bake_is_not_proven_and_rolled_b
 def test_a_cancelled_canary_takes_no_more_traffic_at_once(
     door, alex, lena, deployment, served_v1, approved_v2
 ):
-    from serving.services.rollouts import rollout_cancel
+    from serving.services.rollout_requests import rollout_cancel
 
     rollout, worker, ended = start_canary(lena, deployment, approved_v2, bake=300)
     rollout = wait_baking(rollout)

@@ -31,7 +31,7 @@ from serving.rollouts.engine import rollout_execute
 from serving.rollouts.sweep import rollouts_to_sweep, sweep_rollouts
 from serving.services.leases import served_adapter_claim
 from serving.services.promotions import promotion_create
-from serving.services.rollouts import rollout_cancel
+from serving.services.rollout_requests import rollout_cancel
 from tests.conftest import actor, client_for
 
 

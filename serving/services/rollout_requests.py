@@ -1,4 +1,4 @@
-"""Rollouts, the request side: record a rollout and enqueue it after commit,
+"""Rollout requests: record a rollout and enqueue it after commit,
 audit it, send its task again, and cancel it.
 
 The worker's side, which stages the artifact and pushes it to the replicas, is
