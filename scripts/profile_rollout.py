@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             version = cast.approved_version(name, files)
             if timed and args.api:
                 profile.enable()
-            t0, t1, rollout_id = cast.promote(deployment.name, version)
+            with CaptureQueriesContext(connection) as api_captured:
+                t0, t1, rollout_id = cast.promote(deployment.name, version)
             if timed and args.api:
                 profile.disable()
             t2 = time.perf_counter()
@@ -96,9 +97,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{statistics.median(api_ms):.1f} ms, rollout_execute median "
             f"{statistics.median(rollout_ms):.1f} ms (min {min(rollout_ms):.1f})"
         )
+        print(f"SQL statements of the last promotion API call: {len(api_captured)}")
         print(f"SQL statements of the last rollout: {len(captured.captured_queries)}")
         if args.queries:
-            for query in captured.captured_queries:
+            for query in (api_captured if args.api else captured).captured_queries:
                 print(f"  {query['time']:>6}s  {query['sql'][:160]}")
         out = io.StringIO()
         stats = pstats.Stats(profile, stream=out)
