@@ -649,9 +649,18 @@ class RuntimeAPI:
                     return int(line.split(":", 1)[1])
         return None
 
-    def servers(self) -> dict[tuple[str, str], ServerStatus]:
+    def stat(self) -> list[dict[str, str]]:
+        """One `show stat`: a row per frontend, backend and server. Read once and
+        passed to servers(), backend_counters() and balance(), a caller that
+        needs several of them pays one round trip and one parse."""
+        return list(csv.DictReader(io.StringIO(self.command("show stat").lstrip("# "))))
+
+    def servers(
+        self, rows: list[dict[str, str]] | None = None
+    ) -> dict[tuple[str, str], ServerStatus]:
         """Every (backend, server) with its admin state and requests in flight."""
-        rows = csv.DictReader(io.StringIO(self.command("show stat").lstrip("# ")))
+        if rows is None:
+            rows = self.stat()
         found = {}
         for row in rows:
             if row["svname"] in ("FRONTEND", "BACKEND") or not row.get("pxname"):
@@ -685,18 +694,20 @@ class RuntimeAPI:
             )
         return found
 
-    def balance(self, backend: str) -> str | None:
+    def balance(self, backend: str, rows: list[dict[str, str]] | None = None) -> str | None:
         """The backend's load-balancing algorithm, as it runs now."""
-        rows = csv.DictReader(io.StringIO(self.command("show stat").lstrip("# ")))
-        for row in rows:
+        for row in self.stat() if rows is None else rows:
             if row.get("pxname") == backend and row["svname"] == "BACKEND":
                 return row.get("algo") or None
         return None
 
-    def backend_counters(self) -> dict[str, BackendCounters]:
+    def backend_counters(
+        self, rows: list[dict[str, str]] | None = None
+    ) -> dict[str, BackendCounters]:
         """Every backend's cumulative request counters (since this worker started:
         a reload starts them again at zero)."""
-        rows = csv.DictReader(io.StringIO(self.command("show stat").lstrip("# ")))
+        if rows is None:
+            rows = self.stat()
         return {
             row["pxname"]: BackendCounters(
                 requests=int(row["req_tot"] or 0),
@@ -822,7 +833,9 @@ class HAProxyFrontDoor:
             # A worker that died holding a model left its entry: past its
             # deadline it holds nothing (door.lua), and it goes here.
             changes = self._expire_holds()
-            current = self.runtime.servers()
+            # One `show stat` for the servers, the free slots and the balance.
+            stat = self.runtime.stat()
+            current = self.runtime.servers(stat)
             entries = self.runtime.map_entries(self.map_path)
             backends = {
                 model: _running_backend(entries.get(model), route)
@@ -839,10 +852,10 @@ class HAProxyFrontDoor:
             servers = {endpoint.server for endpoint in table.endpoints}
             running = {backend for backend, _ in current}
             new = sorted(m for m, backend in backends.items() if backend not in running)
-            free = _free_slots(current, set(entries.values()), self.runtime.backend_counters())
+            free = _free_slots(current, set(entries.values()), self.runtime.backend_counters(stat))
             # A split needs weighted round robin, which a backend takes at a reload only.
             rebalance = any(
-                route.weights and self.runtime.balance(backends[model]) != SPLIT_BALANCE
+                route.weights and self.runtime.balance(backends[model], stat) != SPLIT_BALANCE
                 for model, route in table.routes.items()
             )
             # A replica the running HAProxy has no server for (every backend has
@@ -851,6 +864,7 @@ class HAProxyFrontDoor:
             if reload or rebalance or len(new) > len(free):
                 changes.append(self._reload(table, held))
                 current = self.runtime.servers()
+                entries = self.runtime.map_entries(self.map_path)  # as the new worker read it
                 backends = {model: backend_for(route) for model, route in table.routes.items()}
             else:
                 for model, slot in zip(new, free, strict=False):
@@ -863,7 +877,8 @@ class HAProxyFrontDoor:
                     if current[(backend, server)].state != state:
                         changes.append(self._set_state(backend, server, state))
             # The map last: a new model's servers are ready before it is routed.
-            changes += self._sync_map(backends)
+            # Its entries as read above: under the lock, no other writer changed them.
+            changes += self._sync_map(backends, entries)
             # The files follow, so that a restarted HAProxy starts where this one is.
             self.write(table, states=held)
             return changes
@@ -1126,8 +1141,10 @@ class HAProxyFrontDoor:
         _checked(self.runtime.command(line), line)
         return line
 
-    def _sync_map(self, wanted: dict[str, str]) -> list[str]:
-        lines = _map_changes(self.map_path, self.runtime.map_entries(self.map_path), wanted)
+    def _sync_map(self, wanted: dict[str, str], current: dict[str, str] | None = None) -> list[str]:
+        if current is None:
+            current = self.runtime.map_entries(self.map_path)
+        lines = _map_changes(self.map_path, current, wanted)
         for line in lines:
             _checked(self.runtime.command(line), line)
         return lines
