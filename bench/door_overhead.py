@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.door_overhead [--requests 1000] [--clients 8]
         [--seconds 10] [--adapters 20] [--replica-urls URL] [--smoke] [--json PATH]
 
-Two real HAProxy doors (serving/gateway/haproxy.py) side by side in front of
+Two real HAProxy doors (serving/door/haproxy.py) side by side in front of
 one real vLLM 0.32 server (CPU, tiny model; --replica-urls to use a running
 one), both with keys and grants on (a table of --keys inference keys, every
 request carrying one):
@@ -57,9 +57,9 @@ from pathlib import Path
 import requests
 
 from bench import results as bench_results
-from serving.gateway.access import CallerKey, DoorAccess
-from serving.gateway.haproxy import HAProxyFrontDoor
-from serving.gateway.routing import ReplicaView, ServedView, routing_table
+from serving.door.access import CallerKey, DoorAccess
+from serving.door.haproxy import HAProxyFrontDoor
+from serving.door.routing import ReplicaView, ServedView, routing_table
 from serving.quotas import Limited
 from tests.support.adapters import AdapterSpec, write_adapter_dir
 from tests.support.haproxy import running_haproxy

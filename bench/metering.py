@@ -261,9 +261,9 @@ def run(args, out: bench_results.Results) -> dict:
     from django.core.management import call_command
 
     from observability.otlp import metering_token
-    from serving.gateway.haproxy import HAProxyFrontDoor
-    from serving.gateway.routing import ReplicaView, ServedView, routing_table
-    from serving.gateway.selectors import door_access
+    from serving.door.haproxy import HAProxyFrontDoor
+    from serving.door.routing import ReplicaView, ServedView, routing_table
+    from serving.door.selectors import door_access
     from tests.support.adapters import AdapterSpec, write_adapter_dir
     from tests.support.haproxy import running_haproxy
     from tests.support.vllm_servers import (

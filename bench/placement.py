@@ -16,7 +16,7 @@ loss     One replica stops answering (503 to everything). Placement moves only
          what it held, within room: the placements that move, against the
          placements before (target <= 1/replicas), beside what modulo hashing and
          rendezvous hashing recomputed from scratch would move; then every adapter
-         is asked through a real HAProxy front door (serving/gateway/haproxy.py)
+         is asked through a real HAProxy front door (serving/door/haproxy.py)
          until each answers, timed from the loss (target <= 10 s).
 
 Replicas are the vLLM stand-in (tests/support/vllm_standin.py), one asyncio
@@ -186,8 +186,8 @@ def run(args, out) -> None:
     cast = setup("placement", args.database_url)  # Django first: what follows needs it
     from django.conf import settings
 
-    from serving.gateway.selectors import routing_table_for
-    from serving.gateway.services import front_door_for
+    from serving.door.selectors import routing_table_for
+    from serving.door.services import front_door_for
     from serving.models import ServedAdapter
     from serving.placement_plan import ReplicaSlot, Settings, State, Wish, place
     from serving.reconcile.tick import reconcile_deployment

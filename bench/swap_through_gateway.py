@@ -4,7 +4,7 @@
         [--json PATH]
 
 One or two real vLLM 0.32 servers (CPU, tiny model) behind a real HAProxy front
-door (serving/gateway/haproxy.py). Clients keep sending one-token completions
+door (serving/door/haproxy.py). Clients keep sending one-token completions
 with model=<served name> through it. Then, in one run:
 
   steady      no swap, before the swaps and again after them: the throughput
@@ -49,8 +49,8 @@ from pathlib import Path
 
 from bench import results as bench_results
 from bench.swap_under_traffic import NAME, Traffic
-from serving.gateway.haproxy import HAProxyFrontDoor
-from serving.gateway.routing import ReplicaView, ServedView, routing_table
+from serving.door.haproxy import HAProxyFrontDoor
+from serving.door.routing import ReplicaView, ServedView, routing_table
 from serving.replica_calls import RetryPolicy, ensure_loaded, verify_serving
 from serving.vllm_client import VLLMClient
 from tests.support.adapters import AdapterSpec, write_adapter_dir

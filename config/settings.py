@@ -462,7 +462,7 @@ SERVING_FINGERPRINT_TOLERANCE = cfg.number("SERVING_FINGERPRINT_TOLERANCE", 1e-3
 # Adapters whose weights the reconcile checks on each replica each tick (one greedy
 # completion each), rotating through the replica's adapters; 0 turns the check off.
 SERVING_FINGERPRINT_SAMPLE = cfg.integer("SERVING_FINGERPRINT_SAMPLE", 2, minimum=0)
-# The front door (serving/gateway/, docs/gateway.md): one HAProxy per deployment
+# The front door (serving/door/, docs/gateway.md): one HAProxy per deployment
 # named in SERVING_GATEWAYS ("local-cpu=127.0.0.1:8200,prod=0.0.0.0:8080": where
 # each listens), its files in SERVING_GATEWAY_DIR/<deployment>/. Empty: no front
 # door, clients call the replicas. A swap waits at most SERVING_GATEWAY_DRAIN_SECONDS

@@ -20,8 +20,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from observability.models import DailyUsage, FrontDoorReading
-from serving.gateway.haproxy import GatewayError
-from serving.gateway.services import front_door_for
+from serving.door.haproxy import GatewayError
+from serving.door.services import front_door_for
 from serving.models import Deployment, ServedAdapter
 
 logger = logging.getLogger(__name__)

@@ -115,7 +115,7 @@ if command -v kubectl >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>
 else
   cannot_run deploy "kubectl and docker-compose could not be installed"
 fi
-# The front door (serving/gateway/) is Debian's haproxy; its tests run a real one.
+# The front door (serving/door/) is Debian's haproxy; its tests run a real one.
 if ! command -v haproxy >/dev/null 2>&1; then
   apt_install haproxy || true
 fi

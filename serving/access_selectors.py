@@ -1,6 +1,6 @@
 """Who may call what, as a person sees it: inference keys and grants scoped to
 the actor (outsiders get 404), and who may call an adapter and why. The door's
-own table is serving.gateway.selectors.door_access."""
+own table is serving.door.selectors.door_access."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from core.access import approver_department_ids, visible_department_ids
 from core.actors import Actor
 from core.errors import NotAuthorized, NotFound
 from registry.models import Adapter
-from serving.gateway.selectors import live_inference_keys
+from serving.door.selectors import live_inference_keys
 from serving.models import AdapterGrant, Deployment, GrantStatus, InferenceKey, ServedAdapter
 
 

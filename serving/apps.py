@@ -9,7 +9,7 @@ class ServingConfig(AppConfig):
         from core import signals as core_signals
         from registry import signals as registry_signals
         from serving import receivers, signals
-        from serving.gateway import receivers as gateway_receivers
+        from serving.door import receivers as door_receivers
 
         registry_signals.version_transitioned.connect(
             receivers.retire_when_deprecated, dispatch_uid="serving.retire_when_deprecated"
@@ -18,7 +18,7 @@ class ServingConfig(AppConfig):
             receivers.settle_adoptions, dispatch_uid="serving.settle_adoptions"
         )
         signals.reconcile_finished.connect(
-            gateway_receivers.sync_after_reconcile, dispatch_uid="serving.gateway.sync"
+            door_receivers.sync_after_reconcile, dispatch_uid="serving.door.sync"
         )
         core_signals.user_access_ended.connect(
             receivers.end_person_keys, dispatch_uid="serving.end_person_keys"

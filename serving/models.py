@@ -660,7 +660,7 @@ class InferenceKey(models.Model):
     It calls as its department, whoever holds it: issued to the department
     itself, to one of its service accounts, or to a person (who must stay an
     active member). Only its SHA-256 is stored; the secret is shown once.
-    What it may call is serving.gateway.selectors.door_access."""
+    What it may call is serving.door.selectors.door_access."""
 
     department = models.ForeignKey(
         Department, on_delete=models.PROTECT, related_name="inference_keys"

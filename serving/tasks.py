@@ -87,7 +87,7 @@ def door_access_sync(deployment_id: int) -> bool:
     if deployment is None:
         return False
     # Imported here, late, as the other tasks import their services.
-    from serving.gateway.services import gateway_sync_access
+    from serving.door.services import gateway_sync_access
 
     gateway_sync_access(deployment)
     return True

@@ -26,7 +26,7 @@ from core.errors import ReferenceNotFound
 from core.models import Department
 from registry import selectors as registry_selectors
 from serving import access_selectors
-from serving.gateway.selectors import live_inference_keys
+from serving.door.selectors import live_inference_keys
 from serving.models import AdapterGrant, InferenceKey
 from serving.quota_selectors import department_budgets, department_limits_of
 from serving.services.grants import grant_decide, grant_request, grant_revoke

@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from core.claims import LeaseLost
 from serving.attestation import refusal
+from serving.door.services import gateway_drain_each, gateway_sync
 from serving.fact_readings import REPORTED_FLAGS, base_card_facts, lora_label_sets
 from serving.fact_readings import disputes as fact_disputes
 from serving.fanout import (
@@ -41,7 +42,6 @@ from serving.fanout import (
     replica_session,
     verify_with_fingerprint,
 )
-from serving.gateway.services import gateway_drain_each, gateway_sync
 from serving.models import (
     Deployment,
     DriftKind,

@@ -36,9 +36,9 @@ from django.utils import timezone
 
 from core.audit import audit_record
 from serving import canary_gates as gates
-from serving.gateway.haproxy import GatewayError
-from serving.gateway.routing import server_name
-from serving.gateway.services import (
+from serving.door.haproxy import GatewayError
+from serving.door.routing import server_name
+from serving.door.services import (
     front_door_for,
     gateway_drain,
     gateway_ready,

@@ -28,8 +28,7 @@ from core.audit import audit_record
 from core.state import move
 from registry.storage import ObjectNotFound, StorageError
 from serving.attestation import refusal
-from serving.fanout import verify_with_fingerprint
-from serving.gateway.services import (
+from serving.door.services import (
     gateway_drain,
     gateway_ready,
     gateway_release,
@@ -37,6 +36,7 @@ from serving.gateway.services import (
     gateway_sync,
     gateway_take_out,
 )
+from serving.fanout import verify_with_fingerprint
 from serving.models import (
     Replica,
     ReplicaHealth,
@@ -273,7 +273,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
         return
     groups = [pushed[:1], pushed[1:]] if rollout.canary and len(pushed) > 1 else [pushed]
     # Behind a front door, a version swap goes one replica at a time: drained
-    # there, swapped, verified, put back (serving/gateway/, docs/gateway.md).
+    # there, swapped, verified, put back (serving/door/, docs/gateway.md).
     swap = gateway_swaps_one_by_one(deployment, served)
     switch_after = None
     if swap:

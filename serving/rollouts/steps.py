@@ -25,11 +25,11 @@ from core.audit import audit_record
 from core.claims import LeaseLost
 from core.state import move
 from serving.attestation import served_fact
-from serving.fanout import on_replicas
-from serving.gateway.services import (
+from serving.door.services import (
     gateway_drain,
     gateway_ready,
 )
+from serving.fanout import on_replicas
 from serving.models import (
     Deployment,
     Replica,

@@ -5,7 +5,7 @@ themselves); shown once, stored as the SHA-256 of the secret (256 random bits:
 nothing to brute-force, so no slow hash), expiring, revocable, audited in the
 transaction of the change. Every change is sent to the front doors after commit
 (serving.tasks.door_access_enqueue); what a key may call there is
-serving.gateway.selectors.door_access.
+serving.door.selectors.door_access.
 """
 
 from __future__ import annotations

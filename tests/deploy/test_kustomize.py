@@ -390,7 +390,7 @@ def test_each_worker_is_restarted_when_it_stops_consuming_its_liveness_ping(buil
 def test_only_what_drives_the_front_door_reaches_its_runtime_api(built):
     """HAProxy's runtime API and master CLI have no authentication of their own,
     so they are UNIX sockets in an emptyDir of the gateway's pod, shared only
-    with what drives it (serving/gateway/services.py): the rollouts worker
+    with what drives it (serving/door/services.py): the rollouts worker
     (swaps, canaries) and the reconcile worker (routes, usage); not
     housekeeping, web, beat or discovery. No admin port is on the network."""
     _, objects = built
@@ -494,7 +494,7 @@ def test_the_front_doors_container_starts_haproxy_with_no_secret_and_no_database
         if os.environ.get("REQUIRE_DEPLOY_TOOLS") == "1":
             pytest.fail("haproxy is required (scripts/test.sh installs it)")
         pytest.skip("haproxy not installed")
-    from serving.gateway.haproxy import RuntimeAPI
+    from serving.door.haproxy import RuntimeAPI
     from tests.support.vllm_servers import free_port
 
     objects = build("base")

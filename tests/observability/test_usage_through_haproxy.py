@@ -12,8 +12,8 @@ import requests
 
 from observability.models import DailyUsage
 from observability.services import reconcile_finished
-from serving.gateway.routing import ReplicaView, ServedView, routing_table
-from serving.gateway.services import front_door_for
+from serving.door.routing import ReplicaView, ServedView, routing_table
+from serving.door.services import front_door_for
 from serving.models import ServedAdapter
 from tests.support.adapters import AdapterSpec, write_adapter_dir
 from tests.support.haproxy import haproxy_available, open_access, running_haproxy

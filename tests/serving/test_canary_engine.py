@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from core.models import AuditEvent
-from serving.gateway.services import front_door_for, gateway_sync
+from serving.door.services import front_door_for, gateway_sync
 from serving.models import CanaryRequest, Rollout, RolloutStatus, ServedAdapter
 from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create

@@ -10,7 +10,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from serving.gateway.selectors import door_access
+from serving.door.selectors import door_access
 from serving.models import InferenceKey
 from serving.services.inference_keys import hash_inference_key
 from tests.serving.conftest import make_deployment

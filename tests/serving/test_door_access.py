@@ -1,4 +1,4 @@
-"""door_access (serving/gateway/selectors.py): the table a deployment's front door
+"""door_access (serving/door/selectors.py): the table a deployment's front door
 enforces, read in a fixed number of queries. What the door does with it, against
 real HAProxy and real vLLM, is the door's own tests."""
 
@@ -12,9 +12,9 @@ from django.utils import timezone
 
 from core.models import Membership, Role
 from core.services.service_accounts import service_account_create, service_account_deactivate
-from serving.gateway.access import CallerKey
-from serving.gateway.haproxy import access_maps
-from serving.gateway.selectors import door_access
+from serving.door.access import CallerKey
+from serving.door.haproxy import access_maps
+from serving.door.selectors import door_access
 from serving.models import AdapterGrant, GrantStatus, InferenceKey, ServedAdapter
 from serving.services.inference_keys import hash_inference_key, inference_key_issue
 from tests.conftest import actor
@@ -225,7 +225,7 @@ def test_opening_a_deployment_enqueues_its_door_sync_after_commit_and_shows_in_r
 
 
 def test_the_sync_task_hands_the_deployment_to_the_door_side(served, monkeypatch):
-    from serving.gateway import services as gateway_services
+    from serving.door import services as gateway_services
     from serving.tasks import door_access_sync
 
     synced = []

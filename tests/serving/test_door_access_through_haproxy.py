@@ -20,8 +20,8 @@ import requests
 from django.utils import timezone
 
 from core.services.people import user_update
-from serving.gateway.routing import ReplicaView, ServedView, routing_table
-from serving.gateway.services import front_door_for
+from serving.door.routing import ReplicaView, ServedView, routing_table
+from serving.door.services import front_door_for
 from serving.models import AdapterGrant, ServedAdapter
 from serving.services.grants import grant_decide, grant_request
 from serving.services.inference_keys import inference_key_issue, inference_key_revoke

@@ -22,9 +22,9 @@ import openai
 import pytest
 import requests
 
-from serving.gateway.access import CallerKey, DoorAccess
-from serving.gateway.haproxy import HAProxyFrontDoor
-from serving.gateway.routing import ReplicaView, routing_table
+from serving.door.access import CallerKey, DoorAccess
+from serving.door.haproxy import HAProxyFrontDoor
+from serving.door.routing import ReplicaView, routing_table
 from serving.quotas import Limited
 from tests.support.haproxy import haproxy_available, requests_by_server, running_haproxy
 from tests.support.vllm_servers import free_port

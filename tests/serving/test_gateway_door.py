@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from serving.gateway.access import CallerKey, DoorAccess
-from serving.gateway.haproxy import GLIBC_TUNABLES, HAProxyFrontDoor, render_config
-from serving.gateway.routing import ReplicaView, ServedView, routing_table
+from serving.door.access import CallerKey, DoorAccess
+from serving.door.haproxy import GLIBC_TUNABLES, HAProxyFrontDoor, render_config
+from serving.door.routing import ReplicaView, ServedView, routing_table
 from tests.support.haproxy import (
     haproxy_available,
     raw_request,
@@ -553,7 +553,7 @@ def test_the_replicas_key_is_only_in_a_map_file_of_mode_600(keyed_door):
 
 
 def test_a_refused_push_of_the_replicas_key_does_not_quote_it(tmp_path, monkeypatch):
-    from serving.gateway.haproxy import GatewayError, RuntimeAPI
+    from serving.door.haproxy import GatewayError, RuntimeAPI
 
     front = HAProxyFrontDoor(tmp_path, listen="127.0.0.1:1")
     monkeypatch.setattr(RuntimeAPI, "available", lambda api: True)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from serving.gateway.haproxy import HAProxyFrontDoor
-from serving.gateway.routing import ReplicaView, ServedView, routing_table
+from serving.door.haproxy import HAProxyFrontDoor
+from serving.door.routing import ReplicaView, ServedView, routing_table
 from tests.support.haproxy import (
     haproxy_available,
     held_ms,

@@ -1,4 +1,4 @@
-"""The desired routing table (serving/gateway/routing.py), a pure function,
+"""The desired routing table (serving/door/routing.py), a pure function,
 and the HAProxy configuration rendered from it (checked by a real `haproxy -c`).
 Real HAProxy in front of real vLLM: tests/serving/vllm/test_gateway_real.py."""
 
@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from serving.gateway.haproxy import ACCESS_MAPS, HELD_MAP, render_config, render_map
-from serving.gateway.routing import ReplicaView, ServedView, ServerState, routing_table
-from serving.gateway.selectors import routing_table_for
+from serving.door.haproxy import ACCESS_MAPS, HELD_MAP, render_config, render_map
+from serving.door.routing import ReplicaView, ServedView, ServerState, routing_table
+from serving.door.selectors import routing_table_for
 
 READY, MAINT = ServerState.READY, ServerState.MAINT
 
@@ -120,7 +120,7 @@ def test_the_selector_reads_what_the_rollouts_and_reconcile_recorded(
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy not installed")
 def test_a_drain_never_leaves_a_model_without_a_replica_unless_told_to(tmp_path):
     """Real HAProxy (its runtime API); the replicas' addresses are never called."""
-    from serving.gateway.haproxy import HAProxyFrontDoor
+    from serving.door.haproxy import HAProxyFrontDoor
     from tests.support.haproxy import running_haproxy
     from tests.support.vllm_servers import free_port
 
@@ -188,7 +188,7 @@ def test_the_front_door_modules_import_without_django_settings():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    code = "import serving.gateway.haproxy, serving.gateway.routing"
+    code = "import serving.door.haproxy, serving.door.routing"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
 
@@ -200,8 +200,8 @@ def test_an_access_sync_with_nothing_changed_is_six_queries_and_two_runtime_read
 ):
     """The reconcile syncs every door's access table each tick: in step, that
     is door_access's queries and a read of the door's fingerprint, no push."""
-    from serving.gateway.haproxy import RuntimeAPI
-    from serving.gateway.services import front_door_for, gateway_sync_access
+    from serving.door.haproxy import RuntimeAPI
+    from serving.door.services import front_door_for, gateway_sync_access
     from tests.support.haproxy import running_haproxy
     from tests.support.vllm_servers import free_port
 

@@ -10,8 +10,8 @@ import time
 import pytest
 import requests
 
-from serving.gateway.haproxy import SLOTS, HAProxyFrontDoor
-from serving.gateway.routing import ReplicaView, ServedView, routing_table
+from serving.door.haproxy import SLOTS, HAProxyFrontDoor
+from serving.door.routing import ReplicaView, ServedView, routing_table
 from tests.support.haproxy import haproxy_available, open_access, running_haproxy
 from tests.support.vllm_servers import free_port
 from tests.support.vllm_standin import running_fleet

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from core.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
 from core.models import AuditEvent, Membership, Role
-from serving.gateway.selectors import door_access
+from serving.door.selectors import door_access
 from serving.models import AdapterGrant, GrantStatus, ServedAdapter
 from serving.services.grants import grant_decide, grant_request, grant_revoke, grants_expire
 from serving.tasks import door_access_tick

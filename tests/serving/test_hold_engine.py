@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.gateway import TakenOut
+from serving.door import TakenOut
 from serving.models import HttpAttempt, ServedAdapter
 from serving.rollouts.engine import rollout_execute
 from tests.serving.conftest import make_deployment
@@ -64,7 +64,7 @@ def replica():
 def door(monkeypatch, settings):
     settings.SERVING_GATEWAYS = {"single": "127.0.0.1:1"}  # a door exists
     recording = RecordingDoor()
-    monkeypatch.setattr("serving.gateway.services.front_door_for", lambda deployment: recording)
+    monkeypatch.setattr("serving.door.services.front_door_for", lambda deployment: recording)
     return recording
 
 

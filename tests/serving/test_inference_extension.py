@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.gateway.inference_extension import manifests, pod_labels, render_yaml
+from serving.door.inference_extension import manifests, pod_labels, render_yaml
 from serving.kserve import manifests as kserve_manifests
 from serving.rollouts.engine import rollout_execute
 from serving.services.deployments import deployment_update

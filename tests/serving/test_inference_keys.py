@@ -18,7 +18,7 @@ from core.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
 from core.models import AuditEvent
 from core.services.people import user_update
 from core.services.service_accounts import service_account_create
-from serving.gateway.selectors import door_access
+from serving.door.selectors import door_access
 from serving.models import InferenceKey
 from serving.services.inference_keys import (
     KEY_PREFIX,

@@ -1,4 +1,4 @@
-"""Kuadrant policies (serving/gateway/kuadrant.py): what a deployment's keys,
+"""Kuadrant policies (serving/door/kuadrant.py): what a deployment's keys,
 grants and limits render to is valid under the upstream CRDs vendored in
 deploy/crds/kuadrant-operator/ (strict jsonschema), says the same as the
 door's own table, and holds no key material."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serving.gateway.access import CallerKey, DoorAccess
-from serving.gateway.kuadrant import (
+from serving.door.access import CallerKey, DoorAccess
+from serving.door.kuadrant import (
     DEPARTMENT_ANNOTATION,
     KEY_ID_ANNOTATION,
     KEY_LABELS,

@@ -175,8 +175,8 @@ def test_a_rollout_that_finds_no_room_fails_and_says_so(
 def test_behind_a_front_door_a_moved_adapter_is_drained_before_it_is_unloaded(
     placed, fleet, settings, tmp_path
 ):
-    from serving.gateway.selectors import routing_table_for
-    from serving.gateway.services import front_door_for
+    from serving.door.selectors import routing_table_for
+    from serving.door.services import front_door_for
     from serving.models import HttpAttempt
 
     deployment, served = placed
@@ -238,8 +238,8 @@ def test_a_rollout_moves_the_placement_off_a_replica_that_is_down(
 def _v1_behind_a_front_door(name, max_replicas, *, root, lena, fleet, tmp_path, settings, v1):
     """legal-contracts v1 served on the fleet (on `max_replicas` of its replicas;
     None: every one) and routed through a real HAProxy: (deployment, its URL)."""
-    from serving.gateway.selectors import routing_table_for
-    from serving.gateway.services import front_door_for
+    from serving.door.selectors import routing_table_for
+    from serving.door.services import front_door_for
 
     deployment = make_deployment(root, fleet.urls, tmp_path / "volume", name=name)
     ServedAdapter.objects.create(

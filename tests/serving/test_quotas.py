@@ -14,8 +14,8 @@ import pytest
 
 from core.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
 from core.models import AuditEvent
-from serving.gateway.haproxy import access_maps
-from serving.gateway.selectors import door_access
+from serving.door.haproxy import access_maps
+from serving.door.selectors import door_access
 from serving.models import DepartmentLimits
 from serving.quotas import (
     DepartmentLimitsView,
@@ -145,7 +145,7 @@ def test_what_is_left_of_each_budget_and_when_it_renews():
 
 
 def test_the_door_s_maps_hold_the_limits_and_the_refused_callers():
-    from serving.gateway.access import DoorAccess
+    from serving.door.access import DoorAccess
 
     maps = access_maps(
         DoorAccess(

@@ -28,7 +28,7 @@ from core.audit import audit_record
 from core.errors import NotAuthorized
 from core.models import AuditEvent
 from serving.attestation import RestoreHeld, differences
-from serving.gateway.selectors import door_access, routing_table_for
+from serving.door.selectors import door_access, routing_table_for
 from serving.models import Deployment, ServedAdapter
 from serving.reconcile.tick import reconcile_deployment
 from serving.rollouts.engine import rollout_execute

@@ -26,8 +26,8 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from serving.gateway.access import DoorAccess
-from serving.gateway.haproxy import HAProxyFrontDoor
+from serving.door.access import DoorAccess
+from serving.door.haproxy import HAProxyFrontDoor
 
 
 def _unblock_signals() -> None:
@@ -95,7 +95,7 @@ def running_haproxy(
             process.wait(5)
 
 
-# The log-format of serving/gateway/haproxy.py: client, frontend, backend, server,
+# The log-format of serving/door/haproxy.py: client, frontend, backend, server,
 # status, total time, retries, model.
 _LINE = re.compile(
     r"^\S+ \S+ (?P<backend>\S+) (?P<server>\S+) (?P<status>-?\d+) \S+ (?P<retries>\+?\d+) "

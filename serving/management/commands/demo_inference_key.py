@@ -19,7 +19,7 @@ from django.db import transaction
 
 from core.actors import Actor
 from core.models import Department
-from serving.gateway.selectors import live_inference_keys
+from serving.door.selectors import live_inference_keys
 from serving.models import InferenceKey
 from serving.services.inference_keys import (
     hash_inference_key,

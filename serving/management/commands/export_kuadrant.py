@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from serving.gateway.kuadrant import render_yaml
+from serving.door.kuadrant import render_yaml
 from serving.models import Deployment
 
 

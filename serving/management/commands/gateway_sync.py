@@ -18,8 +18,8 @@ import shlex
 
 from django.core.management.base import BaseCommand, CommandError
 
-from serving.gateway.routing import routing_table
-from serving.gateway.services import front_door_for, gateway_sync
+from serving.door.routing import routing_table
+from serving.door.services import front_door_for, gateway_sync
 from serving.models import Deployment
 from serving.replica_rows import replicas_sync
 

@@ -75,7 +75,7 @@ def test_a_good_canary_bakes_on_its_share_survives_its_worker_and_takes_all_traf
     platform.create_deployment("canary-cpu", [s.base_url for s in vllm_servers], open_door=True)
     v1 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=1))
     v2 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=2))
-    from serving.gateway.services import front_door_for, gateway_sync
+    from serving.door.services import front_door_for, gateway_sync
     from serving.rollouts.sweep import sweep_rollouts
 
     deployment = Deployment.objects.get(name="canary-cpu")
@@ -154,7 +154,7 @@ def test_a_broken_canary_is_switched_out_in_under_a_second_and_rolled_back(
         v1 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=3))
         v2 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=4))
         from registry.models import AdapterVersion
-        from serving.gateway.services import front_door_for, gateway_sync
+        from serving.door.services import front_door_for, gateway_sync
 
         deployment = Deployment.objects.get(name="canary-bad")
         # v2 answers its probes and fails every client's request: a broken version.

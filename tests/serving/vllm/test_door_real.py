@@ -23,9 +23,9 @@ import openai
 import pytest
 import requests
 
-from serving.gateway.access import CallerKey, DoorAccess
-from serving.gateway.haproxy import HAProxyFrontDoor
-from serving.gateway.routing import ReplicaView, ServedView, routing_table
+from serving.door.access import CallerKey, DoorAccess
+from serving.door.haproxy import HAProxyFrontDoor
+from serving.door.routing import ReplicaView, ServedView, routing_table
 from tests.serving.vllm.conftest import SERVED_BASE, adapters_on
 from tests.support.adapters import AdapterSpec, write_adapter_dir
 from tests.support.haproxy import haproxy_available, raw_request, running_haproxy

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from serving.gateway.haproxy import HAProxyFrontDoor
-from serving.gateway.routing import ReplicaView, ServedView, routing_table
+from serving.door.haproxy import HAProxyFrontDoor
+from serving.door.routing import ReplicaView, ServedView, routing_table
 from serving.models import Deployment, HttpAttempt
 from tests.serving.vllm.conftest import SERVED_BASE, adapters_on, ok
 from tests.support.adapters import AdapterSpec, write_adapter_dir
@@ -125,7 +125,7 @@ def _table(servers, loaded: list[dict], served: list[ServedView]):
 def _deployment_behind_a_front_door(platform, vllm_servers, settings, tmp_path, name):
     """A deployment of both real replicas with a front door (HAProxy's first
     configuration written): (the deployment, the front door's URL)."""
-    from serving.gateway.services import gateway_sync
+    from serving.door.services import gateway_sync
 
     listen = f"127.0.0.1:{free_port()}"
     settings.SERVING_GATEWAYS = {name: listen}
@@ -268,7 +268,7 @@ def test_a_version_swap_through_the_front_door_fails_no_request(
     platform.create_deployment("gw-cpu", [s.base_url for s in vllm_servers], open_door=True)
     v1 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=1))
     v2 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=2))
-    from serving.gateway.services import front_door_for, gateway_sync
+    from serving.door.services import front_door_for, gateway_sync
 
     deployment = Deployment.objects.get(name="gw-cpu")
     gateway_sync(deployment)  # the configuration HAProxy starts with
@@ -349,7 +349,7 @@ def test_a_swap_that_fails_verification_rolls_back_without_failing_a_request(
         platform.create_deployment("gw-fail", urls, open_door=True)
         v1 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=3))
         v2 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=4))
-        from serving.gateway.services import front_door_for, gateway_sync
+        from serving.door.services import front_door_for, gateway_sync
 
         deployment = Deployment.objects.get(name="gw-fail")
         gateway_sync(deployment)
@@ -392,7 +392,7 @@ def test_an_adapter_on_one_of_two_replicas_swaps_made_before_break_and_rolls_bac
             format="json",
         )
     )
-    from serving.gateway.services import front_door_for
+    from serving.door.services import front_door_for
 
     log = tmp_path / "haproxy.log"
     with running_haproxy(front_door_for(deployment), log=log, access=open_access()):
@@ -450,7 +450,7 @@ def test_a_swap_on_every_replica_keeps_the_old_version_on_one_and_rolls_back_by_
     )
     v1 = platform.approved_version("notes", "legal-notes", AdapterSpec(seed=7))
     v2 = platform.approved_version("notes", "legal-notes", AdapterSpec(seed=8))
-    from serving.gateway.services import front_door_for
+    from serving.door.services import front_door_for
 
     log = tmp_path / "haproxy.log"
     with running_haproxy(front_door_for(deployment), log=log, access=open_access()):

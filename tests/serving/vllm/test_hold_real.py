@@ -98,7 +98,7 @@ def test_on_one_replica_swaps_and_rollbacks_fail_no_request_through_the_door(
         platform.approved_version("contracts", NAME, AdapterSpec(seed=seed))
         for seed in (7, 8, 9, 10)
     ]
-    from serving.gateway.services import front_door_for
+    from serving.door.services import front_door_for
 
     log = tmp_path / "haproxy.log"
     door = front_door_for(deployment)

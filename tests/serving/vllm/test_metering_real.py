@@ -29,9 +29,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from observability.models import DailyTokens, MeteredRequest
 from observability.otlp import metering_token
-from serving.gateway.haproxy import HAProxyFrontDoor
-from serving.gateway.routing import ReplicaView, ServedView, routing_table
-from serving.gateway.selectors import door_access
+from serving.door.haproxy import HAProxyFrontDoor
+from serving.door.routing import ReplicaView, ServedView, routing_table
+from serving.door.selectors import door_access
 from serving.models import AdapterGrant, GrantStatus, ServedAdapter
 from serving.services.inference_keys import inference_key_issue
 from tests.browser.conftest import browser, new_page  # noqa: F401 (fixtures, asked for below)

@@ -144,7 +144,7 @@ def test_three_hundred_adapters_each_on_one_of_two_replicas_all_answer_through_t
     who = actor(lena)
     clock.lap("register")
 
-    from serving.gateway.services import front_door_for, gateway_sync
+    from serving.door.services import front_door_for, gateway_sync
 
     gateway_sync(deployment)  # the configuration HAProxy starts with
     door = front_door_for(deployment)
@@ -249,7 +249,7 @@ def test_traffic_on_one_adapter_gives_it_a_second_replica_and_the_quiet_period_t
         report = reconcile_deployment(deployment.pk, "test")
         assert not report.skipped, report
 
-    from serving.gateway.services import front_door_for, gateway_sync
+    from serving.door.services import front_door_for, gateway_sync
 
     gateway_sync(deployment)
     door = front_door_for(deployment)
@@ -336,7 +336,7 @@ def test_traffic_on_one_adapter_gives_it_a_second_replica_and_the_quiet_period_t
 
 def _served_by(log, replica) -> int:
     """Requests the door sent to `replica` that it answered 200."""
-    from serving.gateway.routing import server_name
+    from serving.door.routing import server_name
 
     return sum(
         n

@@ -1,5 +1,5 @@
 """Who may call what through a deployment's front door: the table the door
-enforces, a pure value computed by `serving.gateway.selectors.door_access`.
+enforces, a pure value computed by `serving.door.selectors.door_access`.
 
 The door never sees a key: it hashes the `Authorization: Bearer` value
 (SHA-256, lowercase hex) and looks the hash up in `keys`. A caller is a

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from serving.gateway.access import DoorAccess
-from serving.gateway.routing import RoutingTable
+from serving.door.access import DoorAccess
+from serving.door.routing import RoutingTable
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from core.models import Department, Membership
 from serving.attestation import refusal
-from serving.gateway.access import CallerKey, DoorAccess
-from serving.gateway.routing import ReplicaView, RoutingTable, ServedView, routing_table
+from serving.door.access import CallerKey, DoorAccess
+from serving.door.routing import ReplicaView, RoutingTable, ServedView, routing_table
 from serving.models import (
     AdapterGrant,
     Deployment,
@@ -80,7 +80,7 @@ def live_inference_keys(now=None):
 
 
 def door_access(deployment: Deployment) -> DoorAccess:
-    """The table the deployment's front door enforces (serving/gateway/access.py),
+    """The table the deployment's front door enforces (serving/door/access.py),
     in six queries whatever the number of keys, departments or grants (and
     metering's, for tokens, where a token limit is set).
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 import yaml
 
-from serving.gateway.access import DoorAccess
+from serving.door.access import DoorAccess
 from serving.quotas import DepartmentLimitsView, KeyLimits
 
 AUTH_API = "kuadrant.io/v1"
@@ -215,7 +215,7 @@ def key_secret_template(key_id: int, department: str, namespace: str = "") -> di
 
 def render_yaml(deployment, *, route: str | None = None) -> str:
     """The deployment's Kuadrant policies as YAML, from the database as it is now."""
-    from serving.gateway.selectors import door_access, live_inference_keys
+    from serving.door.selectors import door_access, live_inference_keys
     from serving.quota_selectors import department_limits, key_limits
 
     header = (

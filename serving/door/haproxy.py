@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving.canary_gates import ServerSample
-from serving.gateway import TakenOut
-from serving.gateway.access import DoorAccess
-from serving.gateway.routing import Route, RoutingTable, ServerState
+from serving.door import TakenOut
+from serving.door.access import DoorAccess
+from serving.door.routing import Route, RoutingTable, ServerState
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ HAPROXY_PATH = "/usr/sbin:/usr/bin:/bin"
 GLIBC_TUNABLES = (
     "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=268435456"
 )
-# The files of a door's access table (serving/gateway/access.py), each a map the
+# The files of a door's access table (serving/door/access.py), each a map the
 # runtime API changes in place: key hash -> "department,key id,expiry";
 # "department:model" -> 1; department -> its /v1/models body (base64); and the
 # door's own flags ("open", and the fingerprint of the table last pushed); and

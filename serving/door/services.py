@@ -16,11 +16,11 @@ from dataclasses import replace
 from django.conf import settings
 from django.utils import timezone
 
-from serving.gateway import FrontDoor, TakenOut
-from serving.gateway.access import DoorAccess
-from serving.gateway.haproxy import GatewayError, HAProxyFrontDoor
-from serving.gateway.routing import RoutingTable, server_name
-from serving.gateway.selectors import door_access, routing_table_for
+from serving.door import FrontDoor, TakenOut
+from serving.door.access import DoorAccess
+from serving.door.haproxy import GatewayError, HAProxyFrontDoor
+from serving.door.routing import RoutingTable, server_name
+from serving.door.selectors import door_access, routing_table_for
 from serving.models import Deployment, HttpAttempt, Replica
 
 logger = logging.getLogger(__name__)

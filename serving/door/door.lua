@@ -15,7 +15,7 @@
 -- `option http-buffer-request`; a larger one gets a 413 before this runs), the
 -- scan is one linear pass with an explicit stack (MAX_DEPTH, no recursion),
 -- and HAProxy stops any Lua action that runs longer than
--- `tune.lua.session-timeout` (rendered by serving/gateway/haproxy.py).
+-- `tune.lua.session-timeout` (rendered by serving/door/haproxy.py).
 --
 -- Sets txn.model (the decoded name) when the body has one, or txn.body_error
 -- (a sentence naming the problem, answered as a 400) when it is refused.
