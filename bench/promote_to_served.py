@@ -5,7 +5,7 @@
     CELERY_BROKER_URL=redis://127.0.0.1:6379/11 .venv/bin/python -m bench.promote_to_served
 
 Each deployment (1 replica, 4 replicas) has its own real HAProxy front door
-(serving/gateway/haproxy.py), started as the tests start it. What is timed,
+(serving/door/haproxy.py), started as the tests start it. What is timed,
 each round with a NEW adapter (fresh served name, so no swap):
 
   product  from BEFORE the POST /api/v1/promotions/ (Bearer token, in-process API
@@ -114,7 +114,7 @@ class BareRoute:
     leaves alone."""
 
     def __init__(self, door, servers: list[str]) -> None:
-        from serving.gateway.haproxy import SLOT_PREFIX
+        from serving.door.haproxy import SLOT_PREFIX
 
         self.door = door
         self.servers = servers
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.core.management import call_command
 
     from config.celery import app
-    from serving.gateway.services import front_door_for, gateway_sync
+    from serving.door.services import front_door_for, gateway_sync
     from serving.replica_rows import replicas_sync
     from tests.support.haproxy import running_haproxy
     from tests.support.vllm_servers import ensure_tiny_model, start_servers, stop_all
