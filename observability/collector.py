@@ -36,6 +36,7 @@ from observability.models import (
 )
 from observability.selectors import deployment_pool_figures
 from registry.models import AdapterVersion, VersionStatus
+from serving.kept_copies import KeptCopy
 from serving.models import (
     Deployment,
     DriftEvent,
@@ -49,7 +50,6 @@ from serving.models import (
     ServedAdapter,
 )
 from serving.placement_plan import placed_keys
-from serving.retention import Retained
 from serving.sync_state import SyncState, classify_kept, loaded_adapters
 
 TERMINAL = (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.ROLLED_BACK)
@@ -328,7 +328,7 @@ class ControlPlaneCollector:
                 "min_replicas",
                 "max_replicas",
                 "placement",
-                "retained",
+                "kept_copy",
             )
             .select_related("adapter")
         ):
@@ -337,7 +337,7 @@ class ControlPlaneCollector:
             wanted[served.deployment_id][served.adapter.served_name] = (
                 served.served_path,
                 placed_keys(served),
-                Retained.from_dict(served.retained),
+                KeptCopy.from_dict(served.kept_copy),
             )
         health = defaultdict(lambda: defaultdict(int))
         for replica in Replica.objects.filter(active=True).only(
@@ -359,7 +359,7 @@ class ControlPlaneCollector:
                         replica.health,
                         kept=kept.keeps(replica.pk, roots.get(name), now),
                     )
-                    not in (SyncState.IN_SYNC, SyncState.RETAINED)
+                    not in (SyncState.IN_SYNC, SyncState.KEPT)
                 )
                 missing.add_metric([deployment, replica.base_url], absent)
         for deployment_id, deployment in names.items():

@@ -259,9 +259,9 @@ class ServedAdapter(models.Model):
     # reconcile where it changes and by a rollout for the adapter it holds.
     placement = models.JSONField(default=dict, blank=True, editable=False)
     # The replicas a swap behind a front door left on the version before, drained,
-    # so that a rollback meanwhile is a switch of traffic (serving.retention:
+    # so that a rollback meanwhile is a switch of traffic (serving.kept_copies:
     # {"path", "replicas", "until"}); the reconcile leaves those copies alone until then.
-    retained = models.JSONField(default=dict, blank=True, editable=False)
+    kept_copy = models.JSONField(default=dict, blank=True, editable=False)
 
     class Meta:
         constraints = [

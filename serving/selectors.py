@@ -15,6 +15,7 @@ from core.access import visible_department_ids
 from core.actors import Actor
 from core.errors import NotAuthorized, NotFound
 from core.redaction import redact
+from serving.kept_copies import KeptCopy
 from serving.models import (
     Deployment,
     DriftEvent,
@@ -28,7 +29,6 @@ from serving.models import (
     VersionFingerprint,
 )
 from serving.placement_plan import placed_keys
-from serving.retention import Retained
 from serving.sync_state import SyncState, classify_kept, desired_root, loaded_adapters
 
 
@@ -201,11 +201,11 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
     may see. `in_sync` is true only where the replica's last listing equals the
     desired state and the replica has not been found down since: a replica that
     is down lists nothing, whatever it said before. A replica that keeps the
-    previous version after a swap, drained, for a rollback (serving.retention)
-    is in sync with state "retained" until its time is up."""
+    previous version after a swap, drained, for a rollback (serving.kept_copies)
+    is in sync with state "kept" until its time is up."""
     served = list(served_adapters_for(actor, deployment))
     placed = {s.pk: placed_keys(s) for s in served}
-    retained = {s.pk: Retained.from_dict(s.retained) for s in served}
+    kept_copies = {s.pk: KeptCopy.from_dict(s.kept_copy) for s in served}
     now = time.time()
     visible_names = {s.adapter.served_name for s in served}
     # Unknown adapters could be any department's; replica URLs are the platform's.
@@ -221,7 +221,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
             actual = loaded.get(s.adapter.served_name)
             # None where retired, or where placement does not put it (serving.placement_plan).
             desired = desired_root(s, replica.pk, placed[s.pk])
-            kept = retained[s.pk].keeps(replica.pk, actual, now)
+            kept = kept_copies[s.pk].keeps(replica.pk, actual, now)
             state = classify_kept(desired, actual, replica.health, kept=kept)
             adapters.append(
                 {
@@ -230,7 +230,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
                     "actual_root": actual,
                     "placed": _placed_on(placed[s.pk], replica.pk),
                     # A copy kept for a rollback is as intended: nothing repairs it.
-                    "in_sync": state in (SyncState.IN_SYNC, SyncState.RETAINED),
+                    "in_sync": state in (SyncState.IN_SYNC, SyncState.KEPT),
                     # Decided on the full roots; a member's view shows folder names only.
                     "state": state.value,
                 }

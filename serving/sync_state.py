@@ -23,8 +23,8 @@ class SyncState(StrEnum):
     NOT_UNLOADED = "not_unloaded"  # retired, still loaded
     DOWN = "down"  # the replica is down: nothing it listed before counts
     # The previous version, kept loaded and drained after a swap for a fast
-    # rollback until its time is up (serving.retention): not drift.
-    RETAINED = "retained"
+    # rollback until its time is up (serving.kept_copies): not drift.
+    KEPT = "kept"
 
     @property
     def drifted(self) -> bool:
@@ -46,9 +46,9 @@ def classify(desired: str | None, actual: str | None, health: str = ReplicaHealt
 
 def classify_kept(desired: str | None, actual: str | None, health: str, *, kept: bool) -> SyncState:
     """classify, where `kept` says the replica's copy is one a swap keeps for a
-    rollback (Retained.keeps): RETAINED instead of the drift it would look like."""
+    rollback (KeptCopy.keeps): KEPT instead of the drift it would look like."""
     state = classify(desired, actual, health)
-    return SyncState.RETAINED if kept and state.drifted else state
+    return SyncState.KEPT if kept and state.drifted else state
 
 
 def desired_root(

@@ -42,6 +42,7 @@ from serving.fanout import (
     replica_session,
     verify_with_fingerprint,
 )
+from serving.kept_copies import KeptCopy
 from serving.models import (
     Deployment,
     DriftKind,
@@ -62,7 +63,6 @@ from serving.replica_calls import (
     reload_adapter,
 )
 from serving.replica_rows import health_changes, replicas_sync
-from serving.retention import Retained
 from serving.services.attempts import attempts_record, attempts_record_all
 from serving.services.drifts import DriftRecorder
 from serving.services.fingerprints import (
@@ -312,7 +312,7 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
             "max_replicas",
             "placement",
             "lease_until",
-            "retained",
+            "kept_copy",
         )
         # The fingerprints the sampled re-check compares with, in the same query.
         .annotate(fingerprint_probe=fingerprint_probe_annotation())
@@ -426,14 +426,14 @@ def _hold_early_unloads(up: list[_Tick], desired: dict, now) -> None:
     it on only once every replica that placement puts it on and that is up
     serves it from its path (loaded and verified by an earlier tick). The copy
     of the version before that a swap left on a replica, drained
-    (ServedAdapter.retained), stays until its time is up, whether placement
+    (ServedAdapter.kept_copy, serving.kept_copies), stays until its time is up, whether placement
     moved the adapter off that replica or not: a rollback meanwhile moves the
     traffic back to it instead of reloading it."""
     busy = {(tick.replica.pk, job.name) for tick in up for job in tick.jobs}
     epoch = now.timestamp()
 
-    def retained(job: _Job) -> bool:
-        keep = Retained.from_dict(getattr(desired[job.name], "retained", None))
+    def kept(job: _Job) -> bool:
+        keep = KeptCopy.from_dict(getattr(desired[job.name], "kept_copy", None))
         return keep.keeps(job.replica.pk, job.actual, epoch)
 
     def served_where_placed(name: str) -> bool:
@@ -447,7 +447,7 @@ def _hold_early_unloads(up: list[_Tick], desired: dict, now) -> None:
     def held(job: _Job) -> bool:
         if job.kind not in (DriftKind.UNPLACED_UNLOADED, DriftKind.WRONG_ROOT_CORRECTED):
             return False
-        if job.name in desired and retained(job):
+        if job.name in desired and kept(job):
             return True
         return job.kind == DriftKind.UNPLACED_UNLOADED and not served_where_placed(job.name)
 

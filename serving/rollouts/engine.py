@@ -37,6 +37,7 @@ from serving.door.services import (
     gateway_take_out,
 )
 from serving.fanout import verify_with_fingerprint
+from serving.kept_copies import SwapPlan, swap_plan
 from serving.models import (
     Replica,
     ReplicaHealth,
@@ -69,16 +70,14 @@ from serving.rollouts.steps import (
     set_steps,
     succeed,
     switch_back,
+    switch_to_kept,
 )
 from serving.services.fingerprints import fingerprints_check_rollout
 from serving.services.leases import (
     served_adapter_claim,
     served_adapter_release,
 )
-from serving.services.placements import (
-    placement_targets,
-    swap_spares,
-)
+from serving.services.placements import placement_targets, replica_capacity
 from serving.signals import rollout_ready, served_version_changed
 from serving.sync_state import loaded_adapters
 from serving.transitions import (
@@ -203,13 +202,21 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
         # Only where placement puts the adapter (serving.placement_plan); a retire
         # unloads it wherever it may be.
         replicas, placement = placement_targets(deployment, served, replicas)
-    moves = _moves_for(rollout, served, replicas, everyone) if placement is not None else {}
-    if moves:
-        replicas = [r for r in everyone if r.pk in moves]
+    plan = _swap_plan(rollout, served, replicas, everyone, bounded=placement is not None)
+    if plan is not None:
+        # The replicas the version ends on: those given it, and those held back
+        # on the version before (the reconcile swaps them once their time is up).
+        ends_on = set(plan.order) | (set(plan.keep) - set(plan.moved))
+        replicas = [r for r in everyone if r.pk in ends_on]
     steps = _steps_for(rollout, replicas)
     pushed = [r for r in replicas if steps[r.pk].status != ReplicaStepStatus.DEFERRED]
     policy = replace(RetryPolicy.from_settings(), sleep=watch.sleep)
-    ctx = RolloutContext(rollout, deployment, pushed, steps, policy, watch, moves=moves)
+    ctx = RolloutContext(rollout, deployment, pushed, steps, policy, watch)
+    if plan is not None:
+        by_pk = {r.pk: r for r in everyone}
+        ctx.keep = [by_pk[pk] for pk in plan.keep]
+        ctx.spares = plan.spares
+        ctx.moved = dict(plan.moved)
     if not replicas:
         why = "The deployment has no replicas."
         if placement is not None:
@@ -272,21 +279,23 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
         canary_run(ctx, served, name, load, verify)
         return
     groups = [pushed[:1], pushed[1:]] if rollout.canary and len(pushed) > 1 else [pushed]
-    # Behind a front door, a version swap goes one replica at a time: drained
-    # there, swapped, verified, put back (serving/door/, docs/gateway.md).
-    swap = gateway_swaps_one_by_one(deployment, served)
+    # Behind a front door, a version swap goes one replica at a time, as the
+    # plan says (serving/kept_copies.py, docs/gateway.md): taken out there where
+    # it serves the version before, swapped, verified, put back.
     switch_after = None
-    if swap:
-        order = pushed
-        if not ctx.moves:
-            order, switch_after = _swap_order(ctx, name, path, served.served_path)
-        groups = [[replica] for replica in order]
+    if plan is not None:
+        groups = [[r] for pk in plan.order for r in pushed if r.pk == pk]
+        switch_after = plan.switch_after
+    # Those that hold the version already (kept copies) or never served the
+    # adapter (spares) get no traffic for it: nothing to take out.
+    serving_before = {
+        r.pk for r in pushed if r.pk not in ctx.spares and loaded_adapters(r).get(name) != path
+    }
     swapped: list[Replica] = []
     for index, group in enumerate(groups):
         group_steps = [steps[r.pk] for r in group]
         enter_phase(ctx, group_steps, RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
-        # (Those that kept the version get no traffic for it: nothing to take out.)
-        take_out = swap and not ctx.moves and index >= (switch_after or 0)
+        take_out = plan is not None and group[0].pk in serving_before
         with _taken_out(ctx, name, group, take_out) as taken:
             if taken is not None and taken.busy:
                 # Never unloaded under requests it still runs (SERVING_GATEWAY_DRAIN_SECONDS).
@@ -300,7 +309,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
                 }
             else:
                 loaded = fan_out(ctx, group, load)
-            if swap and not ctx.moves and not all(o.ok for o in loaded.values()):
+            if plan is not None and not all(o.ok for o in loaded.values()):
                 switch_back(ctx, name, group, swapped)
             phase = "drain" if taken is not None and taken.busy else "load"
             if rollback_if_failed(ctx, group_steps, loaded, phase):
@@ -309,34 +318,34 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
             enter_phase(ctx, group_steps, RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
             verified = fan_out(ctx, group, verify, probes=name)
             fingerprints_check_rollout(rollout=rollout, replicas=group, outcomes=verified)
-            if swap and not ctx.moves and not all(o.ok for o in verified.values()):
+            if plan is not None and not all(o.ok for o in verified.values()):
                 switch_back(ctx, name, group, swapped)
             if rollback_if_failed(ctx, group_steps, verified, "verification"):
                 gateway_sync(deployment, release=name)
                 return
-            if swap:
+            if plan is not None:
                 gateway_ready(deployment, name, group)
                 swapped += group
-        if ctx.moves:
-            # The new version serves there: the old one's replica gets nothing
-            # new, finishes what it has, and keeps the old version loaded.
-            ctx.moved += group
-            gateway_drain(deployment, name, [ctx.moves[r.pk] for r in group])
         if switch_after == index + 1:
-            # The replicas that kept this version serve it again: the traffic
-            # leaves the others at once (a rollback's switch); they are swapped after.
-            gateway_drain(deployment, name, [r for r in pushed if r not in swapped])
+            # The kept copies serve it again: the traffic leaves the others at
+            # once (a rollback's switch); those not kept are swapped after.
+            switch_to_kept(ctx, name, [r for r in pushed if r not in swapped])
         set_steps(group_steps, ReplicaStepStatus.SUCCEEDED)
-    if ctx.kept is not None:
-        gateway_drain(deployment, name, [ctx.kept])
+    if ctx.keep:
+        # Make before break: the new version serves, the old one's replicas get
+        # nothing new, finish what they have, and keep the old version loaded.
+        if not ctx.switched:
+            gateway_drain(deployment, name, ctx.keep)
         retain = settings.SERVING_ROLLBACK_RETAIN_SECONDS
+        held_back = [steps[r.pk] for r in ctx.keep if r.pk in steps]
         set_steps(
-            [steps[ctx.kept.pk]],
+            held_back,
             ReplicaStepStatus.DEFERRED,
             {
-                ctx.kept.pk: f"Keeps the version before, drained, for {retain:g} s "
+                s.replica_id: f"Keeps the version before, drained, for {retain:g} s "
                 "(SERVING_ROLLBACK_RETAIN_SECONDS): a rollback meanwhile is a switch of "
                 "traffic. The reconcile swaps it then."
+                for s in held_back
             },
         )
     succeed(ctx, served)
@@ -366,52 +375,46 @@ def _taken_out(ctx: RolloutContext, name: str, group: list[Replica], take: bool)
             gateway_release(ctx.deployment, name, replica, owner=taken.owner)
 
 
-def _swap_order(
-    ctx: RolloutContext, name: str, path: str, before: str | None
-) -> tuple[list[Replica], int | None]:
-    """The order an in-place swap goes through the replicas, one at a time, and
-    after how many the others are drained at once (None: never). Replicas that
-    already hold the version at `path` (a retained copy: a rollback) go first,
-    then the traffic leaves the others at once. Otherwise, with a retention set
-    and two replicas or more, the last one serving the version before (at
-    `before`) is not swapped: it keeps it, drained (ctx.kept)."""
-    pushed = ctx.replicas
-    holding = [r for r in pushed if loaded_adapters(r).get(name) == path]
-    others = [r for r in pushed if r not in holding]
-    if holding and others:
-        return holding + others, len(holding)
-    serving_before = [r for r in pushed if before and loaded_adapters(r).get(name) == before]
+def _swap_plan(
+    rollout: Rollout,
+    served: ServedAdapter,
+    placed: list[Replica],
+    everyone: list[Replica],
+    *,
+    bounded: bool,
+) -> SwapPlan | None:
+    """The swap's plan (serving.kept_copies.swap_plan) from what the records
+    say, or None where the swap does not go one replica at a time (no front
+    door, a retire, a traffic canary, a first load)."""
     if (
-        not holding
-        and len(pushed) >= 2
-        and serving_before
-        and ctx.rollout.kind != RolloutKind.ROLLBACK
-        and settings.SERVING_ROLLBACK_RETAIN_SECONDS > 0
-    ):
-        ctx.kept = serving_before[-1]
-        return [r for r in pushed if r is not ctx.kept], None
-    return pushed, None
-
-
-def _moves_for(
-    rollout: Rollout, served: ServedAdapter, placed: list[Replica], everyone: list[Replica]
-) -> dict[int, Replica]:
-    """Make before break for a version swap of an adapter placement holds on
-    fewer replicas than the deployment has: {spare replica id: the placed
-    replica whose traffic it takes} (swap_spares), or {} where it cannot (a
-    first load, a canary, no front door, not enough room): in place, one by one."""
-    if (
-        rollout.canary
+        rollout.kind == RolloutKind.RETIRE
         or rollout.canary_share
+        or not placed
         or not gateway_swaps_one_by_one(rollout.deployment, served)
     ):
-        return {}
-    resumed = set(ReplicaRollout.objects.filter(rollout=rollout).values_list("replica", flat=True))
+        return None
     target = rollout.target_version
     assert target is not None, f"rollout {rollout.pk} swaps in no version"
-    path = rollout.served_path or serve_path_for(rollout.deployment, target)
-    spares = swap_spares(rollout.deployment, served, placed, everyone, path=path, resumed=resumed)
-    return {spare.pk: old for spare, old in zip(spares or [], placed, strict=False)}
+    name = rollout.adapter.served_name
+    resumed = set(ReplicaRollout.objects.filter(rollout=rollout).values_list("replica", flat=True))
+    capacity = replica_capacity(rollout.deployment)
+    # Each listing, read once (parsed from the recorded /v1/models); a replica
+    # that is down serves nothing, whatever it listed before.
+    up = [r.pk for r in everyone if r.health != ReplicaHealth.DOWN]
+    loaded = {r.pk: loaded_adapters(r) if r.pk in up else {} for r in everyone}
+    return swap_plan(
+        [r.pk for r in placed],
+        up,
+        loaded=loaded,
+        name=name,
+        path=rollout.served_path or serve_path_for(rollout.deployment, target),
+        before=served.served_path,
+        room={pk for pk in up if name in loaded[pk] or len(loaded[pk]) < capacity},
+        resumed=resumed,
+        spares=bounded and not rollout.canary,
+        keep=settings.SERVING_ROLLBACK_RETAIN_SECONDS > 0,
+        rollback=rollout.kind == RolloutKind.ROLLBACK,
+    )
 
 
 def _steps_for(rollout: Rollout, replicas: list[Replica]) -> dict[int, ReplicaRollout]:

@@ -30,6 +30,7 @@ from serving.door.services import (
     gateway_ready,
 )
 from serving.fanout import on_replicas
+from serving.kept_copies import kept_copy_record
 from serving.models import (
     Deployment,
     Replica,
@@ -46,7 +47,6 @@ from serving.replica_calls import (
     ensure_loaded,
     ensure_unloaded,
 )
-from serving.retention import retained_for
 from serving.services.attempts import attempts_record_all
 from serving.services.fact_records import replica_load_refusals_report
 from serving.services.leases import (
@@ -168,14 +168,17 @@ class RolloutContext:
     # Behind a front door, the order a rollback goes through the replicas one
     # at a time, each drained there first (make before break); None: all at once.
     rollback_order: list[Replica] | None = None
-    # A swap made on spare replicas (swap_spares): per replica pushed to, the
-    # replica whose traffic it takes, which keeps the old version, drained.
-    moves: dict[int, Replica] = field(default_factory=dict)
-    moved: list[Replica] = field(default_factory=list)  # those that took it so far
-    # An in-place swap behind a front door: the replica left on the old version,
-    # drained, for SERVING_ROLLBACK_RETAIN_SECONDS (a rollback's switch), then
-    # swapped by the reconcile.
-    kept: Replica | None = None
+    # A swap behind a front door (serving.kept_copies.swap_plan): the replicas
+    # that keep the version before, drained, for SERVING_ROLLBACK_RETAIN_SECONDS
+    # (a rollback meanwhile is a switch of traffic) ...
+    keep: list[Replica] = field(default_factory=list)
+    # ... the replicas pushed to that did not serve the adapter before (a
+    # rollback unloads it there), and {placed replica: spare} (the placement follows).
+    spares: frozenset[int] = frozenset()
+    moved: dict[int, int] = field(default_factory=dict)
+    # Whether the traffic has left the replicas on the version before already
+    # (switch_to_kept): a failure then puts the kept ones back first.
+    switched: bool = False
     # Names this worker's holds at the front door (only its own are released):
     # a worker that resumes the rollout after a lost claim holds under its own.
     hold_owner: str = field(default_factory=lambda: secrets.token_hex(8))
@@ -208,31 +211,6 @@ def fan_out(
     return outcomes
 
 
-def move_back(ctx: RolloutContext, reason: str) -> None:
-    """A swap made on spare replicas failed: the replicas that kept the old
-    version get its traffic back (the runtime API: milliseconds, no reload),
-    then the new version leaves the spares, drained first."""
-    name = ctx.rollout.adapter.served_name
-    gateway_ready(ctx.deployment, name, [ctx.moves[r.pk] for r in ctx.moved])
-    gateway_drain(ctx.deployment, name, ctx.moved)
-    outcomes = fan_out(
-        ctx, ctx.replicas, lambda client, replica: ensure_unloaded(client, name, ctx.policy)
-    )
-    kept = ", ".join(sorted(old.base_url for old in ctx.moves.values()))
-    end_rollback(
-        ctx,
-        outcomes,
-        failed=lambda detail: (
-            f"{reason}. The old version still serves on {kept}; unloading the new one "
-            f"failed on {detail}; reconcile will keep trying."
-        ),
-        succeeded=(
-            f"{reason}. The old version never stopped serving on {kept}; the new one was "
-            "unloaded where it was tried."
-        ),
-    )
-
-
 def end_rollback(
     ctx: RolloutContext,
     outcomes: dict[int, ReplicaOutcome],
@@ -252,11 +230,22 @@ def end_rollback(
     finish(ctx, RolloutStatus.ROLLED_BACK, succeeded)
 
 
+def switch_to_kept(ctx: RolloutContext, name: str, others: list[Replica]) -> None:
+    """The replicas holding the version swapped in (kept copies) serve it
+    again: the traffic leaves `others` and those that keep the version
+    before at once (the runtime API, milliseconds)."""
+    gateway_drain(ctx.deployment, name, [*others, *(r for r in ctx.keep if r not in others)])
+    ctx.switched = True
+
+
 def switch_back(ctx: RolloutContext, name: str, failed: list[Replica], swapped: list[Replica]):
-    """A swap failed on `failed`: traffic leaves the replicas already on the new
-    version at once (the runtime API, milliseconds) wherever a replica not yet
-    swapped still serves the old one; then the rollback goes one replica at a
-    time, the failed one first, so that one always serves."""
+    """A swap failed on `failed`: the traffic goes back to the replicas that
+    keep the version before (if a switch had left them) and leaves the
+    replicas already on the new version at once (the runtime API,
+    milliseconds); then the rollback goes one replica at a time, the failed
+    one first, so that one always serves."""
+    if ctx.switched:
+        gateway_ready(ctx.deployment, name, [r for r in ctx.keep if r not in ctx.replicas])
     gateway_drain(ctx.deployment, name, swapped)
     rest = [r for r in ctx.replicas if r not in failed and r not in swapped]
     ctx.rollback_order = [*failed, *swapped, *rest]
@@ -285,47 +274,58 @@ def rollback_if_failed(
 def rollback_everywhere(ctx: RolloutContext, reason: str) -> None:
     """Puts every replica this rollout pushed to back on the previous version,
     or unloads the adapter where nothing was served before."""
-    if ctx.moves:
-        move_back(ctx, reason)
-        return
     rollout = ctx.rollout
     previous = rollout.previous_version
     name = rollout.adapter.served_name
-    if previous is not None:
+    # A spare the swap put the adapter on goes back to not serving it.
+    back_to = [r for r in ctx.replicas if r.pk not in ctx.spares]
+    path = None
+    if previous is not None and back_to:
         try:
-            folder = stage_version(ctx.deployment, previous, progress=ctx.watch.check)
+            path = stage_version(ctx.deployment, previous, progress=ctx.watch.check).serve_path
         except (StagingError, OSError) as error:
             finish(ctx, RolloutStatus.FAILED, f"{reason}. Rollback staging failed: {error}")
             return
 
-        def load_previous(client, replica):
-            return ensure_loaded(
-                client, name, folder.serve_path, ctx.policy, known_version=replica.vllm_version
+    def undo(client, replica):
+        if path is None or replica.pk in ctx.spares:
+            return ensure_unloaded(client, name, ctx.policy)
+        return ensure_loaded(client, name, path, ctx.policy, known_version=replica.vllm_version)
+
+    if back_to or not ctx.keep:
+        restored = (
+            f"v{previous.number}" if previous else "not loaded (there was no previous version)"
+        )
+
+        def failed(detail: str) -> str:
+            return (
+                f"{reason}. Rollback to {restored} failed on {detail}; reconcile will keep trying."
             )
 
-        if ctx.rollback_order:
-            outcomes = {}
-            for replica in ctx.rollback_order:
-                gateway_drain(ctx.deployment, name, [replica])
-                outcomes.update(fan_out(ctx, [replica], load_previous))
-                if outcomes[replica.pk].ok:
-                    gateway_ready(ctx.deployment, name, [replica])
-        else:
-            outcomes = fan_out(ctx, ctx.replicas, load_previous)
-        restored = f"v{previous.number}"
+        succeeded = f"{reason}. Every replica is back on {restored}."
     else:
-        outcomes = fan_out(
-            ctx, ctx.replicas, lambda client, replica: ensure_unloaded(client, name, ctx.policy)
+        kept = ", ".join(sorted(r.base_url for r in ctx.keep))
+
+        def failed(detail: str) -> str:
+            return (
+                f"{reason}. The old version still serves on {kept}; unloading the new one "
+                f"failed on {detail}; reconcile will keep trying."
+            )
+
+        succeeded = (
+            f"{reason}. The old version never stopped serving on {kept}; the new one was "
+            "unloaded where it was tried."
         )
-        restored = "not loaded (there was no previous version)"
-    end_rollback(
-        ctx,
-        outcomes,
-        failed=lambda detail: (
-            f"{reason}. Rollback to {restored} failed on {detail}; reconcile will keep trying."
-        ),
-        succeeded=f"{reason}. Every replica is back on {restored}.",
-    )
+    if ctx.rollback_order:
+        outcomes = {}
+        for replica in ctx.rollback_order:
+            gateway_drain(ctx.deployment, name, [replica])
+            outcomes.update(fan_out(ctx, [replica], undo))
+            if outcomes[replica.pk].ok and replica.pk not in ctx.spares:
+                gateway_ready(ctx.deployment, name, [replica])
+    else:
+        outcomes = fan_out(ctx, ctx.replicas, undo)
+    end_rollback(ctx, outcomes, failed=failed, succeeded=succeeded)
 
 
 def finish(ctx: RolloutContext, status: str, error: str) -> None:
@@ -351,22 +351,17 @@ def succeed(ctx: RolloutContext, served: ServedAdapter) -> None:
     deferred = deferred_count(ctx)
     with transaction.atomic():
         set_status(ctx, RolloutStatus.SUCCEEDED, error="", finished_at=timezone.now())
-        placed = {}
-        left = [ctx.kept.pk] if ctx.kept is not None else []
-        if ctx.moves:
-            # Where the swap moved it; the replicas it left keep the old version
-            # for SERVING_ROLLBACK_RETAIN_SECONDS (a rollback is then a switch).
-            moved = {old.pk: spare for spare, old in ctx.moves.items()}
-            placed["placement"] = served_placement_moved(served, moved)
-            left = [old.pk for old in ctx.moves.values()]
+        # Where the swap moved it; the replicas it left, or held back, keep the
+        # old version for SERVING_ROLLBACK_RETAIN_SECONDS (a rollback is then a switch).
+        placed = {"placement": served_placement_moved(served, ctx.moved)} if ctx.moved else {}
         ServedAdapter.objects.filter(pk=served.pk).update(
             version=rollout.target_version,
             served_path=rollout.served_path,
             updated_at=timezone.now(),
             # served: the row as this rollout started, its path the version before.
-            retained=retained_for(
+            kept_copy=kept_copy_record(
                 served.served_path,
-                left,
+                [r.pk for r in ctx.keep],
                 now=time.time(),
                 seconds=settings.SERVING_ROLLBACK_RETAIN_SECONDS,
             ),
@@ -403,7 +398,7 @@ def succeed(ctx: RolloutContext, served: ServedAdapter) -> None:
         ctx,
         rollout.adapter.served_name,
         rollout.served_path,
-        only={r.pk for r in ctx.replicas if r is not ctx.kept},
+        only={r.pk for r in ctx.replicas if r not in ctx.keep},
     )
 
 

@@ -27,7 +27,6 @@ from registry.models import Adapter
 from serving.deploy_access import require_may_deploy
 from serving.models import Deployment, Replica, ReplicaHealth, ServedAdapter
 from serving.placement_plan import ReplicaSlot, Result, Settings, State, Wish, is_bounded, place
-from serving.sync_state import loaded_adapters
 
 # The most replicas a bound may name (the column is a small integer).
 MAX_BOUND = 1024
@@ -296,44 +295,6 @@ def served_placement_set(
             },
         )
     return row
-
-
-def swap_spares(
-    deployment: Deployment,
-    served: ServedAdapter,
-    placed: list[Replica],
-    replicas: list[Replica],
-    *,
-    path: str,
-    resumed: set[int],
-) -> list[Replica] | None:
-    """Where a version swap of `served` (placed on `placed`) can be made before
-    it breaks anything: one replica per placed one, up, not placed, and with
-    room in its host cache, on which the new version is loaded, verified and
-    sent the traffic before the old one is drained. A replica that already
-    holds the version at `path` (a retained copy: a rollback) comes first, then
-    the emptiest. None where there are not enough (the swap then goes replica by
-    replica in place). `resumed`: the replicas a resumed rollout already pushed
-    to; the same ones again, or none."""
-    name = served.adapter.served_name
-    taken = {r.pk for r in placed}
-    if resumed:
-        again = [r for r in replicas if r.pk in resumed]
-        return again if len(again) == len(placed) and not (resumed & taken) else None
-    capacity = replica_capacity(deployment)
-    # Each replica's listing, read once (it is parsed from the recorded /v1/models).
-    loaded = {r.pk: loaded_adapters(r) for r in replicas if r.pk not in taken}
-    candidates = [
-        r
-        for r in replicas
-        if r.pk in loaded
-        and r.health != ReplicaHealth.DOWN
-        and (name in loaded[r.pk] or len(loaded[r.pk]) < capacity)
-    ]
-    if len(candidates) < len(placed):
-        return None
-    candidates.sort(key=lambda r: (loaded[r.pk].get(name) != path, len(loaded[r.pk]), r.base_url))
-    return candidates[: len(placed)]
 
 
 def served_placement_moved(served: ServedAdapter, moves: Mapping[int, int]) -> dict:

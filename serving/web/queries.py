@@ -146,7 +146,7 @@ MISSING = SyncState.MISSING.value
 WRONG_ROOT = SyncState.WRONG_ROOT.value
 NOT_UNLOADED = SyncState.NOT_UNLOADED.value
 DOWN = SyncState.DOWN.value
-RETAINED = SyncState.RETAINED.value
+KEPT = SyncState.KEPT.value
 CHANGED = "changed"  # desired state moved after the replica was last checked
 UNCHECKED = "unchecked"  # never reconciled
 
@@ -158,7 +158,7 @@ CELL_LABELS = {
     CHANGED: "awaiting check",
     UNCHECKED: "not checked yet",
     DOWN: "replica down",
-    RETAINED: "kept for rollback",
+    KEPT: "kept for rollback",
 }
 DRIFT = {state.value for state in SyncState if state.drifted}
 

@@ -345,9 +345,9 @@ def test_a_swap_of_an_adapter_on_one_replica_is_made_on_another_first(
     assert _ask(url) == 200
 
     # Once the retention is over, the copy the rollback left is unloaded.
-    retained = ServedAdapter.objects.get(pk=row.pk).retained
-    assert retained["replicas"] == [spare_id]  # what the rollback left
-    ServedAdapter.objects.filter(pk=row.pk).update(retained={**retained, "until": 0})
+    kept = ServedAdapter.objects.get(pk=row.pk).kept_copy
+    assert kept["replicas"] == [spare_id]  # what the rollback left
+    ServedAdapter.objects.filter(pk=row.pk).update(kept_copy={**kept, "until": 0})
     reconcile_deployment(deployment.pk, "beat")
     assert _holders(fleet, "legal-contracts") == [home]
     assert _ask(url) == 200
@@ -422,11 +422,11 @@ def test_a_swap_on_every_replica_keeps_the_old_version_on_the_last_until_its_tim
             for sample in family.samples
         }
         assert set(missing.values()) == {0}, missing
-        assert _state_of(root, deployment, kept_id) == ("retained", True)
+        assert _state_of(root, deployment, kept_id) == ("kept", True)
 
         # ...then swapped by the reconcile, and its step done.
         ServedAdapter.objects.filter(deployment=deployment).update(
-            retained={**ServedAdapter.objects.get(deployment=deployment).retained, "until": 0}
+            kept_copy={**ServedAdapter.objects.get(deployment=deployment).kept_copy, "until": 0}
         )
         reconcile_deployment(deployment.pk, "beat")
         assert fleet.replicas[kept].adapters["legal-contracts"] == swap.served_path
