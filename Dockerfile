@@ -7,7 +7,7 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 REMAP_SIGTERM=SIGQUIT \
     VAR_DIR=/var/lib/registry DJANGO_STATIC_ROOT=/app/staticfiles
 WORKDIR /app
-# The front door (serving/door/, docs/gateway.md) is Debian's HAProxy 2.6.
+# The front door (serving/door/, docs/door.md) is Debian's HAProxy 2.6.
 RUN apt-get update && apt-get install -y --no-install-recommends haproxy \
  && rm -rf /var/lib/apt/lists/*
 COPY requirements.txt .

@@ -462,7 +462,7 @@ SERVING_FINGERPRINT_TOLERANCE = cfg.number("SERVING_FINGERPRINT_TOLERANCE", 1e-3
 # Adapters whose weights the reconcile checks on each replica each tick (one greedy
 # completion each), rotating through the replica's adapters; 0 turns the check off.
 SERVING_FINGERPRINT_SAMPLE = cfg.integer("SERVING_FINGERPRINT_SAMPLE", 2, minimum=0)
-# The front door (serving/door/, docs/gateway.md): one HAProxy per deployment
+# The front door (serving/door/, docs/door.md): one HAProxy per deployment
 # named in SERVING_GATEWAYS ("local-cpu=127.0.0.1:8200,prod=0.0.0.0:8080": where
 # each listens), its files in SERVING_GATEWAY_DIR/<deployment>/. Empty: no front
 # door, clients call the replicas. A swap waits at most SERVING_GATEWAY_DRAIN_SECONDS
@@ -479,7 +479,7 @@ SERVING_GATEWAY_URLS = cfg.env.dict("SERVING_GATEWAY_URLS", default={})
 if cfg.env.str("SERVING_GATEWAY_ADMIN", default=""):
     raise ImproperlyConfigured(
         "SERVING_GATEWAY_ADMIN (the runtime API over TCP) is removed: drive the front "
-        "door through its UNIX socket in SERVING_GATEWAY_DIR (docs/gateway.md)."
+        "door through its UNIX socket in SERVING_GATEWAY_DIR (docs/door.md)."
     )
 # The largest request body the door takes (it buffers the whole body to read
 # `model`): 1 MiB holds a 128k-token prompt; a larger one gets a 413. Each request
@@ -492,7 +492,7 @@ SERVING_GATEWAY_MAX_BODY_BYTES = cfg.integer(
 SERVING_GATEWAY_METRICS = cfg.env.dict("SERVING_GATEWAY_METRICS", default={})
 SERVING_GATEWAY_DRAIN_SECONDS = cfg.number("SERVING_GATEWAY_DRAIN_SECONDS", 60.0, minimum=0)
 # A swap on the only replica that serves an adapter: the door holds the adapter's
-# new requests meanwhile (docs/gateway.md#holding), each at most this long, after
+# new requests meanwhile (docs/door.md#holding), each at most this long, after
 # which it is routed as the door routes then. 0: no hold (the swap's gap fails them).
 # A change takes effect at the door's next reload (it is in haproxy.cfg).
 SERVING_GATEWAY_HOLD_SECONDS = cfg.number(
@@ -502,9 +502,9 @@ SERVING_GATEWAY_HOLD_SECONDS = cfg.number(
 # the deployment has loads the new version on others first and moves the traffic
 # there (make before break); the old version stays loaded where it was, drained, for
 # SERVING_ROLLBACK_RETAIN_SECONDS, so that a rollback in that time is a switch of
-# traffic, not a reload (serving/rollouts/engine.py, docs/gateway.md).
+# traffic, not a reload (serving/rollouts/engine.py, docs/door.md).
 SERVING_ROLLBACK_RETAIN_SECONDS = cfg.number("SERVING_ROLLBACK_RETAIN_SECONDS", 600.0, minimum=0)
-# A traffic canary (serving/rollouts/canary.py, docs/gateway.md#canary): its bake
+# A traffic canary (serving/rollouts/canary.py, docs/door.md#canary): its bake
 # time is stated per rollout, at most SERVING_CANARY_MAX_BAKE_SECONDS. Its gates:
 # at least SERVING_CANARY_MIN_REQUESTS to the canary before it is judged; its error
 # rate at most SERVING_CANARY_MAX_ERROR_RATE_INCREASE above the old version's; its

@@ -33,7 +33,7 @@ $BIN/python manage.py seed_demo
 # same one while it lives, kept in $VAR/demo-inference-key (mode 600).
 DEMO_KEY="$($BIN/python manage.py demo_inference_key --file "$VAR/demo-inference-key")"
 
-# The front door (docs/gateway.md): one HAProxy for the demo deployment, the
+# The front door (docs/door.md): one HAProxy for the demo deployment, the
 # client URL. The control plane keeps its routes (the runtime API on a socket in
 # $VAR/gateway/local-cpu/).
 GATEWAY_PORT="${GATEWAY_PORT:-8200}"

@@ -791,7 +791,7 @@ class DepartmentLimits(models.Model):
 
     Requests per minute are counted by each front door (per deployment); tokens
     are metered across every door and enforced within one reconcile tick of
-    being crossed (docs/gateway.md, "Limits")."""
+    being crossed (docs/door.md, "Limits")."""
 
     department = models.OneToOneField(Department, on_delete=models.CASCADE, related_name="limits")
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True)

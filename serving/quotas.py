@@ -7,7 +7,7 @@ The windows are calendar windows in UTC: the minute, the day, the month. A
 window's end is when its refusal ends, so a 429 can say exactly when to retry.
 Tokens are enforced after the fact (the request that crosses a limit completes,
 as APISIX and LiteLLM do): the next ones are refused from the reconcile tick
-that sees the crossing until the window ends. docs/gateway.md, "Limits".
+that sees the crossing until the window ends. docs/door.md, "Limits".
 """
 
 from __future__ import annotations

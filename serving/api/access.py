@@ -1,6 +1,6 @@
 """/api/v1/inference-keys/, /api/v1/grants/, /api/v1/adapters/{id}/callers/ and
 /api/v1/departments/{slug}/limits/: who may call what at the front doors, and
-how much (docs/operators/keys-and-grants.md, docs/gateway.md "Limits").
+how much (docs/operators/keys-and-grants.md, docs/door.md "Limits").
 
 Reads go through serving.access_selectors (outsiders get 404), writes through
 one service each (serving/services/inference_keys.py, grants.py)."""

@@ -275,7 +275,7 @@ core.register_action("inspect_body", { "http-req" }, function(txn)
   end
 end, 0)
 
--- The hold (docs/gateway.md#holding): while the control plane swaps a model on
+-- The hold (docs/door.md#holding): while the control plane swaps a model on
 -- the only replica that serves it, its new requests wait here instead of
 -- meeting the gap (Knative's activator, inside the door). held.map (its path in
 -- DOOR_HELD_MAP, set by haproxy.cfg) maps a served name to

@@ -21,7 +21,7 @@ Files in the gateway's directory: haproxy.cfg, models.map, admin.sock (runtime
 API), master.sock (master CLI), haproxy.pid (the master's pid), unavailable.http
 (the 503 of a model no replica serves right now), lock (serialises every writer
 on this host), held.map (the models whose new requests the door holds while
-their only replica swaps: docs/gateway.md#holding) and the access maps (keys,
+their only replica swaps: docs/door.md#holding) and the access maps (keys,
 grants, catalog, door, upstream: mode 0600; upstream.map holds the replicas'
 vLLM API key, base64).
 """
@@ -55,7 +55,7 @@ BASE_BACKEND = "base"
 ADAPTER_BACKEND_PREFIX = "m_"
 # Free backends rendered at every reload, one server line per replica, each in
 # maint: a NEW adapter takes one at runtime (servers ready, then its map entry),
-# so a promotion routes at once instead of after a reload (docs/gateway.md).
+# so a promotion routes at once instead of after a reload (docs/door.md).
 # The next reload renders it as m_<model> and the pool is whole again.
 SLOT_PREFIX = "slot_"
 SLOTS = 16
@@ -324,7 +324,7 @@ def render_config(
     if metrics:
         out += [
             # Apart from the client port: an internal listener for Prometheus
-            # (docs/gateway.md lists the series). Not logged: a scrape is no request.
+            # (docs/door.md lists the series). Not logged: a scrape is no request.
             "frontend metrics",
             f"    bind {metrics}",
             "    no log",
@@ -467,7 +467,7 @@ def _limit_rules(d: Path) -> list[str]:
     key_rpm = "{ var(txn.rl_krpm) -m found }"
     dept_rpm = "{ var(txn.rl_drpm) -m found }"
     return [
-        "    # --- Limits (serving/quotas.py; docs/gateway.md, Limits)",
+        "    # --- Limits (serving/quotas.py; docs/door.md, Limits)",
         "    acl rl_on var(txn.key_id) -m found",
         "    acl rl_key_over var(txn.rl_kleft) -m int lt 0",
         "    acl rl_dept_over var(txn.rl_dleft) -m int lt 0",
@@ -591,7 +591,7 @@ class BackendCounters:
 
 class RuntimeAPI:
     """HAProxy's runtime API (the stats socket, `level admin`) or its master
-    CLI: a UNIX socket, the only kind this module renders (docs/gateway.md)."""
+    CLI: a UNIX socket, the only kind this module renders (docs/door.md)."""
 
     def __init__(self, path: Path, *, timeout: float = 5.0):
         self.path = path
@@ -905,7 +905,7 @@ class HAProxyFrontDoor:
             alone = not others and servers[(backend, server)].state == ServerState.READY
             if keep_one and alone:
                 # Never leave a model without a replica: the swap happens in place
-                # (its unload-load gap is the cost; docs/gateway.md measures it).
+                # (its unload-load gap is the cost; docs/door.md measures it).
                 return [f"kept {backend}/{server} ready: no other replica serves {model}"]
             changes = [self._set_state(backend, server, ServerState.DRAIN)]
         deadline = time.monotonic() + timeout

@@ -17,7 +17,7 @@ TokenRateLimitPolicy attached to the deployment's HTTPRoute.
   windows of 24h and 720h, not calendar days and months).
 
 Schemas: kuadrant-operator v1.5.2, vendored in deploy/crds/kuadrant-operator/;
-the tests validate what this renders against them. docs/gateway.md, "Kubernetes".
+the tests validate what this renders against them. docs/door.md, "Kubernetes".
 """
 
 from __future__ import annotations

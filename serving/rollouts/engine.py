@@ -280,7 +280,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
         return
     groups = [pushed[:1], pushed[1:]] if rollout.canary and len(pushed) > 1 else [pushed]
     # Behind a front door, a version swap goes one replica at a time, as the
-    # plan says (serving/kept_copies.py, docs/gateway.md): taken out there where
+    # plan says (serving/kept_copies.py, docs/door.md): taken out there where
     # it serves the version before, swapped, verified, put back.
     switch_after = None
     if plan is not None:

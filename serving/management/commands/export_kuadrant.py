@@ -5,7 +5,7 @@ its limits, attached to the deployment's HTTPRoute:
     manage.py export_kuadrant granite-8b --route granite-8b | kubectl apply -f -
 
 API keys are Secrets Authorino selects by label; no key is printed
-(docs/gateway.md, "Kubernetes: Kuadrant").
+(docs/door.md, "Kubernetes: Kuadrant").
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ def test_a_vllm_started_with_an_api_key_answers_a_keyed_client_through_the_door(
     tiny_model, tmp_path
 ):
     """The door swaps the caller's inference key for the deployment's vLLM key
-    (docs/gateway.md): a replica that requires one answers through the door."""
+    (docs/door.md): a replica that requires one answers through the door."""
     replica_key = f"vllm-{secrets.token_hex(16)}"
     server = VLLMServer(
         name="keyed",
@@ -278,7 +278,7 @@ def test_a_vllm_started_with_an_api_key_answers_a_keyed_client_through_the_door(
 
 
 def test_the_openai_client_gets_rate_limit_error_past_a_limit_and_waits_retry_after(real_door, api):
-    """Limits (docs/gateway.md): past its requests per minute the key gets a 429
+    """Limits (docs/door.md): past its requests per minute the key gets a 429
     the client raises as RateLimitError; refused for tokens until a time, the
     client's own retry waits the door's Retry-After and then gets vLLM's answer."""
     from dataclasses import replace

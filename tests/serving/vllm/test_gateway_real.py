@@ -86,7 +86,7 @@ def routed_after(url: str, model: str, timeout: float = 90) -> float:
     """Seconds until the front door answers 200 for `model`: at once after a
     promotion (the rollout's last step gives it a free slot, no reload); a
     reload (a replica added) has taken tens of seconds now and then in this
-    test process (docs/gateway.md), so the wait is bounded, not zero."""
+    test process (docs/door.md), so the wait is bounded, not zero."""
     started = time.monotonic()
     while complete(url, model).status_code != 200:
         assert time.monotonic() - started < timeout, f"{model} not routed after {timeout} s"

@@ -1,7 +1,7 @@
 """A deployment of ONE real vLLM 0.32 replica behind a real HAProxy: version
 swaps and rollbacks run by the product's rollout engine under continuous
 client traffic through the door fail no request, because the door holds the
-adapter's new requests while its only replica swaps (docs/gateway.md#holding),
+adapter's new requests while its only replica swaps (docs/door.md#holding),
 and what clients get after each rollout is the version it put there."""
 
 from __future__ import annotations
