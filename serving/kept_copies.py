@@ -4,7 +4,7 @@ that a rollback meanwhile is a switch of traffic, not a reload. One record,
 and one rule for which replicas a swap behind a front door gives the new
 version and which keep the old one (swap_plan); the engine follows the plan,
 the reconcile leaves the copies alone until their time is up. Pure: no Django
-models here. docs/gateway.md#swaps-that-no-client-notices says the rest."""
+models here. docs/door.md#swaps-that-no-client-notices says the rest."""
 
 from __future__ import annotations
 
