@@ -25,6 +25,45 @@ def audit_record(
     comment: str = "",
     details: dict | None = None,
 ) -> AuditEvent:
+    event = audit_event(
+        actor=actor,
+        action=action,
+        obj=obj,
+        department=department,
+        from_state=from_state,
+        to_state=to_state,
+        comment=comment,
+        details=details,
+    )
+    audit_record_all([event])
+    return event
+
+
+def audit_record_all(events: list[AuditEvent]) -> None:
+    """Chains and saves `events` (from audit_event), in order, under one lock of
+    the chain and one read of its head: a change that records two events (a
+    promotion and its rollout) pays for the chain once."""
+    with transaction.atomic():
+        lock_chain()
+        head = chain_head()
+        for event in events:
+            event.prev_hash = head
+            event.hash = head = event_hash(event)
+            event.save(force_insert=True)
+
+
+def audit_event(
+    *,
+    actor: Actor | None,
+    action: str,
+    obj: models.Model,
+    department: Department | None,
+    from_state: str = "",
+    to_state: str = "",
+    comment: str = "",
+    details: dict | None = None,
+) -> AuditEvent:
+    """The event audit_record would save, not yet chained nor saved."""
     details = dict(details or {})
     token = actor.token if actor else None
     account = token.service_account if token else None
@@ -60,9 +99,4 @@ def audit_record(
     address = AuditEvent._meta.get_field("client_address")
     event.client_address = address.get_prep_value(event.client_address)
     event.details = json.loads(json.dumps(event.details, cls=DjangoJSONEncoder))
-    with transaction.atomic():
-        lock_chain()
-        event.prev_hash = chain_head()
-        event.hash = event_hash(event)
-        event.save(force_insert=True)
     return event

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from core.access import require_approver, require_four_eyes
 from core.actors import Actor
-from core.audit import audit_record
+from core.audit import audit_event, audit_record, audit_record_all
 from core.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from core.models import Ability
 from core.state import can_move, move
@@ -30,7 +30,7 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
-from serving.services.rollout_requests import rollout_audit_created, rollout_create
+from serving.services.rollout_requests import rollout_audit_event, rollout_create
 from serving.transitions import PROMOTION_TRANSITIONS, ROLLOUT_TERMINAL
 
 
@@ -222,16 +222,20 @@ def promotion_create(
         # The audit events last, just before the commit: the audit chain's lock
         # is global and held until then (core.audit_chain), so with many
         # promotions at once everything done after taking it is done one at a time.
-        audit_record(
-            actor=actor,
-            action="promotion.requested",
-            obj=promotion,
-            department=department,
-            to_state=status,
-            details={"deployment": deployment.name, "version": version.number},
-        )
+        # Both at once: one lock, one read of the chain's head.
+        events = [
+            audit_event(
+                actor=actor,
+                action="promotion.requested",
+                obj=promotion,
+                department=department,
+                to_state=status,
+                details={"deployment": deployment.name, "version": version.number},
+            )
+        ]
         if rollout is not None:
-            rollout_audit_created(actor, rollout)
+            events.append(rollout_audit_event(actor, rollout))
+        audit_record_all(events)
     return promotion
 
 

@@ -14,8 +14,9 @@ from django.utils import timezone
 
 from core.access import require_approver
 from core.actors import Actor
-from core.audit import audit_record
+from core.audit import audit_event, audit_record, audit_record_all
 from core.errors import Conflict
+from core.models import AuditEvent
 from core.state import move
 from registry.models import AdapterVersion
 from serving.attestation import served_fact
@@ -77,8 +78,14 @@ def rollout_create(
 
 
 def rollout_audit_created(actor: Actor | None, rollout: Rollout) -> None:
+    audit_record_all([rollout_audit_event(actor, rollout)])
+
+
+def rollout_audit_event(actor: Actor | None, rollout: Rollout) -> AuditEvent:
+    """The event rollout_audit_created records, for a caller that records it
+    with its own (core.audit.audit_record_all)."""
     target = rollout.target_version
-    audit_record(
+    return audit_event(
         actor=actor,
         action=f"rollout.{rollout.kind}",
         obj=rollout,
