@@ -84,6 +84,10 @@ class ReplicaLoraState(models.Model):
     waiting_samples = models.PositiveBigIntegerField(default=0)
     # {"<adapters running at once>": samples}, for the max_loras recommendation.
     concurrency = models.JSONField(default=dict, blank=True)
+    # {"<adapter>": epoch seconds}: what the reconcile's weight check probed here
+    # after its read, and until when vLLM may stamp those probes' label sets; the
+    # next read leaves them out of clients' activity and demand.
+    own_probes = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return f"LoRA state of replica {self.replica_id}"

@@ -1,5 +1,6 @@
 """Writes of the observability app: what each reconcile took, and what the
-replicas' /metrics said about their adapters.
+replicas' /metrics said about their adapters (read once a tick by the
+reconcile's observe step and handed over here: never read again).
 
 `reconcile_observed` is the one hook serving's reconcile calls. Nothing in it
 may break a reconcile: its own failures are logged and swallowed, and the
@@ -27,22 +28,16 @@ from observability.models import (
     ReplicaLoraState,
 )
 from observability.usage import front_door_usage_record
-from observability.vllm_metrics import clients_only, demand_units, fetch_metrics
+from observability.vllm_metrics import clients_only, demand_units
 from registry.models import Adapter
-from serving.attestation import refusal
-from serving.fanout import fan_out, replica_session
-from serving.lora_metrics import LoraSnapshot, MetricsParseError, parse_lora_metrics
-from serving.models import Deployment, HttpAttempt, Replica, ReplicaHealth
-from serving.probe import OwnRequests
-from serving.replica_calls import ReplicaOutcome
+from serving.lora_metrics import LoraSnapshot
+from serving.models import Deployment, HttpAttempt, Replica
+from serving.replica_calls import MetricsReading, ReplicaOutcome
 from serving.services.attempts import attempts_record_all
-from serving.services.fact_records import replica_max_lora_report
 from serving.services.own_probes import own_probes_marked, own_probes_settle
 from serving.services.placements import replica_demand_report
 
 logger = logging.getLogger(__name__)
-
-PURPOSE = "metrics"
 
 
 def reconcile_finished(
@@ -54,14 +49,18 @@ def reconcile_finished(
     replicas: list[Replica] | None = None,
     **kwargs,
 ):
-    """After each reconcile (serving.signals.reconcile_finished): read every up
-    replica's /metrics (`replicas`, the ones the reconcile found up, when it
-    says), and record the reconcile's duration and outcome."""
+    """After each reconcile (serving.signals.reconcile_finished): record what
+    the tick read from every up replica's /metrics (`readings`, per replica id
+    of `replicas`) and what it probed after (`probed`), and the reconcile's
+    duration and outcome."""
     # Whether this reconcile stored attempt rows to tally (unknown: assume so).
     wrote = kwargs.get("attempts_written", True)
-    if ok and settings.OBSERVABILITY_VLLM_METRICS:
-        readings = _guarded(vllm_metrics_observe, deployment, replicas, kwargs.get("probed"))
-        wrote = wrote or readings is None or readings.wrote_attempts
+    readings = kwargs.get("readings")
+    if ok and replicas and readings:
+        recorded = _guarded(
+            vllm_metrics_record, deployment, replicas, readings, kwargs.get("probed")
+        )
+        wrote = wrote or recorded is None or recorded.wrote_attempts
     if settings.OBSERVABILITY_FRONT_DOOR_USAGE:
         # Whatever the reconcile's outcome: the front door counted requests anyway.
         _guarded(front_door_usage_record, deployment)
@@ -132,67 +131,36 @@ def _tally_attempts(deployment: Deployment, after_id: int) -> int:
     return highest
 
 
-def _read(replica: Replica, api_key: str) -> tuple[ReplicaOutcome, LoraSnapshot | None]:
-    """One replica's /metrics, over HTTP only (runs in a pool thread: no database),
-    through that thread's kept-alive session to the replica."""
-    outcome = ReplicaOutcome()
-    attempt, text = fetch_metrics(
-        replica.base_url,
-        api_key=api_key or None,
-        timeout=settings.OBSERVABILITY_VLLM_METRICS_TIMEOUT_SECONDS,
-        max_bytes=settings.OBSERVABILITY_VLLM_METRICS_MAX_BYTES,
-        session=replica_session(replica.base_url),
-    )
-    outcome.attempts.append((PURPOSE, attempt))
-    if text is None:
-        outcome.fail(attempt.error)
-        return outcome, None
-    try:
-        snapshot = parse_lora_metrics(text)
-    except MetricsParseError as error:
-        outcome.fail(str(error))
-        return outcome, None
-    outcome.succeed()
-    return outcome, snapshot
-
-
 @dataclass
 class MetricsReadings:
     snapshots: dict[int, LoraSnapshot | None] = field(default_factory=dict)
     wrote_attempts: bool = False  # a failed read stored an HttpAttempt row
 
 
-def vllm_metrics_observe(
+def vllm_metrics_record(
     deployment: Deployment,
-    replicas: list[Replica] | None = None,
-    probed: Mapping[int, OwnRequests] | None = None,
+    replicas: list[Replica],
+    readings: Mapping[int, MetricsReading],
+    probed: Mapping[int, Mapping[str, float]] | None = None,
 ) -> MetricsReadings:
-    """Reads `vllm:lora_*` from every replica that is up, records each replica's
-    LoRA state and when each adapter was last seen active. A successful read is
-    counted on the replica's state (ok_reads); a failed one is an HttpAttempt row.
-    Whatever the number of replicas, the states cost one locked SELECT and one
-    UPDATE. `probed`: per replica id, what the reconcile just asked there itself
-    (its weight check's probes), which is not clients' activity or demand; nor
-    is what the control plane probed anywhere else (serving.services.own_probes).
-    A replica's first successful read is a baseline: what vLLM still lists from
+    """Records what the tick's one read of each replica's /metrics showed
+    (`readings`, per replica id; serving.reconcile reads it): each replica's
+    LoRA state, when each adapter was last seen active, and each replica's
+    demand for placement. A successful read is counted on the replica's state
+    (ok_reads); a failed one is an HttpAttempt row. Whatever the number of
+    replicas, the states cost one SELECT and one UPDATE.
+
+    Not clients' activity or demand: the tick's weight-check probes, made
+    after its read (`probed`, kept on the state for the next read), nor what
+    the control plane probed anywhere else (serving.services.own_probes). A
+    replica's first successful read is a baseline: what vLLM still lists from
     before is not news."""
     probed = probed or {}
-    if refusal(deployment):
-        # Held after a restore: its key goes nowhere (serving.attestation).
+    read = [(r, readings[r.pk]) for r in replicas if r.pk in readings]
+    if not read:
         return MetricsReadings()
-    if replicas is None:
-        replicas = list(deployment.replicas.filter(active=True, health=ReplicaHealth.UP))
-    if not replicas:
-        return MetricsReadings()
-    api_key = deployment.vllm_api_key
-    # Taken before /metrics is read: a mark settles only at a read begun after its grace.
-    read_at = timezone.now()
-    readings = fan_out(replicas, lambda r: _read(r, api_key), limit=16)
-    failed = [
-        (r, outcome, None)
-        for r, (outcome, _) in zip(replicas, readings, strict=True)
-        if not outcome.ok
-    ]
+    replicas = [r for r, _ in read]
+    failed = [(r, reading.outcome, None) for r, reading in read if not reading.outcome.ok]
     if failed:
         attempts_record_all(failed)
     result = MetricsReadings(wrote_attempts=bool(failed))
@@ -207,59 +175,63 @@ def vllm_metrics_observe(
         for state in ReplicaLoraState.objects.bulk_create(missing):
             states[state.replica_id] = state
     before = {s.pk: {f: getattr(s, f) for f in _STATE_FIELDS} for s in states.values()}
-    marks = _own_probes(replicas, readings, states, before, probed)
+    # The earlier ticks' weight-check probes, then what was probed elsewhere
+    # (looked up only where a read would count something).
+    carried = {r.pk: dict(states[r.pk].own_probes or {}) for r in replicas}
+    marks = _own_probes(read, states, before, carried)
     grace = settings.SERVING_OWN_PROBE_GRACE_SECONDS
     # On the clock of vLLM's stamps: the last time each mark's probes can have been current.
     deadlines = {
-        pk: {name: at.timestamp() + grace for name, at in names.items()}
-        for pk, names in marks.items()
+        pk: {
+            **carried[pk],
+            **{name: at.timestamp() + grace for name, at in marks.get(pk, {}).items()},
+        }
+        for pk in carried
     }
-    for replica, (outcome, snapshot) in zip(replicas, readings, strict=True):
-        own = probed.get(replica.pk)
-        marked = deadlines.get(replica.pk)
-        _state_apply(deployment, states[replica.pk], snapshot, outcome, now, own, marked)
+    demand = {}
+    for replica, reading in read:
+        state, snapshot = states[replica.pk], reading.snapshot
+        _state_apply(deployment, state, snapshot, reading.outcome, now, deadlines[replica.pk])
         result.snapshots[replica.pk] = snapshot
-    _update_rows(ReplicaLoraState, list(states.values()), _STATE_FIELDS, before)
-    # Each replica's demand per adapter since the previous read, for placement
-    # (written only where it changed: an idle tick writes nothing).
-    replica_demand_report(
-        replicas,
-        {
-            replica.pk: demand_units(
-                _clients_since(
-                    snapshot,
-                    before[states[replica.pk].pk],
-                    probed.get(replica.pk),
-                    deadlines.get(replica.pk),
-                )
+        if snapshot is not None:
+            # Each replica's demand per adapter since the previous read.
+            demand[replica.pk] = demand_units(
+                _clients_since(snapshot, before[state.pk], deadlines[replica.pk])
             )
-            for replica, (_, snapshot) in zip(replicas, readings, strict=True)
-            if snapshot is not None
-        },
-    )
-    # Marks whose probes this read has seen out (only where it answered).
+        state.own_probes = _carry(
+            carried[replica.pk], probed.get(replica.pk), reading if snapshot else None
+        )
+    _update_rows(ReplicaLoraState, list(states.values()), _STATE_FIELDS, before)
+    # For placement (written only where it changed: an idle tick writes nothing).
+    replica_demand_report(replicas, demand)
+    # Marks whose probes these reads have seen out (only where they answered).
     if marks:
-        own_probes_settle(marks, read_at)
-    # The replica's real --max-loras, for the deployment record's check (written
-    # only where it changed).
-    for replica, (_, snapshot) in zip(replicas, readings, strict=True):
-        if snapshot is not None and snapshot.max_lora is not None:
-            replica_max_lora_report(deployment, replica, snapshot.max_lora)
+        answered = [r.started_at for _, r in read if r.snapshot is not None]
+        own_probes_settle(marks, min(answered))
     return result
 
 
-def _own_probes(replicas, readings, states, before, probed) -> dict[int, dict[str, datetime]]:
+def _carry(carried: dict, probed: Mapping[str, float] | None, reading) -> dict:
+    """The weight-check marks a replica's next read applies: this tick's, and
+    earlier ones that read (`reading`, None if it failed) may not have seen out."""
+    if reading is not None:
+        seen = reading.started_at.timestamp()
+        carried = {name: until for name, until in carried.items() if until >= seen}
+    return {**carried, **(probed or {})}
+
+
+def _own_probes(read, states, before, carried) -> dict[int, dict[str, datetime]]:
     """Per replica id whose read shows label sets that would count as clients',
     the adapters the control plane marked as probed there, with when
     (serving.services.own_probes). Looked up only then: an idle tick costs no query."""
     wanted = [
         replica.pk
-        for replica, (_, snapshot) in zip(replicas, readings, strict=True)
-        if snapshot is not None
+        for replica, reading in read
+        if reading.snapshot is not None
         and any(
             s.running or s.waiting
             for s in _clients_since(
-                snapshot, before[states[replica.pk].pk], probed.get(replica.pk), None
+                reading.snapshot, before[states[replica.pk].pk], carried[replica.pk]
             )
         )
     ]
@@ -313,6 +285,7 @@ _STATE_FIELDS = [
     "peak_running",
     "waiting_samples",
     "ok_reads",
+    "own_probes",
 ]
 
 
@@ -335,17 +308,16 @@ def replica_lora_state_record(
     return state
 
 
-def _clients_since(snapshot: LoraSnapshot, previous: dict, own, marked) -> tuple:
+def _clients_since(snapshot: LoraSnapshot, previous: dict, marked) -> tuple:
     """The label sets current since the previous read (`previous`: the state's
     fields before this read) that show clients' requests; none at a first read."""
     if not previous["ok_reads"]:
         return ()
-    after = previous["series_timestamp"]
-    return clients_only(snapshot.since(after), own, after, marked)
+    return clients_only(snapshot.since(previous["series_timestamp"]), marked)
 
 
 def _state_apply(
-    deployment, state, snapshot: LoraSnapshot | None, outcome, now, own=None, marked=None
+    deployment, state, snapshot: LoraSnapshot | None, outcome, now, marked=None
 ) -> None:
     """One read's news on a replica's state (in memory; the caller saves). The
     first successful read sets the baseline: vLLM keeps exporting label sets
@@ -372,7 +344,7 @@ def _state_apply(
         state.series_timestamp = max(s.timestamp for s in fresh)
     if first:
         return
-    fresh = clients_only(fresh, own, after, marked)
+    fresh = clients_only(fresh, marked)
     if fresh:
         state.samples += 1
         counts = dict(state.concurrency or {})

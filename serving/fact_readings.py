@@ -4,10 +4,10 @@ say it serves, and where that disputes the deployment record. Pure: no writes.
 The gate trusts the record (base model, max_loras) to decide what may reach a
 replica; a record typed wrong (a server started with --max-loras 4 recorded as
 8, another model behind the same served name) makes every check built on it
-wrong. Reconcile reads the base model from what it already fetches every tick
-(/v1/models' base card); observability, which reads /metrics after every
-reconcile, reports the max_lora label (serving.services.fact_records); a load
-vLLM refuses for its rank names the server's max_lora_rank. max_cpu_loras is not
+wrong. Reconcile reads the base model and the max_lora label from what it
+already fetches every tick (/v1/models' base card, /metrics); a load vLLM
+refuses for its rank names the server's max_lora_rank
+(serving.services.fact_records). max_cpu_loras is not
 readable from vLLM 0.32 at all. Promotions are refused while a replica disputes
 the record (serving.services.promotions).
 """
@@ -35,7 +35,7 @@ class ReportedFlag:
     option: str  # vLLM's command-line option
 
 
-# max_lora from /metrics (observability reads it after each reconcile); max_lora_rank
+# max_lora from /metrics (the reconcile's observe step reads it); max_lora_rank
 # from a refused load (serving.services.fact_records).
 REPORTED_FLAGS = (
     ReportedFlag("max_lora", "max_loras", "--max-loras"),

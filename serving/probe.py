@@ -84,24 +84,3 @@ def has_no_effect(adapter: Probe, base: Probe) -> bool:
 
 def matches(fingerprint: Probe, probe: Probe, tolerance: float) -> bool:
     return fingerprint.distance(probe) <= tolerance
-
-
-LabelSet = tuple[tuple[str, ...], tuple[str, ...]]  # (running, waiting) adapter names
-
-
-@dataclass(frozen=True)
-class OwnRequests:
-    """What the control plane itself asked one replica (the reconcile's weight
-    check): the adapters it probed, and vLLM's lora_requests_info label sets
-    as read just BEFORE the probes, each with the time vLLM last stamped it
-    (None: that read failed).
-
-    vLLM lists a probe in /metrics like a client's request, and keeps one
-    series per label set, re-stamped each time it is current: a client's
-    request for an adapter before the probes and the probe itself share a
-    series, stamped by the probe. The read before tells them apart: a set
-    of probed adapters only, stamped since that read, is the probes'; what
-    that read showed is clients' (observability.vllm_metrics.clients_only)."""
-
-    names: frozenset[str]
-    before: dict[LabelSet, float] | None

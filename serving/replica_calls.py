@@ -15,15 +15,18 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from django.conf import settings
 
 from core.backoff import backoff_delay
 from serving.fact_readings import lora_activity_from_metrics, lora_label_sets
+from serving.lora_metrics import LoraSnapshot, MetricsParseError, parse_lora_metrics
 from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
 from serving.vllm_client import (
     AttemptResult,
     VLLMClient,
+    fetch_metrics,
     is_already_loaded_error,
     is_not_found_error,
     model_cards,
@@ -78,6 +81,47 @@ class ReplicaOutcome:
         self.ok = True
         self.error = ""
         return self
+
+
+# What a failed GET /metrics is stored as (observability tallies it by purpose).
+METRICS_PURPOSE = "metrics"
+
+
+@dataclass
+class MetricsReading:
+    """One replica's GET /metrics, read once a tick by the reconcile's observe
+    step (serving.reconcile): the LoRA state it showed (None: the read failed,
+    `outcome` says why), for the tick's facts and for observability."""
+
+    outcome: ReplicaOutcome
+    snapshot: LoraSnapshot | None
+    # When the request was sent: a probe's mark counts until a read begun after it.
+    started_at: datetime
+
+
+def metrics_read(base_url: str, *, api_key: str | None, session) -> MetricsReading:
+    """GET /metrics once (no retry: the next tick reads again), its body capped
+    and its exchange bounded in time (OBSERVABILITY_VLLM_METRICS_*), parsed."""
+    outcome = ReplicaOutcome()
+    attempt, text = fetch_metrics(
+        base_url,
+        api_key=api_key,
+        timeout=settings.OBSERVABILITY_VLLM_METRICS_TIMEOUT_SECONDS,
+        max_bytes=settings.OBSERVABILITY_VLLM_METRICS_MAX_BYTES,
+        session=session,
+    )
+    outcome.attempts.append((METRICS_PURPOSE, attempt))
+    reading = MetricsReading(outcome, None, attempt.started_at)
+    if text is None:
+        outcome.fail(attempt.error)
+        return reading
+    try:
+        reading.snapshot = parse_lora_metrics(text)
+    except MetricsParseError as error:
+        outcome.fail(str(error))
+        return reading
+    outcome.succeed()
+    return reading
 
 
 def call_with_retry(

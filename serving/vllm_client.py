@@ -408,3 +408,62 @@ def _describe_exception(exc: requests.RequestException) -> str:
     else:
         kind = "request error"
     return f"{kind}: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+
+
+def fetch_metrics(
+    base_url: str,
+    *,
+    api_key: str | None,
+    timeout: float,
+    max_bytes: int,
+    session: requests.Session | None = None,
+) -> tuple[AttemptResult, str | None]:
+    """GET <base_url>/metrics: one attempt, the body (None on failure). The
+    body is outside input: the whole exchange, headers to last byte, must end
+    within `timeout` seconds, and more than `max_bytes` is refused."""
+    url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+    # Uncompressed: the byte cap then bounds what is parsed (no gzip bomb).
+    headers = {"Accept": "text/plain", "Accept-Encoding": "identity"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    started_at = datetime.now(UTC)
+    t0 = time.perf_counter()
+    http = session or requests.Session()
+
+    def result(status: int | None, ok: bool, error: str = "", transient: bool = False):
+        return AttemptResult(
+            method="GET",
+            url=url,
+            started_at=started_at,
+            duration_ms=(time.perf_counter() - t0) * 1000,
+            status_code=status,
+            ok=ok,
+            error=error,
+            transient=transient,
+            body="",
+        )
+
+    try:
+        with http.get(url, headers=headers, timeout=(timeout, timeout), stream=True) as response:
+            if response.status_code != 200:
+                status = response.status_code
+                return result(status, False, f"HTTP {status}", status in TRANSIENT_STATUS), None
+            chunks, size = [], 0
+            # read1 returns what has arrived: a trickling body meets the deadline check.
+            while chunk := response.raw.read1(64 * 1024):
+                size += len(chunk)
+                if size > max_bytes:
+                    return result(200, False, f"body larger than {max_bytes} bytes"), None
+                if time.perf_counter() - t0 > timeout:
+                    return result(200, False, f"body not read within {timeout} s", True), None
+                chunks.append(chunk)
+    except requests.RequestException as error:
+        return result(None, False, f"{type(error).__name__}: {error}"[:2000], True), None
+    finally:
+        if session is None:
+            http.close()
+    try:
+        text = b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError:
+        return result(200, False, "body is not UTF-8"), None
+    return result(200, True), text

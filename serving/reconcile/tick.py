@@ -32,7 +32,7 @@ from django.utils import timezone
 from core.claims import LeaseLost
 from serving.attestation import refusal
 from serving.door.services import gateway_drain_each, gateway_sync
-from serving.fact_readings import REPORTED_FLAGS, base_card_facts, lora_label_sets
+from serving.fact_readings import REPORTED_FLAGS, base_card_facts
 from serving.fact_readings import disputes as fact_disputes
 from serving.fanout import (
     NO_RETRY,
@@ -53,12 +53,14 @@ from serving.models import (
     ServedAdapter,
 )
 from serving.placement_plan import placed_keys
-from serving.probe import OwnRequests, Probe, describe_distance
+from serving.probe import Probe, describe_distance
 from serving.replica_calls import (
+    MetricsReading,
     ReplicaOutcome,
     call_with_retry,
     ensure_loaded,
     ensure_unloaded,
+    metrics_read,
     probe_weights,
     reload_adapter,
 )
@@ -99,8 +101,6 @@ REPORTED_ELSEWHERE = frozenset(flag.fact for flag in REPORTED_FLAGS)
 
 # Not a drift: a served version without a fingerprint gets one recorded.
 RECORD_FINGERPRINT = "record_fingerprint"
-# The weight check's read of /metrics just before its probes (serving.probe.OwnRequests).
-PROBE_METRICS = "probe_metrics"
 
 _SERVED_RELATED = ("adapter__department", "version__adapter__department")
 
@@ -128,9 +128,13 @@ class ReconcileReport:
     fingerprint_cursor: str | None = None
     # The replicas found up, for what runs after the reconcile (reconcile_finished).
     up: list[Replica] = field(default_factory=list, repr=False)
-    # Per replica id, what the tick's weight check asked there (reconcile_finished):
-    # vLLM's metrics list those requests too, and they are not clients' activity.
-    probed: dict[int, OwnRequests] = field(default_factory=dict, repr=False)
+    # Per replica id, its /metrics as the observe step read it (once a tick), for
+    # observability to record (reconcile_finished): no one reads it again.
+    readings: dict[int, MetricsReading] = field(default_factory=dict, repr=False)
+    # Per replica id, the adapters the weight check probed there after that read,
+    # each with when its probe answered (epoch seconds; unanswered: plus
+    # SERVING_OWN_PROBE_GRACE_SECONDS): the next read lists them like clients'.
+    probed: dict[int, dict[str, float]] = field(default_factory=dict, repr=False)
 
 
 def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
@@ -160,7 +164,7 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
         # Sent while the claim is still held: it serialises what observability
         # writes per deployment too, so those writes need no row locks.
         with contextlib.suppress(LeaseLost):
-            heartbeat.beat()  # what follows reads every replica's /metrics
+            heartbeat.beat()  # what follows records every replica's /metrics
         for receiver, error in reconcile_finished.send_robust(
             sender=Deployment,
             deployment=deployment,
@@ -168,6 +172,7 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
             ok=ok,
             replicas=report.up if ok else None,
             attempts_written=report.attempts_written or not ok,
+            readings=report.readings if ok else None,
             probed=report.probed,
         ):
             if isinstance(error, Exception):
@@ -181,18 +186,47 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
     return report
 
 
-def _observe(client, replica: Replica) -> tuple[ReplicaOutcome, list, str | None, dict]:
-    outcome = ReplicaOutcome()
-    version = replica.vllm_version or None
-    if not version:
-        version = server_version(call_with_retry(client.version, "version", outcome, NO_RETRY))
-    listing = call_with_retry(client.list_models, "reconcile_models", outcome, NO_RETRY)
-    if listing.ok:
-        outcome.succeed()
-    else:
-        outcome.fail(listing.error or f"status {listing.status_code}")
-    cards = model_cards(listing)
-    return outcome, [c for c in cards if c.is_adapter], version, base_card_facts(cards)
+@dataclass
+class _Observed:
+    """One replica as the observe step found it: HTTP only, in a pool thread."""
+
+    outcome: ReplicaOutcome
+    cards: list
+    version: str | None
+    facts: dict
+    # Its /metrics, read once a tick where the listing answered (None: not read).
+    reading: MetricsReading | None = None
+
+
+def _observer(deployment: Deployment):
+    """The observe step for one replica: GET /v1/models, then GET /metrics,
+    the tick's only read of it (the weight check's probes, the reported
+    max_lora, and observability's activity and placement's demand all use it)."""
+    api_key = deployment.vllm_api_key or None
+    metrics = settings.OBSERVABILITY_VLLM_METRICS
+
+    def observe(client, replica: Replica) -> _Observed:
+        outcome = ReplicaOutcome()
+        version = replica.vllm_version or None
+        if not version:
+            version = server_version(call_with_retry(client.version, "version", outcome, NO_RETRY))
+        listing = call_with_retry(client.list_models, "reconcile_models", outcome, NO_RETRY)
+        if listing.ok:
+            outcome.succeed()
+        else:
+            outcome.fail(listing.error or f"status {listing.status_code}")
+        cards = model_cards(listing)
+        seen = _Observed(
+            outcome, [c for c in cards if c.is_adapter], version, base_card_facts(cards)
+        )
+        if outcome.ok and metrics:
+            # The thread's session to the replica, the one the listing went through.
+            seen.reading = metrics_read(
+                replica.base_url, api_key=api_key, session=replica_session(replica.base_url)
+            )
+        return seen
+
+    return observe
 
 
 @dataclass
@@ -321,21 +355,32 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
     drifts = DriftRecorder(deployment)
 
     observations = on_replicas(
-        deployment, replicas, _observe, limit=32, tick=keeper.beat, interval=_beat_seconds()
+        deployment,
+        replicas,
+        _observer(deployment),
+        limit=32,
+        tick=keeper.beat,
+        interval=_beat_seconds(),
     )
     keeper.beat()
 
     ticks: list[_Tick] = []
-    for replica, (outcome, cards, version, facts) in zip(replicas, observations, strict=True):
+    for replica, seen in zip(replicas, observations, strict=True):
+        outcome, cards, facts = seen.outcome, seen.cards, seen.facts
         changes, flipped = health_changes(
-            replica, up=outcome.ok, error=outcome.error, version=version, now=now
+            replica, up=outcome.ok, error=outcome.error, version=seen.version, now=now
         )
         tick = _Tick(replica, outcome, changes, flipped)
+        if seen.reading is not None:
+            report.readings[replica.pk] = seen.reading
+            snapshot = seen.reading.snapshot
+            if snapshot is not None and snapshot.max_lora is not None:
+                facts["max_lora"] = snapshot.max_lora
         if outcome.ok:
-            # max_lora comes from /metrics, read after the reconcile by observability,
-            # and max_lora_rank from a refused load (serving.services.fact_records);
-            # a replica back from down may have restarted with other flags, so they
-            # are unknown until read again.
+            # max_lora_rank comes from a refused load (serving.services.fact_records),
+            # and max_lora from /metrics when this tick could not tell; a replica back
+            # from down may have restarted with other flags, so they are unknown
+            # until read again.
             kept = {} if flipped else replica.reported_facts or {}
             facts = {**{k: v for k, v in kept.items() if k in REPORTED_ELSEWHERE}, **facts}
         if outcome.ok and facts != (replica.reported_facts or {}):
@@ -476,6 +521,7 @@ def _plan_weight_check(deployment, up: list[_Tick], desired, keeper, report) -> 
     if not chosen:
         return None
     by_replica = {tick.replica.pk: tick for tick in up}
+    grace = settings.SERVING_OWN_PROBE_GRACE_SECONDS
 
     def probe_replica(client, replica) -> tuple[ReplicaOutcome, dict[str, Probe]]:
         snapshot, planned = by_replica[replica.pk].snapshot, by_replica[replica.pk].jobs
@@ -488,19 +534,19 @@ def _plan_weight_check(deployment, up: list[_Tick], desired, keeper, report) -> 
             if classify(_desired_root(desired[name]), snapshot.get(name)) == SyncState.IN_SYNC
             and name not in repairing
         ]
-        if names and settings.OBSERVABILITY_VLLM_METRICS:
-            # vLLM's metrics list the probes like clients' requests: what they
-            # showed just before is what the probes cannot have caused.
-            before = lora_label_sets(
-                call_with_retry(client.metrics, PROBE_METRICS, outcome, NO_RETRY)
-            )
-            report.probed[replica.pk] = OwnRequests(frozenset(names), before)
+        # vLLM's metrics list the probes like clients' requests: the next read
+        # (the observe step's, read before these) leaves them out. One that
+        # answered ran no later than its answer; one that did not may still run.
+        marks: dict[str, float] = {}
         for name in names:
             probe = probe_weights(client, name, outcome, NO_RETRY)
+            marks[name] = time.time() + (0.0 if probe is not None else grace)
             if probe is None:
                 # Not answering: each further probe could wait a whole HTTP timeout.
                 break
             probes[name] = probe
+        if marks:
+            report.probed[replica.pk] = marks
         return outcome, probes
 
     replicas = [tick.replica for tick in up]
@@ -517,10 +563,7 @@ def _plan_weight_check(deployment, up: list[_Tick], desired, keeper, report) -> 
         if any(not attempt.ok for _, attempt in outcome.attempts):
             attempts_record(tick.replica, outcome)
             report.attempts_written = True
-            # A replica whose /metrics does not answer is not drifted for it.
-            tick.drifted = any(
-                not attempt.ok for purpose, attempt in outcome.attempts if purpose != PROBE_METRICS
-            )
+            tick.drifted = True
         for name, probe in probes.items():
             served = desired[name]
             if served.fingerprint_probe is None:

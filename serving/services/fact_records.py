@@ -11,12 +11,6 @@ from serving.models import Deployment, DriftKind, Replica
 from serving.services.drifts import DriftRecorder
 
 
-def replica_max_lora_report(deployment: Deployment, replica: Replica, max_lora: int) -> bool:
-    """Records the max_lora a replica's /metrics shows; returns whether it changed.
-    Unchanged costs nothing; a change that disputes the record is a drift."""
-    return _report(deployment, replica, "max_lora", max_lora)
-
-
 def replica_load_refusals_report(deployment: Deployment, errors: dict[Replica, str]) -> None:
     """Loads a replica refused: where the error names the server's max_lora_rank
     (a rank above it), that is a fact the replica reports."""

@@ -245,14 +245,12 @@ def test_the_product_agrees_with_vllm_and_peft(
 def the_record_is_checked_against_the_replica(deployment, cases, people, server, models):
     """Deployment facts read, not typed, against this real server: what it reports
     matches the record; a record typed wrong is a drift and blocks promotions."""
-    from observability.services import vllm_metrics_observe
     from serving.models import Deployment, DriftEvent, DriftKind, Replica
     from serving.reconcile.tick import reconcile_deployment
 
     admin, member, approver = people
     record = Deployment.objects.get(name=deployment["name"])
-    tick = reconcile_deployment(record.pk, "conformance")
-    vllm_metrics_observe(record, tick.up)
+    reconcile_deployment(record.pk, "conformance")  # its listing and /metrics
     replica = Replica.objects.get(deployment=record)
     assert replica.reported_facts == {
         "base_model": "conformance/llama",
@@ -263,7 +261,7 @@ def the_record_is_checked_against_the_replica(deployment, cases, people, server,
 
     # An admin typed max_loras 1 for a server started with --max-loras 2.
     ok(admin.patch(f"/api/v1/deployments/{record.name}/", {"max_loras": 1}, format="json"))
-    vllm_metrics_observe(record, [])  # nothing re-read: the dispute is against the record
+    # Nothing re-read: the dispute is against the record.
     body = ok(admin.get(f"/api/v1/deployments/{record.name}/"))
     assert [(d["fact"], d["reported"]) for d in body["fact_disputes"]] == [("max_loras", 2)]
     page = admin.get(f"/deployments/{record.name}/").content.decode()

@@ -55,7 +55,8 @@ def test_an_unchanged_series_is_not_counted_twice(deployment, served, fake_repli
     reconcile_deployment(deployment.pk, "beat")
     assert AdapterActivity.objects.get().active_samples == 2  # one per replica, not per read
 
-    newer = ("legal-contracts", "", now)
+    # A client's request after the ticks' probes of it (their label set is theirs).
+    newer = ("legal-contracts", "", time.time())
     fake_replicas[0].metrics_text = lora_info(("legal-contracts", "", now - 5), newer)
     reconcile_deployment(deployment.pk, "beat")
     assert AdapterActivity.objects.get().active_samples == 3
@@ -68,12 +69,14 @@ def test_a_request_that_finished_between_two_reads_still_counts(deployment, serv
     fake_replicas[0].metrics_text = lora_info(("", "", now - 30))
     fake_replicas[1].metrics_route = False
     reconcile_deployment(deployment.pk, "beat")
+    # After the first tick's probes of it: a client's request.
+    now = time.time()
     fake_replicas[0].metrics_text = lora_info(
-        ("", "", now), ("legal-contracts", "legal-contracts", now - 0.01)
+        ("", "", now), ("legal-contracts", "legal-contracts", now - 0.001)
     )
     reconcile_deployment(deployment.pk, "beat")
     activity = AdapterActivity.objects.get()
-    assert abs(activity.last_active_at.timestamp() - (now - 0.01)) < 0.01
+    assert abs(activity.last_active_at.timestamp() - (now - 0.001)) < 0.01
     assert (activity.active_samples, activity.waiting_samples) == (1, 1)
     state = ReplicaLoraState.objects.get(replica__base_url=fake_replicas[0].base_url)
     assert state.running == [] and state.series_timestamp == now
@@ -145,7 +148,7 @@ def test_a_failure_to_observe_never_breaks_the_reconcile(
     def broken(*args, **kwargs):
         raise RuntimeError("observability is down")
 
-    monkeypatch.setattr("observability.services.vllm_metrics_observe", broken)
+    monkeypatch.setattr("observability.services.vllm_metrics_record", broken)
     fake_replicas[0].restart()  # so the reconcile has a repair to make
     report = reconcile_deployment(deployment.pk, "beat")
     assert len(report.repairs) == 1

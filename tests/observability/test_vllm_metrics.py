@@ -8,9 +8,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from observability.vllm_metrics import clients_only, fetch_metrics
+from observability.vllm_metrics import clients_only
 from serving.lora_metrics import LoraSeries, parse_lora_metrics
-from serving.probe import OwnRequests
+from serving.vllm_client import fetch_metrics
 from tests.support.metrics_samples import VLLM_032
 
 
@@ -103,41 +103,18 @@ def test_a_refused_connection_is_a_transient_failure():
     assert text is None and attempt.status_code is None and attempt.transient
 
 
-def test_label_sets_of_the_control_planes_own_probes_are_left_out_and_clients_kept():
-    # Read just before the probes: a client had asked legal (stamp 99) and,
-    # earlier, hr alone (stamp 50, before the previous read at 90).
-    own = OwnRequests(
-        frozenset({"legal", "hr"}), before={(("legal",), ()): 99.0, (("hr",), ()): 50.0}
-    )
-    # Read after: legal's set re-stamped by its probe, hr's by its probe, a
-    # mixed set with an adapter nobody probed, the idle set.
-    legal = LoraSeries(running=("legal",), waiting=(), timestamp=100.5)
-    hr = LoraSeries(running=("hr",), waiting=(), timestamp=100.6)
-    mixed = LoraSeries(running=("legal", "finance"), waiting=(), timestamp=100.7)
-    idle = LoraSeries(running=(), waiting=(), timestamp=100.8)
-    series = (legal, hr, mixed, idle)
-
-    kept = clients_only(series, own, after=90.0)
-
-    # legal's client request is kept with the stamp it had before the probes;
-    # hr's set is the probe's only (its client was before the previous read).
-    assert kept == (LoraSeries(("legal",), (), 99.0), mixed, idle)
-    assert clients_only(series, None, after=90.0) == series
-    # The read before failed: nothing can be told apart, everything counts.
-    assert clients_only(series, OwnRequests(frozenset({"legal"}), None), after=90.0) == series
-
-
 def test_label_sets_of_marked_probes_are_left_out_until_their_deadline():
-    # legal probed by a rollout (marked: its probes current until 100.0).
+    # legal probed by a rollout or the tick's weight check (marked: its probes
+    # current until 100.0).
     marked = {"legal": 100.0}
     probe = LoraSeries(running=("legal",), waiting=("legal",), timestamp=99.5)
     later = LoraSeries(running=("legal",), waiting=(), timestamp=100.5)  # a client, after
     mixed = LoraSeries(running=("legal", "finance"), waiting=(), timestamp=99.6)
     other = LoraSeries(running=("finance",), waiting=(), timestamp=99.7)
-    series = (probe, later, mixed, other)
+    idle = LoraSeries(running=(), waiting=(), timestamp=99.8)
+    series = (probe, later, mixed, other, idle)
 
-    assert clients_only(series, None, after=90.0, marked=marked) == (later, mixed, other)
-    # With the tick's own probes of finance too, the mixed set is all probes'.
-    own = OwnRequests(frozenset({"finance"}), before={})
-    assert clients_only(series, own, after=90.0, marked=marked) == (later,)
-    assert clients_only(series, None, after=90.0) == series
+    assert clients_only(series, marked) == (later, mixed, other, idle)
+    # finance probed too, until 99.65: the mixed set is all probes', finance's own is not.
+    assert clients_only(series, {**marked, "finance": 99.65}) == (later, other, idle)
+    assert clients_only(series, None) == series

@@ -76,6 +76,21 @@ def test_an_in_sync_tick_costs_the_same_statements_for_5_and_50_adapters(
     assert many.statements <= MAX_STATEMENTS, many.sql
 
 
+def test_a_tick_reads_each_replicas_metrics_once(fleet_deployment, fleet, approved_v1, settings):
+    # The observe step's read serves the weight check, the reported max_lora,
+    # observability's activity and placement's demand: nobody reads it again.
+    settings.SERVING_FINGERPRINT_SAMPLE = 5  # every adapter probed every tick
+    _serve(fleet_deployment, fleet, approved_v1, 5, "once")
+    for ticks in range(1, 4):  # first sight, the listings written, then in sync
+        before = [replica.calls.get("metrics", 0) for replica in fleet.replicas]
+        report = reconcile_deployment(fleet_deployment.pk, "beat")
+        after = [replica.calls.get("metrics", 0) for replica in fleet.replicas]
+        assert [b - a for a, b in zip(before, after, strict=True)] == [1, 1, 1], ticks
+    assert report.in_sync == 3 and all(len(names) == 5 for names in report.probed.values())
+    assert {r.reported_facts.get("max_lora") for r in Replica.objects.all()} == {2}
+    assert ReplicaLoraState.objects.filter(ok=True, ok_reads=3).count() == 3
+
+
 def test_nothing_is_written_when_nothing_changed(fleet_deployment, fleet, approved_v1):
     _serve(fleet_deployment, fleet, approved_v1, 20, "quiet")
     reconcile_deployment(fleet_deployment.pk, "beat")
@@ -332,6 +347,6 @@ def test_a_clients_request_before_the_probes_of_its_adapter_is_still_activity(
         _client_asks(live, live.replicas[0], asked)
         report = reconcile_deployment(deployment.pk, "beat")
 
-        assert asked in report.probed[deployment.replicas.get().pk].names
+        assert asked in report.probed[deployment.replicas.get().pk]
         assert list(AdapterActivity.objects.values_list("served_name", flat=True)) == [asked]
         assert Replica.objects.get(deployment=deployment).lora_demand == {asked: 1}

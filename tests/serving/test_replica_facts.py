@@ -9,7 +9,6 @@ import pytest
 from rest_framework.test import APIClient
 
 from core.errors import Conflict
-from observability.services import vllm_metrics_observe
 from serving.models import DriftEvent, DriftKind, Replica
 from serving.reconcile.tick import reconcile_deployment
 from serving.services.promotions import promotion_create
@@ -62,8 +61,7 @@ def test_max_loras_is_read_from_the_metrics_label_and_checked(
 ):
     for fake in fake_replicas:
         fake.metrics_text = lora_info(("", "", 1.0), max_lora=4)
-    report = reconcile_deployment(deployment.pk, "beat")
-    vllm_metrics_observe(deployment, report.up)
+    reconcile_deployment(deployment.pk, "beat")  # reads /metrics once per replica
 
     assert {r.reported_facts["max_lora"] for r in Replica.objects.all()} == {4}
     assert DriftEvent.objects.filter(kind=DriftKind.FACT_DISPUTED).count() == 2
@@ -83,17 +81,14 @@ def test_max_loras_is_read_from_the_metrics_label_and_checked(
     promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
 
 
-def test_the_same_facts_are_not_written_again(deployment, fake_replicas, django_assert_num_queries):
+def test_the_same_facts_are_not_written_again(deployment, fake_replicas):
     for fake in fake_replicas:
         fake.metrics_text = lora_info(("", "", 1.0), max_lora=2)
+    reconcile_deployment(deployment.pk, "beat")  # reads /metrics once per replica
+    reconcile_deployment(deployment.pk, "beat")
     report = reconcile_deployment(deployment.pk, "beat")
-    vllm_metrics_observe(deployment, report.up)
-    replicas = list(Replica.objects.all())
-    from serving.services.fact_records import replica_max_lora_report
-
-    with django_assert_num_queries(0):
-        for replica in replicas:
-            assert not replica_max_lora_report(deployment, replica, 2)
+    assert report.in_sync == 2 and not report.attempts_written
+    assert {r.reported_facts["max_lora"] for r in Replica.objects.all()} == {2}
 
 
 def test_register_local_deployment_reads_the_facts_from_the_live_replica(root, tmp_path):
@@ -159,16 +154,13 @@ def test_register_local_deployment_takes_the_vllm_key_from_a_file_or_stdin(
 def test_a_dispute_reported_again_is_the_same_drift_event_counted(deployment, fake_replicas):
     # Through the one drift recorder (serving.services.drifts): a replica whose
     # max_lora flips away and back to the disputed value is one event, seen twice.
-    from serving.services.fact_records import replica_max_lora_report
-
     reconcile_deployment(deployment.pk, "beat")
-    replica = Replica.objects.filter(deployment=deployment).first()
-    assert replica_max_lora_report(deployment, replica, 4)
-    assert replica_max_lora_report(deployment, replica, 2)  # agrees again: no event
-    assert replica_max_lora_report(deployment, replica, 4)
+    for max_lora in (4, 2, 4):  # 2 agrees with the record again: no event
+        fake_replicas[0].metrics_text = lora_info(("", "", 1.0), max_lora=max_lora)
+        reconcile_deployment(deployment.pk, "beat")
 
     event = DriftEvent.objects.get(kind=DriftKind.FACT_DISPUTED)
-    assert (event.replica_id, event.count) == (replica.pk, 2)
+    assert (event.replica.base_url, event.count) == (fake_replicas[0].base_url, 2)
 
 
 def test_a_load_refused_for_its_rank_disputes_the_recorded_max_lora_rank(
