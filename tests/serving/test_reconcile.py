@@ -33,15 +33,14 @@ def test_in_sync_means_one_models_call_per_replica_and_no_repairs(
     report = reconcile_deployment(deployment.pk, "beat")
     assert report.repairs == []
     for replica in fake_replicas:
-        # One probe of the adapter's weights against its fingerprint (the sample,
-        # tests/serving/test_fingerprints.py), with a /metrics read just before it
-        # (what the probe cannot have caused); then observability reads vLLM's
-        # /metrics (tests/observability/).
+        # The listing, then the tick's one read of /metrics (its max_lora, and
+        # what observability records: tests/observability/), then one probe of
+        # the adapter's weights against its fingerprint (the sample,
+        # tests/serving/test_fingerprints.py).
         assert [p for _, p, _ in replica.requests] == [
             "/v1/models",
             "/metrics",
             "/v1/completions",
-            "/metrics",
         ]
     assert kinds() == []
 
