@@ -7,7 +7,7 @@ steps, must match it within SERVING_FINGERPRINT_TOLERANCE. The reconcile also
 re-probes a few adapters per replica on every tick, rotating through them
 (next_in_rotation), so weights that went stale after a swap, or a replica
 reading other files under the right path, are found and reloaded: a mismatch is
-one kind of the reconcile's repair jobs (serving/reconcile/tick.py).
+one kind of the reconcile's repair jobs (serving/reconcile/weight_check.py).
 
 This module records and compares; the probes themselves are HTTP
 (serving.fanout.verify_with_fingerprint), and its database work happens before

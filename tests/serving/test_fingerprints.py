@@ -255,7 +255,7 @@ def test_a_weight_repair_longer_than_a_claim_keeps_its_claims(
 ):
     """The mismatch's reload is planned with the other repairs: the tick's
     thread renews the deployment's and the adapter's claims while it runs."""
-    import serving.reconcile.tick as reconcile
+    import serving.reconcile.repairs as reconcile
     from serving.models import Deployment, ServedAdapter
 
     rollout = promote(lena, deployment, approved_v1)

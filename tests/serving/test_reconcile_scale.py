@@ -161,7 +161,7 @@ def test_a_replica_down_for_several_ticks_is_one_event(fleet_deployment, fleet, 
 def test_repairs_run_in_parallel_within_the_bounds(
     settings, fleet_deployment, fleet, approved_v1, monkeypatch
 ):
-    import serving.reconcile.tick as reconcile
+    import serving.reconcile.repairs as reconcile
 
     settings.SERVING_RECONCILE_CONCURRENCY = 4
     settings.SERVING_RECONCILE_PER_REPLICA = 2
@@ -261,7 +261,7 @@ def test_claims_stay_held_through_repairs_longer_than_a_claim(
     and the adapters' claims are renewed meanwhile, never left to expire."""
     from django.db import connection
 
-    import serving.reconcile.tick as reconcile
+    import serving.reconcile.repairs as reconcile
     from registry.models import Department
     from serving.models import Deployment
     from tests.factories import make_adapter, make_approved_version
