@@ -10,6 +10,7 @@ from core.errors import ApplicationError
 from serving.models import (
     LIMIT_FIELDS,
     AdapterGrant,
+    Canary,
     DepartmentLimits,
     Deployment,
     DriftEvent,
@@ -97,6 +98,14 @@ class ReplicaRolloutInline(ReadOnlyAdminMixin, admin.TabularInline):
     readonly_fields = ["replica", "status", "error", "updated_at"]
 
 
+class CanaryInline(ReadOnlyAdminMixin, admin.StackedInline):
+    model = Canary
+    fk_name = "rollout"
+    extra = 0
+    fields = ["state", "share", "bake_seconds", "replica", "bake_until", "decided_by", "decided_at"]
+    readonly_fields = fields
+
+
 @admin.register(Rollout)
 class RolloutAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "deployment", "adapter", "kind", "status", "target_version", "created_at"]
@@ -106,7 +115,7 @@ class RolloutAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "adapter__department",
         "target_version__adapter__department",
     ]
-    inlines = [ReplicaRolloutInline]
+    inlines = [CanaryInline, ReplicaRolloutInline]
 
 
 @admin.register(HttpAttempt)

@@ -294,11 +294,8 @@ class Promotion(models.Model):
     deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="promotions")
     version = models.ForeignKey(AdapterVersion, on_delete=models.PROTECT, related_name="promotions")
     status = models.CharField(max_length=20, choices=PromotionStatus.choices)
-    canary = models.BooleanField(default=False)
-    # A traffic canary's share (percent) and bake time, kept until the approval
-    # starts the rollout (Rollout.canary_share).
-    canary_share = models.PositiveSmallIntegerField(null=True, blank=True)
-    canary_bake_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # A canary asked for with the request is its own row (Canary.promotion),
+    # which the rollout takes over when the approval starts it.
     gate_report = models.JSONField(default=list)
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
@@ -354,20 +351,6 @@ class RolloutStatus(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
-class CanaryOutcome(models.TextChoices):
-    UNDECIDED = "", "Undecided"
-    PASSED = "passed", "Gates passed"
-    FAILED = "failed", "Gates failed"
-    PROMOTED = "promoted", "Promoted by a person"
-    ABORTED = "aborted", "Aborted by a person"
-
-
-class CanaryRequest(models.TextChoices):
-    NONE = "", "None"
-    PROMOTE = "promote", "Promote now"
-    ABORT = "abort", "Abort"
-
-
 class Rollout(models.Model):
     deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="rollouts")
     adapter = models.ForeignKey(Adapter, on_delete=models.PROTECT, related_name="rollouts")
@@ -384,28 +367,6 @@ class Rollout(models.Model):
     )
     status = models.CharField(
         max_length=12, choices=RolloutStatus.choices, default=RolloutStatus.PENDING
-    )
-    canary = models.BooleanField(default=False)
-    # A traffic canary (serving/rollouts/canary.py): the new version takes this
-    # percentage of the adapter's requests at the front door for the bake time,
-    # then all of them if the health gates hold. Null: no traffic split.
-    canary_share = models.PositiveSmallIntegerField(null=True, blank=True)
-    canary_bake_seconds = models.PositiveIntegerField(null=True, blank=True)
-    # The worker's state, so that a worker killed mid-bake is resumed where it was.
-    canary_replica = models.ForeignKey(
-        "Replica", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
-    )
-    canary_bake_until = models.DateTimeField(null=True, blank=True)
-    canary_gates = models.JSONField(default=dict, blank=True)
-    canary_outcome = models.CharField(
-        max_length=10, choices=CanaryOutcome.choices, blank=True, default=""
-    )
-    # What a person asked for while it bakes; the worker acts on it within a second.
-    canary_request = models.CharField(
-        max_length=10, choices=CanaryRequest.choices, blank=True, default=""
-    )
-    canary_requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
     staged_path = models.CharField(max_length=1000, blank=True)
     served_path = models.CharField(max_length=1000, blank=True)
@@ -431,6 +392,109 @@ class Rollout(models.Model):
 
     def __str__(self) -> str:
         return f"rollout #{self.pk} {self.kind} {self.adapter} on {self.deployment}"
+
+
+class CanaryState(models.TextChoices):
+    """Where a canary is (serving.transitions.CANARY_TRANSITIONS)."""
+
+    # Asked for; the new version is not verified on its replica yet.
+    WAITING = "waiting", "Waiting for its replica"
+    # Verified on its replica and taking its share of the traffic.
+    BAKING = "baking", "Baking"
+    # A person's decision, which the worker carries out within a second.
+    PROMOTE_ASKED = "promote_asked", "Promote asked"
+    ABORT_ASKED = "abort_asked", "Abort asked"
+    # Decided: then every replica (passed, promoted) or the canary pulled out.
+    PASSED = "passed", "Gates passed"
+    FAILED = "failed", "Gates failed"
+    PROMOTED = "promoted", "Promoted by a person"
+    ABORTED = "aborted", "Aborted by a person"
+    # The rollout ended before anything was decided (cancelled, failed on its replica).
+    ENDED = "ended", "Ended undecided"
+
+
+# The API's words for a canary's state (CanarySplitSerializer): its outcome
+# ("" while undecided) and a person's request not acted on yet.
+class CanaryOutcome(models.TextChoices):
+    UNDECIDED = "", "Undecided"
+    PASSED = "passed", "Gates passed"
+    FAILED = "failed", "Gates failed"
+    PROMOTED = "promoted", "Promoted by a person"
+    ABORTED = "aborted", "Aborted by a person"
+
+
+class CanaryRequest(models.TextChoices):
+    NONE = "", "None"
+    PROMOTE = "promote", "Promote now"
+    ABORT = "abort", "Abort"
+
+
+class Canary(models.Model):
+    """The new version on one replica first, verified there before the others.
+
+    With a `share`, the front door sends it that percentage of the adapter's
+    requests for `bake_seconds` while health gates compare it with the old
+    version (serving/rollouts/canary.py); without one, its verification on
+    that replica is the whole test. Asked for with a promotion, it belongs to
+    the promotion until the rollout that carries it out starts. Its decision
+    moves through CANARY_TRANSITIONS with compare-and-swap.
+    """
+
+    promotion = models.OneToOneField(
+        "Promotion", on_delete=models.CASCADE, null=True, blank=True, related_name="canary"
+    )
+    rollout = models.OneToOneField(
+        Rollout, on_delete=models.CASCADE, null=True, blank=True, related_name="canary"
+    )
+    share = models.PositiveSmallIntegerField(null=True, blank=True)
+    bake_seconds = models.PositiveIntegerField(null=True, blank=True)
+    state = models.CharField(
+        max_length=16, choices=CanaryState.choices, default=CanaryState.WAITING
+    )
+    # The worker's state, so that a worker killed mid-bake is resumed where it was.
+    replica = models.ForeignKey(
+        "Replica", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    bake_until = models.DateTimeField(null=True, blank=True)
+    gates = models.JSONField(default=dict, blank=True)
+    # Who decided: a person who promoted or aborted it; null when its gates
+    # (or its verification) did.
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(promotion__isnull=False) | Q(rollout__isnull=False),
+                name="canary_belongs_somewhere",
+            ),
+            # A share goes with a bake time; the canary is the minority.
+            models.CheckConstraint(
+                condition=Q(share__isnull=True, bake_seconds__isnull=True)
+                | Q(share__gte=1, share__lte=50, bake_seconds__gte=1),
+                name="canary_share_with_bake",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        split = f"{self.share} % for {self.bake_seconds} s" if self.share else "one replica first"
+        return f"canary ({split}): {self.state}"
+
+    @property
+    def outcome(self) -> str:
+        """The API's outcome: "" until decided (CanaryOutcome)."""
+        return self.state if self.state in CanaryOutcome.values else ""
+
+    @property
+    def requested(self) -> str:
+        """A person's decision the worker has not acted on yet (CanaryRequest)."""
+        asked: dict[str, str] = {
+            CanaryState.PROMOTE_ASKED: CanaryRequest.PROMOTE,
+            CanaryState.ABORT_ASKED: CanaryRequest.ABORT,
+        }
+        return asked.get(self.state, "")
 
 
 class ReplicaStepStatus(models.TextChoices):

@@ -30,6 +30,7 @@ from serving.models import (
 )
 from serving.placement_plan import placed_keys
 from serving.sync_state import SyncState, classify_kept, desired_root, loaded_adapters
+from serving.transitions import CANARY_UNDECIDED
 
 
 def deployments_for(actor: Actor) -> QuerySet[Deployment]:
@@ -82,7 +83,7 @@ def served_adapters_for(actor: Actor, deployment: Deployment) -> QuerySet[Served
 def promotions_for(actor: Actor) -> QuerySet[Promotion]:
     return _restrict(
         Promotion.objects.select_related(
-            "deployment", "version__adapter__department", "requested_by", "reviewed_by"
+            "deployment", "version__adapter__department", "requested_by", "reviewed_by", "canary"
         ),
         actor,
         "version__adapter__department_id",
@@ -107,7 +108,7 @@ def rollouts_for(actor: Actor) -> QuerySet[Rollout]:
             "target_version",
             "previous_version",
             "requested_by",
-            "canary_replica",
+            "canary__replica",
         ).prefetch_related(Prefetch("replica_steps", queryset=steps)),
         actor,
         "adapter__department_id",
@@ -183,9 +184,9 @@ def _hide_infrastructure(rollout: Rollout, labels: dict[int, str]) -> None:
             attempt.error = redact(_without_address(attempt.error, base_url, label))
         replica.base_url = label
         replica.last_error = ""
-    canary = rollout.canary_replica if rollout.canary_replica_id else None
-    if canary is not None:
-        canary.base_url = labels.get(canary.pk, "replica")
+    canary = getattr(rollout, "canary", None)
+    if canary is not None and canary.replica_id is not None:
+        canary.replica.base_url = labels.get(canary.replica_id, "replica")
     # Staging and storage failures ("Staging failed: ...", "Waiting for the
     # artifact store: ...") name the volume, the bucket and the endpoint.
     rollout.error = redact(rollout.error)
@@ -414,15 +415,16 @@ def placement_pending(served: ServedAdapter) -> dict:
 def canary_split(rollout: Rollout) -> dict | None:
     """A traffic canary as the API and the page show it: its split, its gates
     and their verdict, the seconds left of its bake; None for other rollouts."""
-    if not rollout.canary_share:
+    canary = getattr(rollout, "canary", None)
+    if canary is None or not canary.share:
         return None
-    report = rollout.canary_gates or {}
+    report = canary.gates or {}
     verdict = report.get("verdict") or {}
-    until = rollout.canary_bake_until
+    until = canary.bake_until
     left = None
-    if until is not None and not rollout.canary_outcome:
+    if until is not None and canary.state in CANARY_UNDECIDED:
         left = max(0, int((until - timezone.now()).total_seconds() + 0.999))
-    replica = rollout.canary_replica
+    replica = canary.replica
 
     def side(key):
         data = report.get(key)
@@ -432,14 +434,15 @@ def canary_split(rollout: Rollout) -> dict | None:
         return {**data, "error_rate": data["errors"] / requests if requests else 0.0}
 
     return {
-        "share": rollout.canary_share,
-        "bake_seconds": rollout.canary_bake_seconds,
+        "share": canary.share,
+        "bake_seconds": canary.bake_seconds,
         "bake_until": until,
         "seconds_left": left,
         "replica": replica.base_url if replica else None,
         "weights": report.get("weights") or {},
-        "outcome": rollout.canary_outcome,
-        "requested": rollout.canary_request if not rollout.canary_outcome else "",
+        "outcome": canary.outcome,
+        "requested": canary.requested,
+        "state": canary.state,  # the page's, not the API's (CanarySplitSerializer)
         "verdict": verdict.get("outcome"),
         "reason": verdict.get("reason", ""),
         "canary": side("canary"),

@@ -6,6 +6,7 @@ Re-entering the current state is allowed everywhere, so a redelivered task
 
 from __future__ import annotations
 
+from serving.models import CanaryState as C
 from serving.models import GrantStatus as G
 from serving.models import PromotionStatus as P
 from serving.models import ReplicaStepStatus as R
@@ -62,3 +63,22 @@ GRANT_TRANSITIONS: dict[str, frozenset[str]] = {
     G.EXPIRED: frozenset(),
 }
 GRANT_LIVE = frozenset(s for s, nxt in GRANT_TRANSITIONS.items() if nxt)
+
+# A canary's decision (serving.models.Canary). The gates decide a baking canary
+# unless a person asked first; the worker carries out a person's decision. Each
+# move is a compare-and-swap on the state read (core.state.move), so a person's
+# request and the gates' verdict in the same second cannot both win.
+CANARY_TRANSITIONS: dict[str, frozenset[str]] = {
+    # Verified on its replica: a traffic canary bakes, a canary without a share
+    # has passed (its verification was the test). Ended: its rollout stopped first.
+    C.WAITING: frozenset({C.BAKING, C.PASSED, C.ENDED}),
+    C.BAKING: frozenset({C.PASSED, C.FAILED, C.PROMOTE_ASKED, C.ABORT_ASKED, C.ENDED}),
+    C.PROMOTE_ASKED: frozenset({C.PROMOTED, C.ENDED}),
+    C.ABORT_ASKED: frozenset({C.ABORTED, C.ENDED}),
+    C.PASSED: frozenset(),
+    C.FAILED: frozenset(),
+    C.PROMOTED: frozenset(),
+    C.ABORTED: frozenset(),
+    C.ENDED: frozenset(),
+}
+CANARY_UNDECIDED = frozenset({C.WAITING, C.BAKING, C.PROMOTE_ASKED, C.ABORT_ASKED})

@@ -272,7 +272,31 @@ class DeploymentSummarySerializer(TiersMixin, serializers.ModelSerializer):
         return sum(1 for r in deployment.replicas.all() if r.active and r.health == "up")
 
 
+class HasCanaryField(serializers.BooleanField):
+    """Whether the promotion or rollout has a canary (its Canary row); the
+    API's `canary` flag, as it was when it was a column."""
+
+    def get_attribute(self, instance) -> bool:
+        return getattr(instance, "canary", None) is not None
+
+
+# The canary's share and bake time under the names the API has always had;
+# null without a canary or without a split. The bounds are the ones the
+# columns gave the schema before the canary had a row of its own.
+def _canary_number(source: str) -> serializers.IntegerField:
+    return serializers.IntegerField(
+        source=source,
+        required=False,
+        allow_null=True,
+        min_value=0,
+        max_value=9223372036854775807,
+    )
+
+
 class PromotionSerializer(serializers.ModelSerializer):
+    canary = HasCanaryField(required=False)
+    canary_share = _canary_number("canary.share")
+    canary_bake_seconds = _canary_number("canary.bake_seconds")
     deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
     requested_by = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True
@@ -446,6 +470,9 @@ class RolloutSerializer(serializers.ModelSerializer):
         source="previous_version.number", read_only=True, allow_null=True
     )
     replicas = ReplicaRolloutSerializer(source="replica_steps", many=True, read_only=True)
+    canary = HasCanaryField(required=False)
+    canary_share = _canary_number("canary.share")
+    canary_bake_seconds = _canary_number("canary.bake_seconds")
     canary_split = serializers.SerializerMethodField()
 
     class Meta:

@@ -10,13 +10,15 @@ either every replica swapped (make before break) or the canary pulled out.
     milliseconds), its requests in flight finish, the old version loaded there
     again -> rolled_back
 
-Everything the worker needs to resume is in the rollout's row: the canary
-replica, the bake deadline, the gates' counters and verdict, the outcome. A
+Everything the worker needs to resume is in the canary's row (Canary): its
+replica, the bake deadline, the gates' counters and verdict, its state. A
 worker killed mid-bake loses its claim; the sweeper sends the rollout again;
 the next worker checks the canary replica (idempotent: loaded and verified
-already), sets the split again and bakes on until the same deadline. Status
-changes go through serving.transitions with compare-and-swap, as the rest of
-the engine's (serving.rollouts.steps, shared with the engine's swaps).
+already), sets the split again and bakes on until the same deadline. The
+rollout's status and the canary's state change through serving.transitions
+with compare-and-swap: a person's promote or abort and the gates' verdict in
+the same second cannot both win (the gates lose, and the worker carries out
+the person's decision).
 
 The gates are pure functions (serving/canary_gates.py); the counters are the
 front door's, per server, in the adapter's backend (HAProxy's `show stat`).
@@ -29,12 +31,14 @@ import logging
 import time
 from dataclasses import asdict
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from core.audit import audit_record
+from core.state import move
 from serving import canary_gates as gates
 from serving.door.haproxy import GatewayError
 from serving.door.routing import server_name
@@ -48,8 +52,8 @@ from serving.door.services import (
     gateway_weigh,
 )
 from serving.models import (
-    CanaryOutcome,
-    CanaryRequest,
+    Canary,
+    CanaryState,
     Deployment,
     Replica,
     ReplicaStepStatus,
@@ -59,6 +63,7 @@ from serving.models import (
 )
 from serving.rollouts import steps as rollout_steps
 from serving.services.fingerprints import fingerprints_check_rollout
+from serving.transitions import CANARY_TRANSITIONS, CANARY_UNDECIDED
 
 logger = logging.getLogger(__name__)
 
@@ -97,36 +102,60 @@ def canary_refusal(deployment: Deployment, served_version_id: int | None, replic
 
 def canary_run(ctx, served: ServedAdapter, name: str, load, verify) -> None:
     """The rollout after staging, for a rollout with a `canary_share`."""
-    rollout = ctx.rollout
+    row: Canary = ctx.rollout.canary
     refusal = canary_refusal(ctx.deployment, served.version_id, len(ctx.replicas))
-    if refusal and not rollout.canary_outcome:
+    if refusal and row.state in CANARY_UNDECIDED:
+        end_undecided(row)
         rollout_steps.finish(ctx, RolloutStatus.FAILED, f"The canary cannot run: {refusal}")
         gateway_sync(ctx.deployment, release=name)
         return
-    canary = _canary_replica(ctx)
+    canary = _canary_replica(row, ctx)
     rest = [r for r in ctx.replicas if r.pk != canary.pk]
-    outcome = rollout.canary_outcome
-    reason = (rollout.canary_gates.get("verdict") or {}).get("reason", "")
-    if not outcome:
+    outcome = row.state
+    reason = (row.gates.get("verdict") or {}).get("reason", "")
+    if outcome in CANARY_UNDECIDED:
         if not _swap_canary(ctx, canary, name, load, verify):
+            end_undecided(row)
             return
-        outcome, reason = _bake(ctx, served, canary, rest, name)
-    if outcome in (CanaryOutcome.PASSED, CanaryOutcome.PROMOTED):
+        outcome, reason = _bake(ctx, row, served, canary, rest, name)
+    if outcome in (CanaryState.PASSED, CanaryState.PROMOTED):
         _promote(ctx, served, canary, rest, name, load, verify)
     else:
-        _roll_back(ctx, served, canary, rest, name, reason)
+        _roll_back(ctx, row, served, canary, rest, name, reason)
 
 
-def _canary_replica(ctx) -> Replica:
+def end_undecided(row: Canary) -> None:
+    """Its rollout stopped before anything was decided (cancelled, refused, not
+    verified on its replica): compare-and-swap from any undecided state."""
+    Canary.objects.filter(pk=row.pk, state__in=CANARY_UNDECIDED).update(
+        state=CanaryState.ENDED, decided_at=timezone.now()
+    )
+
+
+def canary_verified(row: Canary, replica: Replica) -> None:
+    """A canary without a share of the traffic passes once the new version is
+    verified on its replica (the engine then swaps the others)."""
+    row.replica_id = replica.pk
+    if not move(
+        row,
+        CANARY_TRANSITIONS,
+        CanaryState.PASSED,
+        field="state",
+        replica=replica,
+        decided_at=timezone.now(),
+    ):
+        raise rollout_steps.Stopped("the canary changed while it was verified")
+
+
+def _canary_replica(row: Canary, ctx) -> Replica:
     """The first replica by URL (as the page lists them), fixed in the row the
     first time, so that a resumed worker bakes on the same one."""
-    rollout = ctx.rollout
     by_id = {r.pk: r for r in ctx.replicas}
-    if rollout.canary_replica_id in by_id:
-        return by_id[rollout.canary_replica_id]
+    if row.replica_id in by_id:
+        return by_id[row.replica_id]
     canary = ctx.replicas[0]
-    rollout.canary_replica_id = canary.pk
-    Rollout.objects.filter(pk=rollout.pk).update(canary_replica=canary)
+    row.replica_id = canary.pk
+    Canary.objects.filter(pk=row.pk).update(replica=canary)
     return canary
 
 
@@ -153,20 +182,25 @@ def _swap_canary(ctx, canary: Replica, name: str, load, verify) -> bool:
     return True
 
 
-def _bake(ctx, served: ServedAdapter, canary: Replica, rest: list[Replica], name: str):
+def _bake(ctx, row: Canary, served: ServedAdapter, canary: Replica, rest: list[Replica], name: str):
     """Splits the traffic and judges the gates until they decide, the bake
-    ends or a person decides. Returns (outcome, reason)."""
+    ends or a person decides. Returns (state decided, reason)."""
     rollout = ctx.rollout
     deployment = ctx.deployment
-    if rollout.canary_bake_until is None:
-        rollout.canary_bake_until = timezone.now() + timedelta(seconds=rollout.canary_bake_seconds)
-        Rollout.objects.filter(pk=rollout.pk).update(canary_bake_until=rollout.canary_bake_until)
+    assert row.share is not None and row.bake_seconds is not None, "a canary without a split"
+    if row.bake_until is None:
+        row.bake_until = timezone.now() + timedelta(seconds=row.bake_seconds)
+        Canary.objects.filter(pk=row.pk).update(bake_until=row.bake_until)
     rollout_steps.set_status(ctx, RolloutStatus.BAKING)
-    weights = gates.split_weights(rollout.canary_share, str(canary.pk), [str(r.pk) for r in rest])
+    if row.state == CanaryState.WAITING and not move(
+        row, CANARY_TRANSITIONS, CanaryState.BAKING, field="state"
+    ):
+        raise rollout_steps.Stopped("the canary changed before it baked")
+    weights = gates.split_weights(row.share, str(canary.pk), [str(r.pk) for r in rest])
     _split(ctx, served, canary, rest, name, {int(pk): w for pk, w in weights.items()})
     # A resumed bake goes on with the counts it had; a first one starts them now.
-    started = "counters" in (rollout.canary_gates or {})
-    state = rollout.canary_gates["counters"] if started else None
+    started = "counters" in (row.gates or {})
+    state = row.gates["counters"] if started else None
     if state is None:
         try:
             epoch, samples = _read(deployment, name)
@@ -178,8 +212,8 @@ def _bake(ctx, served: ServedAdapter, canary: Replica, rest: list[Replica], name
             state = None
     if not started:
         with transaction.atomic():
-            report = {"counters": state, "weights": weights, "share": rollout.canary_share}
-            _save_gates(rollout, report)
+            report: dict[str, Any] = {"counters": state, "weights": weights, "share": row.share}
+            _save_gates(row, report)
             audit_record(
                 actor=None,
                 action="rollout.canary_started",
@@ -187,9 +221,9 @@ def _bake(ctx, served: ServedAdapter, canary: Replica, rest: list[Replica], name
                 department=rollout.adapter.department,
                 to_state=RolloutStatus.BAKING,
                 details={
-                    "share": rollout.canary_share,
-                    "bake_seconds": rollout.canary_bake_seconds,
-                    "bake_until": rollout.canary_bake_until.isoformat(),
+                    "share": row.share,
+                    "bake_seconds": row.bake_seconds,
+                    "bake_until": row.bake_until.isoformat(),
                     # Its server at the front door, not its address: the audit
                     # log is the department's to read, the addresses the platform's.
                     "canary_server": server_name(canary.pk),
@@ -223,40 +257,40 @@ def _bake(ctx, served: ServedAdapter, canary: Replica, rest: list[Replica], name
         else:
             canary_side, old_side = gates.sides(state, samples, str(canary.pk))
         now = timezone.now()
-        verdict = gates.judge(
-            canary_side, old_side, limits, bake_over=now >= rollout.canary_bake_until
-        )
+        verdict = gates.judge(canary_side, old_side, limits, bake_over=now >= row.bake_until)
         report = {
             "counters": state,
             "weights": weights,
-            "share": rollout.canary_share,
+            "share": row.share,
             "canary": asdict(canary_side),
             "baseline": asdict(old_side),
             "verdict": verdict.as_dict(),
             "checked_at": now.isoformat(),
         }
         asked = (
-            Rollout.objects.filter(pk=rollout.pk)
-            .values_list("canary_request", "canary_requested_by__username")
-            .first()
+            Canary.objects.filter(pk=row.pk).values_list("state", "decided_by__username").first()
         )
-        request, who = asked or ("", None)
+        current, who = asked or (CanaryState.ENDED, None)
         outcome, reason = "", ""
-        if request == CanaryRequest.PROMOTE:
-            outcome, reason = CanaryOutcome.PROMOTED, f"Promoted by {who} before the gates decided."
-        elif request == CanaryRequest.ABORT:
-            outcome, reason = CanaryOutcome.ABORTED, f"Aborted by {who}."
+        if current == CanaryState.PROMOTE_ASKED:
+            outcome, reason = CanaryState.PROMOTED, f"Promoted by {who} before the gates decided."
+        elif current == CanaryState.ABORT_ASKED:
+            outcome, reason = CanaryState.ABORTED, f"Aborted by {who}."
+        elif current != CanaryState.BAKING:
+            raise rollout_steps.Stopped(f"the canary is {current} now, not baking")
         elif verdict.outcome == gates.FAIL:
-            outcome, reason = CanaryOutcome.FAILED, f"Canary gates failed: {verdict.reason}"
+            outcome, reason = CanaryState.FAILED, f"Canary gates failed: {verdict.reason}"
         elif verdict.outcome == gates.PASS:
-            outcome, reason = CanaryOutcome.PASSED, f"Canary gates passed: {verdict.reason}"
+            outcome, reason = CanaryState.PASSED, f"Canary gates passed: {verdict.reason}"
         if not outcome:
-            _save_gates(rollout, report)
+            _save_gates(row, report)
             time.sleep(POLL_SECONDS)
             continue
         report["verdict"]["reason"] = reason
-        _decide(ctx, outcome, reason, report)
-        return outcome, reason
+        row.state = current
+        if canary_decide(rollout, row, outcome, reason, report):
+            return outcome, reason
+        # A person asked in the same second: their decision, at the next look.
 
 
 def _read(deployment: Deployment, name: str):
@@ -267,21 +301,20 @@ def _read(deployment: Deployment, name: str):
     return epoch, {str(pk): sample for pk, sample in samples.items()}
 
 
-def _save_gates(rollout: Rollout, report: dict) -> None:
-    rollout.canary_gates = report
-    Rollout.objects.filter(pk=rollout.pk).update(canary_gates=report)
+def _save_gates(row: Canary, report: dict) -> None:
+    row.gates = report
+    Canary.objects.filter(pk=row.pk).update(gates=report)
 
 
-def _decide(ctx, outcome: str, reason: str, report: dict) -> None:
-    """The outcome, once: a compare-and-swap on "undecided", with its audit."""
-    rollout = ctx.rollout
+def canary_decide(rollout: Rollout, row: Canary, outcome: str, reason: str, report: dict) -> bool:
+    """The decision, once: a compare-and-swap from the state `row` was read
+    with (CANARY_TRANSITIONS), with its audit. False if the state changed
+    meanwhile (a person asked first): nothing is written, the caller looks again."""
     with transaction.atomic():
-        decided = Rollout.objects.filter(pk=rollout.pk, canary_outcome="").update(
-            canary_outcome=outcome, canary_gates=report
-        )
-        if not decided:
-            raise rollout_steps.Stopped("another worker decided this canary")
-        rollout.canary_outcome, rollout.canary_gates = outcome, report
+        if not move(
+            row, CANARY_TRANSITIONS, outcome, field="state", gates=report, decided_at=timezone.now()
+        ):
+            return False
         audit_record(
             actor=None,
             action=f"rollout.canary_{outcome}",
@@ -295,6 +328,7 @@ def _decide(ctx, outcome: str, reason: str, report: dict) -> None:
                 "gates": report["verdict"]["gates"],
             },
         )
+    return True
 
 
 def _split(ctx, served, canary: Replica, rest: list[Replica], name: str, weights) -> None:
@@ -352,7 +386,9 @@ def _promote(ctx, served, canary: Replica, rest: list[Replica], name: str, load,
     gateway_sync(ctx.deployment, release=name)
 
 
-def _roll_back(ctx, served, canary: Replica, rest: list[Replica], name: str, reason: str) -> None:
+def _roll_back(
+    ctx, row: Canary, served, canary: Replica, rest: list[Replica], name: str, reason: str
+) -> None:
     """The rollback is a traffic switch: weight 0 on the canary server (one
     runtime command; the next request goes to the old version), timed. Its
     requests in flight finish, then the old version is loaded there again,
@@ -366,10 +402,10 @@ def _roll_back(ctx, served, canary: Replica, rest: list[Replica], name: str, rea
         switch_ms = (time.monotonic() - started) * 1000
     gateway_drain(ctx.deployment, name, [canary])
     drained_ms = (time.monotonic() - started) * 1000
-    report = dict(rollout.canary_gates or {})
+    report = dict(row.gates or {})
     report["rollback"] = {"switch_ms": round(switch_ms, 2), "drained_ms": round(drained_ms, 1)}
     with transaction.atomic():
-        _save_gates(rollout, report)
+        _save_gates(row, report)
         audit_record(
             actor=None,
             action="rollout.canary_switched_back",
@@ -385,6 +421,6 @@ def _roll_back(ctx, served, canary: Replica, rest: list[Replica], name: str, rea
     )
     # What a rollback by reload would have cost: the old version serving again there.
     report["rollback"]["restored_ms"] = round((time.monotonic() - started) * 1000, 1)
-    _save_gates(rollout, report)
+    _save_gates(row, report)
     _unsplit(ctx, served, name, [canary, *rest])
     gateway_sync(ctx.deployment, release=name)

@@ -39,6 +39,7 @@ from serving.door.services import (
 from serving.fanout import verify_with_fingerprint
 from serving.kept_copies import SwapPlan, swap_plan
 from serving.models import (
+    CanaryState,
     Replica,
     ReplicaHealth,
     ReplicaRollout,
@@ -106,7 +107,7 @@ def rollout_enqueue(rollout_id: int) -> bool:
 
 def rollout_execute(rollout_id: int, worker: str) -> str:
     rollout = Rollout.objects.select_related(
-        "deployment", "adapter__department", "target_version__adapter__department"
+        "deployment", "adapter__department", "target_version__adapter__department", "canary"
     ).get(pk=rollout_id)
     if rollout.status in ROLLOUT_TERMINAL:
         return rollout.status
@@ -179,8 +180,14 @@ def rollout_execute(rollout_id: int, worker: str) -> str:
             served_adapter_release(served.pk, worker)
         except DatabaseError:
             logger.warning("rollout %s: could not release the claim; it expires", rollout.pk)
+    canary = getattr(rollout, "canary", None)
     if not finished:  # stopped, or left waiting: someone else may have moved it
         rollout.refresh_from_db()
+    if canary is not None and rollout.status in ROLLOUT_TERMINAL:
+        # Over before its canary was decided (not verified on its replica, failed).
+        from serving.rollouts.canary import end_undecided
+
+        end_undecided(canary)
     return rollout.status
 
 
@@ -272,13 +279,14 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
             client, name, path, ctx.policy, deployment=deployment, compare_base=not fingerprinted
         )
 
-    if rollout.canary_share:
+    canary = getattr(rollout, "canary", None)
+    if canary is not None and canary.share is not None:
         # A traffic canary: a share of the requests, a bake, health gates.
         from serving.rollouts.canary import canary_run
 
         canary_run(ctx, served, name, load, verify)
         return
-    groups = [pushed[:1], pushed[1:]] if rollout.canary and len(pushed) > 1 else [pushed]
+    groups = [pushed[:1], pushed[1:]] if canary is not None and len(pushed) > 1 else [pushed]
     # Behind a front door, a version swap goes one replica at a time, as the
     # plan says (serving/kept_copies.py, docs/door.md): taken out there where
     # it serves the version before, swapped, verified, put back.
@@ -331,6 +339,11 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
             # once (a rollback's switch); those not kept are swapped after.
             switch_to_kept(ctx, name, [r for r in pushed if r not in swapped])
         set_steps(group_steps, ReplicaStepStatus.SUCCEEDED)
+        if index == 0 and canary is not None and canary.state == CanaryState.WAITING:
+            # Verified on its replica: that was the test of a canary without a share.
+            from serving.rollouts.canary import canary_verified
+
+            canary_verified(canary, group[0])
     if ctx.keep:
         # Make before break: the new version serves, the old one's replicas get
         # nothing new, finish what they have, and keep the old version loaded.
@@ -375,6 +388,11 @@ def _taken_out(ctx: RolloutContext, name: str, group: list[Replica], take: bool)
             gateway_release(ctx.deployment, name, replica, owner=taken.owner)
 
 
+def _traffic_canary(rollout: Rollout) -> bool:
+    canary = getattr(rollout, "canary", None)
+    return canary is not None and canary.share is not None
+
+
 def _swap_plan(
     rollout: Rollout,
     served: ServedAdapter,
@@ -388,7 +406,7 @@ def _swap_plan(
     door, a retire, a traffic canary, a first load)."""
     if (
         rollout.kind == RolloutKind.RETIRE
-        or rollout.canary_share
+        or _traffic_canary(rollout)
         or not placed
         or not gateway_swaps_one_by_one(rollout.deployment, served)
     ):
@@ -411,7 +429,7 @@ def _swap_plan(
         before=served.served_path,
         room={pk for pk in up if name in loaded[pk] or len(loaded[pk]) < capacity},
         resumed=resumed,
-        spares=bounded and not rollout.canary,
+        spares=bounded and getattr(rollout, "canary", None) is None,
         keep=settings.SERVING_ROLLBACK_RETAIN_SECONDS > 0,
         rollback=rollout.kind == RolloutKind.ROLLBACK,
     )

@@ -22,6 +22,8 @@ from serving.deploy_access import require_may_deploy
 from serving.fact_readings import disputes as fact_disputes
 from serving.gate import GateReport, check_capacity, evaluate_gate
 from serving.models import (
+    Canary,
+    CanaryState,
     Deployment,
     Promotion,
     PromotionStatus,
@@ -31,7 +33,7 @@ from serving.models import (
     ServedAdapter,
 )
 from serving.services.rollout_requests import rollout_audit_event, rollout_create
-from serving.transitions import PROMOTION_TRANSITIONS, ROLLOUT_TERMINAL
+from serving.transitions import CANARY_UNDECIDED, PROMOTION_TRANSITIONS, ROLLOUT_TERMINAL
 
 
 class GateRefused(ApplicationError):
@@ -75,15 +77,7 @@ def _require_servable(version: AdapterVersion) -> None:
         )
 
 
-def _start_rollout(
-    actor, deployment, version, canary, promotion=None, kind=None, audit=True
-) -> Rollout:
-    split = {}
-    if promotion is not None and promotion.canary_share:
-        split = {
-            "canary_share": promotion.canary_share,
-            "canary_bake_seconds": promotion.canary_bake_seconds,
-        }
+def _start_rollout(actor, deployment, version, promotion=None, kind=None, audit=True) -> Rollout:
     served, _ = ServedAdapter.objects.select_for_update().get_or_create(
         deployment=deployment, adapter=version.adapter
     )
@@ -103,10 +97,10 @@ def _start_rollout(
         adapter=version.adapter,
         target=version,
         kind=kind,
-        canary=canary,
+        # The canary asked for with the promotion is the one the rollout runs.
+        canary=getattr(promotion, "canary", None),
         promotion=promotion,
         audit=audit,
-        **split,
     )
 
 
@@ -209,16 +203,20 @@ def promotion_create(
             deployment=deployment,
             version=version,
             status=status,
-            canary=canary,
-            canary_share=canary_share,
-            canary_bake_seconds=canary_bake_seconds if canary_share is not None else None,
             gate_report=report.as_list(),
             requested_by=actor.user,
             author_ids=sorted(actor.people),
         )
+        if canary:
+            # One canary, with or without a share of the traffic (Canary).
+            Canary.objects.create(
+                promotion=promotion,
+                share=canary_share,
+                bake_seconds=canary_bake_seconds if canary_share is not None else None,
+            )
         rollout = None
         if status == PromotionStatus.APPROVED:
-            rollout = _start_rollout(actor, deployment, version, canary, promotion, audit=False)
+            rollout = _start_rollout(actor, deployment, version, promotion, audit=False)
         # The audit events last, just before the commit: the audit chain's lock
         # is global and held until then (core.audit_chain), so with many
         # promotions at once everything done after taking it is done one at a time.
@@ -297,7 +295,12 @@ def promotion_review(
             comment=comment,
         )
         if approve:
-            _start_rollout(actor, locked.deployment, version, locked.canary, locked)
+            _start_rollout(actor, locked.deployment, version, locked)
+        else:
+            # A canary asked for with a rejected request never runs.
+            Canary.objects.filter(promotion=locked, state__in=CANARY_UNDECIDED).update(
+                state=CanaryState.ENDED, decided_at=timezone.now()
+            )
     return locked
 
 
@@ -353,7 +356,7 @@ def rollback_to(
     _require_servable(version)
     _require_gate(deployment, version)
     with transaction.atomic():
-        return _start_rollout(actor, deployment, version, False, kind=RolloutKind.ROLLBACK)
+        return _start_rollout(actor, deployment, version, kind=RolloutKind.ROLLBACK)
 
 
 def retire(*, actor: Actor | None, deployment: Deployment, adapter: Adapter) -> Rollout:

@@ -17,11 +17,13 @@ from core.actors import Actor
 from core.audit import audit_event, audit_record, audit_record_all
 from core.errors import Conflict
 from core.models import AuditEvent
-from core.state import move
+from core.state import can_move, move
 from registry.models import AdapterVersion
 from serving.attestation import served_fact
 from serving.models import (
+    Canary,
     CanaryRequest,
+    CanaryState,
     Deployment,
     ReplicaRollout,
     ReplicaStepStatus,
@@ -35,6 +37,8 @@ from serving.services.leases import (
     served_adapter_release_if_expired,
 )
 from serving.transitions import (
+    CANARY_TRANSITIONS,
+    CANARY_UNDECIDED,
     REPLICA_STEP_UNFINISHED,
     ROLLOUT_TERMINAL,
     ROLLOUT_TRANSITIONS,
@@ -50,27 +54,26 @@ def rollout_create(
     adapter,
     target: AdapterVersion | None,
     kind: str,
-    canary: bool = False,
+    canary: Canary | None = None,
     promotion=None,
     audit: bool = True,
-    canary_share: int | None = None,
-    canary_bake_seconds: int | None = None,
 ) -> Rollout:
     """Records the rollout and enqueues it after commit. Call inside a transaction.
-    With audit=False the caller audits it (rollout_audit_created) as the last
-    thing before its commit."""
+    A `canary` (asked for with the promotion) becomes this rollout's. With
+    audit=False the caller audits it (rollout_audit_created) as the last thing
+    before its commit."""
     rollout = Rollout.objects.create(
         deployment=deployment,
         adapter=adapter,
         kind=kind,
         target_version=target,
-        canary=canary,
-        canary_share=canary_share,
-        canary_bake_seconds=canary_bake_seconds,
         promotion=promotion,
         requested_by=actor.user if actor else None,
         enqueued_at=timezone.now(),
     )
+    if canary is not None:
+        canary.rollout = rollout
+        canary.save(update_fields=["rollout"])
     if audit:
         rollout_audit_created(actor, rollout)
     transaction.on_commit(lambda: rollout_enqueue(rollout.pk))
@@ -85,6 +88,7 @@ def rollout_audit_event(actor: Actor | None, rollout: Rollout) -> AuditEvent:
     """The event rollout_audit_created records, for a caller that records it
     with its own (core.audit.audit_record_all)."""
     target = rollout.target_version
+    canary = getattr(rollout, "canary", None)
     return audit_event(
         actor=actor,
         action=f"rollout.{rollout.kind}",
@@ -94,9 +98,9 @@ def rollout_audit_event(actor: Actor | None, rollout: Rollout) -> AuditEvent:
         details={
             "deployment": rollout.deployment.name,
             "target_version": target.number if target else None,
-            "canary": rollout.canary,
-            "canary_share": rollout.canary_share,
-            "canary_bake_seconds": rollout.canary_bake_seconds,
+            "canary": canary is not None,
+            "canary_share": canary.share if canary else None,
+            "canary_bake_seconds": canary.bake_seconds if canary else None,
             # A retire stops serving when it is requested (promotions.retire):
             # chained here, as a promotion's outcome is at rollout.succeeded.
             **(
@@ -145,6 +149,10 @@ def rollout_cancel(*, actor: Actor, rollout: Rollout, comment: str = "") -> Roll
         ReplicaRollout.objects.filter(rollout=current, status__in=REPLICA_STEP_UNFINISHED).update(
             status=ReplicaStepStatus.CANCELLED
         )
+        # Its canary ends undecided, whatever a person had asked of it.
+        Canary.objects.filter(rollout=current, state__in=CANARY_UNDECIDED).update(
+            state=CanaryState.ENDED, decided_at=timezone.now()
+        )
         audit_record(
             actor=actor,
             action="rollout.cancelled",
@@ -172,27 +180,41 @@ def rollout_canary_decide(
     rolled back, a traffic switch). Approvers of the department and platform
     admins; tokens may not. The worker acts on it within a second."""
     require_approver(actor, rollout.adapter.department_id, "Rollout")
-    if request not in (CanaryRequest.PROMOTE, CanaryRequest.ABORT):
+    asked: dict[str, str] = {
+        CanaryRequest.PROMOTE: CanaryState.PROMOTE_ASKED,
+        CanaryRequest.ABORT: CanaryState.ABORT_ASKED,
+    }
+    if request not in asked:
         raise ValueError(request)
     with transaction.atomic():
-        # Compare-and-swap: only a baking canary nobody has decided yet.
-        asked = Rollout.objects.filter(
-            pk=rollout.pk,
-            status=RolloutStatus.BAKING,
-            canary_share__isnull=False,
-            canary_outcome="",
-            canary_request="",
-        ).update(canary_request=request, canary_requested_by=actor.user)
-        current = Rollout.objects.get(pk=rollout.pk)
-        if not asked:
+        current = Rollout.objects.select_related("canary").get(pk=rollout.pk)
+        canary = getattr(current, "canary", None)
+        # Compare-and-swap on the canary's state: only a baking canary nobody has
+        # decided yet; the gates deciding in the same second win or lose cleanly.
+        decided = (
+            canary is not None
+            and canary.share is not None
+            and can_move(CANARY_TRANSITIONS, canary.state, asked[request])
+            and canary.state != asked[request]
+            and move(
+                canary, CANARY_TRANSITIONS, asked[request], field="state", decided_by=actor.user
+            )
+        )
+        if not decided:
+            if canary is not None:
+                canary.refresh_from_db(fields=["state"])
+            state = canary.state if canary is not None else ""
+            shown = "" if state in ("", CanaryState.WAITING, CanaryState.BAKING) else state
             raise Conflict(
                 f"Rollout {rollout.pk} is not a canary that is baking undecided "
                 f"(status {current.status}"
-                + (f", {current.canary_outcome}" if current.canary_outcome else "")
-                + (f", {current.canary_request} asked" if current.canary_request else "")
+                + (f", {shown.replace('_', ' ')}" if shown else "")
                 + ").",
                 code="canary_not_baking",
-                details={"status": current.status, "canary_outcome": current.canary_outcome},
+                details={
+                    "status": current.status,
+                    "canary_outcome": canary.outcome if canary is not None else "",
+                },
             )
         audit_record(
             actor=actor,

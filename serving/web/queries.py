@@ -442,12 +442,12 @@ def client_access(
     baking = (
         selectors.rollouts_for(actor)
         .prefetch_related(None)
-        .filter(deployment=deployment, status=RolloutStatus.BAKING, canary_share__isnull=False)
+        .filter(deployment=deployment, status=RolloutStatus.BAKING, canary__share__isnull=False)
     )
     if served_name:
         baking = baking.filter(adapter__served_name=served_name)
     canaries = []
-    for rollout in baking.select_related("adapter", "target_version", "canary_replica")[:5]:
+    for rollout in baking.select_related("adapter", "target_version", "canary__replica")[:5]:
         split = selectors.canary_split(rollout)
         if split is not None:
             canaries.append({"rollout": rollout, **split})

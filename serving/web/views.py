@@ -30,7 +30,15 @@ from serving.attestation import refusal
 from serving.deploy_access import deploy_refusal
 from serving.fact_readings import disputes as fact_disputes
 from serving.gate import evaluate_gate
-from serving.models import CanaryRequest, PromotionStatus, Rollout, RolloutStatus, ServedAdapter
+from serving.models import (
+    CanaryOutcome,
+    CanaryRequest,
+    CanaryState,
+    PromotionStatus,
+    Rollout,
+    RolloutStatus,
+    ServedAdapter,
+)
 from serving.services.manifests import kserve_export
 from serving.services.promotions import (
     FOUR_EYES_PROMOTION,
@@ -311,18 +319,16 @@ def _canary_context(actor: Actor, rollout: Rollout) -> dict | None:
     split = selectors.canary_split(rollout)
     if split is None:
         return None
-    decidable = (
-        rollout.status == RolloutStatus.BAKING
-        and not rollout.canary_outcome
-        and not rollout.canary_request
-    )
+    # Only while it bakes undecided (CANARY_TRANSITIONS: baking -> *_asked).
+    decidable = rollout.status == RolloutStatus.BAKING and split["state"] == CanaryState.BAKING
     may = can_approve(actor, rollout.adapter.department_id)
     reason = "" if may else "Only an approver of this department or a platform admin may decide."
     weights = split["weights"]
     total = sum(weights.values()) or 1
     return {
         **split,
-        "canary_weight_share": round(100 * weights.get(str(rollout.canary_replica_id), 0) / total),
+        "canary_weight_share": round(100 * weights.get(str(rollout.canary.replica_id), 0) / total),
+        "outcome_display": CanaryOutcome(split["outcome"]).label,
         "decide": {"disabled_reason": reason} if decidable else None,
     }
 

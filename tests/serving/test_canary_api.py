@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from core.models import AuditEvent
-from serving.models import Promotion, Rollout, RolloutStatus, ServedAdapter
+from serving.models import Canary, CanaryState, Promotion, Rollout, RolloutStatus, ServedAdapter
 from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create, promotion_review
 from tests.conftest import actor
@@ -102,7 +102,11 @@ def test_a_canary_promotion_records_its_share_and_bake(as_lena, deployment, serv
     assert response.status_code == 201, response.content
     assert (response.json()["canary_share"], response.json()["canary_bake_seconds"]) == (10, 30)
     rollout = Rollout.objects.get(pk=response.json()["rollout"])
-    assert (rollout.canary, rollout.canary_share, rollout.canary_bake_seconds) == (True, 10, 30)
+    assert (rollout.canary is not None, rollout.canary.share, rollout.canary.bake_seconds) == (
+        True,
+        10,
+        30,
+    )
     body = as_lena.get(f"/api/v1/rollouts/{rollout.pk}/").json()
     assert body["canary_split"]["share"] == 10
     assert body["canary_split"]["seconds_left"] is None  # not baking yet
@@ -125,7 +129,7 @@ def test_a_canary_awaiting_approval_keeps_its_split_until_it_is_approved(
     assert not promotion.rollouts.exists()
     promotion_review(actor=actor(alex), promotion=promotion, approve=True)
     rollout = Promotion.objects.get(pk=promotion.pk).rollouts.get()
-    assert (rollout.canary_share, rollout.canary_bake_seconds) == (20, 60)
+    assert (rollout.canary.share, rollout.canary.bake_seconds) == (20, 60)
 
 
 def _baking(lena, deployment, approved_v2) -> Rollout:
@@ -138,6 +142,7 @@ def _baking(lena, deployment, approved_v2) -> Rollout:
     )
     rollout = promotion.rollouts.get()
     Rollout.objects.filter(pk=rollout.pk).update(status=RolloutStatus.BAKING)
+    Canary.objects.filter(rollout=rollout).update(state=CanaryState.BAKING)
     return rollout
 
 
@@ -154,7 +159,7 @@ def test_only_approvers_decide_a_baking_canary(
     assert response.status_code == expected, response.content
     rollout.refresh_from_db()
     wanted = {"promote-now": "promote", "abort-canary": "abort"}[path]
-    assert rollout.canary_request == (wanted if expected == 202 else "")
+    assert rollout.canary.requested == (wanted if expected == 202 else "")
     if expected == 202:
         assert response.json()["canary_split"]["requested"] == wanted
         assert AuditEvent.objects.filter(action=f"rollout.canary_{wanted}_requested").exists()

@@ -72,7 +72,7 @@ def wait_baking(rollout: Rollout, timeout: float = 30, after: str = "") -> Rollo
     deadline = time.monotonic() + timeout
     while True:
         rollout.refresh_from_db()
-        gates = rollout.canary_gates
+        gates = rollout.canary.gates
         if (
             rollout.status == RolloutStatus.BAKING
             and gates.get("counters")
@@ -116,9 +116,9 @@ def test_a_person_aborts_a_baking_canary_and_traffic_leaves_it_at_once(
     worker.join(30)
     assert ended["status"] == RolloutStatus.ROLLED_BACK
     rollout.refresh_from_db()
-    assert rollout.canary_outcome == "aborted"
+    assert rollout.canary.outcome == "aborted"
     assert rollout.error.startswith(f"Aborted by {alex.username}. Traffic left the canary in ")
-    switch = rollout.canary_gates["rollback"]
+    switch = rollout.canary.gates["rollback"]
     assert switch["switch_ms"] < 1000
     assert switch["restored_ms"] > switch["drained_ms"] >= switch["switch_ms"]
     assert weights(door, "legal-contracts") == {canary: "1", other: "1"}
@@ -150,7 +150,7 @@ def test_a_person_promotes_a_baking_canary_and_every_replica_takes_the_new_versi
     worker.join(30)
     assert ended["status"] == RolloutStatus.SUCCEEDED
     rollout.refresh_from_db()
-    assert rollout.canary_outcome == "promoted"
+    assert rollout.canary.outcome == "promoted"
     served = ServedAdapter.objects.get(deployment=deployment)
     assert served.version_id == approved_v2.pk and served.gateway_weights == {}
     for replica in fake_replicas:
@@ -167,7 +167,7 @@ def test_a_canary_without_enough_requests_in_its_bake_is_not_proven_and_rolled_b
     worker.join(60)
     assert ended["status"] == RolloutStatus.ROLLED_BACK
     rollout.refresh_from_db()
-    assert rollout.canary_outcome == "failed"
+    assert rollout.canary.outcome == "failed"
     assert rollout.error.startswith(
         "Canary gates failed: not proven: the canary had 0 requests in its bake time, "
         "5 are needed to judge it. Traffic left the canary in "
@@ -198,7 +198,7 @@ def test_a_worker_killed_mid_bake_is_resumed_on_the_same_deadline_and_counts(
     settings.SERVING_CLAIM_SECONDS = 3.0
     rollout, worker, ended = start_canary(lena, deployment, approved_v2, bake=300)
     rollout = wait_baking(rollout)
-    deadline, counters = rollout.canary_bake_until, rollout.canary_gates["counters"]
+    deadline, counters = rollout.canary.bake_until, rollout.canary.gates["counters"]
     # Its claim taken from it, the worker stops at its next heartbeat.
     served = ServedAdapter.objects.get(deployment=deployment)
     ServedAdapter.objects.filter(pk=served.pk).update(lease_owner="killed-worker")
@@ -219,8 +219,8 @@ def test_a_worker_killed_mid_bake_is_resumed_on_the_same_deadline_and_counts(
         assert time.monotonic() < deadline_at
         time.sleep(0.1)
     rollout = wait_baking(rollout, after=timezone.now().isoformat())
-    assert rollout.canary_bake_until == deadline
-    assert rollout.canary_gates["counters"]["base"] == counters["base"]
+    assert rollout.canary.bake_until == deadline
+    assert rollout.canary.gates["counters"]["base"] == counters["base"]
     canary, other = servers_of(deployment)
     assert weights(door, "legal-contracts") == {canary: "10", other: "90"}
     rollout_canary_decide(actor=actor(alex), rollout=rollout, request=CanaryRequest.ABORT)

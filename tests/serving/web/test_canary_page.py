@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from serving.models import Rollout, RolloutStatus
+from serving.models import Canary, CanaryState, Rollout, RolloutStatus
 from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
 from tests.conftest import actor
@@ -63,11 +63,12 @@ def baking(settings, tmp_path, lena, deployment, approved_v1, approved_v2) -> Ro
         },
         "checked_at": timezone.now().isoformat(),
     }
-    Rollout.objects.filter(pk=rollout.pk).update(
-        status=RolloutStatus.BAKING,
-        canary_replica=canary,
-        canary_bake_until=timezone.now() + timedelta(seconds=90),
-        canary_gates=report,
+    Rollout.objects.filter(pk=rollout.pk).update(status=RolloutStatus.BAKING)
+    Canary.objects.filter(rollout=rollout).update(
+        state=CanaryState.BAKING,
+        replica=canary,
+        bake_until=timezone.now() + timedelta(seconds=90),
+        gates=report,
     )
     return rollout
 
@@ -99,14 +100,14 @@ def test_members_see_the_canary_but_may_not_decide_it(web_lena, baking):
     assert baking.deployment.replicas.order_by("base_url").first().base_url not in html
     assert web_lena.post(f"/rollouts/{baking.pk}/canary/abort/").status_code == 302
     baking.refresh_from_db()
-    assert baking.canary_request == ""
+    assert baking.canary.requested == ""
 
 
 def test_an_approver_aborts_it_from_the_page(web_alex, baking):
     answer = web_alex.post(f"/rollouts/{baking.pk}/canary/abort/", follow=True)
     html = answer.content.decode()
     baking.refresh_from_db()
-    assert baking.canary_request == "abort"
+    assert baking.canary.requested == "abort"
     assert "The canary is aborted" in html
     assert "<strong>abort</strong> asked" in html
     assert 'data-testid="canary-abort"' not in html  # decided: no more buttons
@@ -132,7 +133,7 @@ def test_a_traffic_canary_is_started_from_the_promote_form(
     answer = web_lena.post(f"/versions/{approved_v2.pk}/promote/", form)
     assert answer.status_code == 302, answer.content
     rollout = Rollout.objects.get(target_version=approved_v2)
-    assert (rollout.canary_share, rollout.canary_bake_seconds) == (10, 60)
+    assert (rollout.canary.share, rollout.canary.bake_seconds) == (10, 60)
     page = web_lena.get(f"/rollouts/{rollout.pk}/").content.decode()
     assert "Traffic canary: 10&nbsp;% for 60&nbsp;s" in page
 
@@ -155,3 +156,10 @@ def test_the_deployment_and_adapter_pages_say_a_canary_takes_its_share(
         split = html.split('data-testid="canary-split">')[1].split("</p>")[0]
         assert f"{contracts.served_name} v2</a> takes 10&nbsp;% of its traffic" in split
         assert "s of its bake left" in split
+
+
+def test_the_admin_shows_the_rollout_s_canary_read_only(client, root, baking):
+    client.force_login(root)
+    page = client.get(f"/admin/serving/rollout/{baking.pk}/change/").content.decode()
+    assert "Canary" in page and "Baking" in page
+    assert 'name="canary-0-state"' not in page  # read-only: no form field
