@@ -135,6 +135,21 @@ def test_canary_stops_before_touching_the_other_replicas(
     assert rollout_execute(rollout.pk, "w") == "rolled_back"
     assert any(p == "/v1/load_lora_adapter" for _, p, _ in canary.requests)
     assert not any(p == "/v1/load_lora_adapter" for _, p, _ in rest.requests)
+    rollout.refresh_from_db()
+    assert rollout.canary.state == "ended"  # over before anything was decided
+
+
+def test_a_canary_without_a_share_passes_on_its_replica_then_the_rest_follow(
+    lena, deployment, approved_v1, fake_replicas
+):
+    first, rest = sorted(fake_replicas, key=lambda r: r.base_url)
+    _, rollout = promote(lena, deployment, approved_v1, canary=True)
+    assert rollout_execute(rollout.pk, "w") == "succeeded"
+    rollout.refresh_from_db()
+    canary = rollout.canary
+    assert (canary.state, canary.share, canary.replica.base_url) == ("passed", None, first.base_url)
+    assert canary.decided_by is None and canary.decided_at is not None
+    assert any(p == "/v1/load_lora_adapter" for _, p, _ in rest.requests)
 
 
 def test_a_base_answer_equal_to_the_adapters_is_asked_again_before_it_fails_a_replica(
