@@ -102,8 +102,15 @@ class CanaryInline(ReadOnlyAdminMixin, admin.StackedInline):
     model = Canary
     fk_name = "rollout"
     extra = 0
-    fields = ["state", "share", "bake_seconds", "replica", "bake_until", "decided_by", "decided_at"]
-    readonly_fields = fields
+    readonly_fields = [
+        "state",
+        "share",
+        "bake_seconds",
+        "replica",
+        "bake_until",
+        "decided_by",
+        "decided_at",
+    ]
 
 
 @admin.register(Rollout)

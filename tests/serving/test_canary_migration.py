@@ -1,4 +1,4 @@
-"""Serving 0021 moves the canary columns of rollouts and promotions into a row of
+"""Serving 0022 moves the canary columns of rollouts and promotions into a row of
 their own (Canary) and back: a baking traffic canary, a decided one, a person's
 request not acted on yet, a canary without a share and one still awaiting its
 approval all keep what they were."""
@@ -15,8 +15,8 @@ from serving.models import Canary, CanaryState, Replica
 from tests.factories import make_adapter, make_approved_version
 from tests.support.adapters import AdapterSpec
 
-BEFORE = ("serving", "0020_own_probe")
-AFTER = ("serving", "0021_canary_row")
+BEFORE = ("serving", "0021_served_adapter_kept_copy")
+AFTER = ("serving", "0022_canary_row")
 UNTIL = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 

@@ -91,7 +91,7 @@ def backward(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("serving", "0020_own_probe"),
+        ("serving", "0021_served_adapter_kept_copy"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
