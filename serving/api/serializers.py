@@ -3,12 +3,14 @@ from __future__ import annotations
 from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.utils.field_mapping import get_field_kwargs
 
 from serving.attestation import refusal
 from serving.capacity import Tiers, deployment_tiers
 from serving.fact_readings import disputes as fact_disputes
 from serving.models import (
     Adoption,
+    Canary,
     CanaryOutcome,
     CanaryRequest,
     Deployment,
@@ -281,22 +283,23 @@ class HasCanaryField(serializers.BooleanField):
 
 
 # The canary's share and bake time under the names the API has always had;
-# null without a canary or without a split. The bounds are the ones the
-# columns gave the schema before the canary had a row of its own.
-def _canary_number(source: str) -> serializers.IntegerField:
+# null without a canary or without a split. Bounded as a ModelSerializer bounds
+# the model's field (the database's integer range), as when they were columns.
+def _canary_number(name: str) -> serializers.IntegerField:
+    bounds = get_field_kwargs(name, Canary._meta.get_field(name))
     return serializers.IntegerField(
-        source=source,
+        source=f"canary.{name}",
         required=False,
         allow_null=True,
-        min_value=0,
-        max_value=9223372036854775807,
+        min_value=bounds.get("min_value"),
+        max_value=bounds.get("max_value"),
     )
 
 
 class PromotionSerializer(serializers.ModelSerializer):
     canary = HasCanaryField(required=False)
-    canary_share = _canary_number("canary.share")
-    canary_bake_seconds = _canary_number("canary.bake_seconds")
+    canary_share = _canary_number("share")
+    canary_bake_seconds = _canary_number("bake_seconds")
     deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
     requested_by = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True
@@ -471,8 +474,8 @@ class RolloutSerializer(serializers.ModelSerializer):
     )
     replicas = ReplicaRolloutSerializer(source="replica_steps", many=True, read_only=True)
     canary = HasCanaryField(required=False)
-    canary_share = _canary_number("canary.share")
-    canary_bake_seconds = _canary_number("canary.bake_seconds")
+    canary_share = _canary_number("share")
+    canary_bake_seconds = _canary_number("bake_seconds")
     canary_split = serializers.SerializerMethodField()
 
     class Meta:
