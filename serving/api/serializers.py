@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.db import models
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.utils.field_mapping import get_field_kwargs
@@ -286,7 +287,9 @@ class HasCanaryField(serializers.BooleanField):
 # null without a canary or without a split. Bounded as a ModelSerializer bounds
 # the model's field (the database's integer range), as when they were columns.
 def _canary_number(name: str) -> serializers.IntegerField:
-    bounds = get_field_kwargs(name, Canary._meta.get_field(name))
+    field = Canary._meta.get_field(name)
+    assert isinstance(field, models.Field), name
+    bounds = get_field_kwargs(name, field)
     return serializers.IntegerField(
         source=f"canary.{name}",
         required=False,
