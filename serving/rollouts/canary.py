@@ -277,6 +277,10 @@ def _bake(ctx, row: Canary, served: ServedAdapter, canary: Replica, rest: list[R
         elif current == CanaryState.ABORT_ASKED:
             outcome, reason = CanaryState.ABORTED, f"Aborted by {who}."
         elif current != CanaryState.BAKING:
+            # Ended: its rollout was cancelled (rollout_cancel ends it in the
+            # same transaction). No more of the traffic to it now, as below.
+            with contextlib.suppress(GatewayError):
+                gateway_weigh(deployment, name, {canary.pk: 0})
             raise rollout_steps.Stopped(f"the canary is {current} now, not baking")
         elif verdict.outcome == gates.FAIL:
             outcome, reason = CanaryState.FAILED, f"Canary gates failed: {verdict.reason}"
