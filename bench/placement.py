@@ -261,8 +261,8 @@ def run(args, out) -> None:
         # -- loss, through a real front door
         listen = f"127.0.0.1:{free_port()}"
         work = Path(tempfile.mkdtemp(prefix="placement-gateway-"))
-        settings.SERVING_GATEWAY_DIR = work
-        settings.SERVING_GATEWAYS = {deployment.name: listen}
+        settings.SERVING_DOOR_DIR = work
+        settings.SERVING_DOORS = {deployment.name: listen}
         # Open (no keys): the bench measures placement, not access.
         deployment.open_door = True
         deployment.save(update_fields=["open_door"])

@@ -279,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_env(var_dir, args.broker)
     listen = {count: f"127.0.0.1:{free_port()}" for count in counts}
     # The worker (a subprocess) and this process drive the same doors.
-    os.environ["SERVING_GATEWAYS"] = ",".join(f"bench-{c}={a}" for c, a in listen.items())
-    os.environ["SERVING_GATEWAY_DIR"] = str(var_dir / "gateways")
+    os.environ["SERVING_DOORS"] = ",".join(f"bench-{c}={a}" for c, a in listen.items())
+    os.environ["SERVING_DOOR_DIR"] = str(var_dir / "gateways")
 
     import django
 

@@ -86,7 +86,7 @@ def _table(servers, loaded_path: str | None):
 
 
 STEPS: dict[str, list[float]] = {"take out": [], "swap": [], "verify": [], "ready": []}
-# SERVING_GATEWAY_HOLD_SECONDS' default: the longest a request waits at the door.
+# SERVING_DOOR_HOLD_SECONDS' default: the longest a request waits at the door.
 HOLD_SECONDS = 20.0
 
 

@@ -8,6 +8,7 @@ variable, instead of failing later on the first request.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -15,6 +16,35 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 
 env = environ.Env()
+
+
+class RenamedSettingWarning(FutureWarning):
+    """An old name of a setting was read; it still works, for now.
+    FutureWarning, not DeprecationWarning: Python shows it to operators by default."""
+
+
+def accept_renamed(renames: dict[str, str]) -> list[str]:
+    """Lets an operator's old variable names keep working after a rename: each old
+    name set is copied to its new name, with a warning at start-up. Both set to
+    different values stops start-up (which one was meant?). Returns the old names
+    that were set."""
+    used = []
+    for old, new in renames.items():
+        if old not in os.environ:
+            continue
+        used.append(old)
+        if new in os.environ and os.environ[new] != os.environ[old]:
+            raise ImproperlyConfigured(
+                f"{old} is the old name of {new}, and both are set to different values: "
+                f"keep {new} only."
+            )
+        os.environ[new] = os.environ[old]
+        warnings.warn(
+            f"{old} is renamed {new}: set {new} instead (the old name will stop working).",
+            RenamedSettingWarning,
+            stacklevel=2,
+        )
+    return used
 
 
 def secret(name: str, default: str | None = None) -> str | None:

@@ -462,42 +462,53 @@ SERVING_FINGERPRINT_TOLERANCE = cfg.number("SERVING_FINGERPRINT_TOLERANCE", 1e-3
 # Adapters whose weights the reconcile checks on each replica each tick (one greedy
 # completion each), rotating through the replica's adapters; 0 turns the check off.
 SERVING_FINGERPRINT_SAMPLE = cfg.integer("SERVING_FINGERPRINT_SAMPLE", 2, minimum=0)
+# The front door's settings were SERVING_GATEWAY*: the old names still work, with
+# a warning at start-up (docs/operators/configuration.md#front-door-haproxy).
+cfg.accept_renamed(
+    {
+        "SERVING_GATEWAYS": "SERVING_DOORS",
+        "SERVING_GATEWAY_DIR": "SERVING_DOOR_DIR",
+        "SERVING_GATEWAY_URLS": "SERVING_DOOR_URLS",
+        "SERVING_GATEWAY_MAX_BODY_BYTES": "SERVING_DOOR_MAX_BODY_BYTES",
+        "SERVING_GATEWAY_METRICS": "SERVING_DOOR_METRICS",
+        "SERVING_GATEWAY_DRAIN_SECONDS": "SERVING_DOOR_DRAIN_SECONDS",
+        "SERVING_GATEWAY_HOLD_SECONDS": "SERVING_DOOR_HOLD_SECONDS",
+    }
+)
 # The front door (serving/door/, docs/door.md): one HAProxy per deployment
-# named in SERVING_GATEWAYS ("local-cpu=127.0.0.1:8200,prod=0.0.0.0:8080": where
-# each listens), its files in SERVING_GATEWAY_DIR/<deployment>/. Empty: no front
-# door, clients call the replicas. A swap waits at most SERVING_GATEWAY_DRAIN_SECONDS
+# named in SERVING_DOORS ("local-cpu=127.0.0.1:8200,prod=0.0.0.0:8080": where
+# each listens), its files in SERVING_DOOR_DIR/<deployment>/. Empty: no front
+# door, clients call the replicas. A swap waits at most SERVING_DOOR_DRAIN_SECONDS
 # for a replica's requests in flight to finish before it unloads the adapter there.
-SERVING_GATEWAY_DIR = Path(cfg.env.str("SERVING_GATEWAY_DIR", default=str(VAR_DIR / "gateway")))
-SERVING_GATEWAYS = cfg.env.dict("SERVING_GATEWAYS", default={})
+SERVING_DOOR_DIR = Path(cfg.env.str("SERVING_DOOR_DIR", default=str(VAR_DIR / "gateway")))
+SERVING_DOORS = cfg.env.dict("SERVING_DOORS", default={})
 # The URL clients use to reach each front door ("prod=https://llm.example.com"),
 # shown on the pages; where unset, http:// and the address it listens on.
-SERVING_GATEWAY_URLS = cfg.env.dict("SERVING_GATEWAY_URLS", default={})
-# The runtime API is a UNIX socket in SERVING_GATEWAY_DIR only: whatever drives a
+SERVING_DOOR_URLS = cfg.env.dict("SERVING_DOOR_URLS", default={})
+# The runtime API is a UNIX socket in SERVING_DOOR_DIR only: whatever drives a
 # door shares that directory (Kubernetes: an emptyDir in the gateway's pod). The
 # TCP form (SERVING_GATEWAY_ADMIN) was an unauthenticated admin port, and
 # HAProxy 2.6 serves a TCP stats socket in clear even when told `ssl`: refused.
 if cfg.env.str("SERVING_GATEWAY_ADMIN", default=""):
     raise ImproperlyConfigured(
         "SERVING_GATEWAY_ADMIN (the runtime API over TCP) is removed: drive the front "
-        "door through its UNIX socket in SERVING_GATEWAY_DIR (docs/door.md)."
+        "door through its UNIX socket in SERVING_DOOR_DIR (docs/door.md)."
     )
 # The largest request body the door takes (it buffers the whole body to read
 # `model`): 1 MiB holds a 128k-token prompt; a larger one gets a 413. Each request
 # in flight costs HAProxy about twice this in buffers.
-SERVING_GATEWAY_MAX_BODY_BYTES = cfg.integer(
-    "SERVING_GATEWAY_MAX_BODY_BYTES", 1024 * 1024, minimum=16 * 1024
+SERVING_DOOR_MAX_BODY_BYTES = cfg.integer(
+    "SERVING_DOOR_MAX_BODY_BYTES", 1024 * 1024, minimum=16 * 1024
 )
 # Where each door's Prometheus exporter listens ("local-cpu=127.0.0.1:8201"): an
 # internal address, apart from the clients' port. Empty: no exporter.
-SERVING_GATEWAY_METRICS = cfg.env.dict("SERVING_GATEWAY_METRICS", default={})
-SERVING_GATEWAY_DRAIN_SECONDS = cfg.number("SERVING_GATEWAY_DRAIN_SECONDS", 60.0, minimum=0)
+SERVING_DOOR_METRICS = cfg.env.dict("SERVING_DOOR_METRICS", default={})
+SERVING_DOOR_DRAIN_SECONDS = cfg.number("SERVING_DOOR_DRAIN_SECONDS", 60.0, minimum=0)
 # A swap on the only replica that serves an adapter: the door holds the adapter's
 # new requests meanwhile (docs/door.md#holding), each at most this long, after
 # which it is routed as the door routes then. 0: no hold (the swap's gap fails them).
 # A change takes effect at the door's next reload (it is in haproxy.cfg).
-SERVING_GATEWAY_HOLD_SECONDS = cfg.number(
-    "SERVING_GATEWAY_HOLD_SECONDS", 20.0, minimum=0, maximum=300
-)
+SERVING_DOOR_HOLD_SECONDS = cfg.number("SERVING_DOOR_HOLD_SECONDS", 20.0, minimum=0, maximum=300)
 # Behind a front door, a swap of an adapter placement holds on fewer replicas than
 # the deployment has loads the new version on others first and moves the traffic
 # there (make before break); the old version stays loaded where it was, drained, for

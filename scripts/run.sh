@@ -36,17 +36,17 @@ DEMO_KEY="$($BIN/python manage.py demo_inference_key --file "$VAR/demo-inference
 # The front door (docs/door.md): one HAProxy for the demo deployment, the
 # client URL. The control plane keeps its routes (the runtime API on a socket in
 # $VAR/gateway/local-cpu/).
-GATEWAY_PORT="${GATEWAY_PORT:-8200}"
-export SERVING_GATEWAYS="${SERVING_GATEWAYS:-local-cpu=127.0.0.1:$GATEWAY_PORT}"
-export SERVING_GATEWAY_DIR="${SERVING_GATEWAY_DIR:-$VAR/gateway}"
-GATEWAY_CMD=""
+DOOR_PORT="${DOOR_PORT:-${GATEWAY_PORT:-8200}}"  # GATEWAY_PORT: its old name
+export SERVING_DOORS="${SERVING_DOORS:-local-cpu=127.0.0.1:$DOOR_PORT}"
+export SERVING_DOOR_DIR="${SERVING_DOOR_DIR:-$VAR/gateway}"
+DOOR_CMD=""
 if ! command -v haproxy >/dev/null 2>&1; then
   { apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq haproxy; } \
     >>"$LOG/install.log" 2>&1 || true
 fi
 if command -v haproxy >/dev/null 2>&1; then
   $BIN/python manage.py gateway_sync local-cpu --base-model tiny-llama >/dev/null
-  GATEWAY_CMD="$($BIN/python manage.py gateway_sync local-cpu --print-command)"
+  DOOR_CMD="$($BIN/python manage.py gateway_sync local-cpu --print-command)"
 else
   echo "run: haproxy is not installed (apt-get install haproxy): no front door" >&2
 fi
@@ -72,8 +72,8 @@ fi
 if [[ -n "$DEMO_VLLM_CMD_B" ]]; then
   programs+=(--program vllm-b "$DEMO_VLLM_CMD_B")
 fi
-if [[ -n "$GATEWAY_CMD" ]]; then
-  programs+=(--program gateway "$GATEWAY_CMD")
+if [[ -n "$DOOR_CMD" ]]; then
+  programs+=(--program gateway "$DOOR_CMD")
 fi
 
 # Each worker must also keep consuming its liveness ping (config/celery_liveness.py):
@@ -104,9 +104,9 @@ cat <<MSG
   Logs: $LOG/ (restarts in supervisor.log)   Stop with Ctrl-C.
 
 MSG
-if [[ -n "$GATEWAY_CMD" ]]; then
+if [[ -n "$DOOR_CMD" ]]; then
   cat <<MSG
-  Front door (OpenAI API for clients, routes by "model"): http://127.0.0.1:$GATEWAY_PORT/v1
+  Front door (OpenAI API for clients, routes by "model"): http://127.0.0.1:$DOOR_PORT/v1
 
 MSG
 fi

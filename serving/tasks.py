@@ -102,7 +102,7 @@ def door_access_tick() -> int:
 
     expired = grants_expire()
     door_access_enqueue(
-        Deployment.objects.filter(name__in=list(settings.SERVING_GATEWAYS)).values_list(
+        Deployment.objects.filter(name__in=list(settings.SERVING_DOORS)).values_list(
             "pk", flat=True
         )
     )

@@ -284,7 +284,7 @@ end, 0)
 -- file's entries, so `add map`/`del map` are seen by the next lookup.
 --
 -- A request waits while its model has an entry whose deadline is ahead, and at
--- most `most_ms` (SERVING_GATEWAY_HOLD_SECONDS) from when it arrived: a worker
+-- most `most_ms` (SERVING_DOOR_HOLD_SECONDS) from when it arrived: a worker
 -- that died mid-hold, or a clock far off, never holds it longer. Then it goes
 -- on to `use_backend`, which is chosen after this action: to the new version.
 -- core.msleep yields (other requests run meanwhile) and a wait is not Lua

@@ -60,7 +60,7 @@ ADAPTER_BACKEND_PREFIX = "m_"
 SLOT_PREFIX = "slot_"
 SLOTS = 16
 NOT_FOUND_BACKEND = "not_found"
-# The request body HAProxy buffers whole, to read `model` (SERVING_GATEWAY_MAX_BODY_BYTES):
+# The request body HAProxy buffers whole, to read `model` (SERVING_DOOR_MAX_BODY_BYTES):
 # long prompts for a 128k-context model fit; a larger body gets a 413.
 MAX_BODY_BYTES = 1024 * 1024
 # Room in HAProxy's buffer for the request line and headers beside a body of the

@@ -27,16 +27,16 @@ logger = logging.getLogger(__name__)
 
 
 def front_door_for(deployment: Deployment) -> FrontDoor | None:
-    """The deployment's front door, or None where it has none (SERVING_GATEWAYS)."""
-    listen = settings.SERVING_GATEWAYS.get(deployment.name)
+    """The deployment's front door, or None where it has none (SERVING_DOORS)."""
+    listen = settings.SERVING_DOORS.get(deployment.name)
     if not listen:
         return None
     return HAProxyFrontDoor(
-        settings.SERVING_GATEWAY_DIR / deployment.name,
+        settings.SERVING_DOOR_DIR / deployment.name,
         listen=listen,
-        max_body_bytes=settings.SERVING_GATEWAY_MAX_BODY_BYTES,
-        metrics=settings.SERVING_GATEWAY_METRICS.get(deployment.name, ""),
-        hold_seconds=settings.SERVING_GATEWAY_HOLD_SECONDS,
+        max_body_bytes=settings.SERVING_DOOR_MAX_BODY_BYTES,
+        metrics=settings.SERVING_DOOR_METRICS.get(deployment.name, ""),
+        hold_seconds=settings.SERVING_DOOR_HOLD_SECONDS,
     )
 
 
@@ -88,13 +88,13 @@ def gateway_drain(
     deployment: Deployment, name: str, replicas: list[Replica], *, keep_one: bool = True
 ) -> list[str]:
     """No new request for `name` to these replicas; returns once their requests
-    in flight are done (at most SERVING_GATEWAY_DRAIN_SECONDS each). With
+    in flight are done (at most SERVING_DOOR_DRAIN_SECONDS each). With
     `keep_one` (a swap: make before break), a replica that is the only one
     serving `name` is left serving and swapped in place."""
     door = front_door_for(deployment)
     if door is None:
         return []
-    timeout = settings.SERVING_GATEWAY_DRAIN_SECONDS
+    timeout = settings.SERVING_DOOR_DRAIN_SECONDS
     return _each(
         deployment,
         replicas,
@@ -113,12 +113,12 @@ def gateway_drain_each(
     """gateway_drain of each (adapter name, replica) pair at once, the waits in
     pool threads that touch no database while `tick()` runs in this one every
     `interval` seconds (a caller's claim outlives drains of up to
-    SERVING_GATEWAY_DRAIN_SECONDS); recorded here after. Returns each pair's
+    SERVING_DOOR_DRAIN_SECONDS); recorded here after. Returns each pair's
     changes, in order; a front door that fails gives that pair none."""
     door = front_door_for(deployment)
     if door is None or not pairs:
         return [[] for _ in pairs]
-    timeout = settings.SERVING_GATEWAY_DRAIN_SECONDS
+    timeout = settings.SERVING_DOOR_DRAIN_SECONDS
 
     def drain(pair) -> tuple[list[str], str, float]:
         name, replica = pair
@@ -146,8 +146,8 @@ def gateway_take_out(
 ) -> TakenOut | None:
     """Before a swap of `name` on `replica`: drained at the door where another
     replica serves `name`; where none does, `name`'s new requests held at the
-    door (SERVING_GATEWAY_HOLD_SECONDS at most each) and the replica drained
-    once its requests in flight are done (SERVING_GATEWAY_DRAIN_SECONDS at
+    door (SERVING_DOOR_HOLD_SECONDS at most each) and the replica drained
+    once its requests in flight are done (SERVING_DOOR_DRAIN_SECONDS at
     most; `tick()` runs meanwhile). Recorded as the replica's. None without a
     door, or when it failed (logged and recorded; the swap goes on in place,
     as without a hold)."""
@@ -159,8 +159,8 @@ def gateway_take_out(
         taken = door.take_out(
             name,
             server_name(replica.pk),
-            timeout=settings.SERVING_GATEWAY_DRAIN_SECONDS,
-            hold_seconds=settings.SERVING_GATEWAY_HOLD_SECONDS,
+            timeout=settings.SERVING_DOOR_DRAIN_SECONDS,
+            hold_seconds=settings.SERVING_DOOR_HOLD_SECONDS,
             owner=owner,
             tick=tick,
         )

@@ -84,8 +84,7 @@ def canary_refusal(deployment: Deployment, served_version_id: int | None, replic
     requested (a 409) and again by the worker (the deployment may have changed)."""
     if front_door_for(deployment) is None:
         return (
-            f"{deployment.name} has no front door (SERVING_GATEWAYS): nothing can split "
-            "its traffic."
+            f"{deployment.name} has no front door (SERVING_DOORS): nothing can split its traffic."
         )
     if served_version_id is None:
         return (

@@ -306,12 +306,12 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
         take_out = plan is not None and group[0].pk in serving_before
         with _taken_out(ctx, name, group, take_out) as taken:
             if taken is not None and taken.busy:
-                # Never unloaded under requests it still runs (SERVING_GATEWAY_DRAIN_SECONDS).
+                # Never unloaded under requests it still runs (SERVING_DOOR_DRAIN_SECONDS).
                 loaded = {
                     r.pk: ReplicaOutcome().fail(
                         f"{taken.busy} request(s) through {name} were still running there "
-                        f"after {settings.SERVING_GATEWAY_DRAIN_SECONDS:g} s "
-                        "(SERVING_GATEWAY_DRAIN_SECONDS); not swapped while they run."
+                        f"after {settings.SERVING_DOOR_DRAIN_SECONDS:g} s "
+                        "(SERVING_DOOR_DRAIN_SECONDS); not swapped while they run."
                     )
                     for r in group
                 }

@@ -405,10 +405,10 @@ EXAMPLE_BODY = (
 
 def front_door_url(deployment: Deployment) -> str | None:
     """The URL clients use for the deployment's front door, or None without one."""
-    listen = settings.SERVING_GATEWAYS.get(deployment.name)
+    listen = settings.SERVING_DOORS.get(deployment.name)
     if not listen:
         return None
-    url = settings.SERVING_GATEWAY_URLS.get(deployment.name)
+    url = settings.SERVING_DOOR_URLS.get(deployment.name)
     return (url or f"http://{listen}").rstrip("/")
 
 

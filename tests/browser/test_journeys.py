@@ -182,7 +182,7 @@ def _journeys(new_page, tmp_path, viewport, lena, alex, paula, legal, root, repl
             requests=requests,
             errors_4xx=1,
         )
-    settings.SERVING_GATEWAYS = {"staging-cpu": "127.0.0.1:8200"}
+    settings.SERVING_DOORS = {"staging-cpu": "127.0.0.1:8200"}
 
     member.visit("/", "dashboard-live")
     standing = member.page.get_by_test_id("standing").first.inner_text()

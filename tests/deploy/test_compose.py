@@ -259,8 +259,8 @@ def test_the_front_door_is_the_client_url_and_the_workers_drive_it(services):
     assert "--offline" in " ".join(gateway["command"])  # no database there
     for name in ("gateway", "worker-rollouts", "worker-reconcile"):
         env = services[name]["environment"]
-        assert env["SERVING_GATEWAYS"] == "local-cpu=0.0.0.0:8080"
-        assert env["SERVING_GATEWAY_DIR"] == "/var/run/gateway"
+        assert env["SERVING_DOORS"] == "local-cpu=0.0.0.0:8080"
+        assert env["SERVING_DOOR_DIR"] == "/var/run/gateway"
         assert "gateway:/var/run/gateway:rw" in _volumes(services[name])
     # Two CPU replicas behind it, from the same image.
     assert services["vllm-cpu-b"]["image"] == services["vllm-cpu"]["image"]

@@ -414,8 +414,7 @@ def test_only_what_drives_the_front_door_reaches_its_runtime_api(built):
     sharing = {
         c["name"]: celery_queue(c)
         for c in pod["containers"]
-        if {"name": "gateway", "mountPath": config["SERVING_GATEWAY_DIR"]}
-        in c.get("volumeMounts", [])
+        if {"name": "gateway", "mountPath": config["SERVING_DOOR_DIR"]} in c.get("volumeMounts", [])
     }
     assert sharing == {
         "haproxy": None,
@@ -425,7 +424,7 @@ def test_only_what_drives_the_front_door_reaches_its_runtime_api(built):
     for workload, container in containers(objects):
         if workload is not gateway:
             mounts = [m["mountPath"] for m in container.get("volumeMounts", [])]
-            assert config["SERVING_GATEWAY_DIR"] not in mounts, workload["metadata"]["name"]
+            assert config["SERVING_DOOR_DIR"] not in mounts, workload["metadata"]["name"]
     policy = named(objects, "NetworkPolicy")["lora-registry-gateway"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert admitted(policy, 8080, objects) == {"*"}
@@ -507,8 +506,8 @@ def test_the_front_doors_container_starts_haproxy_with_no_secret_and_no_database
     shared = tmp_path / "gateway"
     env.update(
         PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
-        SERVING_GATEWAYS=f"{config['GATEWAY_DEPLOYMENT']}=127.0.0.1:{free_port()}",
-        SERVING_GATEWAY_DIR=str(shared),
+        SERVING_DOORS=f"{config['DOOR_DEPLOYMENT']}=127.0.0.1:{free_port()}",
+        SERVING_DOOR_DIR=str(shared),
     )
     log_path = tmp_path / "gateway.log"
     with open(log_path, "wb") as log:
@@ -521,7 +520,7 @@ def test_the_front_doors_container_starts_haproxy_with_no_secret_and_no_database
             start_new_session=True,
         )
     try:
-        runtime = RuntimeAPI(shared / config["GATEWAY_DEPLOYMENT"] / "admin.sock")
+        runtime = RuntimeAPI(shared / config["DOOR_DEPLOYMENT"] / "admin.sock")
         deadline = time.monotonic() + 60
         while not runtime.available():
             assert process.poll() is None, log_path.read_text()

@@ -108,7 +108,7 @@ def test_an_unchanged_reading_writes_nothing(deployment, served, door):
 
 @pytest.mark.django_db
 def test_no_front_door_costs_no_statement(deployment, settings):
-    settings.SERVING_GATEWAYS = {}
+    settings.SERVING_DOORS = {}
     with CaptureQueriesContext(connection) as queries:
         assert front_door_usage_record(deployment) == 0
     assert len(queries) == 0
@@ -118,8 +118,8 @@ def test_no_front_door_costs_no_statement(deployment, settings):
 def test_a_front_door_that_does_not_answer_is_skipped_until_the_next_tick(
     deployment, served, settings, tmp_path, caplog
 ):
-    settings.SERVING_GATEWAYS = {deployment.name: "127.0.0.1:9"}
-    settings.SERVING_GATEWAY_DIR = tmp_path  # no admin.sock: HAProxy is not running
+    settings.SERVING_DOORS = {deployment.name: "127.0.0.1:9"}
+    settings.SERVING_DOOR_DIR = tmp_path  # no admin.sock: HAProxy is not running
     assert front_door_usage_record(deployment) == 0
     assert f"usage of {deployment.name} not read" in caplog.text
     assert not FrontDoorReading.objects.exists()

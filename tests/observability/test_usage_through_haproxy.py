@@ -58,8 +58,8 @@ def table(deployment, replicas, holders: set[int], path: str):
 def test_requests_through_the_front_door_show_on_the_usage_page(
     deployment, approved_v1, fake_replicas, settings, tmp_path, web_lena, as_lena
 ):
-    settings.SERVING_GATEWAYS = {deployment.name: f"127.0.0.1:{free_port()}"}
-    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    settings.SERVING_DOORS = {deployment.name: f"127.0.0.1:{free_port()}"}
+    settings.SERVING_DOOR_DIR = tmp_path / "gateways"
     settings.OBSERVABILITY_VLLM_METRICS = False
     ServedAdapter.objects.create(
         deployment=deployment, adapter=approved_v1.adapter, version=approved_v1, served_path="/v"

@@ -80,8 +80,8 @@ def test_the_defaults_start(tmp_path):
             "UNIX socket",
         ),
         (
-            "SERVING_GATEWAY_MAX_BODY_BYTES",
-            {"SERVING_GATEWAY_MAX_BODY_BYTES": "100"},
+            "SERVING_DOOR_MAX_BODY_BYTES",
+            {"SERVING_DOOR_MAX_BODY_BYTES": "100"},
             "at least",
         ),
         ("AWS_S3_ADDRESSING_STYLE", {"AWS_S3_ADDRESSING_STYLE": "sideways"}, "sideways"),
@@ -220,3 +220,26 @@ def test_a_malformed_proxy_header_stops_start_up(tmp_path):
     )
     assert result.returncode != 0
     assert "DJANGO_SECURE_PROXY_SSL_HEADER" in result.stderr
+
+
+def test_an_old_front_door_setting_name_still_works_and_warns_at_start_up(tmp_path):
+    result = start(
+        tmp_path,
+        "settings.SERVING_DOORS, settings.SERVING_DOOR_HOLD_SECONDS",
+        SERVING_GATEWAYS="prod=0.0.0.0:8080",
+        SERVING_GATEWAY_HOLD_SECONDS="5",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "{'prod': '0.0.0.0:8080'} 5.0"
+    assert "SERVING_GATEWAYS is renamed SERVING_DOORS" in result.stderr
+    assert "SERVING_GATEWAY_HOLD_SECONDS is renamed SERVING_DOOR_HOLD_SECONDS" in result.stderr
+
+
+def test_an_old_and_a_new_setting_name_that_disagree_stop_start_up(tmp_path):
+    result = start(
+        tmp_path,
+        SERVING_GATEWAYS="prod=0.0.0.0:8080",
+        SERVING_DOORS="prod=0.0.0.0:9090",
+    )
+    assert result.returncode != 0
+    assert "SERVING_GATEWAYS is the old name of SERVING_DOORS" in result.stderr

@@ -41,7 +41,7 @@ def test_make_run_restarts_a_killed_worker_and_stops_on_ctrl_c(tmp_path):
         VAR_DIR=str(tmp_path / "var"),
         RUN_WITHOUT_VLLM="1",
         PORT=str(port),
-        GATEWAY_PORT=str(_free_port()),
+        DOOR_PORT=str(_free_port()),
     )
     # The web server, three workers, beat, and the front door where HAProxy is installed.
     programs = 6 if shutil.which("haproxy") else 5

@@ -20,8 +20,8 @@ TEN_FOR_30 = {"share": 10, "bake_seconds": 30}
 @pytest.fixture
 def front_door(settings, deployment, tmp_path):
     # A front door that is configured but not running: its files are written.
-    settings.SERVING_GATEWAYS = {deployment.name: "127.0.0.1:1"}
-    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    settings.SERVING_DOORS = {deployment.name: "127.0.0.1:1"}
+    settings.SERVING_DOOR_DIR = tmp_path / "gateways"
 
 
 @pytest.fixture

@@ -30,9 +30,9 @@ pytestmark = [
 
 @pytest.fixture
 def door(settings, deployment, tmp_path):
-    settings.SERVING_GATEWAYS = {deployment.name: f"127.0.0.1:{free_port()}"}
-    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
-    settings.SERVING_GATEWAY_DRAIN_SECONDS = 5.0
+    settings.SERVING_DOORS = {deployment.name: f"127.0.0.1:{free_port()}"}
+    settings.SERVING_DOOR_DIR = tmp_path / "gateways"
+    settings.SERVING_DOOR_DRAIN_SECONDS = 5.0
     # Open (no keys): these tests are about routing; keys: test_gateway_door.py.
     deployment.open_door = True
     deployment.save(update_fields=["open_door"])

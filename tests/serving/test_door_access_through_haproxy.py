@@ -45,8 +45,8 @@ WITHIN_SECONDS = 5.0
 @pytest.fixture
 def door(deployment, approved_v1, fake_replicas, settings, tmp_path):
     """The deployment's front door, closed until the product gives it a table."""
-    settings.SERVING_GATEWAYS = {deployment.name: f"127.0.0.1:{free_port()}"}
-    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    settings.SERVING_DOORS = {deployment.name: f"127.0.0.1:{free_port()}"}
+    settings.SERVING_DOOR_DIR = tmp_path / "gateways"
     ServedAdapter.objects.create(
         deployment=deployment, adapter=approved_v1.adapter, version=approved_v1, served_path="/v"
     )

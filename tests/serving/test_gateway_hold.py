@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(not haproxy_available(), reason="haproxy is not 
 BASE = "tiny-llama"
 HELD = "legal-contracts"  # on r1 only
 OTHER = "finance-invoices"  # on both
-# Each request's own bound (SERVING_GATEWAY_HOLD_SECONDS), short for the tests.
+# Each request's own bound (SERVING_DOOR_HOLD_SECONDS), short for the tests.
 MOST_SECONDS = 3.0
 
 

@@ -152,8 +152,8 @@ def test_the_command_bootstraps_a_front_door_then_syncs_the_deployment(
 
     from django.core.management import CommandError, call_command
 
-    settings.SERVING_GATEWAY_DIR = tmp_path
-    settings.SERVING_GATEWAYS = {
+    settings.SERVING_DOOR_DIR = tmp_path
+    settings.SERVING_DOORS = {
         "not-yet": "127.0.0.1:1",
         "fresh": "127.0.0.1:3",
         deployment.name: "127.0.0.1:2",
@@ -176,7 +176,7 @@ def test_the_command_bootstraps_a_front_door_then_syncs_the_deployment(
     config = (tmp_path / deployment.name / "haproxy.cfg").read_text()
     base = config.split("backend base\n", 1)[1].split("\n\n", 1)[0]
     assert base.count("    server r") == len(deployment.replica_urls)
-    with pytest.raises(CommandError, match="SERVING_GATEWAYS"):
+    with pytest.raises(CommandError, match="SERVING_DOORS"):
         call_command("gateway_sync", "elsewhere", "--base-model", "tiny")
 
 
@@ -205,8 +205,8 @@ def test_an_access_sync_with_nothing_changed_is_six_queries_and_two_runtime_read
     from tests.support.haproxy import running_haproxy
     from tests.support.vllm_servers import free_port
 
-    settings.SERVING_GATEWAYS = {deployment.name: f"127.0.0.1:{free_port()}"}
-    settings.SERVING_GATEWAY_DIR = tmp_path
+    settings.SERVING_DOORS = {deployment.name: f"127.0.0.1:{free_port()}"}
+    settings.SERVING_DOOR_DIR = tmp_path
     door = front_door_for(deployment)
     door.write(routing_table_for(deployment))
     with running_haproxy(door, log=tmp_path / "haproxy.log"):

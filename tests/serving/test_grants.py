@@ -192,7 +192,7 @@ def test_a_member_of_the_asking_department_cannot_revoke(fred, alex, finance, de
 def test_grants_past_their_end_expire_on_the_tick_and_leave_the_table(
     fred, alex, finance, deployment, settings, door_syncs
 ):
-    settings.SERVING_GATEWAYS = {}  # the tick's catch-up sync of every door: none here
+    settings.SERVING_DOORS = {}  # the tick's catch-up sync of every door: none here
     grant = _ask(fred, finance)
     grant_decide(actor=actor(alex), grant=grant, approve=True)
     AdapterGrant.objects.filter(pk=grant.pk).update(expires_at=timezone.now())
@@ -234,7 +234,7 @@ def test_the_tick_sends_every_front_door_its_table_again(
     deployment, root, tmp_path, settings, door_syncs
 ):
     make_deployment(root, ["http://127.0.0.1:9/"], tmp_path / "doorless", name="doorless")
-    settings.SERVING_GATEWAYS = {deployment.name: "127.0.0.1:1", "not-yet-made": "127.0.0.1:2"}
+    settings.SERVING_DOORS = {deployment.name: "127.0.0.1:1", "not-yet-made": "127.0.0.1:2"}
 
     with door_syncs() as sent:
         assert door_access_tick() == 0

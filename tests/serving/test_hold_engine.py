@@ -62,7 +62,7 @@ def replica():
 
 @pytest.fixture
 def door(monkeypatch, settings):
-    settings.SERVING_GATEWAYS = {"single": "127.0.0.1:1"}  # a door exists
+    settings.SERVING_DOORS = {"single": "127.0.0.1:1"}  # a door exists
     recording = RecordingDoor()
     monkeypatch.setattr("serving.door.services.front_door_for", lambda deployment: recording)
     return recording

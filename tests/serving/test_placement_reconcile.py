@@ -181,8 +181,8 @@ def test_behind_a_front_door_a_moved_adapter_is_drained_before_it_is_unloaded(
 
     deployment, served = placed
     listen = f"127.0.0.1:{free_port()}"
-    settings.SERVING_GATEWAYS = {deployment.name: listen}
-    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    settings.SERVING_DOORS = {deployment.name: listen}
+    settings.SERVING_DOOR_DIR = tmp_path / "gateways"
     # Open (no keys): these tests are about routing; keys: test_gateway_door.py.
     deployment.open_door = True
     deployment.save(update_fields=["open_door"])
@@ -246,9 +246,9 @@ def _v1_behind_a_front_door(name, max_replicas, *, root, lena, fleet, tmp_path, 
         deployment=deployment, adapter=v1.adapter, max_replicas=max_replicas
     )
     listen = f"127.0.0.1:{free_port()}"
-    settings.SERVING_GATEWAYS = {deployment.name: listen}
-    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
-    settings.SERVING_GATEWAY_DRAIN_SECONDS = 5.0
+    settings.SERVING_DOORS = {deployment.name: listen}
+    settings.SERVING_DOOR_DIR = tmp_path / "gateways"
+    settings.SERVING_DOOR_DRAIN_SECONDS = 5.0
     # Open (no keys): these tests are about routing; keys: test_gateway_door.py.
     deployment.open_door = True
     deployment.save(update_fields=["open_door"])

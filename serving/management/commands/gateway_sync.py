@@ -42,7 +42,7 @@ class Command(BaseCommand):
         # The front door's place and command depend on the name alone (settings).
         door = front_door_for(Deployment(name=name))
         if door is None:
-            raise CommandError(f"{name} has no front door: name it in SERVING_GATEWAYS.")
+            raise CommandError(f"{name} has no front door: name it in SERVING_DOORS.")
         if options["print_command"]:
             self.stdout.write(shlex.join(door.command_line()))
             return

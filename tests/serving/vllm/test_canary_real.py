@@ -35,9 +35,9 @@ SHARE = 10
 
 def _gateway(settings, tmp_path, name: str) -> str:
     listen = f"127.0.0.1:{free_port()}"
-    settings.SERVING_GATEWAYS = {name: listen}
-    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
-    settings.SERVING_GATEWAY_DRAIN_SECONDS = 30.0
+    settings.SERVING_DOORS = {name: listen}
+    settings.SERVING_DOOR_DIR = tmp_path / "gateways"
+    settings.SERVING_DOOR_DRAIN_SECONDS = 30.0
     return listen
 
 

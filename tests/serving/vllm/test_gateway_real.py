@@ -128,9 +128,9 @@ def _deployment_behind_a_front_door(platform, vllm_servers, settings, tmp_path, 
     from serving.door.services import gateway_sync
 
     listen = f"127.0.0.1:{free_port()}"
-    settings.SERVING_GATEWAYS = {name: listen}
-    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
-    settings.SERVING_GATEWAY_DRAIN_SECONDS = 30.0
+    settings.SERVING_DOORS = {name: listen}
+    settings.SERVING_DOOR_DIR = tmp_path / "gateways"
+    settings.SERVING_DOOR_DRAIN_SECONDS = 30.0
     platform.create_deployment(name, [s.base_url for s in vllm_servers], open_door=True)
     deployment = Deployment.objects.get(name=name)
     gateway_sync(deployment)  # the configuration HAProxy starts with
@@ -260,9 +260,9 @@ def test_a_version_swap_through_the_front_door_fails_no_request(
     platform, vllm_servers, celery_worker, settings, tmp_path
 ):
     listen = f"127.0.0.1:{free_port()}"
-    settings.SERVING_GATEWAYS = {"gw-cpu": listen}
-    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
-    settings.SERVING_GATEWAY_DRAIN_SECONDS = 30.0
+    settings.SERVING_DOORS = {"gw-cpu": listen}
+    settings.SERVING_DOOR_DIR = tmp_path / "gateways"
+    settings.SERVING_DOOR_DRAIN_SECONDS = 30.0
     # Every replica swapped (no copy of v1 kept for a rollback: the next test's).
     settings.SERVING_ROLLBACK_RETAIN_SECONDS = 0
     platform.create_deployment("gw-cpu", [s.base_url for s in vllm_servers], open_door=True)
@@ -319,7 +319,7 @@ def test_a_version_swap_through_the_front_door_fails_no_request(
     state = ok(platform.admin.get("/api/v1/deployments/gw-cpu/state/"))
     assert state is not None
     assert (
-        Path(settings.SERVING_GATEWAY_DIR / "gw-cpu" / "models.map")
+        Path(settings.SERVING_DOOR_DIR / "gw-cpu" / "models.map")
         .read_text()
         .count("legal-contracts m_legal-contracts")
         == 1
@@ -342,8 +342,8 @@ def test_a_swap_that_fails_verification_rolls_back_without_failing_a_request(
         faulty.fail_probes_only = True
         urls = sorted([one.base_url, other.base_url])
         listen = f"127.0.0.1:{free_port()}"
-        settings.SERVING_GATEWAYS = {"gw-fail": listen}
-        settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+        settings.SERVING_DOORS = {"gw-fail": listen}
+        settings.SERVING_DOOR_DIR = tmp_path / "gateways"
         # Both replicas swapped (none keeps v1 for a rollback), so the second is tried.
         settings.SERVING_ROLLBACK_RETAIN_SECONDS = 0
         platform.create_deployment("gw-fail", urls, open_door=True)

@@ -144,7 +144,7 @@ def test_on_one_replica_swaps_and_rollbacks_fail_no_request_through_the_door(
     # than its bound; and the first swap went: hold, drain, hold renewed for
     # the swap, ready, hold released.
     held = held_ms(log, NAME)
-    assert held and max(held) < settings.SERVING_GATEWAY_HOLD_SECONDS * 1000, held
+    assert held and max(held) < settings.SERVING_DOOR_HOLD_SECONDS * 1000, held
     changes = HttpAttempt.objects.filter(
         purpose="gateway", started_at__gte=ended[0][1]["started_at"]
     ).order_by("started_at", "id")

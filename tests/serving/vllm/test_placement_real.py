@@ -97,8 +97,8 @@ class Clock:
 
 def _door(deployment: Deployment, settings, tmp_path) -> str:
     listen = f"127.0.0.1:{free_port()}"
-    settings.SERVING_GATEWAYS = {deployment.name: listen}
-    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    settings.SERVING_DOORS = {deployment.name: listen}
+    settings.SERVING_DOOR_DIR = tmp_path / "gateways"
     return listen
 
 
@@ -217,7 +217,7 @@ def test_traffic_on_one_adapter_gives_it_a_second_replica_and_the_quiet_period_t
     settings.SERVING_PLACEMENT_WINDOW_SECONDS = 0
     settings.SERVING_PLACEMENT_DEMAND_PER_REPLICA = 0.5
     settings.SERVING_PLACEMENT_QUIET_SECONDS = QUIET
-    settings.SERVING_GATEWAY_DRAIN_SECONDS = 5.0
+    settings.SERVING_DOOR_DRAIN_SECONDS = 5.0
     assert settings.OBSERVABILITY_VLLM_METRICS  # how demand is read: after each tick
     platform.create_deployment("hot", [s.base_url for s in vllm_servers], open_door=True)
     deployment = Deployment.objects.get(name="hot")

@@ -20,8 +20,8 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 
 @pytest.fixture
 def baking(settings, tmp_path, lena, deployment, approved_v1, approved_v2) -> Rollout:
-    settings.SERVING_GATEWAYS = {deployment.name: "127.0.0.1:1"}
-    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    settings.SERVING_DOORS = {deployment.name: "127.0.0.1:1"}
+    settings.SERVING_DOOR_DIR = tmp_path / "gateways"
     first = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
     assert rollout_execute(first.rollouts.get().pk, "w") == RolloutStatus.SUCCEEDED
     promotion = promotion_create(
@@ -122,8 +122,8 @@ def test_outsiders_get_a_404(web_fred, baking):
 def test_a_traffic_canary_is_started_from_the_promote_form(
     web_lena, settings, tmp_path, lena, deployment, approved_v1, approved_v2
 ):
-    settings.SERVING_GATEWAYS = {deployment.name: "127.0.0.1:1"}
-    settings.SERVING_GATEWAY_DIR = tmp_path / "gateways"
+    settings.SERVING_DOORS = {deployment.name: "127.0.0.1:1"}
+    settings.SERVING_DOOR_DIR = tmp_path / "gateways"
     first = promotion_create(actor=actor(lena), deployment=deployment, version=approved_v1)
     assert rollout_execute(first.rollouts.get().pk, "w") == RolloutStatus.SUCCEEDED
     form = {"deployment": deployment.name, "canary_share": "10", "canary_bake_seconds": "60"}

@@ -19,8 +19,8 @@ def served(deployment, contracts, approved_v1):
 
 @pytest.fixture
 def door(settings, deployment):
-    settings.SERVING_GATEWAYS = {deployment.name: "127.0.0.1:8200"}
-    settings.SERVING_GATEWAY_URLS = {}
+    settings.SERVING_DOORS = {deployment.name: "127.0.0.1:8200"}
+    settings.SERVING_DOOR_URLS = {}
 
 
 def _card(html: str, deployment) -> str:
@@ -42,7 +42,7 @@ def test_the_adapter_page_shows_the_door_and_a_request_for_this_adapter(
 def test_the_deployment_page_uses_the_public_url_when_one_is_set(
     web_lena, settings, door, served, deployment, contracts
 ):
-    settings.SERVING_GATEWAY_URLS = {deployment.name: "https://llm.example.com/"}
+    settings.SERVING_DOOR_URLS = {deployment.name: "https://llm.example.com/"}
     card = _card(web_lena.get(f"/deployments/{deployment.name}/").content.decode(), deployment)
     assert "curl https://llm.example.com/v1/chat/completions" in card
     assert f"&quot;model&quot;: &quot;{contracts.served_name}&quot;" in card
@@ -54,7 +54,7 @@ def test_without_a_front_door_members_are_told_to_ask_not_shown_replicas(
     card = _card(web_lena.get(f"/deployments/{deployment.name}/").content.decode(), deployment)
     assert "has no front door yet" in card
     assert "Ask your platform team" in card
-    assert "SERVING_GATEWAYS" not in card
+    assert "SERVING_DOORS" not in card
     assert "curl" not in card
 
 
