@@ -163,3 +163,14 @@ def test_the_admin_shows_the_rollout_s_canary_read_only(client, root, baking):
     page = client.get(f"/admin/serving/rollout/{baking.pk}/change/").content.decode()
     assert "Canary" in page and "Baking" in page
     assert 'name="canary-0-state"' not in page  # read-only: no form field
+
+
+def test_a_decided_canary_shows_its_decision_and_an_ended_one_says_so(web_alex, baking):
+    Canary.objects.filter(rollout=baking).update(state=CanaryState.FAILED)
+    html = web_alex.get(f"/rollouts/{baking.pk}/live/", **HTMX).content.decode()
+    assert '<span class="badge badge-failed">Gates failed</span>' in html
+    assert 'data-testid="canary-abort"' not in html
+    Canary.objects.filter(rollout=baking).update(state=CanaryState.ENDED)
+    html = web_alex.get(f"/rollouts/{baking.pk}/live/", **HTMX).content.decode()
+    assert "Ended before anything was decided." in html
+    assert 'data-testid="canary-outcome"' not in html
