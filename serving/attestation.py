@@ -44,7 +44,7 @@ DEPLOYMENT_ACTIONS = ("deployment.created", "deployment.updated", *SNAPSHOT_ACTI
 SERVED_ACTIONS = ("rollout.succeeded", "rollout.retire")
 
 
-class RestoreHeld(Conflict):
+class RestoreQuarantined(Conflict):
     code = "restore_held"
 
 
@@ -201,19 +201,19 @@ def differences(deployment: Deployment, through: int) -> list[str]:
     return found
 
 
-def refusal(deployment: Deployment) -> str:
+def quarantine_reason(deployment: Deployment) -> str:
     """Why nothing may be sent to this deployment's replicas now ("": it may)."""
     if deployment.restore_basis is None:
         return ""
     why = " ".join(deployment.restore_differences or []) or "It has not been checked yet."
     return (
-        f"{deployment.name} is held after a restore: what it serves and where must match "
+        f"{deployment.name} is quarantined after a restore: what it serves and where must match "
         f"the audit chain, or a platform admin acknowledge the difference "
         f"(manage.py serving_acknowledge_restore {deployment.name}). {why}"
     )
 
 
-def require_not_held(deployment: Deployment) -> None:
-    why = refusal(deployment)
+def require_not_quarantined(deployment: Deployment) -> None:
+    why = quarantine_reason(deployment)
     if why:
-        raise RestoreHeld(why, details={"differences": deployment.restore_differences})
+        raise RestoreQuarantined(why, details={"differences": deployment.restore_differences})

@@ -27,7 +27,7 @@ import requests
 from django.conf import settings
 from django.db import connections
 
-from serving.attestation import require_not_held
+from serving.attestation import require_not_quarantined
 from serving.models import Deployment, Replica
 from serving.probe import Probe, describe_distance
 from serving.replica_calls import ReplicaOutcome, RetryPolicy, verify_serving
@@ -72,9 +72,9 @@ def replica_session(base_url: str) -> requests.Session:
 
 def client_for(replica: Replica, deployment: Deployment, session=None) -> VLLMClient:
     """`session`: a requests.Session to reuse (the client then leaves it open).
-    Raises RestoreHeld for a deployment held after a restore: its replica URLs
+    Raises RestoreQuarantined for a deployment quarantined after a restore: its replica URLs
     and its key came from a dump the audit chain does not vouch for yet."""
-    require_not_held(deployment)
+    require_not_quarantined(deployment)
     return VLLMClient(
         replica.base_url,
         session=session,

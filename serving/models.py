@@ -135,12 +135,12 @@ class Deployment(models.Model):
     # replicas: each tick checks the next few after it (serving/services/fingerprints.py).
     fingerprint_checked_through = models.CharField(max_length=200, blank=True, editable=False)
 
-    # Held after a restore (serving/services/restore.py): the id of the audit event
+    # Quarantined after a restore (serving/services/restore.py): the id of the audit event
     # whose hash was shipped before the backup. While set, nothing is sent to this
     # deployment's replicas; cleared when what it serves and where match the chain up
     # to that event, or when a platform admin acknowledges the differences (audited).
     restore_basis = models.PositiveBigIntegerField(null=True, blank=True, editable=False)
-    # Why it is held: one sentence per difference from the chain.
+    # Why it is quarantined: one sentence per difference from the chain.
     restore_differences = models.JSONField(default=list, blank=True, editable=False)
 
     created_at = models.DateTimeField(auto_now_add=True)

@@ -25,11 +25,11 @@ def settle_adoptions(sender, *, version, previous, **kwargs) -> None:
 
 def hold_after_restore(sender, *, head_event_id, **kwargs) -> list[str]:
     """Rows from a dump serve only what the chain up to the shipped head vouches for."""
-    from serving.attestation import refusal
+    from serving.attestation import quarantine_reason
     from serving.services.restore import deployments_hold_after_restore
 
     return [
-        refusal(d) or f"{d.name}: matches the audit chain; serving."
+        quarantine_reason(d) or f"{d.name}: matches the audit chain; serving."
         for d in deployments_hold_after_restore(head_event_id=head_event_id)
     ]
 

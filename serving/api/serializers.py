@@ -6,7 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.utils.field_mapping import get_field_kwargs
 
-from serving.attestation import refusal
+from serving.attestation import quarantine_reason
 from serving.capacity import Tiers, deployment_tiers
 from serving.fact_readings import disputes as fact_disputes
 from serving.models import (
@@ -217,7 +217,7 @@ class DeploymentSerializer(TiersMixin, serializers.ModelSerializer):
         return bool(deployment.vllm_api_key)
 
     def get_restore_hold(self, deployment) -> str | None:
-        return refusal(deployment) or None
+        return quarantine_reason(deployment) or None
 
     @extend_schema_field(FactDisputeSerializer(many=True))
     def get_fact_disputes(self, deployment) -> list[dict]:

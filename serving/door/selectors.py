@@ -8,7 +8,7 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from core.models import Department, Membership
-from serving.attestation import refusal
+from serving.attestation import quarantine_reason
 from serving.door.access import CallerKey, DoorAccess
 from serving.door.routing import ReplicaView, RoutingTable, ServedView, routing_table
 from serving.models import (
@@ -27,9 +27,9 @@ from serving.sync_state import loaded_from
 
 def routing_table_for(deployment: Deployment) -> RoutingTable:
     now = timezone.now()
-    # A deployment held after a restore has no servers behind its door: the door
+    # A deployment quarantined after a restore has no servers behind its door: the door
     # would send the vLLM key to URLs the audit chain does not vouch for yet.
-    held = bool(refusal(deployment))
+    quarantined = bool(quarantine_reason(deployment))
     replicas = [
         ReplicaView(
             id=row["pk"],
@@ -40,7 +40,7 @@ def routing_table_for(deployment: Deployment) -> RoutingTable:
         for row in Replica.objects.filter(deployment=deployment, active=True).values(
             "pk", "base_url", "health", "loaded_adapters"
         )
-        if not held
+        if not quarantined
     ]
     served = [
         ServedView(
@@ -127,7 +127,7 @@ def door_access(deployment: Deployment) -> DoorAccess:
         open=deployment.open_door,
         keys=keys,
         allowed=frozenset(allowed),
-        upstream_key="" if refusal(deployment) else deployment.vllm_api_key,
+        upstream_key="" if quarantine_reason(deployment) else deployment.vllm_api_key,
         versions={name: version for name, _, version in served},
         rpm=door_rpm(per_key, per_department),
         limited=limited_now(per_key, per_department, now),

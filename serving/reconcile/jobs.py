@@ -26,8 +26,8 @@ class ReconcileReport:
 
     deployment: str
     skipped: bool = False
-    # Why nothing was sent: held after a restore (serving.attestation.refusal).
-    held: str = ""
+    # Why nothing was sent: quarantined after a restore (serving.attestation.quarantine_reason).
+    quarantined: str = ""
     replicas_up: int = 0
     replicas_down: int = 0
     repairs: list[str] = field(default_factory=list)

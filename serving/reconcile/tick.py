@@ -30,7 +30,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from core.claims import LeaseLost
-from serving.attestation import refusal
+from serving.attestation import quarantine_reason
 from serving.door.services import gateway_sync
 from serving.fact_readings import REPORTED_FLAGS, base_card_facts
 from serving.fact_readings import disputes as fact_disputes
@@ -64,9 +64,9 @@ REPORTED_ELSEWHERE = frozenset(flag.fact for flag in REPORTED_FLAGS)
 def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
     deployment = Deployment.objects.get(pk=deployment_id)
     report = ReconcileReport(deployment=deployment.name)
-    report.held = refusal(deployment)
-    if report.held:
-        # Held after a restore (serving/services/restore.py): no call at all, so
+    report.quarantined = quarantine_reason(deployment)
+    if report.quarantined:
+        # Quarantined after a restore (serving/services/restore.py): no call at all, so
         # the vLLM key never goes to a URL the audit chain does not name; a front
         # door still running is left with no servers and no upstream key.
         report.skipped = True

@@ -27,7 +27,7 @@ from django.utils import timezone
 from core.audit import audit_record
 from core.state import move
 from registry.storage import ObjectNotFound, StorageError
-from serving.attestation import refusal
+from serving.attestation import quarantine_reason
 from serving.door.services import (
     gateway_drain,
     gateway_ready,
@@ -111,8 +111,8 @@ def rollout_execute(rollout_id: int, worker: str) -> str:
     ).get(pk=rollout_id)
     if rollout.status in ROLLOUT_TERMINAL:
         return rollout.status
-    held = refusal(rollout.deployment)
-    if held:
+    quarantined = quarantine_reason(rollout.deployment)
+    if quarantined:
         # A rollout that came with a restored dump: nothing goes to replicas the
         # audit chain does not vouch for (serving/services/restore.py).
         with transaction.atomic():
@@ -120,10 +120,10 @@ def rollout_execute(rollout_id: int, worker: str) -> str:
                 rollout,
                 ROLLOUT_TRANSITIONS,
                 RolloutStatus.FAILED,
-                error=held[:10000],
+                error=quarantined[:10000],
                 finished_at=timezone.now(),
             ):
-                audit_ended(rollout, RolloutStatus.FAILED, held)
+                audit_ended(rollout, RolloutStatus.FAILED, quarantined)
         return rollout.status
     served, _ = ServedAdapter.objects.get_or_create(
         deployment=rollout.deployment, adapter=rollout.adapter

@@ -17,7 +17,7 @@ from core.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from core.models import Ability
 from core.state import can_move, move
 from registry.models import Adapter, AdapterVersion, VersionStatus
-from serving.attestation import require_not_held
+from serving.attestation import require_not_quarantined
 from serving.deploy_access import require_may_deploy
 from serving.fact_readings import disputes as fact_disputes
 from serving.gate import GateReport, check_capacity, evaluate_gate
@@ -57,7 +57,7 @@ def _require_undisputed(deployment: Deployment) -> None:
 
 
 def _require_gate(deployment: Deployment, version: AdapterVersion) -> GateReport:
-    require_not_held(deployment)
+    require_not_quarantined(deployment)
     _require_undisputed(deployment)
     report = evaluate_gate(deployment, version)
     if not report.passed:

@@ -85,7 +85,7 @@ def deployment_restore_acknowledge(
     with transaction.atomic():
         current = Deployment.objects.select_for_update().get(pk=deployment.pk)
         if current.restore_basis is None:
-            raise Conflict(f"{current.name} is not held after a restore.", code="not_held")
+            raise Conflict(f"{current.name} is not quarantined after a restore.", code="not_held")
         found = differences(current, current.restore_basis)
         Deployment.objects.filter(pk=current.pk).update(restore_basis=None, restore_differences=[])
         audit_record(

@@ -26,7 +26,7 @@ from registry import selectors as registry_selectors
 from registry.models import AdapterVersion, VersionStatus
 from registry.web.views import version_page_context
 from serving import kserve, selectors
-from serving.attestation import refusal
+from serving.attestation import quarantine_reason
 from serving.deploy_access import deploy_refusal
 from serving.fact_readings import disputes as fact_disputes
 from serving.gate import evaluate_gate
@@ -115,8 +115,10 @@ def deployment_detail(request, actor: Actor, name: str):
         "kserve_missing": kserve.missing_settings(deployment),
         "sees_infrastructure": selectors.sees_infrastructure(actor),
         "fact_disputes": fact_disputes(deployment, deployment.replicas.filter(active=True)),
-        "restore_differences": deployment.restore_differences if refusal(deployment) else [],
-        "restore_held": bool(refusal(deployment)),
+        "restore_differences": deployment.restore_differences
+        if quarantine_reason(deployment)
+        else [],
+        "restore_quarantined": bool(quarantine_reason(deployment)),
         "access": queries.client_access(actor, deployment, None, example=True),
     }
     return render(request, "serving/deployment_detail.html", context)

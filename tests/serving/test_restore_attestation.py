@@ -27,7 +27,7 @@ from django.db import connection
 from core.audit import audit_record
 from core.errors import NotAuthorized
 from core.models import AuditEvent
-from serving.attestation import RestoreHeld, differences
+from serving.attestation import RestoreQuarantined, differences
 from serving.door.selectors import door_access, routing_table_for
 from serving.models import Deployment, ServedAdapter
 from serving.reconcile.tick import reconcile_deployment
@@ -198,7 +198,7 @@ def test_a_dump_edited_to_point_a_replica_elsewhere_sends_it_nothing_after_resto
 
         reconciled = _manage(env, "reconcile", keyed_deployment.name)
         assert reconciled.returncode == 0, reconciled.stderr[-3000:]
-        assert f"{keyed_deployment.name}: held, nothing sent" in reconciled.stdout
+        assert f"{keyed_deployment.name}: quarantined, nothing sent" in reconciled.stdout
         assert listener.base_url in reconciled.stdout
 
         # What the deployment's page and API show (restore_hold).
@@ -279,13 +279,13 @@ def test_a_dump_whose_served_version_or_digest_changed_is_refused_until_acknowle
     assert any(shown in line for line in deployment.restore_differences)
 
     report = reconcile_deployment(deployment.pk, "beat")
-    assert report.skipped and shown in report.held
+    assert report.skipped and shown in report.quarantined
     # The deployment says why, to platform admins: its page and the API.
     page = client_for(root).get(f"/deployments/{deployment.name}/").content.decode()
-    assert "Held after a restore" in page and shown in page
+    assert "Quarantined after a restore" in page and shown in page
     api = client_for(root).get(f"/api/v1/deployments/{deployment.name}/").json()
     assert shown in api["restore_hold"]
-    with pytest.raises(RestoreHeld):
+    with pytest.raises(RestoreQuarantined):
         promotion_create(actor=actor(lena), deployment=deployment, version=approved_v2)
     assert routing_table_for(deployment).endpoints == ()
     assert door_access(deployment).upstream_key == ""
@@ -332,7 +332,7 @@ def test_an_untouched_restore_serves_as_before(
 
 
 @pytest.mark.django_db
-def test_a_deployment_the_chain_never_named_is_held(root, tmp_path, listener):
+def test_a_deployment_the_chain_never_named_is_quarantined(root, tmp_path, listener):
     # Rows a dump adds (or an installation from before replica URLs were chained).
     deployment = Deployment.objects.create(
         name="planted",
@@ -345,10 +345,10 @@ def test_a_deployment_the_chain_never_named_is_held(root, tmp_path, listener):
     make_deployment(root, [], tmp_path / "v", name="named", replica_dns_name="vllm.internal")
     head = _head()
     out = _restored(head)
-    assert "planted is held after a restore" in out
+    assert "planted is quarantined after a restore" in out
     assert "names none of this deployment's replicas" in out
     assert "named: matches the audit chain" in out
-    assert reconcile_deployment(deployment.pk, "beat").held
+    assert reconcile_deployment(deployment.pk, "beat").quarantined
     assert listener.seen == []
 
 

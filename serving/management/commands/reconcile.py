@@ -33,8 +33,10 @@ class Command(BaseCommand):
         worker = f"manage.py-reconcile@{socket.gethostname()}:{os.getpid()}"
         for deployment in rows:
             report = reconcile_deployment(deployment.pk, worker)
-            if report.held:
-                self.stdout.write(f"{deployment.name}: held, nothing sent. {report.held}")
+            if report.quarantined:
+                self.stdout.write(
+                    f"{deployment.name}: quarantined, nothing sent. {report.quarantined}"
+                )
                 continue
             if report.skipped:
                 self.stdout.write(f"{deployment.name}: skipped (another worker holds it)")

@@ -1,8 +1,8 @@
-"""A platform admin accepts a deployment held after a restore (docs/operators/retention.md).
+"""A platform admin accepts a deployment quarantined after a restore (docs/operators/retention.md).
 
     manage.py serving_acknowledge_restore granite-prod --as-user alice --comment "INC-42"
 
-Without --yes it only lists why each deployment is held. With it, each named
+Without --yes it only lists why each deployment is quarantined. With it, each named
 deployment serves again as its rows say, and the audit log records who
 accepted which differences (`deployment.restore_acknowledged`), with a
 snapshot of the replica URLs and versions that a later restore's check
@@ -16,16 +16,16 @@ from django.core.management.base import BaseCommand, CommandError
 
 from core.actors import system_actor
 from core.errors import ApplicationError
-from serving.attestation import refusal
+from serving.attestation import quarantine_reason
 from serving.models import Deployment
 from serving.services.restore import deployment_restore_acknowledge
 
 
 class Command(BaseCommand):
-    help = "Accept what deployments held after a restore serve, and where (audited)."
+    help = "Accept what deployments quarantined after a restore serve, and where (audited)."
 
     def add_arguments(self, parser):
-        parser.add_argument("deployments", nargs="*", help="names; default: every held one")
+        parser.add_argument("deployments", nargs="*", help="names; default: every quarantined one")
         parser.add_argument("--as-user", default="", help="the platform admin who accepts")
         parser.add_argument("--comment", default="", help="why (a ticket), kept in the audit")
         parser.add_argument("--yes", action="store_true", help="acknowledge; else only list")
@@ -41,10 +41,10 @@ class Command(BaseCommand):
             rows = rows.filter(name__in=deployments)
         held = list(rows)
         if not held:
-            self.stdout.write("No deployment is held after a restore.")
+            self.stdout.write("No deployment is quarantined after a restore.")
             return
         for deployment in held:
-            self.stdout.write(refusal(deployment))
+            self.stdout.write(quarantine_reason(deployment))
         if not yes:
             self.stdout.write("Nothing acknowledged: check the above, then run again with --yes.")
             return
