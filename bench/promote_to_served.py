@@ -97,6 +97,7 @@ class Poller:
         """The perf_counter time of the door's first 200 for `name`. `failed()`
         is polled too, so a failed rollout stops the wait at once."""
         body = {"model": name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        self.session.close()  # a new connection each round, as the bare sequence's
         deadline = time.perf_counter() + timeout
         while time.perf_counter() < deadline and not failed():
             response = self.session.post(self.url + "/v1/completions", json=body, timeout=30)
@@ -138,9 +139,14 @@ class BareRoute:
             raise RuntimeError(f"bare: HAProxy answered {line!r}: {answer}")
 
 
-def door_answers(session, door_url: str, name: str) -> None:
+def door_answers(door_url: str, name: str) -> None:
+    """One completion through the door, on a new connection: one kept alive from
+    before a reload of the door (the product's, when its free backends ran out)
+    reaches the old worker, whose map is the old one."""
+    import requests
+
     body = {"model": name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
-    answer = session.post(door_url + "/v1/completions", json=body, timeout=30)
+    answer = requests.post(door_url + "/v1/completions", json=body, timeout=30)
     if answer.status_code != 200:
         raise RuntimeError(f"bare: {name} through the door: {answer.status_code} {answer.text}")
 
@@ -164,7 +170,7 @@ def bare_sequence(
         for index in range(len(urls)):
             on_replica(index)
     route.add(name)
-    door_answers(sessions[-1], f"http://{route.door.listen}", name)
+    door_answers(f"http://{route.door.listen}", name)
     return time.perf_counter() - t0
 
 
