@@ -520,8 +520,9 @@ def report(args, broker, results, api_calls, breakdowns, loads) -> None:
     legend = (
         "pickup: promotion API returned -> worker started the rollout; stage: -> first HTTP "
         "call; load: version/metrics/load calls; verify: models + adapter and base probes; "
-        "record: last call -> rollout succeeded; door: -> the door's first 200 (the route, "
-        "the access sync, the poller's next request); total: from the API's return."
+        "record: last call -> rollout succeeded; door: -> the door's first 200 (the route: "
+        "the routing table read, the door's runtime changes; then the poller's next request); "
+        "total: from the API's return."
     )
     print(legend)
     out.note(legend)
