@@ -47,6 +47,8 @@ NO_VLLM_2 = ["new_pod_to_served", "upload_throughput"]
 # metering: one vLLM of its own (exporting spans) and the product's web process.
 GATEWAY = ["swap_through_gateway", "placement", "door_overhead", "metering"]
 EVERY = SHARED_VLLM + OWN_VLLM + NO_VLLM + NO_VLLM_2 + GATEWAY
+# Behind a real HAProxy too, on the shared server: promotion through the door.
+NEEDS_HAPROXY = {*GATEWAY, "promote_to_served"}
 
 
 def benches_with_main() -> set[str]:
@@ -163,7 +165,7 @@ def test_bench_says_how_to_run_it(name):
 
 @pytest.mark.parametrize("name", EVERY)
 def test_bench_runs_in_smoke_mode_and_prints_figures(name, smoke_runs):
-    if name in GATEWAY and not haproxy_runs():
+    if name in NEEDS_HAPROXY and not haproxy_runs():
         pytest.skip("haproxy is not installed (scripts/test.sh installs Debian's haproxy)")
     run = smoke_runs[name].result(timeout=TIMEOUT * len(SHARED_VLLM))
     assert run.returncode == 0, f"bench.{name} --smoke failed:\n{run.output[-4000:]}"
