@@ -210,7 +210,7 @@ def routed_after(door: HAProxyFrontDoor, server_url: str, loaded: dict, count: i
                  keys: int):  # fmt: skip
     """Seconds from the door's sync (with `count` new adapters, one at a time)
     to the first 200 through it, each adapter loaded on the replica first. The
-    sync is what the rollout's last step does (gateway_sync): the routes, then
+    sync is what the rollout's last step does (door_sync): the routes, then
     who may call them (the department's own new adapter)."""
     seconds = []
     url = f"http://{door.listen}"

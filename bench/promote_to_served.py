@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.core.management import call_command
 
     from config.celery import app
-    from serving.door.services import front_door_for, gateway_sync
+    from serving.door.services import door_sync, front_door_for
     from serving.replica_rows import replicas_sync
     from tests.support.haproxy import running_haproxy
     from tests.support.vllm_servers import ensure_tiny_model, start_servers, stop_all
@@ -341,9 +341,9 @@ def main(argv: list[str] | None = None) -> int:
                 # Its replicas' rows first: the configuration HAProxy starts with
                 # has a server for each (else the first promotion reloads it).
                 replicas_sync(deployment)
-                gateway_sync(deployment)
+                door_sync(deployment)
                 stack.enter_context(running_haproxy(door, log=log_dir / f"haproxy-{count}.log"))
-                gateway_sync(deployment)  # who may call what (an open door)
+                door_sync(deployment)  # who may call what (an open door)
                 doors[count] = door
                 servers_of = sorted(server for (b, server) in door.runtime.servers() if b == "base")
                 assert len(servers_of) == count, servers_of

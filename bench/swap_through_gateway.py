@@ -91,8 +91,8 @@ HOLD_SECONDS = 20.0
 
 
 def gateway_swap(door: HAProxyFrontDoor, servers, path: str, hold_seconds: float) -> None:
-    """The product's swap behind a front door (serving.rollouts.engine._run: gateway_take_out,
-    ensure_loaded, verify, gateway_ready, gateway_release), one replica at a time."""
+    """The product's swap behind a front door (serving.rollouts.engine._run: door_take_out,
+    ensure_loaded, verify, door_ready, door_release), one replica at a time."""
     for index, server in enumerate(servers):
         name = f"r{index + 1}"
         started = time.monotonic()

@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from observability.models import DailyUsage, FrontDoorReading
-from serving.door.haproxy import GatewayError
+from serving.door.haproxy import DoorError
 from serving.door.services import front_door_for
 from serving.models import Deployment, ServedAdapter
 
@@ -56,7 +56,7 @@ def front_door_usage_record(deployment: Deployment) -> int:
         return 0
     try:
         counters = door.model_counters()
-    except GatewayError as error:
+    except DoorError as error:
         # Down or reloading: the counts wait for the next reading (a reset is handled).
         logger.warning("usage of %s not read: %s", deployment.name, error)
         return 0

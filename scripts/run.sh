@@ -45,8 +45,8 @@ if ! command -v haproxy >/dev/null 2>&1; then
     >>"$LOG/install.log" 2>&1 || true
 fi
 if command -v haproxy >/dev/null 2>&1; then
-  $BIN/python manage.py gateway_sync local-cpu --base-model tiny-llama >/dev/null
-  DOOR_CMD="$($BIN/python manage.py gateway_sync local-cpu --print-command)"
+  $BIN/python manage.py door_sync local-cpu --base-model tiny-llama >/dev/null
+  DOOR_CMD="$($BIN/python manage.py door_sync local-cpu --print-command)"
 else
   echo "run: haproxy is not installed (apt-get install haproxy): no front door" >&2
 fi

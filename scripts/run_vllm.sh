@@ -85,5 +85,5 @@ demo_vllm_register() {
   $BIN/python manage.py register_local_deployment --name local-cpu --environment local \
     --max-loras 4 --max-cpu-loras 8 --max-lora-rank 16 "${register_args[@]}"
   # Route through the front door at once, not at the first reconcile.
-  $BIN/python manage.py gateway_sync local-cpu
+  $BIN/python manage.py door_sync local-cpu
 }

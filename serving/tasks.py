@@ -87,9 +87,9 @@ def door_access_sync(deployment_id: int) -> bool:
     if deployment is None:
         return False
     # Imported here, late, as the other tasks import their services.
-    from serving.door.services import gateway_sync_access
+    from serving.door.services import door_sync_access
 
-    gateway_sync_access(deployment)
+    door_sync_access(deployment)
     return True
 
 

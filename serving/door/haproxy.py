@@ -150,7 +150,7 @@ EMPTY_CATALOG = '{"object":"list","data":[]}'
 SPLIT_BALANCE = "roundrobin"
 
 
-class GatewayError(Exception):
+class DoorError(Exception):
     """HAProxy refused a command or does not answer."""
 
 
@@ -611,7 +611,7 @@ class RuntimeAPI:
         try:
             sock = self._connect()
         except OSError as error:
-            raise GatewayError(f"HAProxy at {self.path}: {error}") from error
+            raise DoorError(f"HAProxy at {self.path}: {error}") from error
         with sock:
             try:
                 sock.sendall(line.encode() + b"\n")
@@ -622,13 +622,13 @@ class RuntimeAPI:
                 while chunk := sock.recv(65536):
                     chunks.append(chunk)
             except OSError as error:
-                raise GatewayError(f"HAProxy at {self.path}: {error}") from error
+                raise DoorError(f"HAProxy at {self.path}: {error}") from error
         return b"".join(chunks).decode(errors="replace")
 
     def commands(self, lines: list[str], *, batch: int = 200) -> None:
         """Runs each command, `batch` to a connection (`;`-separated: a table of
         thousands of keys is pushed in a few round trips, not thousands);
-        raises GatewayError naming the first refusal."""
+        raises DoorError naming the first refusal."""
         for start in range(0, len(lines), batch):
             chunk = lines[start : start + batch]
             answer = self.command(";".join(chunk))
@@ -639,11 +639,11 @@ class RuntimeAPI:
     def available(self) -> bool:
         try:
             return "Pid:" in self.command("show info")
-        except GatewayError:
+        except DoorError:
             return False
 
     def worker_pid(self) -> int | None:
-        with contextlib.suppress(GatewayError):
+        with contextlib.suppress(DoorError):
             for line in self.command("show info").splitlines():
                 if line.startswith("Pid:"):
                     return int(line.split(":", 1)[1])
@@ -731,7 +731,7 @@ def _checked(answer: str, line: str) -> str:
     # The runtime API answers errors in plain text (and success mostly with nothing).
     lowered = answer.lower()
     if any(word in lowered for word in ("unknown", "no such", "not found", "error", "require")):
-        raise GatewayError(f"HAProxy refused {line!r}: {answer.strip()}")
+        raise DoorError(f"HAProxy refused {line!r}: {answer.strip()}")
     return answer
 
 
@@ -967,7 +967,7 @@ class HAProxyFrontDoor:
         except Exception:
             # HAProxy failed, or `tick` says the caller must stop: the hold is
             # not left behind (its deadline would end it, seconds later).
-            with contextlib.suppress(GatewayError):
+            with contextlib.suppress(DoorError):
                 self.release(model, owner=owner)
             raise
         return TakenOut(changes, held=True, owner=owner, busy=busy)
@@ -1109,11 +1109,11 @@ class HAProxyFrontDoor:
                 lines = _map_changes(path, self.runtime.map_entries(path), maps[name])
                 try:
                     self.runtime.commands(lines)
-                except GatewayError:
+                except DoorError:
                     if name != "upstream":
                         raise
                     # Its message quotes the command, which holds the key.
-                    raise GatewayError("HAProxy refused the replicas' key (upstream.map)") from None
+                    raise DoorError("HAProxy refused the replicas' key (upstream.map)") from None
                 if lines:
                     changes.append(f"{name}.map: {len(lines)} entries changed")
             self._write_access(maps)
@@ -1154,11 +1154,11 @@ class HAProxyFrontDoor:
         loop after a re-execution. A reload asked before that is lost (seen: a
         SIGUSR2 right after a reload did nothing, a `reload` hung)."""
         while True:
-            with contextlib.suppress(GatewayError):
+            with contextlib.suppress(DoorError):
                 if "master" in self.master.command("show proc"):
                     return
             if time.monotonic() > deadline:
-                raise GatewayError("HAProxy's master CLI does not answer")
+                raise DoorError("HAProxy's master CLI does not answer")
             time.sleep(0.05)
 
     def _ask_master_to_reload(self, deadline: float) -> None:
@@ -1168,7 +1168,7 @@ class HAProxyFrontDoor:
         try:
             sock = self.master._connect()
         except OSError as error:
-            raise GatewayError(f"HAProxy's master CLI: {error}") from error
+            raise DoorError(f"HAProxy's master CLI: {error}") from error
         with sock:
             sock.sendall(b"reload\n")
 
@@ -1187,7 +1187,7 @@ class HAProxyFrontDoor:
                 seconds = time.monotonic() - started
                 return f"reload (worker {old_pid} -> {pid}, {seconds:.2f} s)"
             time.sleep(0.05)
-        raise GatewayError(f"HAProxy did not reload within {self.reload_timeout} s")
+        raise DoorError(f"HAProxy did not reload within {self.reload_timeout} s")
 
 
 def _write_if_changed(path: Path, text: str, *, mode: int | None = None) -> bool:

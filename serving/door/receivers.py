@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def sync_after_reconcile(sender, *, deployment, ok, **kwargs) -> None:
-    from serving.door.services import gateway_sync
+    from serving.door.services import door_sync
 
     if ok:
-        gateway_sync(deployment)
+        door_sync(deployment)

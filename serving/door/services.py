@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from serving.door import FrontDoor, TakenOut
 from serving.door.access import DoorAccess
-from serving.door.haproxy import GatewayError, HAProxyFrontDoor
+from serving.door.haproxy import DoorError, HAProxyFrontDoor
 from serving.door.routing import RoutingTable, server_name
 from serving.door.selectors import door_access, routing_table_for
 from serving.models import Deployment, HttpAttempt, Replica
@@ -40,7 +40,7 @@ def front_door_for(deployment: Deployment) -> FrontDoor | None:
     )
 
 
-def gateway_sync(deployment: Deployment, *, release: str | None = None) -> list[str]:
+def door_sync(deployment: Deployment, *, release: str | None = None) -> list[str]:
     """Makes the deployment's front door route as the database says. `release`
     names an adapter whose claim the caller holds and is done with: its route
     is synced too (a rollout's last step). A gateway that fails is logged; the
@@ -54,17 +54,17 @@ def gateway_sync(deployment: Deployment, *, release: str | None = None) -> list[
     started = time.monotonic()
     try:
         changes = door.apply(table)
-    except GatewayError as error:
+    except DoorError as error:
         logger.warning("front door of %s: %s", deployment.name, error)
         _record(deployment, [], started, error=str(error))
         return []
     _record(deployment, changes, started)
     # Who may call what follows too: a change the access sync missed (a broker
     # down) is caught up here, at one runtime read when nothing changed.
-    return changes + gateway_sync_access(deployment)
+    return changes + door_sync_access(deployment)
 
 
-def gateway_sync_access(deployment: Deployment, access: DoorAccess | None = None) -> list[str]:
+def door_sync_access(deployment: Deployment, access: DoorAccess | None = None) -> list[str]:
     """Makes the deployment's front door enforce who may call what
     (`door_access`, or `access` where the caller has it): keys, grants, each
     caller's `/v1/models`, open or not; through the runtime API, no reload. A
@@ -76,7 +76,7 @@ def gateway_sync_access(deployment: Deployment, access: DoorAccess | None = None
         access = door_access(deployment)
     try:
         changes = door.apply_access(access)
-    except GatewayError as error:
+    except DoorError as error:
         logger.warning("front door of %s: access: %s", deployment.name, error)
         return []
     for change in changes:
@@ -84,7 +84,7 @@ def gateway_sync_access(deployment: Deployment, access: DoorAccess | None = None
     return changes
 
 
-def gateway_drain(
+def door_drain(
     deployment: Deployment, name: str, replicas: list[Replica], *, keep_one: bool = True
 ) -> list[str]:
     """No new request for `name` to these replicas; returns once their requests
@@ -102,7 +102,7 @@ def gateway_drain(
     )
 
 
-def gateway_drain_each(
+def door_drain_each(
     deployment: Deployment,
     pairs: list[tuple[str, Replica]],
     *,
@@ -110,7 +110,7 @@ def gateway_drain_each(
     tick=None,
     interval: float = 1.0,
 ) -> list[list[str]]:
-    """gateway_drain of each (adapter name, replica) pair at once, the waits in
+    """door_drain of each (adapter name, replica) pair at once, the waits in
     pool threads that touch no database while `tick()` runs in this one every
     `interval` seconds (a caller's claim outlives drains of up to
     SERVING_DOOR_DRAIN_SECONDS); recorded here after. Returns each pair's
@@ -125,7 +125,7 @@ def gateway_drain_each(
         started = time.monotonic()
         try:
             changes = door.drain(name, server_name(replica.pk), timeout=timeout, keep_one=keep_one)
-        except GatewayError as error:
+        except DoorError as error:
             return [], str(error), started
         return changes, "", started
 
@@ -141,7 +141,7 @@ def gateway_drain_each(
     return [changes for changes, _, _ in results]
 
 
-def gateway_take_out(
+def door_take_out(
     deployment: Deployment, name: str, replica: Replica, *, owner: str, tick=None
 ) -> TakenOut | None:
     """Before a swap of `name` on `replica`: drained at the door where another
@@ -164,7 +164,7 @@ def gateway_take_out(
             owner=owner,
             tick=tick,
         )
-    except GatewayError as error:
+    except DoorError as error:
         logger.warning("front door of %s: %s", deployment.name, error)
         _record(deployment, [], started, error=str(error), replica=replica)
         return None
@@ -172,7 +172,7 @@ def gateway_take_out(
     return taken
 
 
-def gateway_release(deployment: Deployment, name: str, replica: Replica, *, owner: str) -> None:
+def door_release(deployment: Deployment, name: str, replica: Replica, *, owner: str) -> None:
     """Ends `owner`'s hold of `name` (the swap on `replica` is done, or undone):
     the held requests go on. A door that fails is logged and recorded; the
     hold's deadline ends it, and the next sync removes it."""
@@ -182,49 +182,49 @@ def gateway_release(deployment: Deployment, name: str, replica: Replica, *, owne
     started = time.monotonic()
     try:
         changes = door.release(name, owner=owner)
-    except GatewayError as error:
+    except DoorError as error:
         logger.warning("front door of %s: %s", deployment.name, error)
         _record(deployment, [], started, error=str(error), replica=replica)
         return
     _record(deployment, changes, started, replica=replica)
 
 
-def gateway_ready(deployment: Deployment, name: str, replicas: list[Replica]) -> list[str]:
+def door_ready(deployment: Deployment, name: str, replicas: list[Replica]) -> list[str]:
     door = front_door_for(deployment)
     if door is None:
         return []
     return _each(deployment, replicas, lambda server: door.ready(name, server))
 
 
-def gateway_weigh(deployment: Deployment, name: str, weights: dict[int, int]) -> list[str]:
+def door_weigh(deployment: Deployment, name: str, weights: dict[int, int]) -> list[str]:
     """Sets `name`'s weight on these replicas ({replica id: weight}): a canary's
     split, its end, or (weight 0) the traffic switch of its rollback. Recorded;
-    a gateway that fails raises GatewayError, for the canary decides what then."""
+    a gateway that fails raises DoorError, for the canary decides what then."""
     door = front_door_for(deployment)
     if door is None:
         return []
     started = time.monotonic()
     try:
         changes = door.weigh(name, {server_name(pk): w for pk, w in weights.items()})
-    except GatewayError as error:
+    except DoorError as error:
         _record(deployment, [], started, error=str(error))
         raise
     _record(deployment, changes, started)
     return changes
 
 
-def gateway_switch_off(deployment: Deployment, name: str, replica: Replica) -> float:
+def door_switch_off(deployment: Deployment, name: str, replica: Replica) -> float:
     """A canary's rollback: weight 0 for `name` on `replica`, so that its next
     request goes elsewhere. Returns the seconds until HAProxy had it (the
     runtime command's round trip), measured before it is recorded. Raises
-    GatewayError if HAProxy refused."""
+    DoorError if HAProxy refused."""
     door = front_door_for(deployment)
     if door is None:
         return 0.0
     started = time.monotonic()
     try:
         changes = door.weigh(name, {server_name(replica.pk): 0})
-    except GatewayError as error:
+    except DoorError as error:
         _record(deployment, [], started, error=str(error))
         raise
     seconds = time.monotonic() - started
@@ -232,7 +232,7 @@ def gateway_switch_off(deployment: Deployment, name: str, replica: Replica) -> f
     return seconds
 
 
-def gateway_samples(deployment: Deployment, name: str):
+def door_samples(deployment: Deployment, name: str):
     """(epoch, {replica id: ServerSample}) of `name`'s backend, or None without
     a front door. A read: nothing is recorded."""
     door = front_door_for(deployment)
@@ -252,7 +252,7 @@ def _each(deployment: Deployment, replicas: list[Replica], change) -> list[str]:
         started = time.monotonic()
         try:
             done = change(server_name(replica.pk))
-        except GatewayError as error:
+        except DoorError as error:
             logger.warning("front door of %s: %s", deployment.name, error)
             _record(deployment, [f"{server_name(replica.pk)}/ failed"], started, error=str(error))
             continue
@@ -309,7 +309,7 @@ def _servers_in(change: str) -> list[str]:
     return [part.rsplit("/", 1)[-1] for part in change.replace(":", " ").split() if "/" in part]
 
 
-def gateway_swaps_one_by_one(deployment: Deployment, served) -> bool:
+def door_swaps_one_by_one(deployment: Deployment, served) -> bool:
     """Whether a rollout of `served` is a version swap behind a front door:
     then it drains, swaps and puts back one replica at a time. A first load
     needs none of it: no request is routed to an adapter before it is verified."""

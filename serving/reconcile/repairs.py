@@ -9,7 +9,7 @@ import threading
 
 from django.conf import settings
 
-from serving.door.services import gateway_drain_each
+from serving.door.services import door_drain_each
 from serving.fanout import NO_RETRY, client_for, fan_out, replica_session, verify_with_fingerprint
 from serving.kept_copies import KeptCopy
 from serving.models import DriftKind, ServedAdapter
@@ -196,7 +196,7 @@ def _drain_unplaced(deployment, jobs: list[Job], keeper: Keeper) -> list[Job]:
     leaving = [job for job in jobs if job.kind == DriftKind.UNPLACED_UNLOADED]
     if not leaving:
         return jobs
-    answers = gateway_drain_each(
+    answers = door_drain_each(
         deployment,
         [(job.name, job.replica) for job in leaving],
         keep_one=True,

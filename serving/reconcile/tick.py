@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from core.claims import LeaseLost
 from serving.attestation import quarantine_reason
-from serving.door.services import gateway_sync
+from serving.door.services import door_sync
 from serving.fact_readings import REPORTED_FLAGS, base_card_facts
 from serving.fact_readings import disputes as fact_disputes
 from serving.fanout import NO_RETRY, on_replicas, replica_session
@@ -70,7 +70,7 @@ def reconcile_deployment(deployment_id: int, worker: str) -> ReconcileReport:
         # the vLLM key never goes to a URL the audit chain does not name; a front
         # door still running is left with no servers and no upstream key.
         report.skipped = True
-        gateway_sync(deployment)
+        door_sync(deployment)
         return report
     if not deployment_reconcile_claim(deployment.pk, worker):
         report.skipped = True

@@ -40,16 +40,28 @@ from django.utils import timezone
 from core.audit import audit_record
 from core.state import move
 from serving import canary_gates as gates
-from serving.door.haproxy import GatewayError
+from serving.door.haproxy import DoorError as GatewayError
 from serving.door.routing import server_name
 from serving.door.services import (
+    door_drain as gateway_drain,
+)
+from serving.door.services import (
+    door_ready as gateway_ready,
+)
+from serving.door.services import (
+    door_samples as gateway_samples,
+)
+from serving.door.services import (
+    door_switch_off as gateway_switch_off,
+)
+from serving.door.services import (
+    door_sync as gateway_sync,
+)
+from serving.door.services import (
+    door_weigh as gateway_weigh,
+)
+from serving.door.services import (
     front_door_for,
-    gateway_drain,
-    gateway_ready,
-    gateway_samples,
-    gateway_switch_off,
-    gateway_sync,
-    gateway_weigh,
 )
 from serving.models import (
     Canary,

@@ -29,12 +29,12 @@ from core.state import move
 from registry.storage import ObjectNotFound, StorageError
 from serving.attestation import quarantine_reason
 from serving.door.services import (
-    gateway_drain,
-    gateway_ready,
-    gateway_release,
-    gateway_swaps_one_by_one,
-    gateway_sync,
-    gateway_take_out,
+    door_drain,
+    door_ready,
+    door_release,
+    door_swaps_one_by_one,
+    door_sync,
+    door_take_out,
 )
 from serving.fanout import verify_with_fingerprint
 from serving.kept_copies import SwapPlan, swap_plan
@@ -321,7 +321,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
                 switch_back(ctx, name, group, swapped)
             phase = "drain" if taken is not None and taken.busy else "load"
             if rollback_if_failed(ctx, group_steps, loaded, phase):
-                gateway_sync(deployment, release=name)
+                door_sync(deployment, release=name)
                 return
             enter_phase(ctx, group_steps, RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
             verified = fan_out(ctx, group, verify, probes=name)
@@ -329,10 +329,10 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
             if plan is not None and not all(o.ok for o in verified.values()):
                 switch_back(ctx, name, group, swapped)
             if rollback_if_failed(ctx, group_steps, verified, "verification"):
-                gateway_sync(deployment, release=name)
+                door_sync(deployment, release=name)
                 return
             if plan is not None:
-                gateway_ready(deployment, name, group)
+                door_ready(deployment, name, group)
                 swapped += group
         if switch_after == index + 1:
             # The kept copies serve it again: the traffic leaves the others at
@@ -348,7 +348,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
         # Make before break: the new version serves, the old one's replicas get
         # nothing new, finish what they have, and keep the old version loaded.
         if not ctx.switched:
-            gateway_drain(deployment, name, ctx.keep)
+            door_drain(deployment, name, ctx.keep)
         retain = settings.SERVING_ROLLBACK_RETAIN_SECONDS
         held_back = [steps[r.pk] for r in ctx.keep if r.pk in steps]
         set_steps(
@@ -362,13 +362,13 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
             },
         )
     succeed(ctx, served)
-    gateway_sync(deployment, release=name)
+    door_sync(deployment, release=name)
 
 
 @contextlib.contextmanager
 def _taken_out(ctx: RolloutContext, name: str, group: list[Replica], take: bool):
     """With `take`, the swap's replica (a group of one) taken out at the front
-    door for the block (gateway_take_out): drained, or, where it is the only
+    door for the block (door_take_out): drained, or, where it is the only
     one serving `name`, `name`'s new requests held at the door. The hold ends
     when the block does, whichever way: after the replica is back, or after a
     failure's switch back and rollback. A worker that dies meanwhile leaves a
@@ -378,14 +378,14 @@ def _taken_out(ctx: RolloutContext, name: str, group: list[Replica], take: bool)
         [replica] = group
         # The wait for its requests in flight renews the claim; a cancel or a
         # lost claim ends it (Stopped), the hold released by the door.
-        taken = gateway_take_out(
+        taken = door_take_out(
             ctx.deployment, name, replica, owner=ctx.hold_owner, tick=ctx.watch.check
         )
     try:
         yield taken
     finally:
         if taken is not None and taken.held:
-            gateway_release(ctx.deployment, name, replica, owner=taken.owner)
+            door_release(ctx.deployment, name, replica, owner=taken.owner)
 
 
 def _traffic_canary(rollout: Rollout) -> bool:
@@ -408,7 +408,7 @@ def _swap_plan(
         rollout.kind == RolloutKind.RETIRE
         or _traffic_canary(rollout)
         or not placed
-        or not gateway_swaps_one_by_one(rollout.deployment, served)
+        or not door_swaps_one_by_one(rollout.deployment, served)
     ):
         return None
     target = rollout.target_version
@@ -471,8 +471,8 @@ def _retire(ctx: RolloutContext) -> None:
     set_steps(pushed, ReplicaStepStatus.LOADING)
     # The front door answers 404 for it from now on (no route), and the requests
     # in flight finish before the adapter goes.
-    gateway_sync(ctx.deployment, release=name)
-    gateway_drain(ctx.deployment, name, ctx.replicas, keep_one=False)
+    door_sync(ctx.deployment, release=name)
+    door_drain(ctx.deployment, name, ctx.replicas, keep_one=False)
     outcomes = fan_out(
         ctx, ctx.replicas, lambda client, r: ensure_unloaded(client, name, ctx.policy)
     )
@@ -505,4 +505,4 @@ def _retire(ctx: RolloutContext) -> None:
             details={"kind": RolloutKind.RETIRE, "failed_replicas": len(errors)},
         )
     note_observed(ctx, name, None, only={r.pk for r in ctx.replicas if r.pk not in errors})
-    gateway_sync(ctx.deployment, release=name)
+    door_sync(ctx.deployment, release=name)

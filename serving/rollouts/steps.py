@@ -26,8 +26,8 @@ from core.claims import LeaseLost
 from core.state import move
 from serving.attestation import served_fact
 from serving.door.services import (
-    gateway_drain,
-    gateway_ready,
+    door_drain,
+    door_ready,
 )
 from serving.fanout import on_replicas
 from serving.kept_copies import kept_copy_record
@@ -234,7 +234,7 @@ def switch_to_kept(ctx: RolloutContext, name: str, others: list[Replica]) -> Non
     """The replicas holding the version swapped in (kept copies) serve it
     again: the traffic leaves `others` and those that keep the version
     before at once (the runtime API, milliseconds)."""
-    gateway_drain(ctx.deployment, name, [*others, *(r for r in ctx.keep if r not in others)])
+    door_drain(ctx.deployment, name, [*others, *(r for r in ctx.keep if r not in others)])
     ctx.switched = True
 
 
@@ -245,8 +245,8 @@ def switch_back(ctx: RolloutContext, name: str, failed: list[Replica], swapped: 
     milliseconds); then the rollback goes one replica at a time, the failed
     one first, so that one always serves."""
     if ctx.switched:
-        gateway_ready(ctx.deployment, name, [r for r in ctx.keep if r not in ctx.replicas])
-    gateway_drain(ctx.deployment, name, swapped)
+        door_ready(ctx.deployment, name, [r for r in ctx.keep if r not in ctx.replicas])
+    door_drain(ctx.deployment, name, swapped)
     rest = [r for r in ctx.replicas if r not in failed and r not in swapped]
     ctx.rollback_order = [*failed, *swapped, *rest]
 
@@ -319,10 +319,10 @@ def rollback_everywhere(ctx: RolloutContext, reason: str) -> None:
     if ctx.rollback_order:
         outcomes = {}
         for replica in ctx.rollback_order:
-            gateway_drain(ctx.deployment, name, [replica])
+            door_drain(ctx.deployment, name, [replica])
             outcomes.update(fan_out(ctx, [replica], undo))
             if outcomes[replica.pk].ok and replica.pk not in ctx.spares:
-                gateway_ready(ctx.deployment, name, [replica])
+                door_ready(ctx.deployment, name, [replica])
     else:
         outcomes = fan_out(ctx, ctx.replicas, undo)
     end_rollback(ctx, outcomes, failed=failed, succeeded=succeeded)

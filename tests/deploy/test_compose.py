@@ -255,7 +255,7 @@ def test_each_worker_turns_unhealthy_when_it_stops_consuming_its_liveness_ping(s
 def test_the_front_door_is_the_client_url_and_the_workers_drive_it(services):
     gateway = services["gateway"]
     assert [str(p["published"]) for p in gateway["ports"]] == ["8080"]
-    assert "gateway_sync local-cpu --print-command" in " ".join(gateway["command"])
+    assert "door_sync local-cpu --print-command" in " ".join(gateway["command"])
     assert "--offline" in " ".join(gateway["command"])  # no database there
     for name in ("gateway", "worker-rollouts", "worker-reconcile"):
         env = services[name]["environment"]

@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from core.models import AuditEvent
-from serving.door.services import front_door_for, gateway_sync
+from serving.door.services import door_sync, front_door_for
 from serving.models import CanaryRequest, Rollout, RolloutStatus, ServedAdapter
 from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
@@ -36,7 +36,7 @@ def door(settings, deployment, tmp_path):
     # Open (no keys): these tests are about routing; keys: test_gateway_door.py.
     deployment.open_door = True
     deployment.save(update_fields=["open_door"])
-    gateway_sync(deployment)
+    door_sync(deployment)
     door = front_door_for(deployment)
     with running_haproxy(door, log=tmp_path / "haproxy.log"):
         yield door

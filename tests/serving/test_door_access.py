@@ -229,7 +229,7 @@ def test_the_sync_task_hands_the_deployment_to_the_door_side(served, monkeypatch
     from serving.tasks import door_access_sync
 
     synced = []
-    monkeypatch.setattr(gateway_services, "gateway_sync_access", synced.append, raising=False)
+    monkeypatch.setattr(gateway_services, "door_sync_access", synced.append, raising=False)
 
     assert door_access_sync(served.pk) is True
     assert synced == [served]

@@ -553,7 +553,7 @@ def test_the_replicas_key_is_only_in_a_map_file_of_mode_600(keyed_door):
 
 
 def test_a_refused_push_of_the_replicas_key_does_not_quote_it(tmp_path, monkeypatch):
-    from serving.door.haproxy import GatewayError, RuntimeAPI
+    from serving.door.haproxy import DoorError, RuntimeAPI
 
     front = HAProxyFrontDoor(tmp_path, listen="127.0.0.1:1")
     monkeypatch.setattr(RuntimeAPI, "available", lambda api: True)
@@ -561,11 +561,11 @@ def test_a_refused_push_of_the_replicas_key_does_not_quote_it(tmp_path, monkeypa
 
     def refuse(api, lines, batch=200):
         if lines and "upstream.map" in lines[0]:
-            raise GatewayError(f"HAProxy refused {lines[0]!r}: error")
+            raise DoorError(f"HAProxy refused {lines[0]!r}: error")
 
     monkeypatch.setattr(RuntimeAPI, "commands", refuse)
     encoded = base64.b64encode(REPLICA_KEY.encode()).decode()
-    with pytest.raises(GatewayError) as refused:
+    with pytest.raises(DoorError) as refused:
         front.apply_access(replace(access_table(), upstream_key=REPLICA_KEY))
     assert "upstream.map" in str(refused.value)
     assert encoded not in str(refused.value) and refused.value.__cause__ is None

@@ -159,25 +159,29 @@ def test_the_command_bootstraps_a_front_door_then_syncs_the_deployment(
         deployment.name: "127.0.0.1:2",
     }
     out = StringIO()
-    call_command("gateway_sync", "not-yet", "--base-model", "tiny", stdout=out)
+    call_command("door_sync", "not-yet", "--base-model", "tiny", stdout=out)
     assert (tmp_path / "not-yet" / "models.map").read_text() == "tiny base\n"
     # The gateway's own container has no database: --offline and --print-command
     # ask it nothing, and a configuration the workers wrote is kept.
     with django_assert_num_queries(0):
-        call_command("gateway_sync", "fresh", "--offline", "--base-model", "tiny", stdout=out)
-        call_command("gateway_sync", "not-yet", "--offline", "--base-model", "other", stdout=out)
-        call_command("gateway_sync", "not-yet", "--print-command", stdout=out)
+        call_command("door_sync", "fresh", "--offline", "--base-model", "tiny", stdout=out)
+        call_command("door_sync", "not-yet", "--offline", "--base-model", "other", stdout=out)
+        call_command("door_sync", "not-yet", "--print-command", stdout=out)
     assert (tmp_path / "fresh" / "models.map").read_text() == "tiny base\n"
     assert (tmp_path / "not-yet" / "models.map").read_text() == "tiny base\n"
     assert "front door of not-yet: configuration kept" in out.getvalue()
     assert f"-f {tmp_path}/not-yet/haproxy.cfg" in out.getvalue()
     # A registered deployment: its replicas are discovered and routed (HAProxy not running).
-    call_command("gateway_sync", deployment.name, stdout=out)
+    call_command("door_sync", deployment.name, stdout=out)
     config = (tmp_path / deployment.name / "haproxy.cfg").read_text()
     base = config.split("backend base\n", 1)[1].split("\n\n", 1)[0]
     assert base.count("    server r") == len(deployment.replica_urls)
     with pytest.raises(CommandError, match="SERVING_DOORS"):
-        call_command("gateway_sync", "elsewhere", "--base-model", "tiny")
+        call_command("door_sync", "elsewhere", "--base-model", "tiny")
+    # Its old name, which manifests written before the rename call, still works.
+    err = StringIO()
+    call_command("gateway_sync", "not-yet", "--print-command", stdout=out, stderr=err)
+    assert "gateway_sync is renamed door_sync" in err.getvalue()
 
 
 def test_the_front_door_modules_import_without_django_settings():
@@ -201,7 +205,7 @@ def test_an_access_sync_with_nothing_changed_is_six_queries_and_two_runtime_read
     """The reconcile syncs every door's access table each tick: in step, that
     is door_access's queries and a read of the door's fingerprint, no push."""
     from serving.door.haproxy import RuntimeAPI
-    from serving.door.services import front_door_for, gateway_sync_access
+    from serving.door.services import door_sync_access, front_door_for
     from tests.support.haproxy import running_haproxy
     from tests.support.vllm_servers import free_port
 
@@ -210,13 +214,13 @@ def test_an_access_sync_with_nothing_changed_is_six_queries_and_two_runtime_read
     door = front_door_for(deployment)
     door.write(routing_table_for(deployment))
     with running_haproxy(door, log=tmp_path / "haproxy.log"):
-        assert gateway_sync_access(deployment)  # the first push
+        assert door_sync_access(deployment)  # the first push
         sent = []
         command = RuntimeAPI.command
         monkeypatch.setattr(
             RuntimeAPI, "command", lambda api, line: sent.append(line) or command(api, line)
         )
         with django_assert_num_queries(6):
-            assert gateway_sync_access(deployment) == []
+            assert door_sync_access(deployment) == []
     # Is it running, and the fingerprint it holds: two reads, nothing written.
     assert sent == ["show info", f"show map {door.directory.resolve()}/door.map"]

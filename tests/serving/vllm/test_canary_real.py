@@ -75,11 +75,11 @@ def test_a_good_canary_bakes_on_its_share_survives_its_worker_and_takes_all_traf
     platform.create_deployment("canary-cpu", [s.base_url for s in vllm_servers], open_door=True)
     v1 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=1))
     v2 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=2))
-    from serving.door.services import front_door_for, gateway_sync
+    from serving.door.services import door_sync, front_door_for
     from serving.rollouts.sweep import sweep_rollouts
 
     deployment = Deployment.objects.get(name="canary-cpu")
-    gateway_sync(deployment)
+    door_sync(deployment)
     url = f"http://{listen}"
     with running_haproxy(
         front_door_for(deployment), log=tmp_path / "haproxy.log", access=open_access()
@@ -154,14 +154,14 @@ def test_a_broken_canary_is_switched_out_in_under_a_second_and_rolled_back(
         v1 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=3))
         v2 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=4))
         from registry.models import AdapterVersion
-        from serving.door.services import front_door_for, gateway_sync
+        from serving.door.services import door_sync, front_door_for
 
         deployment = Deployment.objects.get(name="canary-bad")
         # v2 answers its probes and fails every client's request: a broken version.
         broken = serve_path_for(deployment, AdapterVersion.objects.get(pk=v2["id"]))
         for proxy in proxies:
             proxy.broken_roots.add(broken)
-        gateway_sync(deployment)
+        door_sync(deployment)
         url = f"http://{listen}"
         with running_haproxy(
             front_door_for(deployment), log=tmp_path / "haproxy.log", access=open_access()

@@ -125,7 +125,7 @@ def _table(servers, loaded: list[dict], served: list[ServedView]):
 def _deployment_behind_a_front_door(platform, vllm_servers, settings, tmp_path, name):
     """A deployment of both real replicas with a front door (HAProxy's first
     configuration written): (the deployment, the front door's URL)."""
-    from serving.door.services import gateway_sync
+    from serving.door.services import door_sync
 
     listen = f"127.0.0.1:{free_port()}"
     settings.SERVING_DOORS = {name: listen}
@@ -133,7 +133,7 @@ def _deployment_behind_a_front_door(platform, vllm_servers, settings, tmp_path, 
     settings.SERVING_DOOR_DRAIN_SECONDS = 30.0
     platform.create_deployment(name, [s.base_url for s in vllm_servers], open_door=True)
     deployment = Deployment.objects.get(name=name)
-    gateway_sync(deployment)  # the configuration HAProxy starts with
+    door_sync(deployment)  # the configuration HAProxy starts with
     return deployment, f"http://{listen}"
 
 
@@ -268,10 +268,10 @@ def test_a_version_swap_through_the_front_door_fails_no_request(
     platform.create_deployment("gw-cpu", [s.base_url for s in vllm_servers], open_door=True)
     v1 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=1))
     v2 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=2))
-    from serving.door.services import front_door_for, gateway_sync
+    from serving.door.services import door_sync, front_door_for
 
     deployment = Deployment.objects.get(name="gw-cpu")
-    gateway_sync(deployment)  # the configuration HAProxy starts with
+    door_sync(deployment)  # the configuration HAProxy starts with
     door = front_door_for(deployment)
     log = tmp_path / "haproxy.log"
     url = f"http://{listen}"
@@ -349,10 +349,10 @@ def test_a_swap_that_fails_verification_rolls_back_without_failing_a_request(
         platform.create_deployment("gw-fail", urls, open_door=True)
         v1 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=3))
         v2 = platform.approved_version("memos", "legal-memos", AdapterSpec(seed=4))
-        from serving.door.services import front_door_for, gateway_sync
+        from serving.door.services import door_sync, front_door_for
 
         deployment = Deployment.objects.get(name="gw-fail")
-        gateway_sync(deployment)
+        door_sync(deployment)
         log = tmp_path / "haproxy.log"
         url = f"http://{listen}"
         with running_haproxy(front_door_for(deployment), log=log, access=open_access()):

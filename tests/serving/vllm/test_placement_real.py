@@ -144,9 +144,9 @@ def test_three_hundred_adapters_each_on_one_of_two_replicas_all_answer_through_t
     who = actor(lena)
     clock.lap("register")
 
-    from serving.door.services import front_door_for, gateway_sync
+    from serving.door.services import door_sync, front_door_for
 
-    gateway_sync(deployment)  # the configuration HAProxy starts with
+    door_sync(deployment)  # the configuration HAProxy starts with
     door = front_door_for(deployment)
     sizes = [s.log_path.stat().st_size if s.log_path.exists() else 0 for s in vllm_servers]
     with running_haproxy(door, log=tmp_path / "haproxy.log", access=open_access()):
@@ -249,9 +249,9 @@ def test_traffic_on_one_adapter_gives_it_a_second_replica_and_the_quiet_period_t
         report = reconcile_deployment(deployment.pk, "test")
         assert not report.skipped, report
 
-    from serving.door.services import front_door_for, gateway_sync
+    from serving.door.services import door_sync, front_door_for
 
-    gateway_sync(deployment)
+    door_sync(deployment)
     door = front_door_for(deployment)
     log = tmp_path / "haproxy.log"
     url = f"http://{listen}/v1/completions"
