@@ -77,7 +77,9 @@ def _require_servable(version: AdapterVersion) -> None:
         )
 
 
-def _start_rollout(actor, deployment, version, promotion=None, kind=None, audit=True) -> Rollout:
+def _start_rollout(
+    actor, deployment, version, promotion=None, kind=None, audit=True, canary=None
+) -> Rollout:
     served, _ = ServedAdapter.objects.select_for_update().get_or_create(
         deployment=deployment, adapter=version.adapter
     )
@@ -98,7 +100,7 @@ def _start_rollout(actor, deployment, version, promotion=None, kind=None, audit=
         target=version,
         kind=kind,
         # The canary asked for with the promotion is the one the rollout runs.
-        canary=getattr(promotion, "canary", None),
+        canary=canary,
         promotion=promotion,
         audit=audit,
     )
@@ -207,16 +209,19 @@ def promotion_create(
             requested_by=actor.user,
             author_ids=sorted(actor.people),
         )
+        asked = None
         if canary:
             # One canary, with or without a share of the traffic (Canary).
-            Canary.objects.create(
+            asked = Canary.objects.create(
                 promotion=promotion,
                 share=canary_share,
                 bake_seconds=canary_bake_seconds if canary_share is not None else None,
             )
         rollout = None
         if status == PromotionStatus.APPROVED:
-            rollout = _start_rollout(actor, deployment, version, promotion, audit=False)
+            rollout = _start_rollout(
+                actor, deployment, version, promotion, audit=False, canary=asked
+            )
         # The audit events last, just before the commit: the audit chain's lock
         # is global and held until then (core.audit_chain), so with many
         # promotions at once everything done after taking it is done one at a time.
@@ -295,7 +300,8 @@ def promotion_review(
             comment=comment,
         )
         if approve:
-            _start_rollout(actor, locked.deployment, version, locked)
+            asked = Canary.objects.filter(promotion=locked).first()
+            _start_rollout(actor, locked.deployment, version, locked, canary=asked)
         else:
             # A canary asked for with a rejected request never runs.
             Canary.objects.filter(promotion=locked, state__in=CANARY_UNDECIDED).update(

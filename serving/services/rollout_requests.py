@@ -74,6 +74,8 @@ def rollout_create(
     if canary is not None:
         canary.rollout = rollout
         canary.save(update_fields=["rollout"])
+    # Its canary (or none) is known: reading it again (the audit) asks nothing.
+    Rollout.canary.related.set_cached_value(rollout, canary)
     if audit:
         rollout_audit_created(actor, rollout)
     transaction.on_commit(lambda: rollout_enqueue(rollout.pk))
