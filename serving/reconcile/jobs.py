@@ -42,8 +42,9 @@ class ReconcileReport:
     # observability to record (reconcile_finished): no one reads it again.
     readings: dict[int, MetricsReading] = field(default_factory=dict, repr=False)
     # Per replica id, the adapters the weight check probed there after that read,
-    # each with when its probe answered (epoch seconds; unanswered: plus
-    # SERVING_OWN_PROBE_GRACE_SECONDS): the next read lists them like clients'.
+    # each with the latest time vLLM may stamp its probe (epoch seconds: when the
+    # check ended; unanswered: plus SERVING_OWN_PROBE_GRACE_SECONDS). The next read
+    # lists them like clients' requests.
     probed: dict[int, dict[str, float]] = field(default_factory=dict, repr=False)
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import itemgetter
 
 from django.conf import settings
 from django.db.models import F
@@ -39,7 +40,12 @@ from serving.models import Deployment, DriftKind, Replica, ServedAdapter
 from serving.reconcile.deferred import complete_deferred
 from serving.reconcile.jobs import Keeper, ReconcileReport, Tick, beat_seconds
 from serving.reconcile.repairs import defer_early_unloads, plan_repairs, repair
-from serving.reconcile.weight_check import plan_weight_check
+from serving.reconcile.weight_check import (
+    Sampled,
+    plan_weight_check,
+    probe_sample,
+    weight_sample,
+)
 from serving.replica_calls import MetricsReading, ReplicaOutcome, call_with_retry, metrics_read
 from serving.replica_rows import health_changes, replicas_sync
 from serving.services.attempts import attempts_record_all
@@ -115,17 +121,22 @@ class _Observed:
     """One replica as the observe step found it: HTTP only, in a pool thread."""
 
     outcome: ReplicaOutcome
-    cards: list
     version: str | None
     facts: dict
+    # Served name -> root, as listed ("" where it names none).
+    listed: dict[str, str] = field(default_factory=dict)
     # Its /metrics, read once a tick where the listing answered (None: not read).
     reading: MetricsReading | None = None
+    # The weight check's probes, sent after that read (None: none asked).
+    sampled: Sampled | None = None
 
 
-def _observer(deployment: Deployment):
+def _observer(deployment: Deployment, desired: dict, chosen: list[str]):
     """The observe step for one replica: GET /v1/models, then GET /metrics,
-    the tick's only read of it (the weight check's probes, the reported
-    max_lora, and observability's activity and placement's demand all use it)."""
+    the tick's only read of it (the reported max_lora, and observability's
+    activity and placement's demand use it), then the weight check's probes
+    of the `chosen` adapters it lists (weight_check.py), which that read is
+    the one before."""
     api_key = deployment.vllm_api_key or None
     metrics = settings.OBSERVABILITY_VLLM_METRICS
 
@@ -140,14 +151,18 @@ def _observer(deployment: Deployment):
         else:
             outcome.fail(listing.error or f"status {listing.status_code}")
         cards = model_cards(listing)
-        seen = _Observed(
-            outcome, [c for c in cards if c.is_adapter], version, base_card_facts(cards)
-        )
-        if outcome.ok and metrics:
+        seen = _Observed(outcome, version, base_card_facts(cards))
+        if not outcome.ok:
+            return seen
+        # The adapters' cards as loaded_from's mapping (their ids are strings).
+        seen.listed = {c.id: c.root or "" for c in cards if c.is_adapter and c.id}
+        if metrics:
             # The thread's session to the replica, the one the listing went through.
             seen.reading = metrics_read(
                 replica.base_url, api_key=api_key, session=replica_session(replica.base_url)
             )
+        if chosen:
+            seen.sampled = probe_sample(client, chosen, desired, seen.listed)
         return seen
 
     return observe
@@ -180,10 +195,11 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
     keeper = Keeper(heartbeat, worker)
     drifts = DriftRecorder(deployment)
 
+    chosen = weight_sample(deployment, desired)
     observations = on_replicas(
         deployment,
         replicas,
-        _observer(deployment),
+        _observer(deployment, desired, chosen),
         limit=32,
         tick=keeper.beat,
         interval=beat_seconds(),
@@ -192,7 +208,7 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
 
     ticks: list[Tick] = []
     for replica, seen in zip(replicas, observations, strict=True):
-        outcome, cards, facts = seen.outcome, seen.cards, seen.facts
+        outcome, facts = seen.outcome, seen.facts
         changes, flipped = health_changes(
             replica, up=outcome.ok, error=outcome.error, version=seen.version, now=now
         )
@@ -226,8 +242,7 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
         if flipped:
             drifts.add(replica, DriftKind.REPLICA_UP)
             tick.drifted = True
-        # loaded_from's mapping, built straight from the cards (their ids are strings).
-        tick.snapshot = {c.id: c.root or "" for c in cards if c.id}
+        tick.snapshot = seen.listed
 
     up = [tick for tick in ticks if tick.outcome.ok]
     # Where each adapter lives this tick (written only where it changed), then
@@ -235,7 +250,12 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
     placement_tick(deployment, desired, replicas, up={t.replica.pk for t in up}, now=now)
     plan_repairs(deployment, up, desired, drifts)
     defer_early_unloads(up, desired, now)
-    report.fingerprint_cursor = plan_weight_check(deployment, up, desired, keeper, report)
+    sampled = {
+        replica.pk: seen.sampled
+        for replica, seen in zip(replicas, observations, strict=True)
+        if seen.sampled is not None
+    }
+    report.fingerprint_cursor = plan_weight_check(up, desired, chosen, sampled, report)
 
     jobs = [job for tick in ticks for job in tick.jobs]
     if jobs:
@@ -245,6 +265,23 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
         complete_deferred(deployment, tick, desired, report)
     keeper.beat()
     _write(ticks, drifts, now, report)
+
+
+def _as_recorded(snapshot: dict[str, str], replica: Replica) -> bool:
+    """Whether `snapshot` is what the replica's row says it served. Usually the
+    listing is the same in the same order: that is told by comparing lists,
+    which runs in C (32 x 500 entries a tick); otherwise as mappings."""
+    recorded = replica.loaded_adapters or []
+    if len(recorded) != len(snapshot):
+        return False
+    try:
+        ids = list(map(itemgetter("id"), recorded))
+        roots = list(map(itemgetter("root"), recorded))
+    except (KeyError, TypeError):
+        return snapshot == loaded_adapters(replica)
+    if ids == list(snapshot) and roots == list(snapshot.values()):
+        return True
+    return snapshot == loaded_adapters(replica)
 
 
 def _write(ticks: list[Tick], drifts: DriftRecorder, now, report: ReconcileReport) -> None:
@@ -258,7 +295,7 @@ def _write(ticks: list[Tick], drifts: DriftRecorder, now, report: ReconcileRepor
         replica = tick.replica
         changes = dict(tick.changes)
         # Compared as a mapping: a replica reloaded in another order serves the same.
-        if tick.outcome.ok and tick.snapshot != loaded_adapters(replica):
+        if tick.outcome.ok and not _as_recorded(tick.snapshot, replica):
             # What the replica serves after the repairs: the state view reads it, and the
             # pre-repair listing would show a just-reloaded adapter as missing until next tick.
             listing = as_listing(tick.snapshot)
