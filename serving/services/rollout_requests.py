@@ -12,7 +12,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from core.access import require_approver
+from core.access import can_approve, require_approver
 from core.actors import Actor
 from core.audit import audit_event, audit_record, audit_record_all
 from core.errors import Conflict
@@ -114,6 +114,39 @@ def rollout_audit_event(actor: Actor | None, rollout: Rollout) -> AuditEvent:
     )
 
 
+def can_act_on_rollout(actor: Actor, rollout: Rollout) -> bool:
+    """Whether `actor` may cancel `rollout` or decide its canary: an approver of
+    the adapter's department or a platform admin, and a person (tokens never).
+    require_approver, which rollout_cancel and rollout_canary_decide call, refuses
+    exactly these and says why."""
+    return actor.token is None and can_approve(actor, rollout.adapter.department_id)
+
+
+def rollout_cancellable(rollout: Rollout) -> bool:
+    """An unfinished rollout can be cancelled (rollout_cancel checks this under
+    its row lock; the page asks it for the button)."""
+    return rollout.status not in ROLLOUT_TERMINAL
+
+
+def canary_decidable(rollout: Rollout) -> bool:
+    """A person may promote or abort a traffic canary while it bakes undecided
+    (CANARY_TRANSITIONS: baking -> promote_asked, abort_asked)."""
+    canary = getattr(rollout, "canary", None)
+    return (
+        canary is not None
+        and canary.share is not None
+        and can_move(CANARY_TRANSITIONS, canary.state, CanaryState.PROMOTE_ASKED)
+    )
+
+
+def can_cancel_rollout(actor: Actor, rollout: Rollout) -> bool:
+    return rollout_cancellable(rollout) and can_act_on_rollout(actor, rollout)
+
+
+def can_decide_canary(actor: Actor, rollout: Rollout) -> bool:
+    return canary_decidable(rollout) and can_act_on_rollout(actor, rollout)
+
+
 def rollout_cancel(*, actor: Actor, rollout: Rollout, comment: str = "") -> Rollout:
     """Stops an unfinished rollout for good. An approver of the adapter's
     department or a platform admin may; tokens may not.
@@ -127,7 +160,7 @@ def rollout_cancel(*, actor: Actor, rollout: Rollout, comment: str = "") -> Roll
     require_approver(actor, rollout.adapter.department_id, "Rollout")
     with transaction.atomic():
         current = Rollout.objects.select_for_update().get(pk=rollout.pk)
-        if current.status in ROLLOUT_TERMINAL:
+        if not rollout_cancellable(current):
             raise Conflict(
                 f"Rollout {rollout.pk} is {current.status}; only an unfinished rollout "
                 "can be cancelled.",
@@ -195,9 +228,7 @@ def rollout_canary_decide(
         # decided yet; the gates deciding in the same second win or lose cleanly.
         decided = (
             canary is not None
-            and canary.share is not None
-            and can_move(CANARY_TRANSITIONS, canary.state, asked[request])
-            and canary.state != asked[request]
+            and canary_decidable(current)
             and move(
                 canary, CANARY_TRANSITIONS, asked[request], field="state", decided_by=actor.user
             )

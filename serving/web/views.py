@@ -33,7 +33,6 @@ from serving.gate import evaluate_gate
 from serving.models import (
     CanaryOutcome,
     CanaryRequest,
-    CanaryState,
     PromotionStatus,
     Rollout,
     RolloutStatus,
@@ -46,8 +45,13 @@ from serving.services.promotions import (
     promotion_review,
     rollback_to,
 )
-from serving.services.rollout_requests import rollout_canary_decide, rollout_cancel
-from serving.transitions import ROLLOUT_TERMINAL
+from serving.services.rollout_requests import (
+    can_act_on_rollout,
+    canary_decidable,
+    rollout_canary_decide,
+    rollout_cancel,
+    rollout_cancellable,
+)
 from serving.web import queries
 from serving.web.forms import PromoteForm, PromotionReviewForm
 
@@ -308,9 +312,9 @@ def _rollback_option(actor: Actor, rollout: Rollout) -> dict | None:
 def _cancel_option(actor: Actor, rollout: Rollout) -> dict | None:
     """Unfinished rollouts can be cancelled by approvers and platform admins;
     members see the button off, with the reason."""
-    if rollout.status in ROLLOUT_TERMINAL:
+    if not rollout_cancellable(rollout):
         return None
-    may = can_approve(actor, rollout.adapter.department_id)
+    may = can_act_on_rollout(actor, rollout)
     reason = "" if may else "Only an approver of this department or a platform admin may cancel."
     return {"disabled_reason": reason}
 
@@ -322,8 +326,8 @@ def _canary_context(actor: Actor, rollout: Rollout) -> dict | None:
     if split is None:
         return None
     # Only while it bakes undecided (CANARY_TRANSITIONS: baking -> *_asked).
-    decidable = rollout.status == RolloutStatus.BAKING and split["state"] == CanaryState.BAKING
-    may = can_approve(actor, rollout.adapter.department_id)
+    decidable = canary_decidable(rollout)
+    may = can_act_on_rollout(actor, rollout)
     reason = "" if may else "Only an approver of this department or a platform admin may decide."
     weights = split["weights"]
     total = sum(weights.values()) or 1

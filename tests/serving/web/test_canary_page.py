@@ -174,3 +174,31 @@ def test_a_decided_canary_shows_its_decision_and_an_ended_one_says_so(web_alex, 
     html = web_alex.get(f"/rollouts/{baking.pk}/live/", **HTMX).content.decode()
     assert "Ended before anything was decided." in html
     assert 'data-testid="canary-outcome"' not in html
+
+
+def test_the_decide_buttons_ask_can_decide_canary_and_the_decision_refuses_as_it_says(
+    web_lena, web_alex, lena, alex, baking
+):
+    from core.errors import Conflict, NotAuthorized
+    from serving.services.rollout_requests import (
+        can_decide_canary,
+        canary_decidable,
+        rollout_canary_decide,
+    )
+
+    # Baking undecided: decidable; a member may not, the buttons are off.
+    assert canary_decidable(baking) and not can_decide_canary(actor(lena), baking)
+    html = web_lena.get(f"/rollouts/{baking.pk}/").content.decode()
+    assert 'data-testid="canary-promote" disabled' in html
+    with pytest.raises(NotAuthorized):
+        rollout_canary_decide(actor=actor(lena), rollout=baking, request="promote")
+    assert can_decide_canary(actor(alex), baking)
+    rollout_canary_decide(actor=actor(alex), rollout=baking, request="abort")
+    baking.refresh_from_db()
+    baking.canary.refresh_from_db()
+    # Decided: no buttons, and a second decision refuses.
+    assert not canary_decidable(baking) and not can_decide_canary(actor(alex), baking)
+    html = web_alex.get(f"/rollouts/{baking.pk}/").content.decode()
+    assert 'data-testid="canary-promote"' not in html
+    with pytest.raises(Conflict):
+        rollout_canary_decide(actor=actor(alex), rollout=baking, request="promote")

@@ -789,3 +789,31 @@ def test_members_read_plain_labels_and_admins_also_the_vllm_setting_names(
     assert '<code class="hint">max_loras</code>' in admin
     assert '<code class="hint">' not in member
     assert 'title="the vLLM setting">max_loras' not in member
+
+
+def test_the_cancel_button_asks_can_cancel_rollout_and_the_cancel_refuses_as_it_says(
+    web_lena, web_alex, lena, alex, staging, approved
+):
+    from core.errors import Conflict, NotAuthorized
+    from serving.services.rollout_requests import (
+        can_cancel_rollout,
+        rollout_cancel,
+        rollout_cancellable,
+    )
+
+    rollout = promote(lena, staging, approved)
+    url = f"/rollouts/{rollout.pk}/"
+    # A member: the rollout can be cancelled, not by her; the button is off.
+    assert rollout_cancellable(rollout) and not can_cancel_rollout(actor(lena), rollout)
+    assert 'data-testid="cancel-rollout" disabled' in web_lena.get(url).content.decode()
+    with pytest.raises(NotAuthorized):
+        rollout_cancel(actor=actor(lena), rollout=rollout)
+    # An approver: on, and it cancels.
+    assert can_cancel_rollout(actor(alex), rollout)
+    rollout_cancel(actor=actor(alex), rollout=rollout)
+    rollout.refresh_from_db()
+    # Finished: nobody may, the button is gone, and the cancel refuses.
+    assert not rollout_cancellable(rollout) and not can_cancel_rollout(actor(alex), rollout)
+    assert 'data-testid="cancel-rollout"' not in web_alex.get(url).content.decode()
+    with pytest.raises(Conflict):
+        rollout_cancel(actor=actor(alex), rollout=rollout)
