@@ -98,7 +98,9 @@ def test_an_unreachable_broker_is_503(anonymous, settings, monkeypatch):
     nowhere = f"redis://127.0.0.1:{free_port()}/0"
     # Celery prefers the CELERY_BROKER_URL variable (CI sets it) to app.conf.
     monkeypatch.setenv("CELERY_BROKER_URL", nowhere)
-    monkeypatch.setattr(app.conf, "broker_url", nowhere)
+    # setitem, not setattr: setattr on Celery's settings does not undo on the
+    # embedded defaults (no CELERY_BROKER_URL), and the next tests lost their broker.
+    monkeypatch.setitem(app.conf, "broker_url", nowhere)
     response = anonymous.get("/readyz")
     assert response.status_code == 503
     assert response.json()["checks"]["broker"] == {"ok": False}
