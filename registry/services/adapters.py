@@ -41,6 +41,27 @@ def _owners_in_department(department: Department, usernames: list[str]) -> list:
     return users
 
 
+def _require_own_served_name_prefix(department: Department, served_name: str) -> None:
+    """A served name starting with another department's slug and '-' ("legal-..."
+    from Finance) would read as that department's adapter to every client and
+    key holder: refused by the rule alone, before anything is looked up, so the
+    answer says nothing about which names exist."""
+    lowered = served_name.lower()
+    claimed = [
+        slug
+        for slug in Department.objects.exclude(pk=department.pk).values_list("slug", flat=True)
+        if lowered.startswith(f"{slug.lower()}-")
+    ]
+    # A longer own slug ("finance-eu" beside "finance") owns its own prefix.
+    if claimed and not lowered.startswith(f"{department.slug.lower()}-"):
+        raise ValidationFailed(
+            f"The served name {served_name!r} starts with another department's prefix "
+            f"({claimed[0]}-); served names may start with {department.slug}- or with no "
+            "department's prefix.",
+            code="served_name_prefix",
+        )
+
+
 def adapter_create(
     *,
     actor: Actor,
@@ -65,6 +86,7 @@ def adapter_create(
         adapter.full_clean(validate_unique=False, validate_constraints=False)
     except ValidationError as error:
         raise ValidationFailed(_validation_message(error)) from None
+    _require_own_served_name_prefix(department, adapter.served_name)
     if Adapter.objects.filter(department=department, name=name).exists():
         raise Conflict(
             "Adapter with this Department and Name already exists. "

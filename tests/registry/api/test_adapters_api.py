@@ -213,3 +213,17 @@ def test_pagination(several, as_root):
     assert [a["name"] for a in second["results"]] == ["contract-risk", "contracts"]
     assert first["next"] and second["next"] is None
     assert as_root.get(ADAPTERS, {"page": 9}).status_code == 404
+
+
+def test_another_departments_served_name_prefix_is_refused(as_lena, as_fred):
+    taken = create(as_fred, department="finance", served_name="legal-contracts")
+    unused = create(as_fred, department="finance", served_name="legal-anything-at-all")
+    own = create(as_fred, department="finance", served_name="finance-contracts")
+
+    # Refused by the rule, not by what exists: both answers are the same 400.
+    for refused in (taken, unused):
+        assert refused.status_code == 400, refused.json()
+        assert error_of(refused)["code"] == "served_name_prefix"
+        assert "finance-" in error_of(refused)["message"]
+    assert own.status_code == 201
+    assert not Adapter.objects.filter(served_name__startswith="legal-").exists()
