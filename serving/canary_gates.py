@@ -1,8 +1,8 @@
-"""A canary's health gates: pure functions, no database, no gateway.
+"""A canary's health gates: pure functions, no database, no door.
 
 The inputs are the front door's per-server counters in the adapter's backend
 (HAProxy's `show stat`): the canary server runs the new version, the others the
-old one. Counters are cumulative since the gateway's worker started, and a
+old one. Counters are cumulative since the door's worker started, and a
 reload starts them again at zero; `advance` folds such resets in, so that the
 totals since the bake began survive them (the state is a plain dict, kept in
 the rollout's row).
@@ -106,7 +106,7 @@ def start(samples: Mapping[str, ServerSample], epoch: str) -> dict:
 
 
 def advance(state: dict, samples: Mapping[str, ServerSample], epoch: str) -> dict:
-    """The state after reading `samples`. `epoch` names the gateway worker that
+    """The state after reading `samples`. `epoch` names the door worker that
     counted them (its pid): a new one started from zero, so what the old one
     had counted since the base is carried over."""
     carried = {k: list(v) for k, v in state.get("carried", {}).items()}

@@ -3,7 +3,7 @@ hold its model.
 
 `routing` computes, from the database, what the front door should do (a pure
 function and its selector); a `FrontDoor` does it. HAProxy (`haproxy.py`) is
-the one implementation today; another gateway (vllm-router, LiteLLM, the
+the one implementation today; another door (vllm-router, LiteLLM, the
 Gateway API Inference Extension) implements the same small protocol.
 """
 
@@ -30,7 +30,7 @@ class TakenOut:
 
 
 class FrontDoor(Protocol):
-    """What the control plane asks of a gateway. Every method returns the
+    """What the control plane asks of a door. Every method returns the
     runtime changes it made, as human-readable commands, for the record."""
 
     def apply(self, table: RoutingTable) -> list[str]:
@@ -81,4 +81,4 @@ class FrontDoor(Protocol):
 
     def model_counters(self) -> dict:
         """A read, not a change: per adapter, the requests and the 4xx and 5xx
-        answered so far (they restart at zero when the gateway reloads)."""
+        answered so far (they restart at zero when the door reloads)."""

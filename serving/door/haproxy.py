@@ -17,7 +17,7 @@ What changes at runtime and how:
   master reloads it (`reload` on the master CLI). The master keeps the listening
   sockets, so no connection is refused; the old worker finishes its requests.
 
-Files in the gateway's directory: haproxy.cfg, models.map, admin.sock (runtime
+Files in the door's directory: haproxy.cfg, models.map, admin.sock (runtime
 API), master.sock (master CLI), haproxy.pid (the master's pid), unavailable.http
 (the 503 of a model no replica serves right now), lock (serialises every writer
 on this host), held.map (the models whose new requests the door holds while
@@ -738,7 +738,7 @@ def _checked(answer: str, line: str) -> str:
 class HAProxyFrontDoor:
     """A FrontDoor on one HAProxy whose files (and UNIX sockets) live in
     `directory`; whatever drives it shares that directory (Kubernetes: an
-    emptyDir in the gateway's pod)."""
+    emptyDir in the door's pod)."""
 
     def __init__(
         self,

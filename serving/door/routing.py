@@ -23,7 +23,7 @@ class ServerState(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One replica as the gateway addresses it. `server` is stable for the
+    """One replica as the door addresses it. `server` is stable for the
     replica's lifetime (its database id), so states survive a reload."""
 
     server: str

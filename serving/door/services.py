@@ -4,7 +4,7 @@ around a swap. Every runtime change that concerns a replica is recorded as an
 HttpAttempt of that replica (purpose "gateway"); the others (map entries,
 reloads) are logged.
 
-Nothing here holds a database transaction across a call to the gateway.
+Nothing here holds a database transaction across a call to the door.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def door_ready(deployment: Deployment, name: str, replicas: list[Replica]) -> li
 def door_weigh(deployment: Deployment, name: str, weights: dict[int, int]) -> list[str]:
     """Sets `name`'s weight on these replicas ({replica id: weight}): a canary's
     split, its end, or (weight 0) the traffic switch of its rollback. Recorded;
-    a gateway that fails raises DoorError, for the canary decides what then."""
+    a door that fails raises DoorError, for the canary decides what then."""
     door = front_door_for(deployment)
     if door is None:
         return []

@@ -142,7 +142,7 @@ def smoke_runs(tmp_path_factory, vllm_pool) -> dict[str, Future]:
 
 
 def haproxy_runs() -> bool:
-    """As the front door's real tests decide (tests/serving/vllm/test_gateway_real.py):
+    """As the front door's real tests decide (tests/serving/vllm/test_door_routes_real.py):
     without haproxy they skip, unless REQUIRE_HAPROXY (CI) makes them fail."""
     return haproxy_available() or os.environ.get("REQUIRE_HAPROXY") == "1"
 

@@ -72,7 +72,7 @@ def test_requests_through_the_front_door_show_on_the_usage_page(
             timeout=10,
         )
         assert loaded.status_code == 200, loaded.text
-    # Open (no keys): these tests are about routing; keys: test_gateway_door.py.
+    # Open (no keys): these tests are about routing; keys: test_door_haproxy.py.
     deployment.open_door = True
     deployment.save(update_fields=["open_door"])
     door = front_door_for(deployment)

@@ -33,7 +33,7 @@ def door(settings, deployment, tmp_path):
     settings.SERVING_DOORS = {deployment.name: f"127.0.0.1:{free_port()}"}
     settings.SERVING_DOOR_DIR = tmp_path / "gateways"
     settings.SERVING_DOOR_DRAIN_SECONDS = 5.0
-    # Open (no keys): these tests are about routing; keys: test_gateway_door.py.
+    # Open (no keys): these tests are about routing; keys: test_door_haproxy.py.
     deployment.open_door = True
     deployment.save(update_fields=["open_door"])
     door_sync(deployment)

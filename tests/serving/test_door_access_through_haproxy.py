@@ -5,7 +5,7 @@ commit (run here in the test's process instead of through a broker), without
 a reload. A revoked key, an ended person and an expired grant are refused
 within seconds of the change; each test says how long it took.
 
-The door's own checks on hand-made tables: test_gateway_door.py."""
+The door's own checks on hand-made tables: test_door_haproxy.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The rollout engine's hold at the front door, on a deployment of ONE stand-in
 replica, with a door that records what it is asked (the error paths; the door
-itself is real in test_gateway_hold.py, and both together on real vLLM in
+itself is real in test_door_hold.py, and both together on real vLLM in
 tests/serving/vllm/test_hold_real.py): the hold always ends, after the replica
 is back or after the rollback, and a replica still running requests of the
 adapter is never swapped under them."""

@@ -183,7 +183,7 @@ def test_behind_a_front_door_a_moved_adapter_is_drained_before_it_is_unloaded(
     listen = f"127.0.0.1:{free_port()}"
     settings.SERVING_DOORS = {deployment.name: listen}
     settings.SERVING_DOOR_DIR = tmp_path / "gateways"
-    # Open (no keys): these tests are about routing; keys: test_gateway_door.py.
+    # Open (no keys): these tests are about routing; keys: test_door_haproxy.py.
     deployment.open_door = True
     deployment.save(update_fields=["open_door"])
     door = front_door_for(deployment)
@@ -249,7 +249,7 @@ def _v1_behind_a_front_door(name, max_replicas, *, root, lena, fleet, tmp_path, 
     settings.SERVING_DOORS = {deployment.name: listen}
     settings.SERVING_DOOR_DIR = tmp_path / "gateways"
     settings.SERVING_DOOR_DRAIN_SECONDS = 5.0
-    # Open (no keys): these tests are about routing; keys: test_gateway_door.py.
+    # Open (no keys): these tests are about routing; keys: test_door_haproxy.py.
     deployment.open_door = True
     deployment.save(update_fields=["open_door"])
     door = front_door_for(deployment)

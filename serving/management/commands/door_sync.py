@@ -8,7 +8,7 @@ route, no replicas yet (503 until they are known).
 
 The gateway's own container holds no database credentials (config/roles.py):
 there `--offline --base-model M` writes that first configuration unless one is
-already on the gateway volume (the workers keep it current), and
+already on the door volume (the workers keep it current), and
 `--print-command` reads nothing either.
 """
 

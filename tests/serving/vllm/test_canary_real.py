@@ -16,7 +16,7 @@ from core.models import AuditEvent
 from serving.models import Deployment, Rollout, ServedAdapter
 from serving.volume import serve_path_for
 from tests.serving.vllm.conftest import adapters_on, ok
-from tests.serving.vllm.test_gateway_real import Traffic, complete, routed_after
+from tests.serving.vllm.test_door_routes_real import Traffic, complete, routed_after
 from tests.support.adapters import AdapterSpec
 from tests.support.haproxy import haproxy_available, open_access, running_haproxy
 from tests.support.vllm_servers import free_port

@@ -16,7 +16,7 @@ import requests
 
 from serving.models import HttpAttempt
 from tests.serving.vllm.conftest import adapters_on, ok
-from tests.serving.vllm.test_gateway_real import _deployment_behind_a_front_door, routed_after
+from tests.serving.vllm.test_door_routes_real import _deployment_behind_a_front_door, routed_after
 from tests.support.adapters import AdapterSpec
 from tests.support.haproxy import (
     haproxy_available,

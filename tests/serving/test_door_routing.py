@@ -1,6 +1,6 @@
 """The desired routing table (serving/door/routing.py), a pure function,
 and the HAProxy configuration rendered from it (checked by a real `haproxy -c`).
-Real HAProxy in front of real vLLM: tests/serving/vllm/test_gateway_real.py."""
+Real HAProxy in front of real vLLM: tests/serving/vllm/test_door_routes_real.py."""
 
 from __future__ import annotations
 
