@@ -40,27 +40,15 @@ from django.utils import timezone
 from core.audit import audit_record
 from core.state import move
 from serving import canary_gates as gates
-from serving.door.haproxy import DoorError as GatewayError
+from serving.door.haproxy import DoorError
 from serving.door.routing import server_name
 from serving.door.services import (
-    door_drain as gateway_drain,
-)
-from serving.door.services import (
-    door_ready as gateway_ready,
-)
-from serving.door.services import (
-    door_samples as gateway_samples,
-)
-from serving.door.services import (
-    door_switch_off as gateway_switch_off,
-)
-from serving.door.services import (
-    door_sync as gateway_sync,
-)
-from serving.door.services import (
-    door_weigh as gateway_weigh,
-)
-from serving.door.services import (
+    door_drain,
+    door_ready,
+    door_samples,
+    door_switch_off,
+    door_sync,
+    door_weigh,
     front_door_for,
 )
 from serving.models import (
@@ -118,7 +106,7 @@ def canary_run(ctx, served: ServedAdapter, name: str, load, verify) -> None:
     if refusal and row.state in CANARY_UNDECIDED:
         end_undecided(row)
         rollout_steps.finish(ctx, RolloutStatus.FAILED, f"The canary cannot run: {refusal}")
-        gateway_sync(ctx.deployment, release=name)
+        door_sync(ctx.deployment, release=name)
         return
     canary = _canary_replica(row, ctx)
     rest = [r for r in ctx.replicas if r.pk != canary.pk]
@@ -178,16 +166,16 @@ def _swap_canary(ctx, canary: Replica, name: str, load, verify) -> bool:
     # Were this to fail, only the canary replica has changed: it alone goes back.
     ctx.rollback_order = [canary]
     rollout_steps.enter_phase(ctx, [step], RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
-    gateway_drain(ctx.deployment, name, [canary])
+    door_drain(ctx.deployment, name, [canary])
     loaded = rollout_steps.fan_out(ctx, [canary], load)
     if rollout_steps.rollback_if_failed(ctx, [step], loaded, "load"):
-        gateway_sync(ctx.deployment, release=name)
+        door_sync(ctx.deployment, release=name)
         return False
     rollout_steps.enter_phase(ctx, [step], RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
     verified = rollout_steps.fan_out(ctx, [canary], verify, probes=name)
     fingerprints_check_rollout(rollout=ctx.rollout, replicas=[canary], outcomes=verified)
     if rollout_steps.rollback_if_failed(ctx, [step], verified, "verification"):
-        gateway_sync(ctx.deployment, release=name)
+        door_sync(ctx.deployment, release=name)
         return False
     rollout_steps.set_steps([step], ReplicaStepStatus.SUCCEEDED)
     return True
@@ -216,7 +204,7 @@ def _bake(ctx, row: Canary, served: ServedAdapter, canary: Replica, rest: list[R
         try:
             epoch, samples = _read(deployment, name)
             state = gates.start(samples, epoch)
-        except GatewayError as error:
+        except DoorError as error:
             # Counted from the first read that works (below): never from zero,
             # which would count the old version's answers on the canary server.
             logger.warning("rollout %s: front door unreadable: %s", rollout.pk, error)
@@ -249,8 +237,8 @@ def _bake(ctx, row: Canary, served: ServedAdapter, canary: Replica, rest: list[R
             if ctx.watch.reason == "the rollout was cancelled":
                 # Cancelled: the new version takes no more of the traffic now, not
                 # at the next reconcile (which puts the old version back there).
-                with contextlib.suppress(GatewayError):
-                    gateway_weigh(deployment, name, {canary.pk: 0})
+                with contextlib.suppress(DoorError):
+                    door_weigh(deployment, name, {canary.pk: 0})
             raise
         try:
             epoch, samples = _read(deployment, name)
@@ -259,7 +247,7 @@ def _bake(ctx, row: Canary, served: ServedAdapter, canary: Replica, rest: list[R
                 if state is None
                 else gates.advance(state, samples, epoch)
             )
-        except GatewayError as error:
+        except DoorError as error:
             # Unreadable for now: the counters carry on in HAProxy; judged when readable.
             logger.warning("rollout %s: front door unreadable: %s", rollout.pk, error)
             samples = {}
@@ -290,8 +278,8 @@ def _bake(ctx, row: Canary, served: ServedAdapter, canary: Replica, rest: list[R
         elif current != CanaryState.BAKING:
             # Ended: its rollout was cancelled (rollout_cancel ends it in the
             # same transaction). No more of the traffic to it now, as below.
-            with contextlib.suppress(GatewayError):
-                gateway_weigh(deployment, name, {canary.pk: 0})
+            with contextlib.suppress(DoorError):
+                door_weigh(deployment, name, {canary.pk: 0})
             raise rollout_steps.Stopped(f"the canary is {current} now, not baking")
         elif verdict.outcome == gates.FAIL:
             outcome, reason = CanaryState.FAILED, f"Canary gates failed: {verdict.reason}"
@@ -309,9 +297,9 @@ def _bake(ctx, row: Canary, served: ServedAdapter, canary: Replica, rest: list[R
 
 
 def _read(deployment: Deployment, name: str):
-    found = gateway_samples(deployment, name)
+    found = door_samples(deployment, name)
     if found is None:
-        raise GatewayError(f"{deployment.name} has no front door")
+        raise DoorError(f"{deployment.name} has no front door")
     epoch, samples = found
     return epoch, {str(pk): sample for pk, sample in samples.items()}
 
@@ -354,17 +342,17 @@ def _split(ctx, served, canary: Replica, rest: list[Replica], name: str, weights
     ServedAdapter.objects.filter(pk=served.pk).update(
         gateway_weights={server_name(pk): w for pk, w in weights.items()}
     )
-    gateway_sync(deployment)
-    gateway_weigh(deployment, name, {r.pk: weights[r.pk] for r in rest})
-    gateway_ready(deployment, name, [canary])
-    gateway_weigh(deployment, name, {canary.pk: weights[canary.pk]})
+    door_sync(deployment)
+    door_weigh(deployment, name, {r.pk: weights[r.pk] for r in rest})
+    door_ready(deployment, name, [canary])
+    door_weigh(deployment, name, {canary.pk: weights[canary.pk]})
 
 
 def _unsplit(ctx, served, name: str, replicas: list[Replica]) -> None:
     ServedAdapter.objects.filter(pk=served.pk).update(gateway_weights={})
     try:
-        gateway_weigh(ctx.deployment, name, {r.pk: 1 for r in replicas})
-    except GatewayError as error:  # the next sync renders equal weights
+        door_weigh(ctx.deployment, name, {r.pk: 1 for r in replicas})
+    except DoorError as error:  # the next sync renders equal weights
         logger.warning("rollout %s: equal weights not set: %s", ctx.rollout.pk, error)
 
 
@@ -379,12 +367,12 @@ def _promote(ctx, served, canary: Replica, rest: list[Replica], name: str, load,
             swapped.append(replica)
             continue
         rollout_steps.enter_phase(ctx, [step], RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
-        gateway_drain(ctx.deployment, name, [replica])
+        door_drain(ctx.deployment, name, [replica])
         loaded = rollout_steps.fan_out(ctx, [replica], load)
         if not all(o.ok for o in loaded.values()):
             rollout_steps.switch_back(ctx, name, [replica], swapped)
         if rollout_steps.rollback_if_failed(ctx, [step], loaded, "load"):
-            gateway_sync(ctx.deployment, release=name)
+            door_sync(ctx.deployment, release=name)
             return
         rollout_steps.enter_phase(ctx, [step], RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
         verified = rollout_steps.fan_out(ctx, [replica], verify, probes=name)
@@ -392,13 +380,13 @@ def _promote(ctx, served, canary: Replica, rest: list[Replica], name: str, load,
         if not all(o.ok for o in verified.values()):
             rollout_steps.switch_back(ctx, name, [replica], swapped)
         if rollout_steps.rollback_if_failed(ctx, [step], verified, "verification"):
-            gateway_sync(ctx.deployment, release=name)
+            door_sync(ctx.deployment, release=name)
             return
-        gateway_ready(ctx.deployment, name, [replica])
+        door_ready(ctx.deployment, name, [replica])
         swapped.append(replica)
         rollout_steps.set_steps([step], ReplicaStepStatus.SUCCEEDED)
     rollout_steps.succeed(ctx, served)
-    gateway_sync(ctx.deployment, release=name)
+    door_sync(ctx.deployment, release=name)
 
 
 def _roll_back(
@@ -411,11 +399,11 @@ def _roll_back(
     rollout = ctx.rollout
     started = time.monotonic()
     try:
-        switch_ms = gateway_switch_off(ctx.deployment, name, canary) * 1000
-    except GatewayError as error:
+        switch_ms = door_switch_off(ctx.deployment, name, canary) * 1000
+    except DoorError as error:
         logger.warning("rollout %s: weight 0 refused (%s); draining", rollout.pk, error)
         switch_ms = (time.monotonic() - started) * 1000
-    gateway_drain(ctx.deployment, name, [canary])
+    door_drain(ctx.deployment, name, [canary])
     drained_ms = (time.monotonic() - started) * 1000
     report = dict(row.gates or {})
     report["rollback"] = {"switch_ms": round(switch_ms, 2), "drained_ms": round(drained_ms, 1)}
@@ -438,4 +426,4 @@ def _roll_back(
     report["rollback"]["restored_ms"] = round((time.monotonic() - started) * 1000, 1)
     _save_gates(row, report)
     _unsplit(ctx, served, name, [canary, *rest])
-    gateway_sync(ctx.deployment, release=name)
+    door_sync(ctx.deployment, release=name)

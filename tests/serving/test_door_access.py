@@ -225,11 +225,11 @@ def test_opening_a_deployment_enqueues_its_door_sync_after_commit_and_shows_in_r
 
 
 def test_the_sync_task_hands_the_deployment_to_the_door_side(served, monkeypatch):
-    from serving.door import services as gateway_services
+    from serving.door import services as door_services
     from serving.tasks import door_access_sync
 
     synced = []
-    monkeypatch.setattr(gateway_services, "door_sync_access", synced.append, raising=False)
+    monkeypatch.setattr(door_services, "door_sync_access", synced.append, raising=False)
 
     assert door_access_sync(served.pk) is True
     assert synced == [served]
