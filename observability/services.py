@@ -32,7 +32,7 @@ from observability.vllm_metrics import clients_only, demand_units
 from registry.models import Adapter
 from serving.lora_metrics import LoraSnapshot
 from serving.models import Deployment, HttpAttempt, Replica
-from serving.replica_calls import MetricsReading, ReplicaOutcome
+from serving.replica_calls import MetricsReading
 from serving.services.attempts import attempts_record_all
 from serving.services.own_probes import own_probes_marked, own_probes_settle
 from serving.services.placements import replica_demand_report
@@ -292,20 +292,6 @@ _STATE_FIELDS = [
 def _when(timestamp: float, now: datetime) -> datetime:
     # vLLM's clock; never later than ours, whatever the skew.
     return min(datetime.fromtimestamp(timestamp, UTC), now)
-
-
-def replica_lora_state_record(
-    deployment: Deployment, replica: Replica, snapshot: LoraSnapshot | None, *, error: str = ""
-) -> ReplicaLoraState:
-    now = timezone.now()
-    outcome = ReplicaOutcome(ok=snapshot is not None, error=error)
-    with transaction.atomic():
-        state, _ = ReplicaLoraState.objects.select_for_update().get_or_create(
-            replica=replica, defaults={"observed_at": now}
-        )
-        _state_apply(deployment, state, snapshot, outcome, now)
-        state.save()
-    return state
 
 
 def _clients_since(snapshot: LoraSnapshot, previous: dict, marked) -> tuple:
