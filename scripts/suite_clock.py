@@ -2,13 +2,20 @@
 and under CI=true fails when pytest took longer than the guard, naming the
 slowest tiers, so that a slow creep is caught long before CI's hard limit.
 
-    python scripts/suite_clock.py TIMES_FILE [--limit-minutes 60]
+    python scripts/suite_clock.py TIMES_FILE [--limit-minutes 60] [--file-seconds OUT]
 
-TIMES_FILE holds JSON lines: {"run": name, "wall": seconds, "exit": code} from
-scripts/test_runs.sh, one per pytest run; {"total": seconds, "side_by_side": 0|1}
-from it once at the end (the runs' walls add up to the total only when they ran
-one after the other); and {"tier": name, "seconds": s, "tests": n} from
-tests/support/tier_clock.py, one per tier per run.
+TIMES_FILE holds JSON lines:
+- {"run": name, "wall": seconds, "exit": code} from scripts/test_runs.sh, one
+  per pytest run, and {"total": seconds, "side_by_side": 0|1} once at the end
+  (the runs' walls add up to the total only when they ran one after the other);
+- {"tier": name, "seconds": s, "tests": n} from tests/support/tier_clock.py,
+  one per tier per run, and {"file": path, "seconds": s} for every file of the
+  heavy tiers: --file-seconds writes those to OUT, which should be
+  tests/support/heavy_file_seconds.json (the order in which the heavy run hands
+  out its files, tests/support/file_order.py); `SUITE_FILE_SECONDS=<that path>
+  make test` refreshes it;
+- {"vllm_boot": name} from tests/support/vllm_servers.py for every real vLLM
+  start (the benches' subprocesses included).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ LIMIT_MINUTES = 60.0
 
 
 def read(path: Path) -> tuple[list[dict], dict[str, float], dict[str, int], dict | None]:
+    """The runs, each tier's seconds and tests, and the whole."""
     runs: list[dict] = []
     whole: dict | None = None
     tiers: dict[str, float] = defaultdict(float)
@@ -36,7 +44,7 @@ def read(path: Path) -> tuple[list[dict], dict[str, float], dict[str, int], dict
             runs.append(entry)
         elif "total" in entry:
             whole = entry
-        else:
+        elif "tier" in entry:  # a file's line is write_file_seconds'
             tiers[entry["tier"]] += entry["seconds"]
             tests[entry["tier"]] += entry["tests"]
     return runs, tiers, tests, whole
@@ -51,6 +59,7 @@ def report(path: Path, *, limit_minutes: float, strict: bool) -> tuple[list[str]
     for run in runs:
         lines.append(f"run {run['run']:<10}{run['wall'] / 60:6.1f} min  (exit {run['exit']})")
     how = "the runs side by side; " if side_by_side else ""
+    boots = sum("vllm_boot" in json.loads(line) for line in path.read_text().splitlines() if line)
     lines.append(
         f"pytest total  {total / 60:6.1f} min  ({how}guard: {limit_minutes:g} min under CI=true)"
     )
@@ -58,6 +67,8 @@ def report(path: Path, *, limit_minutes: float, strict: bool) -> tuple[list[str]
     lines.append("tier (time its tests kept a worker busy):")
     for tier, seconds in slowest:
         lines.append(f"  {tier:<12}{seconds / 60:6.1f} min  ({tests[tier]} tests)")
+    # A real vLLM start is about 30 s of one core (tests/support/vllm_servers.py).
+    lines.append(f"real vLLM servers started: {boots}")
     over = total > limit_minutes * 60
     if over:
         named = ", ".join(f"{tier} ({seconds / 60:.1f} min)" for tier, seconds in slowest[:3])
@@ -69,11 +80,26 @@ def report(path: Path, *, limit_minutes: float, strict: bool) -> tuple[list[str]
     return lines, over and strict
 
 
+def write_file_seconds(path: Path, out: Path) -> int:
+    seconds = {}
+    for line in path.read_text().splitlines():
+        entry = json.loads(line) if line.strip() else {}
+        if "file" in entry:
+            seconds[entry["file"]] = entry["seconds"]
+    ordered = dict(sorted(seconds.items(), key=lambda item: (-item[1], item[0])))
+    out.write_text(json.dumps(ordered, indent=1) + "\n")
+    return len(ordered)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("times", type=Path)
     parser.add_argument("--limit-minutes", type=float, default=LIMIT_MINUTES)
+    parser.add_argument("--file-seconds", type=Path, help="write the heavy files' seconds here")
     args = parser.parse_args(argv)
+    if args.file_seconds:
+        count = write_file_seconds(args.times, args.file_seconds)
+        print(f"the heavy files' seconds ({count} files) written to {args.file_seconds}")
     strict = os.environ.get("CI", "").lower() in ("1", "true", "yes")
     lines, fails = report(args.times, limit_minutes=args.limit_minutes, strict=strict)
     print("\n".join(lines))

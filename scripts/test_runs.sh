@@ -60,7 +60,8 @@ light_args=(-q --durations=25 -n "${SUITE_WORKERS:-2}" -m "not ($HEAVY)" "$@")
 heavy_args=(-q --durations=25 -m "$HEAVY" "$@")
 heavy_workers="${SUITE_HEAVY_WORKERS:-2}"
 if ((heavy_workers > 1)); then
-  heavy_args=(-n "$heavy_workers" --dist loadfile "${heavy_args[@]}")
+  # The slowest files first (tests/support/file_order.py), in that order.
+  heavy_args=(-n "$heavy_workers" --dist loadfile --no-loadscope-reorder "${heavy_args[@]}")
 fi
 runs="${SUITE_RUNS:-light heavy}"
 # Side by side when both run against PostgreSQL and Redis (CI); on the
@@ -125,8 +126,11 @@ fi
 # The runs' walls add up only when they ran one after the other.
 printf '{"total": %d, "side_by_side": %d}\n' "$((SECONDS - suite_started))" "$overlap" \
   >>"$SUITE_TIER_TIMES"
+# SUITE_FILE_SECONDS=tests/support/heavy_file_seconds.json refreshes the heavy
+# run's file order from this run's times.
 "$PYTHON" scripts/suite_clock.py "$SUITE_TIER_TIMES" \
-  --limit-minutes "${SUITE_LIMIT_MINUTES:-60}" || failed+=("the pytest-time guard")
+  --limit-minutes "${SUITE_LIMIT_MINUTES:-60}" ${SUITE_FILE_SECONDS:+--file-seconds "$SUITE_FILE_SECONDS"} \
+  || failed+=("the pytest-time guard")
 if ((${#failed[@]})); then
   printf 'make test FAILED: %s\n' "${failed[@]}" >&2
   exit 1

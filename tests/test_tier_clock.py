@@ -41,15 +41,19 @@ def run(pytester, monkeypatch, tmp_path):
             "-p", "no:django", "-p", "tests.support.tier_clock", "-p", "no:cacheprovider", *extra
         )  # fmt: skip
         lines = [json.loads(line) for line in times.read_text().splitlines()]
-        return result, {line["tier"]: line for line in lines}
+        files = [line for line in lines if "file" in line]
+        return result, {line["tier"]: line for line in lines if "tier" in line}, files
 
     return run
 
 
 @pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["alone", "two-workers"])
 def test_each_tests_time_lands_in_its_tier(run, workers):
-    result, tiers = run(*workers)
+    result, tiers, files = run(*workers)
     assert result.ret == pytest.ExitCode.OK
+    # The file of the heavy tests, with its three tests' time, for file_order.
+    assert [line["file"] for line in files] == ["test_suite.py"]
+    assert files[0]["seconds"] >= 1
     assert set(tiers) == {"vllm", "conformance", LIGHT}
     assert {tier: line["tests"] for tier, line in tiers.items()} == {
         "vllm": 1, "conformance": 1, LIGHT: 1,

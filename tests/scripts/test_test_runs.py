@@ -33,6 +33,9 @@ with open(os.environ["FAKE_LOG"] + ".nice", "a") as log:
 with open(os.environ["SUITE_TIER_TIMES"], "a") as times:
     tier = "light" if run == "light" else "vllm"
     times.write(json.dumps({{"tier": tier, "seconds": 90.0, "tests": 3}}) + "\\n")
+    if run == "heavy":  # a real vLLM start and a heavy file, as the suite's own write them
+        times.write(json.dumps({{"vllm_boot": "shared-0"}}) + "\\n")
+        times.write(json.dumps({{"file": "tests/test_slow.py", "seconds": 90}}) + "\\n")
 time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
 sys.exit(int(os.environ.get("FAKE_EXIT_" + run.upper(), "0")))
 """
@@ -74,7 +77,8 @@ def test_the_light_tiers_run_on_two_workers_and_the_heavy_ones_on_two_of_their_o
     light, heavy = calls
     assert light[light.index("-n") + 1] == "2"
     # A file's tests stay on one heavy worker, with its module's servers.
-    assert heavy[:4] == ["-n", "2", "--dist", "loadfile"]
+    # ... handed out slowest first, in tests/support/file_order.py's order.
+    assert heavy[:5] == ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
     assert marker_of(light) == f"not ({marker_of(heavy)})"
     # Every tier the clock names is in the heavy run, and nothing else is.
     assert set(re.split(r"\s+or\s+", marker_of(heavy))) == set(TIERS)
@@ -114,6 +118,16 @@ def test_the_clock_prints_each_run_and_tier(run_test_runs):
     assert re.search(r"run heavy\s+0\.0 min\s+\(exit 0\)", done.stdout), done.stdout
     assert re.search(r"vllm\s+1\.5 min\s+\(3 tests\)", done.stdout), done.stdout
     assert "pytest total" in done.stdout
+    assert "real vLLM servers started: 1" in done.stdout
+
+
+def test_a_run_can_refresh_the_heavy_file_order(run_test_runs, tmp_path):
+    weights = tmp_path / "heavy_file_seconds.json"
+
+    done, _ = run_test_runs(SUITE_FILE_SECONDS=str(weights))
+
+    assert done.returncode == 0, done.stderr
+    assert json.loads(weights.read_text()) == {"tests/test_slow.py": 90}
 
 
 def test_under_ci_a_suite_past_the_guard_fails_naming_the_slowest_tiers(run_test_runs):
@@ -159,7 +173,8 @@ def test_on_postgresql_and_redis_the_runs_go_side_by_side_each_on_its_own_server
         "heavy": ["redis://127.0.0.1:6379/4", "postgres://postgres@127.0.0.1:5432/test_heavy"],
     }
     (heavy,) = [call for call in calls if not marker_of(call).startswith("not")]
-    assert heavy[:4] == ["-n", "2", "--dist", "loadfile"]
+    # ... handed out slowest first, in tests/support/file_order.py's order.
+    assert heavy[:5] == ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
     assert "(the runs side by side; guard: 0.1 min" in done.stdout, done.stdout
     # The light run's output is shown too, after the heavy run's.
     assert done.stdout.index("=== the heavy run") < done.stdout.index("=== the light run: nice")

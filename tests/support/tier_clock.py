@@ -49,12 +49,16 @@ class TierClock:
         self.seconds: dict[str, float] = defaultdict(float)
         self.tests: dict[str, set[str]] = defaultdict(set)
         self.files: dict[str, float] = defaultdict(float)
+        self.heavy_files: set[str] = set()
 
     def pytest_runtest_logreport(self, report) -> None:
         tier = dict(report.user_properties).get("tier", LIGHT)
         self.seconds[tier] += report.duration
         self.tests[tier].add(report.nodeid)
-        self.files[report.nodeid.split("::", 1)[0]] += report.duration
+        path = report.nodeid.split("::", 1)[0]
+        self.files[path] += report.duration
+        if tier != LIGHT:
+            self.heavy_files.add(path)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.seconds:
@@ -76,3 +80,8 @@ class TierClock:
                 for tier, seconds in self.seconds.items():
                     line = {"tier": tier, "seconds": round(seconds, 1)}
                     out.write(json.dumps({**line, "tests": len(self.tests[tier])}) + "\n")
+                # The heavy files' times: scripts/suite_clock.py --file-seconds
+                # writes them where tests/support/file_order.py reads them.
+                for path in sorted(self.heavy_files):
+                    line = {"file": path, "seconds": round(self.files[path])}
+                    out.write(json.dumps(line) + "\n")

@@ -184,6 +184,16 @@ def stop_all(timeout: float = 15) -> None:
 # -- server --------------------------------------------------------------------
 
 
+def record_boot(name: str) -> None:
+    """One line per real vLLM start in $SUITE_TIER_TIMES (make test sets it; the
+    benches' subprocesses inherit it): a boot is about 30 s of one core here,
+    so scripts/suite_clock.py prints how many a run cost."""
+    path = os.environ.get("SUITE_TIER_TIMES")
+    if path:
+        with open(path, "a") as out:
+            out.write(json.dumps({"vllm_boot": name}) + "\n")
+
+
 def _http_get(url: str, headers: dict[str, str], timeout: float) -> tuple[int, bytes]:
     request = urllib.request.Request(url, headers=headers)
     try:
@@ -306,6 +316,7 @@ class VLLMServer:
         self._close_log()
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (kept open while running)
         self.starts += 1
+        record_boot(self.name)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         self._log_file.write(f"\n===== start #{self.starts} at {stamp} =====\n".encode())
         self._log_file.flush()
