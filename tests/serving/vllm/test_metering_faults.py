@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.bench_figures import check_figures
 from tests.support.haproxy import haproxy_available
 
 pytestmark = [
@@ -37,7 +38,10 @@ def test_metered_tokens_equal_vllm_s_totals_through_the_faults(tmp_path, tiny_mo
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert figures.exists(), done.stdout[-3000:] + done.stderr[-3000:]
-    data = json.loads(figures.read_text())["data"]
+    written = json.loads(figures.read_text())
+    # The bench smoke tier's checks too (it leaves bench.metering to this test).
+    check_figures("metering", written, done.stdout)
+    data = written["data"]
     assert data["ok"] == REQUESTS and data["failed"] == 0, data
     assert data["streamed"] >= REQUESTS // 3
     # The faults happened: a reload, at least one receiver worker killed, a restart.
