@@ -32,6 +32,7 @@ EXCUSED = {
     "GET /api/v1/usage/": "400",
     "PUT /api/v1/deployments/{name}/placement/": "400",
     "POST /api/v1/inference-keys/": "400",
+    "PATCH /api/v1/inference-keys/{id}/limits/": "400",
     "POST /api/v1/grants/": "400",
 }
 
