@@ -122,7 +122,9 @@ class OidcProvider:
             self._write()
 
     # --- the process --------------------------------------------------------
-    def start(self, timeout: float = 30) -> None:
+    def start(self, timeout: float = 120) -> None:
+        # Node starts in about a second alone; beside make test's heavy run the
+        # light run is niced and waited 30 s in vain once (CI, 2026-12-03).
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._write()
         env = {

@@ -68,7 +68,9 @@ def registry_web_server(
             env=environment,
             capture_output=True,
             text=True,
-            timeout=120,
+            # Migrating a fresh SQLite is ~10 s alone, but the light run is
+            # niced beside the heavy one and once took over 120 s (CI).
+            timeout=300,
         )
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout
