@@ -6,7 +6,7 @@ the 300-adapter test) could start when the other worker has nothing left, and
 the run ends with one worker idle for minutes. Handing out the longest files
 first (longest-processing-time-first scheduling) keeps both workers busy to
 the end. The weights are each file's seconds in a measured run
-(heavy_file_seconds.json, refreshed from a run's --durations=0 output with
+(heavy_file_seconds.json, written from the tier clock's per-file times by
 scripts/suite_clock.py --file-seconds); a file that is not there yet counts
 as DEFAULT_SECONDS. scripts/test_runs.sh passes --no-loadscope-reorder to
 the heavy run so that xdist keeps this order.
