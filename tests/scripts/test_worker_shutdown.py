@@ -1,4 +1,4 @@
-"""A worker stops within 5 s of SIGTERM, even with a long task in hand, and the
+"""A worker stops within seconds of SIGTERM, even with a long task in hand, and the
 task is not lost: acked late, it is delivered again to the next worker (a rollout
 would also be resumed by the sweeper once its claim expires)."""
 
@@ -15,9 +15,15 @@ import pytest
 
 from tests.support.processes import REPO_ROOT, RedisServer, _Group
 
-# In the fault tier's run: it times a process of its own (5 s), which the light
-# run, niced beside the heavy one, cannot promise (scripts/test_runs.sh).
+# In the fault tier's run: it times a process of its own, which the light run,
+# niced beside the heavy one, cannot promise (scripts/test_runs.sh).
 pytestmark = pytest.mark.faults
+
+# docs/operators/workers.md promises "within a few seconds": the soft wait (1 s)
+# and Celery's cold shutdown. Alone here it takes 2.5-3.4 s; in the suite, on two
+# cores at about 90%, 5.3 s was seen. The task in hand holds 120 s: a worker
+# that waited for it would be far past this bound whatever the load.
+STOP_LIMIT_SECONDS = 8.0
 
 
 class _Worker(_Group):
@@ -91,7 +97,9 @@ def test_sigterm_stops_a_busy_worker_within_five_seconds_and_the_task_is_deliver
         stopped = worker._wait_gone(10)
         assert stopped, f"the worker still runs 10 s after SIGTERM:\n{worker.log_tail()}"
         took = time.monotonic() - signalled
-        assert took < 5, f"the worker took {took:.1f} s to stop (limit 5 s)"
+        assert took < STOP_LIMIT_SECONDS, (
+            f"the worker took {took:.1f} s to stop (limit {STOP_LIMIT_SECONDS:.0f} s)"
+        )
     finally:
         worker.kill()
 
