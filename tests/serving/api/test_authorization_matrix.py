@@ -17,12 +17,16 @@ replicas) serves Legal's `contracts` at v2 after v1, and a second deployment
 from __future__ import annotations
 
 import pytest
+from django.test import override_settings
 
+from core.models import Ability, Department, Membership, Role
+from core.services.tokens import token_create
+from registry.artifact_store import get_artifact_store
 from serving.models import Rollout, RolloutStatus
 from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
-from tests.conftest import actor, client_for
-from tests.factories import make_approved_version
+from tests.conftest import _user, actor, client_for
+from tests.factories import make_adapter, make_approved_version
 from tests.serving.conftest import make_deployment
 from tests.support.adapters import AdapterSpec
 from tests.support.authorization import (
@@ -34,6 +38,8 @@ from tests.support.authorization import (
     service_account_token,
     statuses,
 )
+from tests.support.module_db import kept_for_the_module
+from tests.support.vllm_standin import serve_standin
 
 # name: (method, path template, body builder, expected statuses)
 MATRIX = {
@@ -215,19 +221,58 @@ MATRIX = {
 CELLS = [pytest.param(name, caller, id=f"{name}-{caller}") for name in MATRIX for caller in CALLERS]
 
 
-@pytest.fixture
-def world(
-    legal, lena, alex, paula, root, contracts, approved_v1, approved_v2, fake_replicas, tmp_path
-):
-    urls = [r.base_url for r in fake_replicas]
+# The world is built once for the module (tests/support/module_db.py): each cell
+# only makes requests, and its writes roll back to the world. Built per cell, it
+# took about a quarter of the light run's time (two rollouts each).
+@pytest.fixture(scope="module")
+def cast_and_world(django_db_setup, django_db_blocker, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("matrix")
+    replicas = [serve_standin(), serve_standin()]
+    kept = override_settings(
+        ARTIFACT_STORE_URL=(folder / "artifacts").as_uri(),
+        INGEST_STAGING_DIR=folder / "ingest",
+        SERVING_RETRY_DEADLINE_SECONDS=1.0,
+        SERVING_RETRY_BASE_SECONDS=0.05,
+        SERVING_RETRY_MAX_DELAY_SECONDS=0.2,
+    )
+    try:
+        with kept, kept_for_the_module(django_db_blocker):
+            get_artifact_store.cache_clear()
+            yield build_world(folder, [replica.base_url for replica in replicas])
+    finally:
+        get_artifact_store.cache_clear()
+        for replica in replicas:
+            replica.close()
+
+
+def build_world(folder, urls) -> dict:
+    legal = Department.objects.create(slug="legal", name="Legal")
+    finance = Department.objects.create(slug="finance", name="Finance")
+    people = {"root": _user("root", is_staff=True, is_superuser=True)}
+    for name, department, role in (
+        ("lena", legal, Role.MEMBER),
+        ("alex", legal, Role.APPROVER),
+        ("paula", legal, Role.APPROVER),
+        ("fred", finance, Role.MEMBER),
+    ):
+        people[name] = _user(name)
+        Membership.objects.create(user=people[name], department=department, role=role)
+    lena, alex, paula, root = (people[name] for name in ("lena", "alex", "paula", "root"))
+    token, secret = token_create(
+        actor=actor(lena), department=legal, name="ci", abilities=list(Ability.values)
+    )
+    token.secret = secret
+    contracts = make_adapter(lena, legal, name="contracts", served_name="legal-contracts")
+    approved_v1 = make_approved_version(lena, alex, contracts, AdapterSpec(seed=1))
+    approved_v2 = make_approved_version(lena, alex, contracts, AdapterSpec(seed=2))
     served = make_deployment(
-        root, urls, tmp_path / "volume", base_model_pvc="base", adapter_pvc="adapters"
+        root, urls, folder / "volume", base_model_pvc="base", adapter_pvc="adapters"
     )
     for version in (approved_v1, approved_v2):
         promotion = promotion_create(actor=actor(lena), deployment=served, version=version)
         assert rollout_execute(promotion.rollouts.get().pk, "w") == RolloutStatus.SUCCEEDED
     gated = make_deployment(
-        root, urls, tmp_path / "gated", name="gated", requires_promotion_approval=True
+        root, urls, folder / "gated", name="gated", requires_promotion_approval=True
     )
     pending = promotion_create(actor=actor(paula), deployment=gated, version=approved_v1)
     other = make_approved_version(lena, alex, contracts, AdapterSpec(seed=4))
@@ -239,15 +284,64 @@ def world(
         status=RolloutStatus.PENDING,
     )
     v3 = make_approved_version(lena, alex, contracts, AdapterSpec(seed=3))
-    return {
+    world = {
         "adapter": contracts.pk,
         "v1": approved_v1.pk,
         "v3": v3.pk,
         "pending": pending.pk,
         "rollout": Rollout.objects.filter(deployment=served).order_by("-pk").first().pk,
         "unfinished": unfinished.pk,
-        "volume": str(tmp_path / "another"),
+        "volume": str(folder / "another"),
     }
+    return {**people, "legal": legal, "legal_token": token, "folder": folder, "world": world}
+
+
+# The cast of tests/conftest.py, as the module's world holds it.
+@pytest.fixture(autouse=True)
+def isolated_storage(settings, cast_and_world):
+    folder = cast_and_world["folder"]
+    settings.ARTIFACT_STORE_URL = (folder / "artifacts").as_uri()
+    settings.INGEST_STAGING_DIR = folder / "ingest"
+
+
+@pytest.fixture
+def world(cast_and_world, db):
+    return cast_and_world["world"]
+
+
+@pytest.fixture
+def legal(cast_and_world, db):
+    return cast_and_world["legal"]
+
+
+@pytest.fixture
+def legal_token(cast_and_world, db):
+    return cast_and_world["legal_token"]
+
+
+@pytest.fixture
+def root(cast_and_world, db):
+    return cast_and_world["root"]
+
+
+@pytest.fixture
+def lena(cast_and_world, db):
+    return cast_and_world["lena"]
+
+
+@pytest.fixture
+def alex(cast_and_world, db):
+    return cast_and_world["alex"]
+
+
+@pytest.fixture
+def paula(cast_and_world, db):
+    return cast_and_world["paula"]
+
+
+@pytest.fixture
+def fred(cast_and_world, db):
+    return cast_and_world["fred"]
 
 
 @pytest.mark.django_db
