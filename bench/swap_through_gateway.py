@@ -1,10 +1,13 @@
 """Version swaps and rollbacks through the front door, under continuous traffic, on real vLLM.
 
     .venv/bin/python -m bench.swap_through_gateway [--swaps 10] [--replicas 2] [--smoke]
-        [--json PATH]
+        [--replica-urls URL,URL --replica-logs LOG,LOG] [--json PATH]
 
 One or two real vLLM 0.32 servers (CPU, tiny model) behind a real HAProxy front
-door (serving/door/haproxy.py). Clients keep sending one-token completions
+door (serving/door/haproxy.py): started by the bench, or running ones
+(--replica-urls, with --replica-logs: each server's log file, where its access
+log is read; served as "tiny-llama" with max_loras 2 and rank 16, as
+scripts/vllm/serve.sh starts them by default). Clients keep sending one-token completions
 with model=<served name> through it. Then, in one run:
 
   steady      no swap, before the swaps and again after them: the throughput
@@ -45,6 +48,7 @@ import json
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench import results as bench_results
@@ -233,25 +237,44 @@ def raw_swap(server, path: str) -> None:
         assert loaded.ok, loaded.error
 
 
+@dataclass
+class RunningServer:
+    """A vLLM server the bench did not start (--replica-urls): left running."""
+
+    base_url: str
+    log_path: Path
+
+    def stop(self) -> None:
+        pass
+
+
 def run(
-    swaps: int, clients: int, steady_seconds: float, pause: float, work: Path, replicas: int = 2
+    swaps: int,
+    clients: int,
+    steady_seconds: float,
+    pause: float,
+    work: Path,
+    replicas: int = 2,
+    running: list[RunningServer] | None = None,
 ) -> dict:
-    ensure_vllm_installed()
-    model = ensure_tiny_model()
     paths = [
         str(write_adapter_dir(work / f"v{n}", AdapterSpec(seed=n + 1))) for n in range(swaps + 1)
     ]
-    servers = start_servers(
-        replicas,
-        names=["bench-a", "bench-b"][:replicas],
-        model_dir=model,
-        served_name=SERVED_BASE,
-        max_loras=2,
-        max_cpu_loras=4,
-        max_lora_rank=16,
-        log_dir=work / "logs",
-        timeout=300,
-    )
+    if running:
+        servers = running[:replicas]
+    else:
+        ensure_vllm_installed()
+        servers = start_servers(
+            replicas,
+            names=["bench-a", "bench-b"][:replicas],
+            model_dir=ensure_tiny_model(),
+            served_name=SERVED_BASE,
+            max_loras=2,
+            max_cpu_loras=4,
+            max_lora_rank=16,
+            log_dir=work / "logs",
+            timeout=300,
+        )
     door = HAProxyFrontDoor(
         work / "gateway", listen=f"127.0.0.1:{free_port()}", hold_seconds=HOLD_SECONDS
     )
@@ -433,13 +456,26 @@ def main() -> None:
         default=2,
         help="1: a single-replica deployment, where the door holds requests during a swap",
     )
+    parser.add_argument(
+        "--replica-urls", default="", help="running vLLM servers (else they are started)"
+    )
+    parser.add_argument(
+        "--replica-logs", default="", help="with --replica-urls: each server's log file"
+    )
     bench_results.add_arguments(parser)  # --smoke (2 swaps, short phases), --json PATH
     args = parser.parse_args()
     if args.smoke:
         args.swaps, args.steady, args.pause = 2, 3.0, 0.5
+    urls = [url.strip() for url in args.replica_urls.split(",") if url.strip()]
+    logs = [Path(log.strip()) for log in args.replica_logs.split(",") if log.strip()]
+    if urls and (len(urls) < args.replicas or len(logs) != len(urls)):
+        parser.error(f"--replica-urls needs {args.replicas} URLs and --replica-logs one log each")
+    running = [RunningServer(url.rstrip("/"), log) for url, log in zip(urls, logs, strict=True)]
     with tempfile.TemporaryDirectory(prefix="swap-gateway-") as work:
         _django(Path(work))
-        result = run(args.swaps, args.clients, args.steady, args.pause, Path(work), args.replicas)
+        result = run(
+            args.swaps, args.clients, args.steady, args.pause, Path(work), args.replicas, running
+        )
     g, s, r = result["gateway"], result["steady"], result["raw_unload_load"]
     out = bench_results.Results("swap_through_gateway", args)
     n = result["replicas"]

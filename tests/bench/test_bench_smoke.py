@@ -5,8 +5,8 @@ the bench uses it) in a subprocess, and must exit 0 and write figures
 here, so nothing the README quotes can rot unnoticed.
 
 The smoke runs start at once in lanes, so the tier takes about as long as
-its slowest lane: benches on one real vLLM server shared by them (the
-session's first shared server, tests/support/vllm_pool.py), lora_pool_memory
+its slowest lane: benches on the real vLLM servers shared by them (the
+session's shared servers, tests/support/vllm_pool.py), lora_pool_memory
 (which must start servers of its own, each with another pool), and the
 benches without vLLM in two lanes. Every bench on
 the embedded SQLite starts from one migrated database made once for the tier
@@ -38,27 +38,27 @@ TIMEOUT = 420  # seconds per bench: generous, the machine is shared and loaded
 # Which lane each bench runs in. A bench with a __main__ that is in none fails
 # test_every_bench_has_a_smoke_run (so a new bench cannot be left out).
 # A real vLLM start is about 30 s of a core, and the suite is CPU-bound on two
-# cores: every bench that can run on the shared server does, one after another
-# (door_overhead last: it leaves its adapters, and the pool's next hand-out
-# unloads them).
+# cores: every bench that can run on the shared servers does, one after another
+# (each hand-out of the pool unloads what the bench before left loaded).
 SHARED_VLLM = [
     "promote_to_served", "many_adapters", "swap_under_traffic", "fingerprint_spread",
-    "door_overhead",
+    "door_overhead", "swap_through_gateway",
 ]  # fmt: skip
+# The shared lane's benches that need both shared servers and read their logs.
+SHARED_PAIR = {"swap_through_gateway"}
 OWN_VLLM = ["lora_pool_memory"]
 NO_VLLM = ["tensor_values", "scale", "scale_promotions"]
 NO_VLLM_2 = ["new_pod_to_served", "upload_throughput"]
-# Behind a real HAProxy: two vLLM servers of its own, whose access logs it
-# reads (swap_through_gateway); stand-in replicas (placement).
-GATEWAY = ["swap_through_gateway", "placement"]
+# Behind a real HAProxy, on stand-in replicas.
+GATEWAY = ["placement"]
 EVERY = SHARED_VLLM + OWN_VLLM + NO_VLLM + NO_VLLM_2 + GATEWAY
 # Run on every change by another test, at a larger size, instead of here:
 # bench.metering (a vLLM exporting spans, the product's receiver, a real door)
 # at 300 requests through faults, with the same checks of its figures.
 RUN_ELSEWHERE = {"metering": "tests/serving/vllm/test_metering_faults.py"}
-# Behind a real HAProxy too, on the shared server: promotion through the door
-# and the door's overhead.
-NEEDS_HAPROXY = {*GATEWAY, "promote_to_served", "door_overhead"}
+# Behind a real HAProxy too, on the shared servers: promotion through the door,
+# the door's overhead, and swaps through it (whose vLLM access logs it reads).
+NEEDS_HAPROXY = {*GATEWAY, "promote_to_served", "door_overhead", "swap_through_gateway"}
 
 
 def benches_with_main() -> set[str]:
@@ -116,28 +116,28 @@ def smoke_runs(tmp_path_factory, vllm_pool) -> dict[str, Future]:
     migrated_template(out_dir / "template")
 
     def lane(names: list[str], before=None) -> None:
-        extra: tuple[str, ...] = ()
-        try:
-            if before is not None:
-                extra = before()
-        except BaseException as exc:  # every bench of the lane reports it
-            for name in names:
-                runs[name].set_exception(exc)
-            return
         for name in names:
             try:
+                extra = before(name) if before is not None else ()
                 runs[name].set_result(run_smoke(name, out_dir, *extra))
             except BaseException as exc:
                 runs[name].set_exception(exc)
 
-    def shared_server_ready() -> tuple[str, ...]:
-        # The session's first shared server (tests/support/vllm_pool.py): the
+    def shared_servers_ready(name: str) -> tuple[str, ...]:
+        # The session's shared servers (tests/support/vllm_pool.py): the
         # configuration these benches expect (see each one's --replica-urls),
         # up and without runtime adapters; booted here if no test before did.
-        return ("--replica-urls", vllm_pool.servers(1)[0].base_url)
+        if name not in SHARED_PAIR:
+            return ("--replica-urls", vllm_pool.servers(1)[0].base_url)
+        servers = vllm_pool.servers(2)
+        return (
+            "--replica-urls", ",".join(server.base_url for server in servers),
+            "--replica-logs", ",".join(str(server.log_path) for server in servers),
+        )  # fmt: skip
 
+    shared = [name for name in SHARED_VLLM if haproxy_runs() or name not in NEEDS_HAPROXY]
     lanes = [
-        threading.Thread(target=lane, args=(SHARED_VLLM, shared_server_ready), daemon=True),
+        threading.Thread(target=lane, args=(shared, shared_servers_ready), daemon=True),
         threading.Thread(target=lane, args=(OWN_VLLM,), daemon=True),
         threading.Thread(target=lane, args=(NO_VLLM,), daemon=True),
         threading.Thread(target=lane, args=(NO_VLLM_2,), daemon=True),
