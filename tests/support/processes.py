@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from tests.support.vllm_servers import free_port
 
@@ -308,6 +309,12 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self.come_up()
+
+    @classmethod
+    def in_front_of(cls, base_url: str) -> TcpProxy:
+        """A relay to the server at `base_url` (http://host:port)."""
+        parts = urlsplit(base_url)
+        return cls(parts.hostname or "127.0.0.1", parts.port or 80)
 
     @property
     def url(self) -> str:

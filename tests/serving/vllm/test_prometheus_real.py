@@ -3,7 +3,11 @@ two real vLLM servers. After a promotion through the product and one request
 through the adapter, PromQL sees the rollout, the adapters loaded, when the
 adapter was last active (read by the reconcile from vLLM's own /metrics), and
 vLLM's series; after a replica goes down, both the control plane's count and
-Prometheus's own `up` say so."""
+Prometheus's own `up` say so. The second replica is reached through a
+byte-for-byte relay (TcpProxy, tests/support/processes.py) that stops listening
+and cuts its connections to take it down: what the control plane and
+Prometheus see of a stopped server (connection refused), without a vLLM start
+to bring it back for the next test."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from serving.models import Deployment
 from serving.reconcile.tick import reconcile_deployment
 from tests.serving.vllm.conftest import chat_through_openai
 from tests.support.adapters import AdapterSpec
+from tests.support.processes import TcpProxy
 from tests.support.prometheus_server import PrometheusServer, ScrapeJob, prometheus_available
 
 pytestmark = [
@@ -28,15 +33,17 @@ TOKEN = "prometheus-scrape-token"
 
 
 def test_promql_after_a_promotion_and_a_replica_going_down(
-    platform, vllm_servers, celery_worker, live_server, settings, tmp_path
+    platform, vllm_servers, celery_worker, live_server, settings, tmp_path, request
 ):
     settings.METRICS_TOKEN = TOKEN
-    a, b = vllm_servers
-    platform.create_deployment("staging-cpu", [a.base_url, b.base_url])
+    a, behind_b = vllm_servers
+    b = TcpProxy.in_front_of(behind_b.base_url)
+    request.addfinalizer(b.close)
+    platform.create_deployment("staging-cpu", [a.base_url, b.url])
     v1 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=1))
     jobs = [
         ScrapeJob("control-plane", [live_server.url], bearer_token=TOKEN),
-        ScrapeJob("vllm", [a.base_url, b.base_url]),
+        ScrapeJob("vllm", [a.base_url, b.url]),
     ]
     with PrometheusServer(jobs, tmp_path) as prometheus:
         started = time.time()
@@ -65,10 +72,10 @@ def test_promql_after_a_promotion_and_a_replica_going_down(
         info = 'count(vllm:lora_requests_info{job="vllm",max_lora="2"})'
         assert prometheus.wait_for(info, lambda v: v is not None and v >= 1) >= 1
 
-        b.stop()  # the shared pool (tests/support/vllm_pool.py) starts it again for the next test
+        b.go_down()
         reconcile_deployment(deployment.pk, "test")
         down = 'sum(lora_replicas{deployment="staging-cpu",state="down"})'
         assert prometheus.wait_for(down, lambda v: v == 1) == 1
-        instance = urlsplit(b.base_url).netloc
+        instance = urlsplit(b.url).netloc
         assert prometheus.wait_for(f'up{{job="vllm",instance="{instance}"}}', lambda v: v == 0) == 0
         assert prometheus.value('sum(lora_replicas{state="up"})') == 1

@@ -1,4 +1,12 @@
-"""A replica that is down during a rollout is retried until it is back."""
+"""A replica that is down during a rollout is retried until it is back.
+
+The replica is a real vLLM server reached through a byte-for-byte relay
+(TcpProxy, tests/support/processes.py) that stops listening and cuts its
+connections while it is "down": the control plane sees what it sees of a
+stopped server (connection refused), and no vLLM start is spent bringing it
+back. A real crash and restart, and the
+adapters vLLM then forgets, are tests/serving/vllm/test_reconcile_real.py and
+tests/faults/test_replica_faults.py."""
 
 from __future__ import annotations
 
@@ -9,26 +17,27 @@ import pytest
 from tests.serving.vllm.conftest import (
     adapters_on,
     chat_through_openai,
-    in_background,
     ok,
     wait_until,
 )
 from tests.support.adapters import AdapterSpec
+from tests.support.processes import TcpProxy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db(transaction=True)]
 
 
 def test_rollout_retries_a_replica_that_is_down_and_succeeds_once_it_is_back(
-    platform, vllm_servers, celery_worker, settings
+    platform, vllm_servers, celery_worker, settings, request
 ):
-    # A vLLM start takes 30 s or more on a busy machine: the deadline must outlast it.
-    settings.SERVING_RETRY_DEADLINE_SECONDS = 300.0
+    settings.SERVING_RETRY_DEADLINE_SECONDS = 120.0
     settings.SERVING_RETRY_MAX_DELAY_SECONDS = 2.0
-    up, down = vllm_servers
-    platform.create_deployment("staging-cpu", [up.base_url, down.base_url])
+    up, behind = vllm_servers
+    down = TcpProxy.in_front_of(behind.base_url)
+    request.addfinalizer(down.close)
+    platform.create_deployment("staging-cpu", [up.base_url, down.url])
     v1 = platform.approved_version("contracts", "legal-contracts", AdapterSpec(seed=1))
 
-    down.stop()
+    down.go_down()
     promotion = ok(platform.promote("staging-cpu", v1["id"]), 201)
     rollout_id = promotion["rollout"]
     wait_until(
@@ -36,11 +45,11 @@ def test_rollout_retries_a_replica_that_is_down_and_succeeds_once_it_is_back(
         timeout=60,
         message="rollout reaches loading",
     )
-    time.sleep(2)  # a few refused attempts
+    time.sleep(3)  # a few refused attempts
     assert platform.rollout(rollout_id)["status"] == "loading"
 
-    with in_background(down.start_and_wait, 300):
-        rollout = platform.wait_rollout(rollout_id, timeout=420)
+    down.come_up()
+    rollout = platform.wait_rollout(rollout_id, timeout=300)
 
     assert rollout["status"] == "succeeded", rollout["error"]
     for server in vllm_servers:
@@ -48,8 +57,8 @@ def test_rollout_retries_a_replica_that_is_down_and_succeeds_once_it_is_back(
         chat_through_openai(server.base_url, "legal-contracts")
 
     steps = {step["base_url"]: step for step in rollout["replicas"]}
-    assert steps[down.base_url]["status"] == "succeeded"
-    attempts = steps[down.base_url]["attempts"]
+    assert steps[down.url]["status"] == "succeeded"
+    attempts = steps[down.url]["attempts"]
     refused = [a for a in attempts if a["status_code"] is None]
     assert len(refused) >= 2, attempts
     assert all(a["transient"] and not a["ok"] for a in refused)
