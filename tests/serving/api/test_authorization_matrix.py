@@ -228,6 +228,8 @@ CELLS = [pytest.param(name, caller, id=f"{name}-{caller}") for name in MATRIX fo
 def cast_and_world(django_db_setup, django_db_blocker, tmp_path_factory):
     folder = tmp_path_factory.mktemp("matrix")
     replicas = [serve_standin(), serve_standin()]
+    # What tests/conftest.py's isolated_storage and tests/serving/conftest.py's
+    # fast_retries set for each test, held for the module's world.
     kept = override_settings(
         ARTIFACT_STORE_URL=(folder / "artifacts").as_uri(),
         INGEST_STAGING_DIR=folder / "ingest",
