@@ -21,7 +21,6 @@ import time
 import pytest
 import requests
 
-from serving.fact_readings import busy_adapters_from_metrics
 from serving.models import Deployment, ServedAdapter
 from serving.reconcile.tick import reconcile_deployment
 from serving.rollouts.engine import rollout_execute
@@ -33,6 +32,9 @@ from tests.support.adapters import AdapterSpec
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db(transaction=True)]
 
 PROMPT = "The contract says"
+# With the prompt's 10 tokens, nearly the tiny model's context (256): about
+# 0.5 s of generation on a quiet machine.
+LONG_TOKENS = 240
 CHURN_SECONDS = 60.0
 
 
@@ -43,10 +45,8 @@ def _alive(server) -> bool:
         return False
 
 
-def _ask(server, model: str, tokens: int, *, long: bool = False) -> int | str:
+def _ask(server, model: str, tokens: int) -> int | str:
     body = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0}
-    if long:
-        body["ignore_eos"] = True
     try:
         answer = requests.post(server.base_url + "/v1/completions", json=body, timeout=120)
     except requests.RequestException as error:
@@ -54,10 +54,36 @@ def _ask(server, model: str, tokens: int, *, long: bool = False) -> int | str:
     return answer.status_code
 
 
-def _busy(server) -> set[str]:
-    """Adapters with requests running or waiting, as vLLM's metrics say now."""
-    with server.client(timeout=30) as client:
-        return busy_adapters_from_metrics(client.metrics()) or set()
+def _ask_long(server, model: str, running: threading.Event) -> int | str:
+    """A streamed request of LONG_TOKENS tokens through `model`; sets `running`
+    at its first token (it is in vLLM's batch then). 200 only when the stream
+    ends with [DONE] and carries no error; otherwise the status or what broke."""
+    body = {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": LONG_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    try:
+        with requests.post(
+            server.base_url + "/v1/completions", json=body, stream=True, timeout=120
+        ) as answer:
+            if answer.status_code != 200:
+                return answer.status_code
+            for line in answer.iter_lines():
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[len(b"data: ") :]
+                if data == b"[DONE]":
+                    return 200
+                if b'"error"' in data:
+                    return f"error in the stream: {data[:300]!r}"
+                running.set()
+    except requests.RequestException as error:
+        return type(error).__name__
+    return "the stream ended without [DONE]"
 
 
 def _run(promotion) -> str:
@@ -92,17 +118,18 @@ def _versions(lena, alex, legal, count: int, per_adapter: int = 2):
 def _sequence(server, name: str, others: list[str], reload) -> int | str:
     """A long request through `name` runs while `reload()` unloads and loads it
     again; two other adapters then take the batch slots, and a new request
-    through `name` joins the old one. Returns the long request's status."""
+    through `name` joins the old one. Returns the long request's status.
+
+    "Runs" is its first streamed token, not a poll of /metrics: on a quiet
+    machine the whole request takes about half a second, less than two polls."""
     answers = {}
+    running = threading.Event()
     long = threading.Thread(
-        target=lambda: answers.setdefault("long", _ask(server, name, 150, long=True))
+        target=lambda: answers.setdefault("long", _ask_long(server, name, running))
     )
     long.start()
-    # Running under the current load's id (on a busy machine it may wait a while).
-    deadline = time.monotonic() + 60
-    while name not in _busy(server) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert name in _busy(server), f"{name} never ran"
+    # On a busy machine it may wait a while for its turn.
+    assert running.wait(timeout=60), f"{name} never ran: {answers.get('long', 'no answer yet')}"
     reload()
     for other in others:
         _ask(server, other, 1)
