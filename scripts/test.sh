@@ -49,7 +49,7 @@ if ((strict)); then
   fi
   # Set before looking for the tools, so a tier whose tool vanishes later (or
   # whose check in the tests disagrees with this script's) fails instead of skipping.
-  export REQUIRE_MLFLOW=1 REQUIRE_OIDC=1 REQUIRE_DEPLOY_TOOLS=1 REQUIRE_HAPROXY=1 REQUIRE_HAPROXY=1
+  export REQUIRE_MLFLOW=1 REQUIRE_OIDC=1 REQUIRE_DEPLOY_TOOLS=1 REQUIRE_HAPROXY=1
 fi
 
 if [[ "${SKIP_VLLM:-0}" == "1" ]]; then

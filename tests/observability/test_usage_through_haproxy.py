@@ -5,8 +5,6 @@ included, and a reload of HAProxy (its counters start again) loses no count."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import requests
 
@@ -16,15 +14,12 @@ from serving.door.routing import ReplicaView, ServedView, routing_table
 from serving.door.services import front_door_for
 from serving.models import ServedAdapter
 from tests.support.adapters import AdapterSpec, write_adapter_dir
-from tests.support.haproxy import haproxy_available, open_access, running_haproxy
+from tests.support.haproxy import needs_haproxy, open_access, running_haproxy
 from tests.support.vllm_servers import free_port
 
 pytestmark = [
     pytest.mark.django_db,
-    pytest.mark.skipif(
-        not haproxy_available() and os.environ.get("REQUIRE_HAPROXY") != "1",
-        reason="haproxy is not installed (scripts/test.sh installs Debian's haproxy)",
-    ),
+    needs_haproxy,
 ]
 
 

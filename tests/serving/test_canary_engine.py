@@ -19,12 +19,12 @@ from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
 from serving.services.rollout_requests import rollout_canary_decide
 from tests.conftest import actor
-from tests.support.haproxy import haproxy_available, running_haproxy
+from tests.support.haproxy import needs_haproxy, running_haproxy
 from tests.support.vllm_servers import free_port
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not haproxy_available(), reason="haproxy is not installed"),
+    needs_haproxy,
 ]
 
 

@@ -9,7 +9,6 @@ The door's own checks on hand-made tables: test_door_haproxy.py."""
 
 from __future__ import annotations
 
-import os
 import time
 from contextlib import contextmanager
 from datetime import timedelta
@@ -28,15 +27,12 @@ from serving.services.inference_keys import inference_key_issue, inference_key_r
 from serving.tasks import door_access_sync, door_access_tick
 from tests.conftest import actor
 from tests.support.adapters import AdapterSpec, write_adapter_dir
-from tests.support.haproxy import haproxy_available, running_haproxy
+from tests.support.haproxy import needs_haproxy, running_haproxy
 from tests.support.vllm_servers import free_port
 
 pytestmark = [
     pytest.mark.django_db,
-    pytest.mark.skipif(
-        not haproxy_available() and os.environ.get("REQUIRE_HAPROXY") != "1",
-        reason="haproxy is not installed (scripts/test.sh installs Debian's haproxy)",
-    ),
+    needs_haproxy,
 ]
 # "Within seconds": the change's commit to the door's new answer.
 WITHIN_SECONDS = 5.0

@@ -22,7 +22,7 @@ from serving.door.access import CallerKey, DoorAccess
 from serving.door.haproxy import GLIBC_TUNABLES, HAProxyFrontDoor, render_config
 from serving.door.routing import ReplicaView, ServedView, routing_table
 from tests.support.haproxy import (
-    haproxy_available,
+    needs_haproxy,
     raw_request,
     requests_by_server,
     running_haproxy,
@@ -31,7 +31,7 @@ from tests.support.prometheus_server import PrometheusServer, ScrapeJob, prometh
 from tests.support.vllm_servers import free_port
 from tests.support.vllm_standin import running_fleet
 
-pytestmark = pytest.mark.skipif(not haproxy_available(), reason="haproxy is not installed")
+pytestmark = needs_haproxy
 
 LEGAL_KEY = "sk-legal-0123456789"
 FINANCE_KEY = "sk-finance-0123456789"

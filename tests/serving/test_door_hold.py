@@ -19,8 +19,8 @@ import requests
 from serving.door.haproxy import HAProxyFrontDoor
 from serving.door.routing import ReplicaView, ServedView, routing_table
 from tests.support.haproxy import (
-    haproxy_available,
     held_ms,
+    needs_haproxy,
     open_access,
     raw_request,
     running_haproxy,
@@ -28,7 +28,7 @@ from tests.support.haproxy import (
 from tests.support.vllm_servers import free_port
 from tests.support.vllm_standin import running_fleet
 
-pytestmark = pytest.mark.skipif(not haproxy_available(), reason="haproxy is not installed")
+pytestmark = needs_haproxy
 
 BASE = "tiny-llama"
 HELD = "legal-contracts"  # on r1 only

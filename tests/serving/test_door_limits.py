@@ -26,11 +26,11 @@ from serving.door.access import CallerKey, DoorAccess
 from serving.door.haproxy import HAProxyFrontDoor
 from serving.door.routing import ReplicaView, routing_table
 from serving.quotas import Limited
-from tests.support.haproxy import haproxy_available, requests_by_server, running_haproxy
+from tests.support.haproxy import needs_haproxy, requests_by_server, running_haproxy
 from tests.support.vllm_servers import free_port
 from tests.support.vllm_standin import running_fleet
 
-pytestmark = pytest.mark.skipif(not haproxy_available(), reason="haproxy is not installed")
+pytestmark = needs_haproxy
 
 BASE = "tiny-llama"
 # Key ids are the door's counters' names: each test uses its own keys, so no

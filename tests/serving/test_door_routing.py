@@ -4,7 +4,6 @@ Real HAProxy in front of real vLLM: tests/serving/vllm/test_door_routes_real.py.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from serving.door.haproxy import ACCESS_MAPS, HELD_MAP, render_config, render_map
 from serving.door.routing import ReplicaView, ServedView, ServerState, routing_table
 from serving.door.selectors import routing_table_for
+from tests.support.haproxy import needs_haproxy
 
 READY, MAINT = ServerState.READY, ServerState.MAINT
 
@@ -48,7 +48,7 @@ def test_a_held_adapter_is_marked_and_an_adapter_never_shadows_the_base_model():
     )
 
 
-@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy not installed")
+@needs_haproxy
 def test_the_rendered_configuration_is_valid_for_haproxy(tmp_path):
     replicas = [
         ReplicaView(1, "http://127.0.0.1:9001", down=False, loaded={"a": "/p"}),
@@ -117,7 +117,7 @@ def test_the_selector_reads_what_the_rollouts_and_reconcile_recorded(
     assert len(built.endpoints) == 2  # the inactive replica is not a server
 
 
-@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy not installed")
+@needs_haproxy
 def test_a_drain_never_leaves_a_model_without_a_replica_unless_told_to(tmp_path):
     """Real HAProxy (its runtime API); the replicas' addresses are never called."""
     from serving.door.haproxy import HAProxyFrontDoor
@@ -198,7 +198,7 @@ def test_the_front_door_modules_import_without_django_settings():
 
 
 @pytest.mark.django_db
-@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy not installed")
+@needs_haproxy
 def test_an_access_sync_with_nothing_changed_is_six_queries_and_two_runtime_reads(
     settings, tmp_path, deployment, django_assert_num_queries, monkeypatch
 ):

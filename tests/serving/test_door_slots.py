@@ -12,11 +12,11 @@ import requests
 
 from serving.door.haproxy import SLOTS, HAProxyFrontDoor
 from serving.door.routing import ReplicaView, ServedView, routing_table
-from tests.support.haproxy import haproxy_available, open_access, running_haproxy
+from tests.support.haproxy import needs_haproxy, open_access, running_haproxy
 from tests.support.vllm_servers import free_port
 from tests.support.vllm_standin import running_fleet
 
-pytestmark = pytest.mark.skipif(not haproxy_available(), reason="haproxy is not installed")
+pytestmark = needs_haproxy
 
 
 def table(urls, names, on=None):

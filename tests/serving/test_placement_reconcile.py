@@ -19,7 +19,7 @@ from tests.serving.conftest import make_deployment
 from tests.serving.test_reconcile_scale import MAX_STATEMENTS
 from tests.serving.test_rollouts import promote
 from tests.support.fleet import fingerprints_record, measure, served_adapters_clone, standin_fleet
-from tests.support.haproxy import haproxy_available, open_access, running_haproxy
+from tests.support.haproxy import needs_haproxy, open_access, running_haproxy
 from tests.support.vllm_servers import free_port
 
 pytestmark = pytest.mark.django_db
@@ -171,7 +171,7 @@ def test_a_rollout_that_finds_no_room_fails_and_says_so(
     assert _holders(fleet, "legal-contracts") == []
 
 
-@pytest.mark.skipif(not haproxy_available(), reason="haproxy is not installed")
+@needs_haproxy
 def test_behind_a_front_door_a_moved_adapter_is_drained_before_it_is_unloaded(
     placed, fleet, settings, tmp_path
 ):

@@ -7,7 +7,6 @@ switch, timed."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -18,16 +17,13 @@ from serving.volume import serve_path_for
 from tests.serving.vllm.conftest import adapters_on, ok
 from tests.serving.vllm.test_door_routes_real import Traffic, complete, routed_after
 from tests.support.adapters import AdapterSpec
-from tests.support.haproxy import haproxy_available, open_access, running_haproxy
+from tests.support.haproxy import needs_haproxy, open_access, running_haproxy
 from tests.support.vllm_servers import free_port
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not haproxy_available() and os.environ.get("REQUIRE_HAPROXY") != "1",
-        reason="haproxy is not installed (scripts/test.sh installs Debian's haproxy)",
-    ),
+    needs_haproxy,
 ]
 
 SHARE = 10

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import secrets
 import time
 from collections.abc import Iterator
@@ -28,15 +27,12 @@ from serving.door.haproxy import HAProxyFrontDoor
 from serving.door.routing import ReplicaView, ServedView, routing_table
 from tests.serving.vllm.conftest import SERVED_BASE, adapters_on
 from tests.support.adapters import AdapterSpec, write_adapter_dir
-from tests.support.haproxy import haproxy_available, raw_request, running_haproxy
+from tests.support.haproxy import needs_haproxy, raw_request, running_haproxy
 from tests.support.vllm_servers import VLLMServer, free_port
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(
-        not haproxy_available() and os.environ.get("REQUIRE_HAPROXY") != "1",
-        reason="haproxy is not installed (scripts/test.sh installs Debian's haproxy)",
-    ),
+    needs_haproxy,
 ]
 
 KEY = "sk-legal-real-0123456789"

@@ -5,7 +5,6 @@ product's own rollout under continuous traffic that fails no request."""
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -21,7 +20,7 @@ from serving.models import Deployment, HttpAttempt
 from tests.serving.vllm.conftest import SERVED_BASE, adapters_on, ok
 from tests.support.adapters import AdapterSpec, write_adapter_dir
 from tests.support.haproxy import (
-    haproxy_available,
+    needs_haproxy,
     open_access,
     requests_by_server,
     retried_requests,
@@ -32,10 +31,7 @@ from tests.support.vllm_servers import free_port
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(
-        not haproxy_available() and os.environ.get("REQUIRE_HAPROXY") != "1",
-        reason="haproxy is not installed (scripts/test.sh installs Debian's haproxy)",
-    ),
+    needs_haproxy,
 ]
 
 

@@ -6,7 +6,6 @@ and what clients get after each rollout is the version it put there."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -19,8 +18,8 @@ from tests.serving.vllm.conftest import adapters_on, ok
 from tests.serving.vllm.test_door_routes_real import _deployment_behind_a_front_door, routed_after
 from tests.support.adapters import AdapterSpec
 from tests.support.haproxy import (
-    haproxy_available,
     held_ms,
+    needs_haproxy,
     open_access,
     retried_requests,
     running_haproxy,
@@ -29,10 +28,7 @@ from tests.support.haproxy import (
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(
-        not haproxy_available() and os.environ.get("REQUIRE_HAPROXY") != "1",
-        reason="haproxy is not installed (scripts/test.sh installs Debian's haproxy)",
-    ),
+    needs_haproxy,
 ]
 
 NAME = "legal-contracts"

@@ -15,14 +15,11 @@ from pathlib import Path
 import pytest
 
 from tests.support.bench_figures import check_figures
-from tests.support.haproxy import haproxy_available
+from tests.support.haproxy import needs_haproxy
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(
-        not haproxy_available() and os.environ.get("REQUIRE_HAPROXY") != "1",
-        reason="haproxy is not installed (scripts/test.sh installs Debian's haproxy)",
-    ),
+    needs_haproxy,
 ]
 
 REPO = Path(__file__).resolve().parents[3]

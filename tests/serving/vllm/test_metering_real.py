@@ -14,7 +14,6 @@ are tests/faults/test_metering_faults.py; 10,000 requests are bench/metering.py.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections import Counter
@@ -40,17 +39,14 @@ from tests.conftest import actor
 from tests.factories import make_approved_version
 from tests.serving.conftest import make_deployment
 from tests.support.adapters import AdapterSpec, write_adapter_dir
-from tests.support.haproxy import haproxy_available, running_haproxy
+from tests.support.haproxy import needs_haproxy, running_haproxy
 from tests.support.vllm_pool import SERVED_BASE
 from tests.support.vllm_servers import VLLMServer, free_port
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not haproxy_available() and os.environ.get("REQUIRE_HAPROXY") != "1",
-        reason="haproxy is not installed (scripts/test.sh installs Debian's haproxy)",
-    ),
+    needs_haproxy,
 ]
 
 ADAPTER = "legal-contracts"

@@ -22,7 +22,6 @@ answered concurrently. Each test prints where its time went.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +40,7 @@ from tests.factories import make_adapter, make_approved_version, make_approved_v
 from tests.serving.vllm.conftest import adapters_on, ok, wait_until
 from tests.support.adapters import AdapterSpec
 from tests.support.haproxy import (
-    haproxy_available,
+    needs_haproxy,
     open_access,
     requests_by_server,
     running_haproxy,
@@ -53,10 +52,7 @@ from tests.support.workers import wait_rollouts_succeeded
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not haproxy_available() and os.environ.get("REQUIRE_HAPROXY") != "1",
-        reason="haproxy is not installed (scripts/test.sh installs Debian's haproxy)",
-    ),
+    needs_haproxy,
 ]
 
 ADAPTERS = 300
