@@ -106,6 +106,17 @@ def _log_sizes(servers) -> list[int]:
     return [server.log_path.stat().st_size for server in servers]
 
 
+def _no_client_saw_it(traffic: Traffic, servers, sizes: list[int], log: Path) -> None:
+    """Every request of `traffic` answered (more than 20), none reached a replica
+    while it lacked the adapter (vLLM logged no 404 since `sizes`), and none
+    needed HAProxy's retry on another replica to hide it."""
+    assert traffic.statuses[200] > 20
+    assert traffic.failed() == 0, (traffic.statuses, traffic.bodies[:5])
+    for server, since in zip(servers, sizes, strict=True):
+        assert vllm_404s(server.log_path, since) == 0, server.name
+    assert retried_requests(log) == 0
+
+
 def _table(servers, loaded: list[dict], served: list[ServedView]):
     return routing_table(
         deployment="gw",
@@ -284,13 +295,7 @@ def test_a_version_swap_through_the_front_door_fails_no_request(
             swap = platform.promote_and_wait("gw-cpu", v2["id"])
             time.sleep(2)
         assert swap["status"] == "succeeded", swap["error"]
-        assert traffic.statuses[200] > 20
-        assert traffic.failed() == 0, (traffic.statuses, traffic.bodies[:5])
-        # No request reached a replica while it lacked the adapter, and none
-        # needed HAProxy's retry on another replica to hide it.
-        for server, since in zip(vllm_servers, sizes, strict=True):
-            assert vllm_404s(server.log_path, since) == 0
-        assert retried_requests(log) == 0
+        _no_client_saw_it(traffic, vllm_servers, sizes, log)
         for server in vllm_servers:
             assert adapters_on(server) == {"legal-contracts": swap["served_path"]}
 
@@ -412,11 +417,7 @@ def test_an_adapter_on_one_of_two_replicas_swaps_made_before_break_and_rolls_bac
             rollback = platform.wait_rollout(back["id"])
             time.sleep(2)
         assert rollback["status"] == "succeeded", rollback["error"]
-        assert traffic.statuses[200] > 20
-        assert traffic.failed() == 0, (traffic.statuses, traffic.bodies[:5])
-        for server, since in zip(vllm_servers, sizes, strict=True):
-            assert vllm_404s(server.log_path, since) == 0
-        assert retried_requests(log) == 0
+        _no_client_saw_it(traffic, vllm_servers, sizes, log)
         # Both replicas answered during the swap: the old until the new took over.
         # (Its backend: its own, or the free slot it took when first promoted.)
         briefs = {"m_legal-briefs"} | {key[0] for key in served_by if key[0].startswith("slot_")}
@@ -470,11 +471,7 @@ def test_a_swap_on_every_replica_keeps_the_old_version_on_one_and_rolls_back_by_
             rollback = platform.wait_rollout(back["id"])
             time.sleep(1)
         assert rollback["status"] == "succeeded", rollback["error"]
-        assert traffic.statuses[200] > 20
-        assert traffic.failed() == 0, (traffic.statuses, traffic.bodies[:5])
-        for server, since in zip(vllm_servers, sizes, strict=True):
-            assert vllm_404s(server.log_path, since) == 0
-        assert retried_requests(log) == 0
+        _no_client_saw_it(traffic, vllm_servers, sizes, log)
         for server in vllm_servers:
             assert adapters_on(server) == {"legal-notes": first["served_path"]}
         # The replica that kept v1 was never unloaded or loaded again.
