@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.bench_figures import check_figures
-from tests.support.haproxy import haproxy_available
+from tests.support.haproxy import haproxy_runs
 
 pytestmark = pytest.mark.bench
 
@@ -149,12 +149,6 @@ def smoke_runs(tmp_path_factory, vllm_pool) -> dict[str, Future]:
     yield runs
     for thread in lanes:
         thread.join(TIMEOUT * len(SHARED_VLLM))
-
-
-def haproxy_runs() -> bool:
-    """As the front door's real tests decide (tests/serving/vllm/test_door_routes_real.py):
-    without haproxy they skip, unless REQUIRE_HAPROXY (CI) makes them fail."""
-    return haproxy_available() or os.environ.get("REQUIRE_HAPROXY") == "1"
 
 
 def test_every_bench_has_a_smoke_run():
