@@ -419,11 +419,16 @@ def _roll_back(
         )
     ServedAdapter.objects.filter(pk=served.pk).update(gateway_weights={})
     ctx.rollback_order = [canary]
+
+    def before_end(tried: bool) -> None:
+        # Recorded, and the weights evened, before the rollout ends: a client
+        # that sees it rolled back reads the whole report.
+        if tried:  # what a rollback by reload would have cost: the old version back there
+            report["rollback"]["restored_ms"] = round((time.monotonic() - started) * 1000, 1)
+            _save_gates(row, report)
+        _unsplit(ctx, served, name, [canary, *rest])
+
     rollout_steps.rollback_everywhere(
-        ctx, f"{reason.rstrip('.')}. Traffic left the canary in {switch_ms:.1f} ms"
+        ctx, f"{reason.rstrip('.')}. Traffic left the canary in {switch_ms:.1f} ms", before_end
     )
-    # What a rollback by reload would have cost: the old version serving again there.
-    report["rollback"]["restored_ms"] = round((time.monotonic() - started) * 1000, 1)
-    _save_gates(row, report)
-    _unsplit(ctx, served, name, [canary, *rest])
     door_sync(ctx.deployment, release=name)

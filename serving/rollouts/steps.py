@@ -271,9 +271,15 @@ def rollback_if_failed(
     return True
 
 
-def rollback_everywhere(ctx: RolloutContext, reason: str) -> None:
+def rollback_everywhere(
+    ctx: RolloutContext, reason: str, before_end: Callable[[bool], None] | None = None
+) -> None:
     """Puts every replica this rollout pushed to back on the previous version,
-    or unloads the adapter where nothing was served before."""
+    or unloads the adapter where nothing was served before.
+
+    `before_end` runs just before the rollout's end is recorded, so whoever
+    sees the rollout ended sees what it left too. Its argument says whether
+    the replicas were tried (not when staging the old version failed first)."""
     rollout = ctx.rollout
     previous = rollout.previous_version
     name = rollout.adapter.served_name
@@ -284,6 +290,8 @@ def rollback_everywhere(ctx: RolloutContext, reason: str) -> None:
         try:
             path = stage_version(ctx.deployment, previous, progress=ctx.watch.check).serve_path
         except (StagingError, OSError) as error:
+            if before_end is not None:
+                before_end(False)
             finish(ctx, RolloutStatus.FAILED, f"{reason}. Rollback staging failed: {error}")
             return
 
@@ -325,6 +333,8 @@ def rollback_everywhere(ctx: RolloutContext, reason: str) -> None:
                 door_ready(ctx.deployment, name, [replica])
     else:
         outcomes = fan_out(ctx, ctx.replicas, undo)
+    if before_end is not None:
+        before_end(True)
     end_rollback(ctx, outcomes, failed=failed, succeeded=succeeded)
 
 

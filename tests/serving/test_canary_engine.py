@@ -6,15 +6,17 @@ tests/serving/vllm/test_canary_real.py."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
 import pytest
+from django.db.models.signals import post_save
 from django.utils import timezone
 
 from core.models import AuditEvent
 from serving.door.services import door_sync, front_door_for
-from serving.models import CanaryRequest, Rollout, RolloutStatus, ServedAdapter
+from serving.models import Canary, CanaryRequest, Rollout, RolloutStatus, ServedAdapter
 from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
 from serving.services.rollout_requests import rollout_canary_decide
@@ -95,6 +97,27 @@ def weights(door, model: str) -> dict[str, str]:
     }
 
 
+@contextlib.contextmanager
+def seen_as_it_ends(door, rollout: Rollout, model: str):
+    """What a client reads at the instant the rollout's end is recorded (its
+    audit event is written in the same transaction as the status)."""
+    seen: dict = {}
+
+    def record(sender, instance, **kwargs):
+        if instance.object_id == str(rollout.pk) and instance.action in (
+            f"rollout.{RolloutStatus.ROLLED_BACK}",
+            f"rollout.{RolloutStatus.FAILED}",
+        ):
+            seen["rollback"] = Canary.objects.get(rollout=rollout).gates["rollback"]
+            seen["weights"] = weights(door, model)
+
+    post_save.connect(record, sender=AuditEvent, weak=False)
+    try:
+        yield seen
+    finally:
+        post_save.disconnect(record, sender=AuditEvent)
+
+
 def servers_of(deployment) -> tuple[str, str]:
     canary, other = deployment.replicas.order_by("base_url")
     return f"r{canary.pk}", f"r{other.pk}"
@@ -112,9 +135,13 @@ def test_a_person_aborts_a_baking_canary_and_traffic_leaves_it_at_once(
     assert "balance roundrobin" in config
     assert f"server {canary} " in config and f"{other} " in config and "weight 90" in config
 
-    rollout_canary_decide(actor=actor(alex), rollout=rollout, request=CanaryRequest.ABORT)
-    worker.join(30)
+    with seen_as_it_ends(door, rollout, "legal-contracts") as at_the_end:
+        rollout_canary_decide(actor=actor(alex), rollout=rollout, request=CanaryRequest.ABORT)
+        worker.join(30)
     assert ended["status"] == RolloutStatus.ROLLED_BACK
+    # Whoever sees it rolled back sees the whole report and the split undone.
+    assert at_the_end["rollback"]["restored_ms"] > at_the_end["rollback"]["drained_ms"]
+    assert at_the_end["weights"] == {canary: "1", other: "1"}
     rollout.refresh_from_db()
     assert rollout.canary.outcome == "aborted"
     assert rollout.error.startswith(f"Aborted by {alex.username}. Traffic left the canary in ")
