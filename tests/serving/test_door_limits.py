@@ -3,14 +3,14 @@ stand-in replica: requests per minute per key and per department counted by
 the door, callers refused for tokens from the `limited` map, each a 429 in
 OpenAI's shape with Retry-After and x-ratelimit-* headers, checked with the
 real `openai` client (RateLimitError; its retry waits what Retry-After says).
-One department past its limit leaves another's latency and errors unchanged.
+One department past its limit leaves another answered (what it costs the
+other's latency: bench/door_limits.py).
 
 The control plane's side (which callers the map lists): test_quotas.py."""
 
 from __future__ import annotations
 
 import hashlib
-import statistics
 import subprocess
 import sys
 import time
@@ -286,21 +286,16 @@ print(" ".join(f"{k}:{v}" for k, v in sorted(counts.items())))
 """
 
 
-def latencies(door: Door, key: str, count: int) -> tuple[list[float], list[int]]:
+def statuses(door: Door, key: str, count: int) -> list[int]:
     session = requests.Session()
-    times, statuses = [], []
-    for _ in range(count):
-        started = time.perf_counter()
-        statuses.append(door.call(key, session).status_code)
-        times.append((time.perf_counter() - started) * 1000)
-    return times, statuses
+    return [door.call(key, session).status_code for _ in range(count)]
 
 
-def test_a_department_past_its_limit_does_not_slow_another(door):
+def test_a_department_past_its_limit_leaves_another_served(door):
+    """Batch, past its 60 a minute, is refused thousands of times while finance
+    is answered every time. How much the refused load slows finance is a
+    timed figure on shared cores, so it is a bench: bench/door_limits.py."""
     door.push(rpm={"dept:batch": 60, "dept:finance": 100_000})
-    latencies(door, "sk-finance", 20)  # warm
-    before, before_statuses = latencies(door, "sk-finance", 200)
-
     host, port = door.door.listen.rsplit(":", 1)
     load = subprocess.Popen(
         [sys.executable, "-c", LOAD, host, port, "sk-batch", "8"],
@@ -308,19 +303,11 @@ def test_a_department_past_its_limit_does_not_slow_another(door):
         text=True,
     )
     time.sleep(1.0)  # batch is past its 60 a minute by now
-    during, during_statuses = latencies(door, "sk-finance", 200)
+    during_statuses = statuses(door, "sk-finance", 200)
     out, _ = load.communicate(timeout=60)
     counts = dict(pair.split(":") for pair in out.split())
 
-    p50_before, p50_during = statistics.median(before), statistics.median(during)
-    print(
-        f"finance p50 {p50_before:.2f} ms before, {p50_during:.2f} ms while batch was refused "
-        f"(batch answers: {counts})"
-    )
-    assert set(before_statuses) == set(during_statuses) == {200}
+    print(f"finance answers {set(during_statuses)} while batch got {counts}")
+    assert set(during_statuses) == {200}
     assert int(counts["429"]) > 10 * int(counts.get("200", 0)) > 0
     assert int(counts.get("200", 0)) <= 60 * 2  # a minute's edge may fall inside the run
-    # Generous: on two shared cores the refused load's own client and the door's
-    # answers take CPU (seen: 3.75 -> 3.92 ms idle, 2.32 -> 9.79 ms beside a CI
-    # run); a door that queued the others behind it would show far more.
-    assert p50_during < max(4 * p50_before, p50_before + 15), (p50_before, p50_during)
