@@ -23,7 +23,7 @@ the tests validate what this renders against them. docs/door.md, "Kubernetes".
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import yaml
 
@@ -135,62 +135,66 @@ def policies(
             },
         },
     }
-    out = [auth]
-
-    def when_key(key_id: int) -> list[dict]:
-        return [{"predicate": f'auth.identity.key_id == "{key_id}"'}]
-
-    def when_department(slug: str) -> list[dict]:
-        return [{"predicate": f'auth.identity.department == "{slug}"'}]
-
-    requests = {}
-    for slug, limits in sorted(departments.items()):
-        if limits.requests_per_minute:
-            requests[f"department-{slug}"] = {
-                "rates": [{"limit": limits.requests_per_minute, "window": "1m"}],
-                "when": when_department(slug),
-            }
-    for key_id, key_limits in sorted(keys.items()):
-        if key_limits.requests_per_minute:
-            requests[f"key-{key_id}"] = {
-                "rates": [{"limit": key_limits.requests_per_minute, "window": "1m"}],
-                "when": when_key(key_id),
-            }
-    if requests:
-        out.append(
-            {
-                "apiVersion": RATE_API,
-                "kind": "RateLimitPolicy",
-                "metadata": _metadata(f"{name}-requests", namespace),
-                "spec": {"targetRef": target, "limits": requests},
-            }
-        )
-
-    tokens = {}
-    for slug, limits in sorted(departments.items()):
-        rates = [
+    requests = _limits_by_caller(
+        departments,
+        keys,
+        department_rates=lambda limits: _per_minute(limits.requests_per_minute),
+        key_rates=lambda limits: _per_minute(limits.requests_per_minute),
+    )
+    tokens = _limits_by_caller(
+        departments,
+        keys,
+        department_rates=lambda limits: [
             {"limit": getattr(limits, kind), "window": window}
             for kind, window in WINDOWS.items()
             if getattr(limits, kind)
-        ]
-        if rates:
-            tokens[f"department-{slug}"] = {"rates": rates, "when": when_department(slug)}
-    for key_id, key_limits in sorted(keys.items()):
-        if key_limits.tokens_per_minute:
-            tokens[f"key-{key_id}"] = {
-                "rates": [{"limit": key_limits.tokens_per_minute, "window": "1m"}],
-                "when": when_key(key_id),
-            }
-    if tokens:
-        out.append(
+        ],
+        key_rates=lambda limits: _per_minute(limits.tokens_per_minute),
+    )
+
+    def limit_policy(api: str, kind: str, suffix: str, limits: dict) -> list[dict]:
+        """The policy, or nothing when no caller has a limit of its kind."""
+        if not limits:
+            return []
+        return [
             {
-                "apiVersion": TOKEN_LIMIT_API,
-                "kind": "TokenRateLimitPolicy",
-                "metadata": _metadata(f"{name}-tokens", namespace),
-                "spec": {"targetRef": target, "limits": tokens},
+                "apiVersion": api,
+                "kind": kind,
+                "metadata": _metadata(f"{name}-{suffix}", namespace),
+                "spec": {"targetRef": target, "limits": limits},
             }
-        )
-    return out
+        ]
+
+    return [
+        auth,
+        *limit_policy(RATE_API, "RateLimitPolicy", "requests", requests),
+        *limit_policy(TOKEN_LIMIT_API, "TokenRateLimitPolicy", "tokens", tokens),
+    ]
+
+
+def _per_minute(limit: int | None) -> list[dict]:
+    return [{"limit": limit, "window": "1m"}] if limit else []
+
+
+def _limits_by_caller(
+    departments: Mapping[str, DepartmentLimitsView],
+    keys: Mapping[int, KeyLimits],
+    *,
+    department_rates: Callable[[DepartmentLimitsView], list[dict]],
+    key_rates: Callable[[KeyLimits], list[dict]],
+) -> dict:
+    """A policy's `limits`: one entry per department and per key with a rate
+    of its kind, each matched on the identity the AuthPolicy passes on."""
+    limits = {}
+    for slug, department in sorted(departments.items()):
+        if rates := department_rates(department):
+            predicate = f'auth.identity.department == "{slug}"'
+            limits[f"department-{slug}"] = {"rates": rates, "when": [{"predicate": predicate}]}
+    for key_id, key in sorted(keys.items()):
+        if rates := key_rates(key):
+            predicate = f'auth.identity.key_id == "{key_id}"'
+            limits[f"key-{key_id}"] = {"rates": rates, "when": [{"predicate": predicate}]}
+    return limits
 
 
 def key_secret_template(key_id: int, department: str, namespace: str = "") -> dict:
