@@ -41,6 +41,7 @@ from pathlib import Path
 import requests
 
 from bench import results as bench_results
+from bench.door_overhead import percentile
 from serving.door.access import CallerKey, DoorAccess
 from serving.door.haproxy import HAProxyFrontDoor
 from serving.door.routing import ReplicaView, routing_table
@@ -143,11 +144,6 @@ def with_batch_refused(listen: str, clients: int, rate: float, measure):
     return measured, counts, seconds
 
 
-def p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 PHASES = {
     "quiet": "quiet",
     "elsewhere": "beside batch refused by another door",
@@ -211,7 +207,9 @@ def run(args, out: bench_results.Results) -> None:
         f"Another department's latency while batch ({args.rate:.0f} requests a second) is refused",
     )
     for phase, label in PHASES.items():
-        latency.row(label, len(times[phase]), p50[phase], p(times[phase], 0.99), errors[phase])
+        latency.row(
+            label, len(times[phase]), p50[phase], percentile(times[phase], 0.99), errors[phase]
+        )
     answers = out.table("batch", ["status", "answers"], "batch's answers from the doors")
     for status, count in sorted(batch.items()):
         answers.row(status, count)
