@@ -22,7 +22,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ import pytest
 
 from serving.door.access import DoorAccess
 from serving.door.haproxy import HAProxyFrontDoor
+from tests.support.process_start import wait_until_started
 
 
 def _unblock_signals() -> None:
@@ -81,7 +81,7 @@ def open_access(deployment: str = "gw", models: tuple[str, ...] = ()) -> DoorAcc
 
 @contextlib.contextmanager
 def running_haproxy(
-    door: HAProxyFrontDoor, *, log: Path, timeout: float = 10, access: DoorAccess | None = None
+    door: HAProxyFrontDoor, *, log: Path, access: DoorAccess | None = None
 ) -> Iterator[subprocess.Popen]:
     with open(log, "ab") as out:
         process = subprocess.Popen(
@@ -94,11 +94,7 @@ def running_haproxy(
             preexec_fn=_unblock_signals,
         )
     try:
-        deadline = time.monotonic() + timeout
-        while not door.runtime.available():
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"haproxy did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.05)
+        wait_until_started(process, door.runtime.available, what="haproxy", log=log)
         if access is not None:
             door.apply_access(access)
         yield process

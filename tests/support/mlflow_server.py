@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tests.support.process_start import NotStarted, wait_until_started
 from tests.support.s3_server import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +72,7 @@ class MlflowServer:
             "1",
         ]
 
-    def start(self, timeout: float = 120) -> None:
+    def start(self, cpu_seconds: float = 120) -> None:
         if self.running:
             return
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -100,29 +101,30 @@ class MlflowServer:
                 cwd=self.workdir,
                 start_new_session=True,
             )
-        self._wait_ready(timeout)
+        try:
+            wait_until_started(
+                self.proc,
+                self._healthy,
+                what="mlflow server",
+                log=self.log_path,
+                cpu_seconds=cpu_seconds,
+                poll_seconds=0.2,
+            )
+        except NotStarted:
+            self.stop()
+            raise
         self.last_start_seconds = time.monotonic() - started
 
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"mlflow server exited with {self.proc.returncode}:\n{self.log_tail()}"
-                )
-            try:
-                with _NO_PROXY.open(self.url + "/health", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"mlflow server not ready after {timeout}s:\n{self.log_tail()}")
+    def _healthy(self) -> bool:
+        try:
+            with _NO_PROXY.open(self.url + "/health", timeout=1) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
 
     def stop(self) -> None:
         if self.proc is None:

@@ -20,11 +20,9 @@ import os
 import shutil
 import subprocess
 import threading
-import time
 from pathlib import Path
 
-import psutil
-
+from tests.support.process_start import NotStarted, wait_until_started
 from tests.support.s3_server import free_port
 
 PROVIDER_DIR = Path(__file__).resolve().parent / "oidc"
@@ -125,12 +123,8 @@ class OidcProvider:
 
     # --- the process --------------------------------------------------------
     def start(self, cpu_seconds: float = 30, wall_seconds: float = 900) -> None:
-        # Node starts in about a second of its own CPU. In make test the light
-        # run is niced beside the heavy one, and a niced process can wait
-        # minutes for that second while vLLM holds both cores (CI: 30 s in vain
-        # on 2026-12-03, then 120 s on 2026-12-06). So the bound is the CPU the
-        # provider used (one that spins fails on it), with a wall-clock bound
-        # for one blocked outright.
+        # Node starts in about a second of its own CPU, which the niced light
+        # run can wait minutes for (tests/support/process_start.py).
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._write()
         env = {
@@ -150,23 +144,18 @@ class OidcProvider:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        node = psutil.Process(self.proc.pid)
-        started = time.monotonic()
-        used = 0.0
-        while used < cpu_seconds and time.monotonic() - started < wall_seconds:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the OpenID provider exited: {self.log_path.read_text()}")
-            if f"listening {self.issuer}" in self.log_path.read_text():
-                return
-            with contextlib.suppress(psutil.NoSuchProcess):  # it exited: the poll above says so
-                times = node.cpu_times()
-                used = times.user + times.system
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(
-            f"the OpenID provider did not start in {time.monotonic() - started:.0f} s "
-            f"({used:.2f} s of its own CPU): {self.log_path.read_text()}"
-        )
+        try:
+            wait_until_started(
+                self.proc,
+                lambda: f"listening {self.issuer}" in self.log_path.read_text(),
+                what="the OpenID provider",
+                log=self.log_path,
+                cpu_seconds=cpu_seconds,
+                wall_seconds=wall_seconds,
+            )
+        except NotStarted:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

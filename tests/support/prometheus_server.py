@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import requests
 import yaml
 
+from tests.support.process_start import wait_until_started
 from tests.support.vllm_servers import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -57,7 +58,7 @@ class PrometheusServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60) -> PrometheusServer:
+    def start(self) -> PrometheusServer:
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [job.config() for job in self.jobs],
@@ -76,19 +77,16 @@ class PrometheusServer:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                if requests.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(
-            f"prometheus not ready after {timeout}s: {self.log_path.read_text()[-2000:]}"
+        wait_until_started(
+            self.process, self._ready, what="prometheus", log=self.log_path, poll_seconds=0.2
         )
+        return self
+
+    def _ready(self) -> bool:
+        try:
+            return requests.get(f"{self.url}/-/ready", timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

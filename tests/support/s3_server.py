@@ -11,17 +11,19 @@ honest in benchmarks.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from tests.support.process_start import NotStarted, wait_until_started
 
 ACCESS_KEY = "testing"
 SECRET_KEY = "testing"
@@ -37,25 +39,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_ready(proc: subprocess.Popen, endpoint: str, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"moto server exited with {proc.returncode}:\n{log.read_text()[-2000:]}"
-            )
-        try:
-            with _NO_PROXY.open(endpoint + "/moto-api/", timeout=1):
-                return
-        except urllib.error.HTTPError:
-            return  # any HTTP answer means it is serving
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"moto server at {endpoint} not ready after {timeout}s")
+def _answers(endpoint: str) -> bool:
+    try:
+        with _NO_PROXY.open(endpoint + "/moto-api/", timeout=1):
+            return True
+    except urllib.error.HTTPError:
+        return True  # any HTTP answer means it is serving
+    except OSError:
+        return False
 
 
 @contextmanager
-def running_s3_server(*, startup_timeout: float = 30) -> Iterator[str]:
+def running_s3_server(*, startup_cpu_seconds: float = 30) -> Iterator[str]:
     """Start `python -m moto.server` on a free loopback port; yield its endpoint URL."""
     env = dict(os.environ)
     env.setdefault("AWS_ACCESS_KEY_ID", ACCESS_KEY)
@@ -84,9 +79,15 @@ def running_s3_server(*, startup_timeout: float = 30) -> Iterator[str]:
                     env=env,
                 )
             try:
-                _wait_ready(proc, endpoint, log, startup_timeout)
+                wait_until_started(
+                    proc,
+                    functools.partial(_answers, endpoint),
+                    what=f"moto server at {endpoint}",
+                    log=log,
+                    cpu_seconds=startup_cpu_seconds,
+                )
                 break
-            except RuntimeError:
+            except NotStarted:
                 _stop(proc)
                 if attempt == 2:
                     raise

@@ -23,12 +23,12 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import requests
 
+from tests.support.process_start import wait_until_started
 from tests.support.s3_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,16 +101,14 @@ def registry_web_server(
         try:
             session = requests.Session()
             session.trust_env = False
-            deadline = time.monotonic() + 60
-            while True:
+
+            def live() -> bool:
                 try:
-                    if session.get(f"{url}/livez", timeout=2).status_code == 200:
-                        break
+                    return session.get(f"{url}/livez", timeout=2).status_code == 200
                 except requests.RequestException:
-                    pass
-                assert proc.poll() is None, log_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, f"{server} did not start"
-                time.sleep(0.2)
+                    return False
+
+            wait_until_started(proc, live, what=server, log=log_path, poll_seconds=0.2)
             yield url, setup_output
         finally:
             proc.terminate()
