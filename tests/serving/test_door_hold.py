@@ -35,6 +35,10 @@ HELD = "legal-contracts"  # on r1 only
 OTHER = "finance-invoices"  # on both
 # Each request's own bound (SERVING_DOOR_HOLD_SECONDS), short for the tests.
 MOST_SECONDS = 3.0
+# A held request waits at least MOST_SECONDS; one answered well before was not
+# held. (Not 1.0 s: the light tests run niced beside vLLM, where a Python
+# thread can wait a second for a core.)
+NOT_HELD_SECONDS = MOST_SECONDS - 0.5
 
 
 @dataclass
@@ -187,7 +191,7 @@ def test_a_request_for_another_model_is_not_delayed(door):
     others = [Sent(door, OTHER), Sent(door, BASE)]
     for sent in others:
         assert sent.wait().status == 200
-        assert sent.seconds < 1.0
+        assert sent.seconds < NOT_HELD_SECONDS
     time.sleep(0.5)  # their log lines
     assert door.log.stat().st_size > since
     assert held_ms(door.log, OTHER, since) == []  # never entered the hold
@@ -213,7 +217,7 @@ def test_a_client_can_neither_lift_a_hold_nor_set_one(door):
         status, _ = raw_request(front.listen, "POST", "/", line.encode())
         assert status == 404
     assert set(front.holds()) == {HELD}
-    assert Sent(door, OTHER).wait().seconds < 1.0
+    assert Sent(door, OTHER).wait().seconds < NOT_HELD_SECONDS
     front.release(HELD, owner="swap3")
     assert [t.wait().status for t in tries] == [200, 200, 200]
 
