@@ -60,6 +60,8 @@ ADAPTER_BACKEND_PREFIX = "m_"
 SLOT_PREFIX = "slot_"
 SLOTS = 16
 NOT_FOUND_BACKEND = "not_found"
+# What a reload's old worker answers where its maps are older than the new one's.
+RELOADING_BACKEND = "door_503_reloading"
 # The request body HAProxy buffers whole, to read `model` (SERVING_DOOR_MAX_BODY_BYTES):
 # long prompts for a 128k-context model fit; a larger body gets a 413.
 MAX_BODY_BYTES = 1024 * 1024
@@ -145,6 +147,9 @@ NO_KEY_BODY = _error(
 EXPIRED_KEY_BODY = _error("The API key has expired.", "invalid_request_error", "invalid_api_key")
 BAD_BODY = _error("%[var(txn.body_error),json(utf8s)]", "BadRequestError", 400, param="body")
 EMPTY_CATALOG = '{"object":"list","data":[]}'
+RELOADING_BODY = _error(
+    "The front door is reloading its routes; retry the request.", "ServiceUnavailableError", 503
+)
 
 
 SPLIT_BALANCE = "roundrobin"
@@ -302,6 +307,16 @@ def render_config(
         *(_limit_rules(d) if metering else []),
         *_hold_rules(d, hold_seconds),
         *(_request_id_rules(d) if metering else []),
+        # A reload's old worker answers each kept-alive connection it holds once
+        # more, from its old maps: a model, key or grant it does not know may be
+        # one only the new worker has. It asks for a retry, which the client
+        # sends on a new connection (to the new worker), instead of a wrong 404
+        # or 401. (Not the other way: what a key lost, the old worker may allow
+        # that one last time.)
+        f"    use_backend {RELOADING_BACKEND} if {{ stopping }} refused "
+        f"{{ var(txn.refusal) -m str {NOT_FOUND_BACKEND} door_401_key }}",
+        f"    use_backend {RELOADING_BACKEND} if {{ stopping }} !refused "
+        f"!{{ var(txn.model),map({d}/models.map) -m found }}",
         # Chosen after the hold: a held request goes where the map says once it ends.
         "    use_backend %[var(txn.refusal)] if refused",
         f"    use_backend %[var(txn.model),map({d}/models.map,{NOT_FOUND_BACKEND})]",
@@ -319,6 +334,7 @@ def render_config(
             lf=f"%[var(txn.dept),map({d}/catalog.map,{empty_catalog}),b64dec]",
         ),
         *_answer(NOT_FOUND_BACKEND, 404, lf=NOT_FOUND_BODY),
+        *_answer(RELOADING_BACKEND, 503, fixed=RELOADING_BODY, headers=(("Retry-After", "1"),)),
         *_limit_backends(),
     ]
     if metrics:
