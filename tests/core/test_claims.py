@@ -2,6 +2,9 @@
 row, renewal and release only by the owner."""
 
 import time
+from datetime import timedelta
+from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 
@@ -50,8 +53,14 @@ def test_free_rows_are_found_by_the_sweeper_query(deployment):
 
 def test_a_heartbeat_keeps_a_short_claim_through_a_long_wait(deployment):
     LEASE.claim(deployment.pk, "worker-a", 0.3)
+    first_end = Deployment.objects.get(pk=deployment.pk).reconcile_lease_until
     Heartbeat(LEASE, deployment.pk, "worker-a", 0.3).sleep(0.9)
-    assert not LEASE.claim(deployment.pk, "worker-b", 30)
+    # Still held well into the wait, long after the claim's first end: asked as
+    # of then, not of now, as the light run (niced beside vLLM) may stall right
+    # after the last renewal for longer than a 0.3 s claim.
+    well_into_the_wait = first_end + timedelta(seconds=0.5)
+    with mock.patch("core.claims.timezone.now", return_value=well_into_the_wait):
+        assert not LEASE.claim(deployment.pk, "worker-b", 30)
 
 
 def test_a_heartbeat_stops_work_whose_claim_was_lost(deployment):
@@ -63,19 +72,23 @@ def test_a_heartbeat_stops_work_whose_claim_was_lost(deployment):
 
 
 def test_a_heartbeat_rides_out_a_database_error_but_never_past_its_claim(deployment):
-    from unittest import mock
-
     from django.db import OperationalError
 
+    # The heartbeat's own clock, moved by hand: on the wall clock, a stall of the
+    # light run (niced beside vLLM) between two lines made "a moment after" late.
+    clock = SimpleNamespace(monotonic=lambda: now[0], sleep=time.sleep)
+    now = [1000.0]
     LEASE.claim(deployment.pk, "worker-a", 0.6)
-    heartbeat = Heartbeat(LEASE, deployment.pk, "worker-a", 0.6)
-    dropped = OperationalError("server closed the connection unexpectedly")
-    with mock.patch.object(Lease, "renew", side_effect=dropped):
-        heartbeat.beat(force=True)  # a moment after the last renewal: try again later
-        time.sleep(0.45)  # two thirds of the claim gone: someone may take it soon
-        with pytest.raises(LeaseLost):
-            heartbeat.beat(force=True)
-    heartbeat.beat(force=True)  # the database is back and the claim still ours
+    with mock.patch("core.claims.time", clock):
+        heartbeat = Heartbeat(LEASE, deployment.pk, "worker-a", 0.6)
+        dropped = OperationalError("server closed the connection unexpectedly")
+        with mock.patch.object(Lease, "renew", side_effect=dropped):
+            now[0] += 0.05
+            heartbeat.beat(force=True)  # a moment after the last renewal: try again later
+            now[0] += 0.4  # two thirds of the claim gone: someone may take it soon
+            with pytest.raises(LeaseLost):
+                heartbeat.beat(force=True)
+        heartbeat.beat(force=True)  # the database is back and the claim still ours
 
 
 def test_many_rows_are_claimed_renewed_and_released_together():

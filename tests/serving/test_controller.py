@@ -27,6 +27,7 @@ from serving.models import (
     ServedAdapter,
 )
 from serving.reconcile.tick import reconcile_deployment
+from serving.rollouts import engine
 from serving.rollouts.engine import rollout_execute
 from serving.rollouts.sweep import rollouts_to_sweep, sweep_rollouts
 from serving.services.leases import served_adapter_claim
@@ -127,18 +128,34 @@ def test_a_swept_rollout_resumes_from_its_recorded_state(
 # --- claims, heartbeat, compare-and-swap -----------------------------------------
 
 
+def until_seen(condition, seconds: float = 60) -> None:
+    """Waits for `condition` (what a replica has seen) for up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the rollout never got there"
+        time.sleep(0.02)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_claim_is_renewed_through_retry_back_off(
     lena, deployment, approved_v1, fake_replicas, settings
 ):
-    settings.SERVING_CLAIM_SECONDS = 0.9
-    settings.SERVING_RETRY_DEADLINE_SECONDS = 10
+    # A 3 s claim, renewed every second: the light run is niced beside vLLM, and
+    # a shorter claim lapsed while this process waited for the CPU (the thief
+    # then took it from a worker that was only starved, not stuck).
+    settings.SERVING_CLAIM_SECONDS = 3
+    settings.SERVING_RETRY_DEADLINE_SECONDS = 60
     settings.SERVING_RETRY_BASE_SECONDS = 0.2
-    settings.SERVING_RETRY_MAX_DELAY_SECONDS = 0.3
-    fake_replicas[1].unavailable = 9  # about 2.5 s of 503s: longer than the claim
+    settings.SERVING_RETRY_MAX_DELAY_SECONDS = 0.5
+    fake_replicas[1].unavailable = 14  # 6.6 s of back-off: longer than two claims
     rollout = promote(lena, deployment, approved_v1)
     served = ServedAdapter.objects.get(deployment=deployment)
-    stolen, stop = [], threading.Event()
+    stolen, stop, released = [], threading.Event(), []
+    release = engine.served_adapter_release
+
+    def released_then(served_id, owner):
+        released.append(time.monotonic())
+        release(served_id, owner)
 
     def thief():
         time.sleep(0.3)  # the worker claims first
@@ -152,13 +169,14 @@ def test_the_claim_is_renewed_through_retry_back_off(
     other = threading.Thread(target=thief)
     other.start()
     try:
-        assert rollout_execute(rollout.pk, "worker") == RolloutStatus.SUCCEEDED
+        with mock.patch.object(engine, "served_adapter_release", released_then):
+            assert rollout_execute(rollout.pk, "worker") == RolloutStatus.SUCCEEDED
     finally:
         stop.set()
         other.join()
     assert time.monotonic() - started > 2 * settings.SERVING_CLAIM_SECONDS
-    assert stolen == [] or stolen[0] > started + 2  # only after the worker let go
-    assert HttpAttempt.objects.filter(status_code=503).count() == 9
+    assert stolen == [] or stolen[0] > released[0]  # only after the worker let go
+    assert HttpAttempt.objects.filter(status_code=503).count() == 14
 
 
 @pytest.mark.django_db(transaction=True)
@@ -174,7 +192,9 @@ def test_a_worker_that_lost_its_claim_stops_without_writing_more(
     served = ServedAdapter.objects.get(deployment=deployment)
 
     def take_over():
-        time.sleep(0.5)
+        # Once the replica has answered two 503s (not after a fixed 0.5 s: a
+        # starved worker may not have sent them yet; the light run is niced).
+        until_seen(lambda: len(fake_replicas[1].requests) >= 3)
         ServedAdapter.objects.filter(pk=served.pk).update(lease_owner="another-worker")
         connections.close_all()
 
@@ -212,8 +232,10 @@ def test_a_status_change_someone_else_made_is_never_overwritten(
 
 @pytest.mark.django_db
 def test_the_replicas_threads_open_no_database_connection(
-    lena, deployment, approved_v1, fake_replicas
+    lena, deployment, approved_v1, fake_replicas, settings
 ):
+    # Retried within a deadline a starved run cannot reach (not serving's test 1 s).
+    settings.SERVING_RETRY_DEADLINE_SECONDS = 60
     fake_replicas[0].unavailable = 2  # back-off sleeps in a replica's thread
     rollout = promote(lena, deployment, approved_v1)
     main = threading.get_ident()
@@ -244,7 +266,14 @@ def test_cancel_stops_a_rollout_in_back_off_and_frees_the_adapter(
     rollout = promote(lena, deployment, approved_v1)
 
     def cancel_soon():
-        time.sleep(0.8)
+        # In back-off, with replica 0 loaded (not after a fixed 0.8 s, which a
+        # starved worker may not have reached yet; the light run is niced).
+        until_seen(
+            lambda: (
+                "legal-contracts" in fake_replicas[0].adapters
+                and len(fake_replicas[1].requests) >= 2
+            )
+        )
         rollout_cancel(actor=actor(alex), rollout=rollout, comment="replica is being replaced")
         connections.close_all()
 

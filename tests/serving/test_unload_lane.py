@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from serving import replica_calls
 from serving.fact_readings import busy_adapters_from_metrics
 from serving.replica_calls import (
     ReplicaOutcome,
@@ -64,8 +65,13 @@ def _client(replica) -> VLLMClient:
     return VLLMClient(replica.base_url, timeout=5)
 
 
-def test_a_reload_does_not_load_while_the_old_loads_requests_run(replica, folders, settings):
+def test_a_reload_does_not_load_while_the_old_loads_requests_run(
+    replica, folders, settings, monkeypatch
+):
     settings.SERVING_UNLOAD_SETTLE_SECONDS = 0.5
+    # Only the settle deadline ends this wait: a read that took ENGINE_IDLE_SECONDS
+    # (0.5 s; the light run is niced beside vLLM) would count as an idle engine.
+    monkeypatch.setattr(replica_calls, "ENGINE_IDLE_SECONDS", 60)
     with _client(replica) as client:
         assert ensure_loaded(client, "legal", folders["v1"], POLICY).ok
         replica.metrics_text = _lora_info([("legal", time.time())])
