@@ -16,7 +16,14 @@ from django.utils import timezone
 
 from core.models import AuditEvent
 from serving.door.services import door_sync, front_door_for
-from serving.models import Canary, CanaryRequest, Rollout, RolloutStatus, ServedAdapter
+from serving.models import (
+    Canary,
+    CanaryRequest,
+    HttpAttempt,
+    Rollout,
+    RolloutStatus,
+    ServedAdapter,
+)
 from serving.rollouts.engine import rollout_execute
 from serving.services.promotions import promotion_create
 from serving.services.rollout_requests import rollout_canary_decide
@@ -129,6 +136,7 @@ def test_a_person_aborts_a_baking_canary_and_traffic_leaves_it_at_once(
     rollout, worker, ended = start_canary(lena, deployment, approved_v2, bake=300)
     rollout = wait_baking(rollout)
     canary, other = servers_of(deployment)
+    haproxy_worker = door.runtime.worker_pid()
     assert weights(door, "legal-contracts") == {canary: "10", other: "90"}
     # The split is in the rendered configuration too: a reload keeps it.
     config = door.config_path.read_text().split("backend m_legal-contracts")[1].split("\n\n")[0]
@@ -146,7 +154,17 @@ def test_a_person_aborts_a_baking_canary_and_traffic_leaves_it_at_once(
     assert rollout.canary.outcome == "aborted"
     assert rollout.error.startswith(f"Aborted by {alex.username}. Traffic left the canary in ")
     switch = rollout.canary.gates["rollback"]
-    assert switch["switch_ms"] < 1000
+    # The switch is one runtime command, without a reload: what makes it fast.
+    # Its time is bounded loosely: the light run is niced beside vLLM, and both
+    # this process and HAProxy may wait for a CPU.
+    assert (
+        HttpAttempt.objects.filter(
+            method="RUNTIME", url__endswith=f"set weight m_legal-contracts/{canary} 0"
+        ).count()
+        == 1
+    )
+    assert door.runtime.worker_pid() == haproxy_worker
+    assert switch["switch_ms"] < 5000
     assert switch["restored_ms"] > switch["drained_ms"] >= switch["switch_ms"]
     assert weights(door, "legal-contracts") == {canary: "1", other: "1"}
     assert ServedAdapter.objects.get(deployment=deployment).gateway_weights == {}

@@ -34,8 +34,11 @@ pytestmark = [
     pytest.mark.django_db,
     needs_haproxy,
 ]
-# "Within seconds": the change's commit to the door's new answer.
-WITHIN_SECONDS = 5.0
+# "Within seconds": the change's commit to the door's new answer. The change
+# reaches HAProxy in the commit's own sync (no tick runs here: a change that
+# never reached it would never be refused); 15 s leaves room for the light
+# run's stalls, niced beside vLLM, where 5 s was a close call.
+WITHIN_SECONDS = 15.0
 
 
 @pytest.fixture

@@ -103,6 +103,18 @@ def door(tmp_path_factory) -> Iterator[Door]:
             yield Door(front, f"http://{front.listen}", directory / "haproxy.log")
 
 
+def logged(door: Door, backend: str, before: int, at_least: int) -> int:
+    """The requests `backend` answered since `before`, once HAProxy has logged
+    `at_least` of them (it writes a line as a request ends, a moment after the
+    answer: a fixed 0.2 s was too short in the light run, niced beside vLLM)."""
+    deadline = time.monotonic() + 30
+    while True:
+        count = requests_by_server(door.log)[(backend, "<NOSRV>", 429)] - before
+        if count >= at_least or time.monotonic() > deadline:
+            return count
+        time.sleep(0.05)
+
+
 def room_in_this_minute(seconds: int) -> None:
     """Waits for the next minute if this one has fewer than `seconds` left: a
     test that counts a minute's requests must not see it end halfway."""
@@ -115,7 +127,9 @@ def test_a_key_past_its_requests_per_minute_gets_a_429_in_openai_s_shape(door):
     door.push(rpm={"key:1": 3})
     room_in_this_minute(10)
     taken = [door.call("sk-legal-a") for _ in range(3)]
+    asked = time.time()
     refused = door.call("sk-legal-a")
+    answered = time.time()
 
     assert [r.status_code for r in taken] == [200, 200, 200]
     assert [r.headers["x-ratelimit-remaining-requests"] for r in taken] == ["2", "1", "0"]
@@ -130,9 +144,11 @@ def test_a_key_past_its_requests_per_minute_gets_a_429_in_openai_s_shape(door):
             "code": "rate_limit_exceeded",
         }
     }
-    # Retry-After is the seconds until the minute ends, when the count starts again.
-    left = 60 - time.time() % 60
-    assert abs(int(refused.headers["Retry-After"]) - left) <= 1.5
+    # Retry-After is the seconds until the minute ends, when the count starts again:
+    # as of the moment HAProxy answered, between `asked` and `answered` (the
+    # light run is niced beside vLLM: the test may wait a while on either side).
+    retry_after = int(refused.headers["Retry-After"])
+    assert 60 - answered % 60 - 1.5 <= retry_after <= 60 - asked % 60 + 1.5
     assert refused.headers["x-ratelimit-limit-requests"] == "3"
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
     assert refused.headers["x-ratelimit-reset-requests"] == refused.headers["Retry-After"] + "s"
@@ -188,12 +204,15 @@ def test_a_caller_refused_for_tokens_gets_a_429_until_the_time_the_map_says(door
     now = int(time.time())
     door.push(limited={"key:6": Limited(until=now + 30, limit="tokens_per_minute", value=1000)})
     refused = door.call("sk-tokens")
+    answered = int(time.time())
 
     assert refused.status_code == 429
     error = refused.json()["error"]
     assert (error["type"], error["code"]) == ("tokens", "rate_limit_exceeded")
     assert "key 6 on tokens per min (TPM): Limit 1000" in error["message"]
-    assert 28 <= int(refused.headers["Retry-After"]) <= 30
+    # The seconds left until `until` when HAProxy answered: from the push to the
+    # answer may take a while in the light run (niced beside vLLM).
+    assert now + 30 - answered - 2 <= int(refused.headers["Retry-After"]) <= 30
     assert refused.headers["x-ratelimit-limit-tokens"] == "1000"
     assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
     # A passed time refuses nobody, even before the next push removes it.
@@ -232,7 +251,9 @@ def test_the_openai_client_raises_rate_limit_error_with_the_door_s_answer(door):
 
 
 def test_the_openai_client_s_retry_waits_what_retry_after_says_then_gets_through(door):
-    door.push(limited={"key:8": Limited(int(time.time()) + 3, "tokens_per_minute", 10)})
+    # Refused for 4-5 s from the push: its first request must come before that
+    # time even when the light run (niced beside vLLM) waits for the CPU.
+    door.push(limited={"key:8": Limited(int(time.time()) + 5, "tokens_per_minute", 10)})
     before = requests_by_server(door.log)[("door_429_tokens", "<NOSRV>", 429)]
     started = time.monotonic()
     answer = client(door, "sk-retry", retries=3).completions.create(
@@ -241,12 +262,12 @@ def test_the_openai_client_s_retry_waits_what_retry_after_says_then_gets_through
     waited = time.monotonic() - started
 
     assert answer.choices
-    time.sleep(0.2)  # HAProxy logs a request when it ends
-    refusals = requests_by_server(door.log)[("door_429_tokens", "<NOSRV>", 429)] - before
+    refusals = logged(door, "door_429_tokens", before, at_least=1)
     # Its own backoff would have retried after 0.5-1 s, three times, and failed:
-    # it waited the door's 2-3 s instead, once, and got through.
+    # it waited the door's few seconds instead, once, and got through. (The
+    # upper bound leaves room for a niced light run's stalls.)
     assert refusals == 1
-    assert 1.9 <= waited <= 6, waited
+    assert 1.9 <= waited <= 12, waited
 
 
 def test_the_openai_client_does_not_retry_a_budget_that_renews_in_hours(door):
@@ -258,22 +279,29 @@ def test_the_openai_client_does_not_retry_a_budget_that_renews_in_hours(door):
             model=BASE, prompt="Hello", max_tokens=1
         )
     assert raised.value.code == "insufficient_quota"
-    assert time.monotonic() - started < 2
-    time.sleep(0.2)
-    assert requests_by_server(door.log)[("door_429_budget", "<NOSRV>", 429)] - before == 1
+    # No wait of its own: a retry shows in the count below; this bound leaves
+    # room for a niced light run's stalls.
+    assert time.monotonic() - started < 10
+    assert logged(door, "door_429_budget", before, at_least=1) == 1
 
 
 # The load of a department past its limit: as fast as it can, from another
 # process (so that the measuring client's latency is not this process's GIL).
+# Each thread runs `seconds` and at least LEAST requests: in the light run
+# (niced beside vLLM) 8 s may be few requests, and the counts below need more
+# than 10 refusals per answer even when a minute's edge lets 120 through.
 LOAD = """
 import http.client, sys, threading, time
 host, port, key, seconds = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 body = b'{"model": "tiny-llama", "prompt": "load", "max_tokens": 1}'
 counts = {}
+LEAST = 400
 def run():
     connection = http.client.HTTPConnection(host, port, timeout=30)
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    sent = 0
+    while time.monotonic() < end or sent < LEAST:
+        sent += 1
         connection.request("POST", "/v1/completions", body, {
             "Authorization": "Bearer " + key, "Content-Type": "application/json"})
         response = connection.getresponse()
@@ -304,7 +332,7 @@ def test_a_department_past_its_limit_leaves_another_served(door):
     )
     time.sleep(1.0)  # batch is past its 60 a minute by now
     during_statuses = statuses(door, "sk-finance", 200)
-    out, _ = load.communicate(timeout=60)
+    out, _ = load.communicate(timeout=300)
     counts = dict(pair.split(":") for pair in out.split())
 
     print(f"finance answers {set(during_statuses)} while batch got {counts}")
