@@ -17,7 +17,7 @@ import pytest
 
 @pytest.mark.vllm
 def test_on_a_real_server():
-    time.sleep(0.6)
+    time.sleep(2.5)
 
 @pytest.mark.conformance
 @pytest.mark.vllm
@@ -58,8 +58,10 @@ def test_each_tests_time_lands_in_its_tier(run, workers):
     assert {tier: line["tests"] for tier, line in tiers.items()} == {
         "vllm": 1, "conformance": 1, LIGHT: 1,
     }  # fmt: skip
-    assert tiers["vllm"]["seconds"] >= 0.6
-    assert 0.3 <= tiers["conformance"]["seconds"] < 0.6
+    # Not the vllm test's 2.5 s too: the gap leaves room for the light run's
+    # stalls (niced beside vLLM) in a 0.3 s test's own time.
+    assert tiers["vllm"]["seconds"] >= 2.5
+    assert 0.3 <= tiers["conformance"]["seconds"] < 2.5
     result.stdout.fnmatch_lines(["*tier times*", "vllm*min  (1 tests)"])
     # The slowest files, with the time of all three tests in the one file.
     result.stdout.fnmatch_lines(["slowest 20 files:", "  *s  test_suite.py"])

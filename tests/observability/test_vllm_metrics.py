@@ -51,7 +51,7 @@ class Hostile:
                         for _ in range(64):
                             self.wfile.write(b"#" * 65536 + b"\n")
                     elif mode == "trickle":
-                        for _ in range(100):
+                        for _ in range(300):
                             self.wfile.write(b"# slow\n")
                             self.wfile.flush()
                             time.sleep(0.1)
@@ -89,7 +89,9 @@ def test_a_body_that_trickles_is_cut_at_the_deadline(hostile):
     started = time.monotonic()
     attempt, text = fetch_metrics(hostile.url, api_key=None, timeout=1.0, max_bytes=1 << 20)
     assert text is None and "not read within" in attempt.error
-    assert time.monotonic() - started < 4.0  # the 1 s deadline, not the trickle's length
+    # The 1 s deadline, not the trickle's 30 s (room for the light run's stalls:
+    # it is niced beside vLLM).
+    assert time.monotonic() - started < 10.0
 
 
 @pytest.mark.parametrize("hostile", ["error"], indirect=True)

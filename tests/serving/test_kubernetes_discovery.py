@@ -7,11 +7,14 @@ carries one of their ports, so a reconcile triggered by a new pod reaches it.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
 import pytest
 from django.core.management import call_command
+from django.db import connections
 
 from core.errors import ValidationFailed
 from core.fields import encrypt
@@ -266,11 +269,26 @@ def test_a_dropped_watch_resumes_from_its_resource_version(
     pod(apiserver, "granite-8b-a", a)
     watch.relist()
     settings.KUBERNETES_WATCH_TIMEOUT_SECONDS = 30
-    cut = threading.Timer(0.5, apiserver.drop_watches)
+    cut_done = threading.Event()
+
+    def cut_once_watching():
+        # Cuts again every 0.2 s once the watch was asked for: one cut at a fixed
+        # 0.5 s could come before the watch was open when the light run (niced
+        # beside vLLM) waited for the CPU, and the watch then ran its 30 s.
+        asked = len(apiserver.watch_requests())
+        while not cut_done.wait(0.2):
+            if len(apiserver.watch_requests()) > asked:
+                apiserver.drop_watches()
+
+    cut = threading.Thread(target=cut_once_watching)
     cut.start()
     started = time.monotonic()
-    with pytest.raises(Exception) as broken:  # urllib3's ProtocolError, as from a real cut
-        watch.watch_once()
+    try:
+        with pytest.raises(Exception) as broken:  # urllib3's ProtocolError, as from a real cut
+            watch.watch_once()
+    finally:
+        cut_done.set()
+        cut.join()
     assert time.monotonic() - started < 10, "the cut did not end the watch"
     assert "ProtocolError" in type(broken.value).__name__ or "Incomplete" in str(broken.value)
     seen = watch.stats.resource_version
@@ -345,7 +363,38 @@ def test_the_watch_command_runs_the_loop(
     pod(apiserver, "granite-8b-a", a)
     settings.KUBERNETES_DEPLOYMENTS_REFRESH_SECONDS = 0.2
     heartbeat = tmp_path / "heartbeat"
-    call_command("watch_replicas", seconds=1.5, heartbeat_file=str(heartbeat))
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    returned = threading.Event()
+
+    def stop_once_followed():
+        # Stopped as Kubernetes stops it (SIGTERM) once the loop did its work, not
+        # after a fixed 1.5 s, which the light run (niced beside vLLM) may spend
+        # waiting for the CPU; --seconds only bounds a loop that never gets there.
+        deadline = time.monotonic() + 60
+        try:
+            while not returned.is_set() and time.monotonic() < deadline:
+                if heartbeat.exists() and active(k8s_deployment) and enqueued:
+                    break
+                time.sleep(0.05)
+        finally:
+            connections.close_all()
+        # Only to the command's own handler (never to pytest's).
+        if (
+            not returned.is_set()
+            and signal.getsignal(signal.SIGTERM) is not handlers[signal.SIGTERM]
+        ):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    stopper = threading.Thread(target=stop_once_followed)
+    stopper.start()
+    try:
+        call_command("watch_replicas", seconds=90, heartbeat_file=str(heartbeat))
+    finally:
+        returned.set()
+        stopper.join()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
     assert active(k8s_deployment) == {a.base_url}
     assert enqueued == [k8s_deployment.pk]
     assert heartbeat.exists()
@@ -388,7 +437,7 @@ def test_the_supervisor_follows_the_deployments_table(
         static = make_deployment(root, [fake_replicas[1].base_url], tmp_path / "s", name="static")
         supervisor.refresh()
         assert set(supervisor.watches) == {WatchTarget.of(changed), WatchTarget.of(other)}
-        old_thread.join(5)
+        old_thread.join(30)  # at once, but the light run is niced beside vLLM
         assert not old_thread.is_alive(), "the watch of the old selector was not stopped"
 
         other_labels = {**LABELS, "app": "other", "kubernetes.io/service-name": "other"}

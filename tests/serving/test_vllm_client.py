@@ -106,7 +106,9 @@ def mock() -> Iterator[MockVLLM]:
 
 @pytest.fixture
 def client(mock: MockVLLM) -> Iterator[VLLMClient]:
-    with VLLMClient(mock.url, timeout=2.0) as c:
+    # The mock answers from this process: in the light run (niced beside vLLM)
+    # it may not get the CPU for seconds, and a 2 s timeout failed the call.
+    with VLLMClient(mock.url, timeout=30.0) as c:
         yield c
 
 
@@ -212,14 +214,15 @@ def test_connection_refused_is_transient() -> None:
 
 def test_timeout_is_transient(mock: MockVLLM) -> None:
     # The reply comes far later than the timeout, so the bound below holds on a
-    # loaded machine too (a 1 s reply once took 1,058 ms to time out at 0.2 s).
-    mock.routes[("GET", "/v1/models")] = Reply(200, json.dumps({"data": []}), delay=4.0)
+    # loaded machine too (a 1 s reply once took 1,058 ms to time out at 0.2 s;
+    # the light run is niced beside vLLM): 10 s, against a reply at 20 s.
+    mock.routes[("GET", "/v1/models")] = Reply(200, json.dumps({"data": []}), delay=20.0)
     with VLLMClient(mock.url, timeout=0.2) as c:
         result = c.list_models()
     assert result.status_code is None and not result.ok
     assert result.transient is True
     assert result.error.startswith("timeout")
-    assert result.duration_ms < 3000
+    assert result.duration_ms < 10_000
 
 
 def test_api_key_header_sent_and_never_logged(

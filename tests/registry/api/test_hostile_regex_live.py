@@ -70,7 +70,9 @@ def test_readyz_answers_while_a_crafted_regex_upload_is_processed(server):
     while thread.is_alive() or len(health) < 3:
         started = time.monotonic()
         try:
-            status = http.get(f"{url}/readyz", timeout=2).status_code
+            # A pinned process does not answer for minutes; 10 s leaves room for
+            # the light run's stalls (niced beside vLLM), where 2 s did not.
+            status = http.get(f"{url}/readyz", timeout=10).status_code
         except requests.RequestException as error:
             status = repr(error)
         health.append((status, round(time.monotonic() - started, 2)))
@@ -81,4 +83,4 @@ def test_readyz_answers_while_a_crafted_regex_upload_is_processed(server):
     assert all(status == 200 for status, _ in health), health
     assert answer["status"] == 400, answer
     assert answer["body"]["error"]["code"] == "target_modules_mismatch"
-    assert answer["seconds"] < 5, answer
+    assert answer["seconds"] < 20, answer  # minutes when the regex backtracks
