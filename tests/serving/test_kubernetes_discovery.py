@@ -393,8 +393,11 @@ def test_the_watch_command_runs_the_loop(
     finally:
         returned.set()
         stopper.join()
+        left = {s: signal.getsignal(s) for s in handlers}
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
+    # The command put the caller's handlers back (pytest's, here).
+    assert left == handlers
     assert active(k8s_deployment) == {a.base_url}
     assert enqueued == [k8s_deployment.pk]
     assert heartbeat.exists()

@@ -44,8 +44,12 @@ class Command(BaseCommand):
                 f"No Kubernetes credentials ({settings.KUBERNETES_AUTH}): {error}"
             ) from None
         stop = threading.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
+        # Put back when the loop ends: a caller in the same process (call_command
+        # from a test or a script) keeps its own Ctrl-C and SIGTERM.
+        earlier = {
+            signum: signal.signal(signum, lambda *_: stop.set())
+            for signum in (signal.SIGTERM, signal.SIGINT)
+        }
         supervisor = WatchSupervisor(client)
         heartbeat = Path(heartbeat_file) if heartbeat_file else None
         started = time.monotonic()
@@ -60,6 +64,8 @@ class Command(BaseCommand):
                 stop.wait(settings.KUBERNETES_DEPLOYMENTS_REFRESH_SECONDS)
         finally:
             supervisor.stop()
+            for signum, handler in earlier.items():
+                signal.signal(signum, handler)
         self.stdout.write(f"watched {len(supervisor.last_targets)} deployment(s)")
 
     @staticmethod
