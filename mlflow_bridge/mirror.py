@@ -108,7 +108,7 @@ def _alias_request(deployment, adapter, version) -> MlflowAliasMirror | None:
         return None
     alias = alias_name(deployment.name)
     with transaction.atomic():
-        row, created = MlflowAliasMirror.objects.select_for_update().get_or_create(
+        row, created = MlflowAliasMirror.objects.select_for_update(no_key=True).get_or_create(
             adapter=adapter,
             alias=alias,
             defaults={"deployment": deployment, "version": version},

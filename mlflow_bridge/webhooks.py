@@ -176,7 +176,7 @@ def _refuse(refusal: WebhookRefused, client_address: str | None) -> None:
     its own, so a flood of forged deliveries never takes the audit chain's lock."""
     window, source = _window(), client_address or "-"
     with transaction.atomic():
-        count, created = WebhookRefusalCount.objects.select_for_update().get_or_create(
+        count, created = WebhookRefusalCount.objects.select_for_update(no_key=True).get_or_create(
             window_start=window, source=source
         )
         count.refused += 1
@@ -248,7 +248,7 @@ def webhook_rule_save(*, actor: Actor, rule: WebhookRule | None = None, **values
             rule = WebhookRule(created_by=actor.user, department=values.pop("department"))
             action = "mlflow.webhook_rule_create"
         else:
-            rule = WebhookRule.objects.select_for_update().get(pk=rule.pk)
+            rule = WebhookRule.objects.select_for_update(no_key=True).get(pk=rule.pk)
             action = "mlflow.webhook_rule_update"
         for name in RULE_FIELDS:
             if name in values:

@@ -236,7 +236,7 @@ def _sync_admin(actor: Actor, user, group_map: GroupMap, groups: list[str], via:
     wanted = group_map.is_admin(groups)
     with transaction.atomic():
         User = get_user_model()
-        locked = User.objects.select_for_update().get(pk=user.pk)
+        locked = User.objects.select_for_update(no_key=True).get(pk=user.pk)
         if locked.is_staff == wanted:
             return 0
         locked.is_staff = wanted

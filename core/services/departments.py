@@ -45,7 +45,7 @@ def department_update(
     retention of archived artifacts change, audited."""
     require_platform_admin(actor)
     with transaction.atomic():
-        locked = Department.objects.select_for_update().get(pk=department.pk)
+        locked = Department.objects.select_for_update(no_key=True).get(pk=department.pk)
         changes: dict[str, list[object]] = {}
         if name is not None and name != locked.name:
             changes["name"] = [locked.name, name]
@@ -101,7 +101,9 @@ def membership_grant(
     """Gives `user` this role in the department (adding them if needed); audited."""
     with transaction.atomic():
         membership = (
-            Membership.objects.select_for_update().filter(user=user, department=department).first()
+            Membership.objects.select_for_update(no_key=True)
+            .filter(user=user, department=department)
+            .first()
         )
         previous = membership.role if membership else ""
         if membership is None:
@@ -128,7 +130,7 @@ def membership_grant(
 
 def membership_revoke(*, actor: Actor, membership: Membership, details: dict | None = None) -> None:
     with transaction.atomic():
-        locked = Membership.objects.select_for_update().filter(pk=membership.pk).first()
+        locked = Membership.objects.select_for_update(no_key=True).filter(pk=membership.pk).first()
         if locked is None:
             raise Conflict("This membership was already removed.")
         audit_record(

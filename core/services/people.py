@@ -89,7 +89,7 @@ def user_update(*, actor: Actor | None, user, via: str, **values):
     if unknown:
         raise ValueError(f"not an audited user field: {sorted(unknown)}")
     with transaction.atomic():
-        locked = get_user_model().objects.select_for_update().get(pk=user.pk)
+        locked = get_user_model().objects.select_for_update(no_key=True).get(pk=user.pk)
         before = _snapshot(locked)
         for name, value in values.items():
             setattr(locked, name, value)

@@ -89,16 +89,27 @@ def service_account_token_create(
     expires_in_days: int | None = None,
 ) -> tuple[ApiToken, str]:
     _require_department_approver(actor, account.department_id)
-    if not account.active:
-        raise Conflict("This service account is deactivated.", code="service_account_inactive")
-    return token_mint(
-        actor=actor,
-        department=account.department,
-        name=name,
-        abilities=abilities,
-        expires_in_days=expires_in_days,
-        service_account=account,
-    )
+    with transaction.atomic():
+        # The account's row first, as its deactivation locks it: a mint and a
+        # deactivation of one account go one after the other, never both (and
+        # in the order of every audited write: rows, then the audit chain).
+        locked = service_account_lock(account)
+        if not locked.active:
+            raise Conflict("This service account is deactivated.", code="service_account_inactive")
+        return token_mint(
+            actor=actor,
+            department=locked.department,
+            name=name,
+            abilities=abilities,
+            expires_in_days=expires_in_days,
+            service_account=locked,
+        )
+
+
+def service_account_lock(account: ServiceAccount) -> ServiceAccount:
+    """The account's row, locked for this transaction (FOR NO KEY UPDATE: rows
+    that only refer to it are not held up)."""
+    return ServiceAccount.objects.select_for_update(no_key=True).get(pk=account.pk)
 
 
 def service_account_deactivate(*, actor: Actor, account: ServiceAccount) -> ServiceAccount:
@@ -106,7 +117,7 @@ def service_account_deactivate(*, actor: Actor, account: ServiceAccount) -> Serv
     _require_department_approver(actor, account.department_id)
     now = timezone.now()
     with transaction.atomic():
-        locked = ServiceAccount.objects.select_for_update().get(pk=account.pk)
+        locked = service_account_lock(account)
         if locked.deactivated_at is not None:
             raise Conflict("This service account is already deactivated.", code="already_inactive")
         locked.deactivated_at, locked.deactivated_by = now, actor.user

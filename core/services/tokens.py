@@ -118,7 +118,7 @@ def token_revoke(*, actor: Actor, token: ApiToken) -> ApiToken:
     if not (actor.is_platform_admin or own or departments):
         raise NotFound("Token not found.")
     with transaction.atomic():
-        locked = ApiToken.objects.select_for_update().get(pk=token.pk)
+        locked = ApiToken.objects.select_for_update(no_key=True).get(pk=token.pk)
         if locked.revoked_at is not None:
             raise Conflict("This token is already revoked.", code="already_revoked")
         locked.revoked_at = timezone.now()

@@ -212,7 +212,7 @@ def _record_version(
         with transaction.atomic():
             # The adapter row lock serialises numbering: concurrent registrations
             # get N+1 and N+2, never the same number and never a gap.
-            locked = Adapter.objects.select_for_update().get(pk=adapter.pk)
+            locked = Adapter.objects.select_for_update(no_key=True).get(pk=adapter.pk)
             # Re-checked under the lock: the MLflow run id has no unique constraint.
             replay = _existing_for_retry(adapter, idempotency_key, lineage)
             if replay is not None:
@@ -326,7 +326,7 @@ def version_transition(
         raise ValidationFailed(f"A comment is required to {action}.", code="comment_required")
 
     with transaction.atomic():
-        locked = AdapterVersion.objects.select_for_update().get(pk=version.pk)
+        locked = AdapterVersion.objects.select_for_update(no_key=True).get(pk=version.pk)
         if locked.status not in transition.sources:
             allowed = allowed_actions_from(locked.status) or ["none"]
             raise Conflict(

@@ -131,7 +131,9 @@ def replicas_apply(deployment_id: int, urls: set[str]) -> list[str]:
     with transaction.atomic():
         existing = {
             r.base_url: r
-            for r in Replica.objects.select_for_update().filter(deployment_id=deployment_id)
+            for r in Replica.objects.select_for_update(no_key=True).filter(
+                deployment_id=deployment_id
+            )
         }
         became_ready = []
         for url in sorted(urls):

@@ -22,6 +22,7 @@ from core.actors import Actor
 from core.audit import audit_record
 from core.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
 from core.models import Department, ServiceAccount
+from core.services.service_accounts import service_account_lock
 from core.services.tokens import hash_token_secret
 from serving.models import Deployment, InferenceKey
 from serving.signals import door_access_changed
@@ -93,8 +94,6 @@ def inference_key_issue(
     if holder == "service_account":
         if service_account is None or service_account.department_id != department.pk:
             raise NotFound("Service account not found.", code="reference_not_found")
-        if not service_account.active:
-            raise Conflict("This service account is deactivated.", code="service_account_inactive")
     elif service_account is not None:
         raise ValidationFailed(
             "A service account is named only with holder 'service_account'.", code="bad_holder"
@@ -105,6 +104,14 @@ def inference_key_issue(
     days = lifetime_days(expires_in_days, settings.SERVING_INFERENCE_KEY_MAX_DAYS)
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     with transaction.atomic():
+        if service_account is not None:  # holder "service_account", checked above
+            # Locked and read again: a deactivation of the account waits for
+            # this key, or this key sees the deactivation.
+            service_account = service_account_lock(service_account)
+            if not service_account.active:
+                raise Conflict(
+                    "This service account is deactivated.", code="service_account_inactive"
+                )
         key = InferenceKey.objects.create(
             department=department,
             service_account=service_account if holder == "service_account" else None,

@@ -79,7 +79,7 @@ def department_limits_set(
         )
     checked = _checked(changes, LIMIT_FIELDS)
     with transaction.atomic():
-        limits, _ = DepartmentLimits.objects.select_for_update().get_or_create(
+        limits, _ = DepartmentLimits.objects.select_for_update(no_key=True).get_or_create(
             department=department
         )
         before = _values(limits, LIMIT_FIELDS)
@@ -125,7 +125,7 @@ def inference_key_limits_set(*, actor: Actor, key: InferenceKey, changes: dict) 
         )
     checked = _checked(changes, KEY_LIMIT_FIELDS)
     with transaction.atomic():
-        key = InferenceKey.objects.select_for_update().get(pk=key.pk)
+        key = InferenceKey.objects.select_for_update(no_key=True).get(pk=key.pk)
         if key.revoked_at is not None:
             raise Conflict("This key is revoked.", code="already_revoked")
         ceiling = DepartmentLimits.objects.filter(department_id=key.department_id).first()

@@ -168,7 +168,7 @@ def placement_targets(
         # by side each placed their adapter from the same counts, and a replica
         # got one more than its capacity (seen on real vLLM: 21 and 19 of 2 x 20).
         with transaction.atomic():
-            Deployment.objects.select_for_update().filter(pk=deployment.pk).exists()
+            Deployment.objects.select_for_update(no_key=True).filter(pk=deployment.pk).exists()
             state = _place_first(deployment, served, replicas, up)
         placed = list(state.replicas)
     return [r for r in replicas if r.pk in set(placed)], state
@@ -276,7 +276,9 @@ def served_placement_set(
         )
     with transaction.atomic():
         ServedAdapter.objects.get_or_create(deployment=deployment, adapter=adapter)
-        row = ServedAdapter.objects.select_for_update().get(deployment=deployment, adapter=adapter)
+        row = ServedAdapter.objects.select_for_update(no_key=True).get(
+            deployment=deployment, adapter=adapter
+        )
         before = {"min_replicas": row.min_replicas, "max_replicas": row.max_replicas}
         row.min_replicas, row.max_replicas = min_replicas, max_replicas
         if not is_bounded(min_replicas, max_replicas):

@@ -80,7 +80,7 @@ def _require_servable(version: AdapterVersion) -> None:
 def _start_rollout(
     actor, deployment, version, promotion=None, kind=None, audit=True, canary=None
 ) -> Rollout:
-    served, _ = ServedAdapter.objects.select_for_update().get_or_create(
+    served, _ = ServedAdapter.objects.select_for_update(no_key=True).get_or_create(
         deployment=deployment, adapter=version.adapter
     )
     if kind is None:
@@ -151,7 +151,9 @@ def _recheck_capacity_locked(deployment: Deployment, version: AdapterVersion) ->
     same moment would each see room for one more. Under the deployment's row lock
     (held only to the commit, no HTTP inside) the registered-adapter limit is
     counted again, so concurrent promotions are admitted one at a time."""
-    list(Deployment.objects.select_for_update().filter(pk=deployment.pk).values_list("pk"))
+    list(
+        Deployment.objects.select_for_update(no_key=True).filter(pk=deployment.pk).values_list("pk")
+    )
     check = check_capacity(deployment, version)
     if not check.ok:
         raise GateRefused(
@@ -268,7 +270,7 @@ def promotion_review(
         raise ValidationFailed("A comment is required to reject.", code="comment_required")
     target = PromotionStatus.APPROVED if approve else PromotionStatus.REJECTED
     with transaction.atomic():
-        locked = Promotion.objects.select_for_update().get(pk=promotion.pk)
+        locked = Promotion.objects.select_for_update(no_key=True).get(pk=promotion.pk)
         if locked.status == target or not can_move(PROMOTION_TRANSITIONS, locked.status, target):
             raise _no_longer_reviewable(locked.status)
         require_four_eyes(actor, locked.authors, FOUR_EYES_PROMOTION)
@@ -372,7 +374,7 @@ def retire(*, actor: Actor | None, deployment: Deployment, adapter: Adapter) -> 
         require_may_deploy(actor, deployment, adapter, Ability.RETIRE)
     with transaction.atomic():
         served = (
-            ServedAdapter.objects.select_for_update()
+            ServedAdapter.objects.select_for_update(no_key=True)
             .filter(deployment=deployment, adapter=adapter)
             .first()
         )

@@ -83,7 +83,7 @@ def deployment_restore_acknowledge(
     so a later restore's check finds these replicas and versions named."""
     require_platform_admin(actor)
     with transaction.atomic():
-        current = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        current = Deployment.objects.select_for_update(no_key=True).get(pk=deployment.pk)
         if current.restore_basis is None:
             raise Conflict(f"{current.name} is not quarantined after a restore.", code="not_held")
         found = differences(current, current.restore_basis)

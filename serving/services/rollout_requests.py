@@ -159,7 +159,7 @@ def rollout_cancel(*, actor: Actor, rollout: Rollout, comment: str = "") -> Roll
     """
     require_approver(actor, rollout.adapter.department_id, "Rollout")
     with transaction.atomic():
-        current = Rollout.objects.select_for_update().get(pk=rollout.pk)
+        current = Rollout.objects.select_for_update(no_key=True).get(pk=rollout.pk)
         if not rollout_cancellable(current):
             raise Conflict(
                 f"Rollout {rollout.pk} is {current.status}; only an unfinished rollout "

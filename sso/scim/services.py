@@ -78,7 +78,11 @@ def scim_user_create(*, actor: Actor, data: UserData) -> ScimUser:
     does not get to take over an account it did not make."""
     users = get_user_model()
     with transaction.atomic():
-        existing = users.objects.select_for_update().filter(username__iexact=data.user_name).first()
+        existing = (
+            users.objects.select_for_update(no_key=True)
+            .filter(username__iexact=data.user_name)
+            .first()
+        )
         if existing is None:
             user = users(**_fields(data))
             user.set_unusable_password()  # this person signs in at the provider only
@@ -149,7 +153,7 @@ def scim_user_replace(*, actor: Actor, scim_user: ScimUser, data: UserData) -> S
 
 def scim_user_delete(*, actor: Actor, scim_user: ScimUser) -> None:
     with transaction.atomic():
-        locked = ScimUser.objects.select_for_update().get(pk=scim_user.pk)
+        locked = ScimUser.objects.select_for_update(no_key=True).get(pk=scim_user.pk)
         if locked.deleted_at is not None:
             return
         user_update(actor=actor, user=locked.user, via="scim", is_active=False)
@@ -222,7 +226,7 @@ def scim_group_change(
     """PUT and PATCH of a group: a rename or a change of members re-syncs
     everyone who was or is in it."""
     with transaction.atomic():
-        locked = ScimGroup.objects.select_for_update().get(pk=group.pk)
+        locked = ScimGroup.objects.select_for_update(no_key=True).get(pk=group.pk)
         before = set(locked.members.values_list("scim_id", flat=True))
         details: dict = {"via": "scim"}
         if display_name is not None and display_name != locked.display_name:
@@ -258,7 +262,7 @@ def scim_group_change(
 
 def scim_group_delete(*, actor: Actor, group: ScimGroup) -> None:
     with transaction.atomic():
-        locked = ScimGroup.objects.select_for_update().get(pk=group.pk)
+        locked = ScimGroup.objects.select_for_update(no_key=True).get(pk=group.pk)
         members = list(locked.members.select_related("user"))
         audit_record(
             actor=actor,

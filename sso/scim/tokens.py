@@ -69,7 +69,7 @@ def scim_token_create(*, actor: Actor, name: str, expires_in_days: int | None = 
 def scim_token_revoke(*, actor: Actor, token: ScimToken) -> ScimToken:
     require_platform_admin(actor)
     with transaction.atomic():
-        locked = ScimToken.objects.select_for_update().get(pk=token.pk)
+        locked = ScimToken.objects.select_for_update(no_key=True).get(pk=token.pk)
         if locked.revoked_at is not None:
             raise Conflict("This SCIM token is already revoked.", code="already_revoked")
         locked.revoked_at = timezone.now()
