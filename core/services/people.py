@@ -141,11 +141,12 @@ def user_access_end(*, actor: Actor | None, user, reason: str) -> dict:
             ended["revoked_service_account_tokens"] = minted_tokens_end(by=by, user=user)
         else:
             ended["service_account_tokens_kept"] = describe_minted(tokens_minted_by(user))
+        # Other apps end what the person holds there (serving: inference keys),
+        # before the audit record below takes the audit chain: rows first.
+        user_access_ended.send(sender=user_access_end, actor=actor, user=user, reason=reason)
         audit_record(
             actor=actor, action="user.access_ended", obj=user, department=None, details=ended
         )
-        # Other apps end what the person holds there (serving: inference keys).
-        user_access_ended.send(sender=user_access_end, actor=actor, user=user, reason=reason)
     return ended
 
 

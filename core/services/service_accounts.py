@@ -126,15 +126,17 @@ def service_account_deactivate(*, actor: Actor, account: ServiceAccount) -> Serv
             locked.tokens.filter(revoked_at__isnull=True).values_list("prefix", flat=True)
         )
         locked.tokens.filter(revoked_at__isnull=True).update(revoked_at=now, revoked_by=actor.user)
+        # Other apps end what the account holds (serving: its inference keys)
+        # before the audit record below takes the audit chain: rows first.
+        service_account_deactivated.send(
+            sender=service_account_deactivate, actor=actor, account=locked
+        )
         audit_record(
             actor=actor,
             action="service_account.deactivated",
             obj=locked,
             department=locked.department,
             details={"revoked_tokens": revoked},
-        )
-        service_account_deactivated.send(
-            sender=service_account_deactivate, actor=actor, account=locked
         )
     return locked
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from core.access import can_approve, require_visible, role_in
 from core.actors import Actor
-from core.audit import audit_record
+from core.audit import audit_event, audit_record, audit_record_all
 from core.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
 from core.models import Department, ServiceAccount
 from core.services.service_accounts import service_account_lock
@@ -184,26 +184,39 @@ def holder_label(key: InferenceKey) -> str:
 
 def inference_keys_end(*, actor: Actor | None, keys, reason: str) -> list[str]:
     """Revokes these keys at once (a person deactivated, a service account
-    ended), each audited; the caller's transaction commits them. Returns their prefixes."""
+    ended), each audited; the caller's transaction commits them. Returns their prefixes.
+
+    Every key's row is locked and written before the audit chain is taken (the
+    order of every audited write, docs/internals/architecture.md): a revoke of
+    one of them at the same moment holds its row while it waits for the chain."""
     now = timezone.now()
-    ended = []
-    for key in keys.filter(revoked_at__isnull=True).select_related("department"):
-        if not InferenceKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(
-            revoked_at=now, revoked_by=actor.user if actor else None, revoked_reason=reason[:200]
-        ):
-            continue
-        audit_record(
-            actor=actor,
-            action="inference_key.revoked",
-            obj=key,
-            department=key.department,
-            comment=reason,
-            details={"prefix": key.prefix},
+    with transaction.atomic():
+        ending = list(
+            keys.filter(revoked_at__isnull=True)
+            .select_related("department")
+            .select_for_update(no_key=True, of=("self",))
+            .order_by("pk")
         )
-        ended.append(key.prefix)
-    if ended:
-        _doors_change()
-    return ended
+        if not ending:
+            return []
+        InferenceKey.objects.filter(pk__in=[key.pk for key in ending]).update(
+            revoked_at=now, revoked_by=actor.user if actor else None, revoked_reason=reason[:200]
+        )
+        audit_record_all(
+            [
+                audit_event(
+                    actor=actor,
+                    action="inference_key.revoked",
+                    obj=key,
+                    department=key.department,
+                    comment=reason,
+                    details={"prefix": key.prefix},
+                )
+                for key in ending
+            ]
+        )
+    _doors_change()
+    return [key.prefix for key in ending]
 
 
 def _doors_change() -> None:
