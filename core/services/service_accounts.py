@@ -93,9 +93,7 @@ def service_account_token_create(
         # The account's row first, as its deactivation locks it: a mint and a
         # deactivation of one account go one after the other, never both (and
         # in the order of every audited write: rows, then the audit chain).
-        locked = service_account_lock(account)
-        if not locked.active:
-            raise Conflict("This service account is deactivated.", code="service_account_inactive")
+        locked = service_account_lock_active(account)
         return token_mint(
             actor=actor,
             department=locked.department,
@@ -110,6 +108,15 @@ def service_account_lock(account: ServiceAccount) -> ServiceAccount:
     """The account's row, locked for this transaction (FOR NO KEY UPDATE: rows
     that only refer to it are not held up)."""
     return ServiceAccount.objects.select_for_update(no_key=True).get(pk=account.pk)
+
+
+def service_account_lock_active(account: ServiceAccount) -> ServiceAccount:
+    """The account locked, for adding what it holds (a token, a key): a 409 if
+    it is deactivated, and a deactivation waits until this transaction ends."""
+    locked = service_account_lock(account)
+    if not locked.active:
+        raise Conflict("This service account is deactivated.", code="service_account_inactive")
+    return locked
 
 
 def service_account_deactivate(*, actor: Actor, account: ServiceAccount) -> ServiceAccount:

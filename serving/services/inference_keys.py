@@ -22,7 +22,7 @@ from core.actors import Actor
 from core.audit import audit_event, audit_record, audit_record_all
 from core.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
 from core.models import Department, ServiceAccount
-from core.services.service_accounts import service_account_lock
+from core.services.service_accounts import service_account_lock_active
 from core.services.tokens import hash_token_secret
 from serving.models import Deployment, InferenceKey
 from serving.signals import door_access_changed
@@ -107,11 +107,7 @@ def inference_key_issue(
         if service_account is not None:  # holder "service_account", checked above
             # Locked and read again: a deactivation of the account waits for
             # this key, or this key sees the deactivation.
-            service_account = service_account_lock(service_account)
-            if not service_account.active:
-                raise Conflict(
-                    "This service account is deactivated.", code="service_account_inactive"
-                )
+            service_account = service_account_lock_active(service_account)
         key = InferenceKey.objects.create(
             department=department,
             service_account=service_account if holder == "service_account" else None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from core.errors import Conflict
 from core.models import ApiToken
@@ -22,6 +22,7 @@ from core.services.service_accounts import (
     service_account_token_create,
 )
 from tests.conftest import actor, requires_postgres
+from tests.support.races import Racers
 
 pytestmark = [
     pytest.mark.postgres,
@@ -36,7 +37,6 @@ def test_a_mint_and_a_deactivation_at_once_both_end_and_no_token_outlives_the_ac
     account = service_account_create(actor=actor(alex), department=legal, name="nightly")
     minted_and_audited = threading.Event()
     account_locked = threading.Event()
-    outcomes: dict[str, object] = {}
 
     # The deactivation reaches its audit record holding the account's row: it
     # says so, then waits for the chain as before.
@@ -49,36 +49,22 @@ def test_a_mint_and_a_deactivation_at_once_both_end_and_no_token_outlives_the_ac
     monkeypatch.setattr(service_accounts, "audit_record", audit_once_locked)
 
     def mint():
-        try:
-            with transaction.atomic():
-                token, _ = service_account_token_create(
-                    actor=actor(alex), account=account, name="late", abilities=["audit:read"]
-                )
-                minted_and_audited.set()  # holds the audit chain until it commits
-                # Commits once the deactivation holds the account (the deadlock's
-                # order), or after 3 s if the deactivation waits for this mint.
-                account_locked.wait(timeout=3)
-            outcomes["mint"] = token.pk
-        except Exception as error:  # the outcome is what this test checks
-            outcomes["mint"] = error
-        finally:
-            connection.close()
+        with transaction.atomic():
+            token, _ = service_account_token_create(
+                actor=actor(alex), account=account, name="late", abilities=["audit:read"]
+            )
+            minted_and_audited.set()  # holds the audit chain until it commits
+            # Commits once the deactivation holds the account (the deadlock's
+            # order), or after 3 s if the deactivation waits for this mint.
+            account_locked.wait(timeout=3)
+        return token.pk
 
     def deactivate():
-        try:
-            minted_and_audited.wait(timeout=30)
-            service_account_deactivate(actor=actor(alex), account=account)
-            outcomes["deactivate"] = "deactivated"
-        except Exception as error:
-            outcomes["deactivate"] = error
-        finally:
-            connection.close()
+        minted_and_audited.wait(timeout=30)
+        service_account_deactivate(actor=actor(alex), account=account)
+        return "deactivated"
 
-    threads = [threading.Thread(target=mint), threading.Thread(target=deactivate)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    outcomes = Racers(mint=mint, deactivate=deactivate).outcomes()
 
     assert outcomes["deactivate"] == "deactivated", outcomes
     assert isinstance(outcomes["mint"], int), outcomes

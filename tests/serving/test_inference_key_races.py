@@ -17,6 +17,7 @@ from serving.models import InferenceKey
 from serving.services import inference_keys
 from serving.services.inference_keys import inference_key_issue, inference_key_revoke
 from tests.conftest import actor, requires_postgres
+from tests.support.races import Racers
 
 pytestmark = [
     pytest.mark.postgres,
@@ -52,7 +53,6 @@ def test_ending_an_account_while_one_of_its_keys_is_revoked_ends_both(monkeypatc
     )
     key_row_held = threading.Event()
     go_on = threading.Event()
-    outcomes: dict[str, object] = {}
 
     # The revoke holds the key's row (its UPDATE), then waits before its audit
     # record until the deactivation is seen waiting for a lock.
@@ -66,35 +66,21 @@ def test_ending_an_account_while_one_of_its_keys_is_revoked_ends_both(monkeypatc
     monkeypatch.setattr(inference_keys, "audit_record", audit_when_told)
 
     def revoke():
-        try:
-            inference_key_revoke(actor=actor(alex), key=key, reason="rotated")
-            outcomes["revoke"] = "revoked"
-        except Exception as error:  # the outcome is what this test checks
-            outcomes["revoke"] = error
-        finally:
-            connection.close()
+        inference_key_revoke(actor=actor(alex), key=key, reason="rotated")
+        return "revoked"
 
     def deactivate():
-        try:
-            key_row_held.wait(timeout=30)
-            service_account_deactivate(actor=actor(alex), account=account)
-            outcomes["deactivate"] = "deactivated"
-        except Exception as error:
-            outcomes["deactivate"] = error
-        finally:
-            connection.close()
+        key_row_held.wait(timeout=30)
+        service_account_deactivate(actor=actor(alex), account=account)
+        return "deactivated"
 
-    threads = [threading.Thread(target=revoke), threading.Thread(target=deactivate)]
-    for thread in threads:
-        thread.start()
+    racers = Racers(revoke=revoke, deactivate=deactivate)
     assert key_row_held.wait(timeout=30)
     # Before: the deactivation took the chain, then waited for the key's row.
     assert someone_waits_for_a_lock(), "the deactivation never waited"
     go_on.set()
-    for thread in threads:
-        thread.join(timeout=60)
 
-    assert outcomes == {"revoke": "revoked", "deactivate": "deactivated"}
+    assert racers.outcomes() == {"revoke": "revoked", "deactivate": "deactivated"}
     assert InferenceKey.objects.get(pk=key.pk).revoked_reason == "rotated"
     # One revocation recorded: the deactivation found the key already ended.
     assert AuditEvent.objects.filter(action="inference_key.revoked").count() == 1
