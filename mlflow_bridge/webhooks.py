@@ -66,6 +66,8 @@ class WebhookRefused(ApplicationError):
 class WebhookThrottled(ApplicationError):
     status = 429
     code = "webhook_throttled"
+    # Set per instance (Retry-After); core.api.errors sends them with the 429.
+    headers: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,8 @@ def webhook_receive(*, headers, body: bytes, client_address: str | None) -> Webh
     except WebhookRefused as refusal:
         _refuse(refusal, client_address)
         raise
-    data = verified.payload.get("data") if isinstance(verified.payload.get("data"), dict) else {}
+    raw_data = verified.payload.get("data")
+    data = raw_data if isinstance(raw_data, dict) else {}
     try:
         with transaction.atomic():
             delivery = WebhookDelivery.objects.create(
@@ -121,11 +124,11 @@ def webhook_receive(*, headers, body: bytes, client_address: str | None) -> Webh
             )
             _enqueue_on_commit(delivery.pk)
     except IntegrityError:
-        refusal = WebhookRefused(
+        replay = WebhookRefused(
             f"Delivery {verified.delivery_id} was accepted before: a replay.", code="replayed"
         )
-        _refuse(refusal, client_address)
-        raise refusal from None
+        _refuse(replay, client_address)
+        raise replay from None
     return delivery
 
 
@@ -327,6 +330,7 @@ def webhook_handle(*, delivery_id: int) -> str:
         )
     delivery.rule = rule
     data = delivery.payload.get("data") or {}
+    tags: dict[str, str] | None
     try:
         if delivery.event == WebhookEvent.ALIAS_CREATED:
             # The alias event names only the version: ask MLflow for its run.

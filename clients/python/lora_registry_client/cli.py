@@ -10,7 +10,14 @@ import re
 import sys
 from typing import Any
 
-from lora_registry_client.client import ApiError, Client, Unreachable, WaitTimeout
+from lora_registry_client.client import (
+    MAX_PAGE_SIZE,
+    ApiError,
+    Client,
+    Unreachable,
+    WaitTimeout,
+)
+from lora_registry_client.webhooks import verify_signature
 
 OK, USAGE, REFUSED, DENIED, FAILED, TIMED_OUT, UNREACHABLE = 0, 2, 3, 4, 5, 6, 7
 MLFLOW_RUN = re.compile(r"^runs:/(?P<run>[A-Za-z0-9_-]{1,64})(?:/(?P<path>.+))?$")
@@ -18,6 +25,8 @@ MLFLOW_RUN = re.compile(r"^runs:/(?P<run>[A-Za-z0-9_-]{1,64})(?:/(?P<path>.+))?$
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if getattr(args, "offline", False):
+        return args.run(None, args)
     if not args.url:
         print("lora-registry: give --url or set LORA_REGISTRY_URL", file=sys.stderr)
         return USAGE
@@ -230,7 +239,91 @@ def _parser() -> argparse.ArgumentParser:
     )
     watch.add_argument("rollout", type=int)
     watch.set_defaults(run=_watch)
+
+    events = commands.add_parser(
+        "events",
+        parents=[common],
+        help="a department's events (its audit log); --follow tails them until Ctrl-C",
+    )
+    events.add_argument("department", help="the department's slug")
+    events.add_argument("--follow", "-f", action="store_true", help="keep printing new ones")
+    events.add_argument("--last", type=int, default=10, help="how many past ones first (10)")
+    events.add_argument(
+        "--page-size", type=int, default=100, help="events per request, 1 to 500 (100)"
+    )
+    events.add_argument("--interval", type=float, default=2.0, help="seconds between polls")
+    events.set_defaults(run=_events)
+
+    webhook = commands.add_parser("webhook", help="webhooks the registry sends").add_subparsers(
+        dest="webhook_command", required=True
+    )
+    verify = webhook.add_parser(
+        "verify",
+        help="check a delivery's signature (exit 0: valid, 3: not)",
+        description="Reads the body from a file or stdin and checks the "
+        "X-LoRA-Registry-Signature header against the webhook's secret; no registry is called.",
+    )
+    verify.add_argument("--signature", required=True, help="the X-LoRA-Registry-Signature value")
+    verify.add_argument(
+        "--secret",
+        default=os.environ.get("LORA_REGISTRY_WEBHOOK_SECRET"),
+        help="the webhook's secret, whsec_... (LORA_REGISTRY_WEBHOOK_SECRET)",
+    )
+    verify.add_argument("--body", default="-", help="a file with the raw body (default: stdin)")
+    verify.add_argument(
+        "--tolerance", type=int, default=300, help="seconds a timestamp may be off (default 300)"
+    )
+    verify.set_defaults(run=_webhook_verify, offline=True)
     return parser
+
+
+def _events(client: Client, args) -> int:
+    if not 0 <= args.last <= MAX_PAGE_SIZE:
+        raise ValueError(f"--last must be 0 to {MAX_PAGE_SIZE}, got {args.last}")
+    if not 1 <= args.page_size <= MAX_PAGE_SIZE:
+        raise ValueError(f"--page-size must be 1 to {MAX_PAGE_SIZE}, got {args.page_size}")
+    if not args.follow:
+        shown = client.events(args.department, last=args.last) if args.last else []
+    else:
+        shown = client.follow_events(
+            args.department, last=args.last, page_size=args.page_size, interval=args.interval
+        )
+    try:
+        for event in shown:
+            if args.json:
+                # One object a line, so a pipe reads each as it comes.
+                print(json.dumps(event, sort_keys=True), flush=True)
+            else:
+                print(_event_line(event), flush=True)
+    except KeyboardInterrupt:
+        return OK  # Ctrl-C is how --follow ends
+    return OK
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    states = (
+        f" {event['from_state'] or '-'} -> {event['to_state']}" if event.get("to_state") else ""
+    )
+    return (
+        f"{event['created_at']}  {event['action']}  {event.get('object_repr') or ''}"
+        f"{states}  by {event.get('actor') or 'system'}"
+    )
+
+
+def _webhook_verify(client, args) -> int:
+    if not args.secret:
+        _say("lora-registry: give --secret or set LORA_REGISTRY_WEBHOOK_SECRET")
+        return USAGE
+    if args.body == "-":
+        body = sys.stdin.buffer.read()
+    else:
+        with open(args.body, "rb") as file:
+            body = file.read()
+    if verify_signature(args.secret, body, args.signature, tolerance=args.tolerance):
+        print("valid")
+        return OK
+    _say("invalid: the signature does not match the body, or its timestamp is too old")
+    return REFUSED
 
 
 if __name__ == "__main__":

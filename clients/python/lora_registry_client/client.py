@@ -15,17 +15,24 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import requests
 
-# The states after which nothing changes any more (serving/transitions.py).
+# The states after which nothing changes any more (serving/rules/transitions.py).
 ROLLOUT_DONE = {"succeeded", "failed", "rolled_back", "cancelled"}
 PROMOTION_REFUSED = {"rejected", "cancelled"}
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
 # Files are hashed for the idempotency key in pieces of this size, never whole.
 CHUNK = 1024 * 1024
+# The API's bound on a page (core/api/pagination.py).
+MAX_PAGE_SIZE = 500
+# How far back each poll of the events reads again: an event is stamped when
+# its change is written and seen when that change commits, so one stamped a
+# little earlier can appear after a later one. Seen ids are not shown twice.
+FOLLOW_OVERLAP = timedelta(seconds=30)
 
 
 @dataclass
@@ -212,6 +219,81 @@ class Client:
             if time.monotonic() >= deadline:
                 raise WaitTimeout(f"promotion {promotion_id} still {seen}", promotion)
             time.sleep(interval)
+
+    # -- events -----------------------------------------------------------------
+
+    def events(self, department: str, *, last: int = 10) -> list[dict[str, Any]]:
+        """The department's `last` events (its audit log), oldest first."""
+        page = self.get("/api/v1/audit-events/", department=department, page_size=last)
+        return list(reversed(page.get("results", [])))
+
+    def follow_events(
+        self,
+        department: str,
+        *,
+        last: int = 10,
+        page_size: int = 100,
+        interval: float = 2.0,
+        polls: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """The department's last `last` events, then each new one as it comes,
+        oldest first, until the caller stops (Ctrl-C) or after `polls` polls.
+        Polls /api/v1/audit-events/ from a cursor (the newest time seen, less
+        FOLLOW_OVERLAP), `page_size` at a time, and skips the ids it has shown."""
+        if not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ValueError(f"page size must be 1 to {MAX_PAGE_SIZE}, got {page_size}")
+        shown = self.events(department, last=last) if last else []
+        newest = shown[-1:] or self.events(department, last=1)
+        cursor = _when(newest[0]) if newest else None
+        seen: dict[int, datetime] = {}
+        if cursor is not None:
+            # What is there up to the newest is the past, shown or not: only what
+            # comes after is new, even where it is stamped a little earlier.
+            for event in self._events_since(department, cursor - FOLLOW_OVERLAP, page_size):
+                if _when(event) <= cursor:
+                    seen[event["id"]] = _when(event)
+        for event in shown:
+            seen[event["id"]] = _when(event)
+            yield event
+        done = 0
+        while polls is None or done < polls:
+            if done:
+                time.sleep(interval)
+            done += 1
+            since = None if cursor is None else cursor - FOLLOW_OVERLAP
+            for event in self._events_since(department, since, page_size):
+                if event["id"] in seen:
+                    continue
+                when = seen[event["id"]] = _when(event)
+                cursor = when if cursor is None else max(cursor, when)
+                yield event
+            if cursor is not None:
+                # Forget what no later poll reads again: memory stays bounded.
+                horizon = cursor - 2 * FOLLOW_OVERLAP
+                seen = {pk: when for pk, when in seen.items() if when >= horizon}
+
+    def _events_since(
+        self, department: str, since: datetime | None, page_size: int
+    ) -> Iterator[dict[str, Any]]:
+        params: dict[str, Any] = {
+            "department": department,
+            "ordering": "created_at",
+            "page_size": page_size,
+        }
+        if since is not None:
+            params["since"] = since.isoformat()
+        page = 1
+        while True:
+            answer = self.get("/api/v1/audit-events/", **params, page=page)
+            yield from answer.get("results", [])
+            if not answer.get("next"):
+                return
+            page += 1
+
+
+def _when(event: dict[str, Any]) -> datetime:
+    # Python 3.10's fromisoformat does not read the "Z" DRF writes.
+    return datetime.fromisoformat(str(event["created_at"]).replace("Z", "+00:00"))
 
 
 def _api_error(response: requests.Response) -> ApiError:
