@@ -6,7 +6,10 @@
 # restarted and logged ($VAR_DIR/log/supervisor.log), the others keep running, and
 # Ctrl-C stops everything.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+# -P: the physical path. vLLM reports its base model's root as it was given
+# (under $PWD), the registration records the resolved one; from a clone reached
+# through a symlink they would differ and every promotion be refused.
+cd -P "$(dirname "$0")/.."
 BIN=$PWD/.venv/bin
 # Debug off, as in production: a visitor gets the product's 404/403/500 pages,
 # never Django's debug page (which lists every URL and setting). A developer

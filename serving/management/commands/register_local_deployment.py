@@ -85,6 +85,7 @@ class Command(BaseCommand):
         served_from = Path(base_card.root) if base_card and base_card.root else None
         if not model_path and served_from and (served_from / "config.json").is_file():
             model_path = str(served_from)
+        existing = Deployment.objects.filter(name=options["name"]).first()
         max_loras = options["max_loras"] or self._max_lora(url, options["api_key"]) or 4
         volume = Path(options["volume"]).resolve()
         volume.mkdir(parents=True, exist_ok=True)
@@ -100,11 +101,20 @@ class Command(BaseCommand):
             "requires_promotion_approval": False,
         }
         if model_path:
-            values["base_model_path"] = str(Path(model_path).resolve())
+            resolved = Path(model_path).resolve()
+            values["base_model_path"] = str(resolved)
+            # vLLM reports its base model's root as it was started, symlinks
+            # and all (a clone under macOS's /tmp, a linked home): every
+            # spelling of the same folder is the record's, or the facts check
+            # disputes the replica and refuses every promotion.
+            spellings = [str(Path(model_path).absolute()), str(resolved)]
+            if served_from is not None and served_from.resolve() == resolved:
+                spellings.append(str(served_from))
+            aliases = list(existing.base_model_aliases or []) if existing else []
+            values["base_model_aliases"] = aliases + [a for a in spellings if a not in aliases]
         if options["api_key"]:
             values["vllm_api_key"] = options["api_key"]
         actor = system_actor(self._admin(options["as_user"]))
-        existing = Deployment.objects.filter(name=options["name"]).first()
         try:
             if existing is None:
                 deployment = deployment_create(actor=actor, name=options["name"], **values)

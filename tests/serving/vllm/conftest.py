@@ -24,7 +24,7 @@ from celery.contrib.testing.worker import start_worker
 from django.db import connections
 from rest_framework.test import APIClient
 
-from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
+from serving.rules.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
 from tests.support.adapters import AdapterSpec, adapter_tar_gz
 from tests.support.vllm_pool import SERVED_BASE, runtime_adapters
 from tests.support.vllm_servers import VLLMServer, ensure_tiny_model, ensure_vllm_installed
@@ -117,7 +117,7 @@ def settle_worker(app, timeout: float = 120.0) -> None:
     from celery.worker import state
 
     from serving.models import Rollout, RolloutStatus
-    from serving.transitions import ROLLOUT_TERMINAL
+    from serving.rules.transitions import ROLLOUT_TERMINAL
 
     purge_queues(app)
     # A direct UPDATE, not rollout_cancel: this is the test's clean-up, with no
@@ -267,7 +267,7 @@ def chat_through_openai(base_url: str, model: str) -> str:
 
 
 def probe(server: VLLMServer, model: str) -> Probe:
-    """The greedy log-probabilities of `model` on a real server (serving.probe)."""
+    """The greedy log-probabilities of `model` on a real server (serving.rules.probe)."""
     # Generous: the first completion after boot warms the engine up, on shared cores.
     with server.client(timeout=240) as client:
         answer = client.probe(model, prompt=PROBE_PROMPT, max_tokens=PROBE_TOKENS)

@@ -14,9 +14,12 @@ Celery worker, so the traffic gets the CPU."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -24,6 +27,7 @@ import requests
 from serving.models import Deployment, ServedAdapter
 from serving.reconcile.tick import reconcile_deployment
 from serving.rollouts.engine import rollout_execute
+from serving.rules.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
 from serving.services.promotions import promotion_create, retire
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version
@@ -178,6 +182,133 @@ def test_a_reload_under_a_running_request_kills_vllm_but_the_products_swap_does_
     finally:
         # The servers are shared by the tier: bring this one back for the next test.
         server.restart(timeout=300)
+
+
+def _engine_core_pid(server) -> int:
+    for pid in server.pids():
+        try:
+            if b"EngineCore" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no EngineCore among {server.pids()}")
+
+
+def _starve(server, seconds: float) -> threading.Thread:
+    """The replica's engine stopped for `seconds` (SIGSTOP, then SIGCONT): no
+    engine step, so no new metrics record, as on a CPU-starved machine; the API
+    server still answers."""
+    pid = _engine_core_pid(server)
+
+    def stall():
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    thread = threading.Thread(target=stall)
+    thread.start()
+    return thread
+
+
+def _probe(server, model: str) -> Probe | None:
+    body = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": PROBE_TOKENS,
+            "temperature": 0, "logprobs": 1}  # fmt: skip
+    answer = requests.post(server.base_url + "/v1/completions", json=body, timeout=120)
+    return Probe.from_body(answer.json()) if answer.ok else None
+
+
+def test_vllm_alone_answers_the_base_probe_with_the_new_load_while_the_old_one_runs(
+    vllm_server, tmp_path
+):
+    """The wrong "no effect" verdict, on vLLM alone
+    (docs/upstream/vllm-cpu-reload-no-effect.md): the new version of X loaded
+    while a request of the old load still runs; the probe through X answers
+    right, and the base model's probe, batched with the old request, is computed
+    through the last LoRA slot, where X's new version sits: the two agree, which
+    is what the product's verification reads as "no effect". Not every round
+    puts X's new version in the last slot, so up to four rounds."""
+    from tests.support.adapters import write_adapter_dir
+
+    server = vllm_server
+    x = "legal-x"
+    paths = [str(write_adapter_dir(tmp_path / f"v{n}", AdapterSpec(seed=900 + n))) for n in (1, 2)]
+    base = "tiny-llama"
+
+    def load(path):
+        body = {"lora_name": x, "lora_path": path}
+        requests.post(server.base_url + "/v1/load_lora_adapter", json=body, timeout=60)
+
+    def unload():
+        body = {"lora_name": x}
+        requests.post(server.base_url + "/v1/unload_lora_adapter", json=body, timeout=60)
+
+    quiet_base = _probe(server, base)
+    load(paths[1])
+    quiet_new = _probe(server, x)
+    unload()
+    assert quiet_new is not None and not has_no_effect(quiet_new, quiet_base)
+    rounds = []
+    for _ in range(4):
+        load(paths[0])
+        running = threading.Event()
+        long = threading.Thread(target=_ask_long, args=(server, x, running))
+        long.start()
+        assert running.wait(timeout=60)
+        unload()
+        load(paths[1])  # at once: the old load's request still runs
+        through_x, through_base = _probe(server, x), _probe(server, base)
+        long.join(timeout=180)
+        unload()
+        rounds.append((through_x == quiet_new, has_no_effect(through_x, through_base)))
+        if rounds[-1][1]:
+            break
+    assert _alive(server)
+    assert all(right for right, _ in rounds), rounds  # X itself is served right
+    assert any(verdict for _, verdict in rounds), rounds  # and yet "no effect"
+
+
+SWAPS_UNDER_A_RUNNING_REQUEST = 20
+
+
+def test_the_products_swap_under_a_running_request_succeeds_every_time(
+    one_replica, lena, alex, legal, record_property
+):
+    """The CI failure of 2026-12-07 (issue "Green every time"): a swap under a
+    running request judged a good version to have "no effect" and rolled it
+    back. Twenty swaps, each to a version never verified here (so the base
+    model is probed), each under a running request through the same name, and
+    every other one with the engine stopped for two seconds as it begins (a
+    CPU-starved replica: no new metrics record) -- the case that let the old
+    settle load under the running request."""
+    deployment, server = one_replica
+    others = _versions(lena, alex, legal, 2)  # legal-c00 and legal-c01
+    x = make_adapter(lena, legal, name="x", served_name="legal-x")
+    versions = [
+        make_approved_version(lena, alex, x, AdapterSpec(seed=700 + n))
+        for n in range(SWAPS_UNDER_A_RUNNING_REQUEST + 1)
+    ]
+    for version in [versions[0], *(v[0] for v in others.values())]:
+        promotion = promotion_create(actor=actor(lena), deployment=deployment, version=version)
+        assert _run(promotion) == "succeeded"
+    results = []
+    for n, version in enumerate(versions[1:]):
+
+        def product_swap(version=version, starve=n % 2 == 1):
+            stall = _starve(server, 2.0) if starve else None
+            promotion = promotion_create(actor=actor(lena), deployment=deployment, version=version)
+            results.append(_run(promotion))
+            if stall is not None:
+                stall.join()
+
+        assert _sequence(server, "legal-x", list(others), product_swap) == 200
+    # Plain strings: xdist cannot send an enum member back from its worker.
+    record_property("swaps", [str(status) for status in results])
+    assert results == ["succeeded"] * SWAPS_UNDER_A_RUNNING_REQUEST, results
+    assert _alive(server)
+    served = ServedAdapter.objects.get(deployment=deployment, adapter=x)
+    assert served.version == versions[-1]
 
 
 def test_swaps_retires_and_repairs_under_traffic_leave_the_replica_serving(
