@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from serving.door.access import DoorAccess
+from serving.door.callers import DoorAccess
 from serving.door.routing import RoutingTable
 
 

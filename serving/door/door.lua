@@ -11,20 +11,77 @@
 -- (escapes included: Python sees "mod\u0065l" as "model"); nested values are
 -- only checked, never built.
 --
--- Bounds: the body is at most the door's body limit (HAProxy buffers it whole,
--- `option http-buffer-request`; a larger one gets a 413 before this runs), the
--- scan is one linear pass with an explicit stack (MAX_DEPTH, no recursion),
--- and HAProxy stops any Lua action that runs longer than
--- `tune.lua.session-timeout` (rendered by serving/door/haproxy.py).
+-- It also refuses the vLLM request fields a caller may not send (REFUSED_FIELDS,
+-- MEDIA_PARTS; docs/security.md says why each), and counts the work a request
+-- asks for (`n` times the prompts of a list), which the door's requests per
+-- minute count (haproxy.py).
 --
--- Sets txn.model (the decoded name) when the body has one, or txn.body_error
--- (a sentence naming the problem, answered as a 400) when it is refused.
+-- Fail closed (docs/door.md#fail-closed): the door routes a request only when
+-- this action ran to its end and set txn.body_read. A runtime error or Lua's
+-- memory limit is caught here and named in txn.body_failed; HAProxy's
+-- `tune.lua.session-timeout` ends the action from outside, which leaves
+-- txn.body_started without txn.body_read. haproxy.py answers each with a 503
+-- of its own. Bounds, so that no body reaches the timeout: the body is at most
+-- the door's body limit (a larger one gets a 413 before this runs), the scan
+-- is one linear pass with an explicit stack (MAX_DEPTH, no recursion), at
+-- most MAX_KEYS top-level keys of at most MAX_KEY_BYTES (so Lua 5.3's string
+-- hash, which an attacker can make collide, is never fed many), nested keys
+-- are not built (only the few positions where a media part's name can stand
+-- are compared), and `model` is built only when it is short enough to be a
+-- served name.
+--
+-- Sets txn.model (the decoded name) when the body has one, txn.work (the
+-- requests it counts as), or txn.body_error (a sentence naming the problem,
+-- answered as a 400) and txn.body_param (the field it names).
 
 local MAX_DEPTH = 128
+-- An OpenAI or vLLM request has about 70 possible fields.
+local MAX_KEYS = 256
+local MAX_KEY_BYTES = 256
+-- registry.models.SERVED_NAME_PATTERN: a letter or digit, then at most 127 of
+-- letters, digits, '.', '_' and '-'. The base model's name is any (it is the
+-- action's argument, compared whole).
+local MAX_MODEL_BYTES = 128
+local SERVED_NAME = "^[A-Za-z0-9][A-Za-z0-9._-]*$"
+-- The most a request counts as (`n` times its prompts), so that the door's
+-- count of it stays small work; a request past any limit is refused anyway.
+local MAX_WORK = 100000
 
--- A quoted JSON string starting at i (s:byte(i) == '"'): the index after its
--- closing quote and whether it holds escapes, or nil and why not. Raw control
--- characters are invalid JSON (Python's strict mode refuses them too).
+-- Top-level fields vLLM 0.32 reads that no caller of a shared fleet may send
+-- (docs/security.md, "vLLM's request fields"): a template the server renders,
+-- tensors it deserialises, regexes and grammars it compiles without a bound,
+-- server-side code by name, another request's id or priority.
+local REFUSED_FIELDS = {
+  chat_template = "a chat template is rendered by the replica",
+  chat_template_kwargs = "chat template arguments are passed to the replica's renderer",
+  prompt_embeds = "embeddings are deserialised by the replica",
+  guided_regex = "a regular expression is compiled by the replica without a bound",
+  guided_grammar = "a grammar is compiled by the replica without a bound",
+  guided_whitespace_pattern = "a regular expression is compiled by the replica without a bound",
+  guided_decoding_backend = "the decoding backend is the operator's choice",
+  structured_outputs = "regular expressions and grammars are compiled by the replica without a bound",
+  logits_processors = "logits processors are code the replica loads by name",
+  vllm_xargs = "extra arguments reach the replica's custom processors",
+  kv_transfer_params = "KV transfer is the operator's",
+  mm_processor_kwargs = "media processing is off at this door",
+  media_io_kwargs = "media processing is off at this door",
+  priority = "scheduling priority is the operator's",
+  request_id = "the door sets each request's id",
+}
+-- The names of a chat message's content parts that make the replica fetch a
+-- URL or decode media (messages[i].content[j].<name>).
+local MEDIA_PARTS = {
+  image_url = true,
+  audio_url = true,
+  video_url = true,
+  input_audio = true,
+  file = true,
+  image_embeds = true,
+  image_pil = true,
+  audio_embeds = true,
+}
+local MAX_MEDIA_NAME = 12
+
 local function scan_string(s, i)
   local j = i + 1
   local escaped = false
@@ -140,18 +197,27 @@ local function ws(s, i)
   return s:find("[^ \t\r\n]", i) or (#s + 1)
 end
 
--- Reads the body: (model or nil), or (nil, why it is refused).
-local function read_body(s)
+local function refuse(why, param)
+  return { problem = why, param = param or "body" }
+end
+
+-- Whether a top-level key's value is counted as prompts: `prompt`
+-- (/v1/completions) and `input` (/v1/embeddings) may be a list of them.
+local LISTS = { prompt = true, input = true }
+
+-- Reads the body: a table {model, work} or {problem, param}.
+local function read_body(s, base)
   if not utf8.len(s) then
-    return nil, "the request body is not valid UTF-8"
+    return refuse("the request body is not valid UTF-8")
   end
   local i = ws(s, 1)
   if s:byte(i) ~= 123 then
-    return nil, "the request body is not a JSON object"
+    return refuse("the request body is not a JSON object")
   end
   -- stack[n]: 123 in an object, 91 in an array; expect: what may come next.
   local stack, depth = { 123 }, 1
-  local seen, model, model_kind = {}, nil, nil
+  local seen, keys, model, model_kind = {}, 0, nil, nil
+  local n, prompts, token_list = 1, 0, false
   local expect = "key_or_end" -- key_or_end | key | colon | value | value_or_end | comma_or_end
   local key = nil
   i = i + 1
@@ -159,7 +225,7 @@ local function read_body(s)
     i = ws(s, i)
     local c = s:byte(i)
     if not c then
-      return nil, "the request body ends inside a JSON value"
+      return refuse("the request body ends inside a JSON value")
     end
     local top = stack[depth]
     if expect == "key_or_end" or expect == "key" then
@@ -168,34 +234,62 @@ local function read_body(s)
       elseif c == 34 then
         local after, escaped = scan_string(s, i)
         if not after then
-          return nil, "the request body has " .. escaped
+          return refuse("the request body has " .. escaped)
         end
         if depth == 1 then
+          keys = keys + 1
+          if keys > MAX_KEYS then
+            return refuse("the request body has more than " .. MAX_KEYS .. " top-level keys")
+          end
+          if after - i - 2 > MAX_KEY_BYTES then
+            return refuse("the request body has a top-level key longer than " .. MAX_KEY_BYTES .. " bytes")
+          end
           key = decoded(s, i, after, escaped)
           if key == nil then
-            return nil, "the request body has a key with an invalid \\u escape"
+            return refuse("the request body has a key with an invalid \\u escape")
           end
           if seen[key] then
-            return nil, "the request body has the key `" .. key:sub(1, 64) .. "` twice"
+            return refuse("the request body has the key `" .. key:sub(1, 64) .. "` twice")
           end
           seen[key] = true
+          if REFUSED_FIELDS[key] then
+            return refuse("`" .. key .. "` is not accepted by this door: " .. REFUSED_FIELDS[key], key)
+          end
+        elseif depth == 5 and key == "messages" and stack[2] == 91 and stack[3] == 123 and stack[4] == 91 then
+          -- A content part (messages[i].content[j]): only its names are built,
+          -- and only those short enough to be a media part's.
+          if escaped or after - i - 2 <= MAX_MEDIA_NAME then
+            local name = after - i - 2 <= 6 * MAX_MEDIA_NAME and decoded(s, i, after, escaped)
+            if name and MEDIA_PARTS[name] then
+              return refuse("`" .. name .. "` content is not accepted by this door: "
+                .. "the replicas fetch and decode no media", "messages")
+            end
+          end
         end
         i, expect = after, "colon"
       else
-        return nil, "the request body is not valid JSON (expected a key at byte " .. i .. ")"
+        return refuse("the request body is not valid JSON (expected a key at byte " .. i .. ")")
       end
     elseif expect == "colon" then
       if c ~= 58 then
-        return nil, "the request body is not valid JSON (expected ':' at byte " .. i .. ")"
+        return refuse("the request body is not valid JSON (expected ':' at byte " .. i .. ")")
       end
       i, expect = i + 1, "value"
     elseif expect == "value" or expect == "value_or_end" then
       local is_model = depth == 1 and key == "model"
+      if depth == 2 and top == 91 and LISTS[key] and c ~= 93 then
+        -- One prompt per string or token list; a list of numbers is one prompt.
+        if c == 34 or c == 91 then
+          prompts = prompts + 1
+        else
+          token_list = true
+        end
+      end
       if c == 93 and expect == "value_or_end" then
         expect = "close"
       elseif c == 123 or c == 91 then
         if depth >= MAX_DEPTH then
-          return nil, "the request body nests deeper than " .. MAX_DEPTH .. " levels"
+          return refuse("the request body nests deeper than " .. MAX_DEPTH .. " levels")
         end
         depth = depth + 1
         stack[depth] = c
@@ -210,12 +304,19 @@ local function read_body(s)
           local escaped
           after, escaped = scan_string(s, i)
           if not after then
-            return nil, "the request body has " .. escaped
+            return refuse("the request body has " .. escaped)
           end
           if is_model then
-            model = decoded(s, i, after, escaped)
-            if model == nil then
-              return nil, "`model` has an invalid \\u escape"
+            -- Built only when it can be a name: at most 6 bytes a character escaped.
+            if after - i - 2 <= 6 * math.max(MAX_MODEL_BYTES, #base) then
+              model = decoded(s, i, after, escaped)
+              if model == nil then
+                return refuse("`model` has an invalid \\u escape", "model")
+              end
+            end
+            if model ~= base and not (model and #model <= MAX_MODEL_BYTES and model:find(SERVED_NAME)) then
+              return refuse("`model` is not a served name (a letter or digit, then letters, "
+                .. "digits, '.', '_' or '-', at most " .. MAX_MODEL_BYTES .. " in all)", "model")
             end
           end
         elseif c == 116 and s:sub(i, i + 3) == "true" then
@@ -227,7 +328,11 @@ local function read_body(s)
         else
           after = scan_number(s, i)
           if not after then
-            return nil, "the request body is not valid JSON (a value at byte " .. i .. ")"
+            return refuse("the request body is not valid JSON (a value at byte " .. i .. ")")
+          end
+          if depth == 1 and key == "n" and after - i <= 9 then
+            -- vLLM refuses any other `n`; only a count of choices counts here.
+            n = math.tointeger(tonumber(s:sub(i, after - 1))) or 1
           end
         end
         if is_model and c ~= 34 then
@@ -242,7 +347,7 @@ local function read_body(s)
       elseif (c == 125 and top == 123) or (c == 93 and top == 91) then
         expect = "close"
       else
-        return nil, "the request body is not valid JSON (at byte " .. i .. ")"
+        return refuse("the request body is not valid JSON (at byte " .. i .. ")")
       end
     end
     if expect == "close" then
@@ -250,29 +355,82 @@ local function read_body(s)
       depth = depth - 1
       if depth == 0 then
         if ws(s, i) <= #s then
-          return nil, "the request body has bytes after its JSON object"
+          return refuse("the request body has bytes after its JSON object")
         end
         if model_kind then
-          return nil, "`model` must be a string, not " .. model_kind
+          return refuse("`model` must be a string, not " .. model_kind, "model")
         end
-        return model
+        if prompts == 0 or token_list then
+          prompts = math.max(prompts, 1)
+        end
+        return { model = model, work = math.min(math.max(n, 1) * prompts, MAX_WORK) }
       end
       expect = "comma_or_end"
     end
   end
 end
 
-core.register_action("inspect_body", { "http-req" }, function(txn)
-  local body = txn.sf:req_body() or ""
-  if body == "" then
-    return -- no body: vLLM serves its first name, the base model (haproxy.py)
+local function inspect(txn, base)
+  local verdict = read_body(txn.sf:req_body() or "", base)
+  if verdict.problem then
+    txn:set_var("txn.body_error", verdict.problem)
+    txn:set_var("txn.body_param", verdict.param)
+  else
+    if verdict.model then
+      txn:set_var("txn.model", verdict.model)
+    end
+    txn:set_var("txn.work", verdict.work)
   end
-  local model, problem = read_body(body)
-  if problem then
-    txn:set_var("txn.body_error", problem)
-  elseif model then
-    txn:set_var("txn.model", model)
+end
+
+-- `base`: the deployment's base model, a served name of any shape.
+core.register_action("inspect_body", { "http-req" }, function(txn, base)
+  txn:set_var("txn.body_started", 1)
+  local ok, failure = pcall(inspect, txn, base)
+  if not ok then
+    -- Lua 5.3 raises its memory error with this very string; HAProxy 2.6 its
+    -- session timeout as an error "execution timeout" (seen), which pcall
+    -- catches too. Neither message holds a byte of the body.
+    local kind = "error"
+    if failure == "not enough memory" then
+      kind = "memory"
+    elseif type(failure) == "string" and failure:find("timeout", 1, true) then
+      kind = "timeout"
+    end
+    txn:set_var("txn.body_failed", kind)
+    return
   end
+  txn:set_var("txn.body_read", 1)
+end, 1)
+
+-- A request for `n` choices of several prompts counts as that many toward
+-- its caller's requests per minute (haproxy.py `_work_rules`): the key's
+-- (sticky counter 1) and the department's (2) minute already counted it once.
+-- One increment each, as HAProxy's own sc_inc_gpc0 does (exact across its
+-- threads; 2.6 has no way to add more at once), and never past the limit by
+-- more than one: the request is refused then, and more would be no news.
+-- With peers, `others_var` holds the other doors' count of the same minute
+-- (docs/door.md#peers), which this door's counter does not include.
+local function add_work(txn, sc, used_var, limit_var, others_var, extra)
+  local used = txn:get_var(used_var)
+  local limit = txn:get_var(limit_var)
+  if not used or not limit then
+    return
+  end
+  local others = tonumber(txn:get_var(others_var)) or 0
+  for _ = 1, math.min(extra, limit + 1 - used) do
+    used = txn.f:sc_inc_gpc0(sc) + others
+  end
+  txn:set_var(used_var, used)
+end
+
+-- txn.work_counted last: a count cut short is refused (haproxy.py), as a body
+-- read cut short is.
+core.register_action("count_work", { "http-req" }, function(txn)
+  local extra = (tonumber(txn:get_var("txn.work")) or 1) - 1
+  add_work(txn, 1, "txn.rl_kused", "txn.rl_krpm", "txn.rl_k_others", extra)
+  add_work(txn, 2, "txn.rl_dused", "txn.rl_drpm", "txn.rl_d_others", extra)
+  txn:set_var("txn.work_counted", 1)
 end, 0)
 
 -- The hold (docs/door.md#holding): while the control plane swaps a model on

@@ -3,8 +3,10 @@ and every exchange with a running HAProxy (the runtime API on a UNIX socket,
 and hitless reloads through the master CLI). No other module talks to HAProxy.
 
 The layout, one HAProxy per deployment (HAProxy 2.6, master-worker mode):
-- the frontend buffers the request body (bounded), reads its JSON `model`
-  and looks it up in a map file: model -> backend;
+- the frontend checks the path, the key and the caller's limits on the
+  headers, then buffers the request body (bounded), reads its JSON `model`
+  (door.lua; routed only if it finished: docs/door.md#fail-closed) and looks
+  it up in a map file: model -> backend;
 - one backend per model (the base model's and one per adapter), with a server
   line for every replica, each READY, DRAIN or MAINT as the table says;
 - a model that is not in the map gets vLLM's 404 (OpenAI's error shape).
@@ -38,16 +40,17 @@ import json
 import logging
 import os
 import re
+import resource
 import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving.canary_gates import ServerSample
 from serving.door import TakenOut
-from serving.door.access import DoorAccess
+from serving.door.callers import DoorAccess
 from serving.door.routing import Route, RoutingTable, ServerState
+from serving.rules.canary_gates import ServerSample
 
 logger = logging.getLogger(__name__)
 
@@ -79,16 +82,40 @@ MAX_HEADER_BYTES = HEADER_ROOM // 2
 CLIENT_POST_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 CLIENT_GET_PATHS = ("/v1/models",)
 LUA_FILE = Path(__file__).with_name("door.lua")
+# Memory a stranger can make the door hold (docs/door.md#memory). A body is
+# read only after its key, path and limits are checked (`wait-for-body`), so a
+# caller without a key costs the request line and headers, for at most
+# HEADER_SECONDS. Requests in flight are at most MAX_CONNECTIONS (each may hold
+# a body of the limit: about 0.8 GiB of bodies at the default limit), at most
+# SOURCE_CONNECTIONS from one address (0: none, for a door behind a router,
+# where every client has the router's) and KEY_CONCURRENCY for one key.
+MAX_CONNECTIONS = 768
+# What HAProxy asks of the file-descriptor limit: about four per client
+# connection (global maxconn is twice the frontend's, two descriptors each),
+# plus listeners, peers and the runtime socket.
+FDS_PER_CONNECTION = 4
+FD_RESERVE = 64
+SOURCE_CONNECTIONS = 256
+KEY_CONCURRENCY = 32
+HEADER_SECONDS = 5
+# The longest a keyed caller takes to send its body once its headers are in.
+BODY_SECONDS = 10
 HAPROXY_PATH = "/usr/sbin:/usr/bin:/bin"
 # HAProxy 2.6's per-thread pool cache (512 KiB) cannot hold a buffer of the body
 # limit, so each request's two buffers went back to glibc, which unmapped them
 # (its mmap threshold is 128 KiB) and mapped them again for the next request:
 # about 1 ms a request here (bench/door_overhead.py). Above the buffer size,
-# they stay in malloc's heap and are reused.
+# they stay in malloc's heap and are reused. The trim threshold gives the heap's
+# free top back to the system past 32 MiB: at 256 MiB, 222 MiB that 300
+# strangers' bodies had taken stayed held after they left (issue 43). At 4 MiB,
+# 8 clients' small requests lost about a quarter of their throughput (the heap
+# shrank and grew again between bursts); at 32 MiB, nothing measurable. What sits
+# below a chunk still in use stays until HAProxy's own malloc_trim (its pool
+# collection, on SIGQUIT or a failed allocation): bench/door_memory.py.
 GLIBC_TUNABLES = (
-    "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=268435456"
+    "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=33554432"
 )
-# The files of a door's access table (serving/door/access.py), each a map the
+# The files of a door's access table (serving/door/callers.py), each a map the
 # runtime API changes in place: key hash -> "department,key id,expiry";
 # "department:model" -> 1; department -> its /v1/models body (base64); and the
 # door's own flags ("open", and the fingerprint of the table last pushed); and
@@ -109,6 +136,10 @@ OPEN_CALLER = "*"
 # A request waits while its model has an entry and the deadline is ahead, at
 # most HOLD_SECONDS from its arrival, then is routed as the map says then.
 HELD_MAP = "held.map"
+# A door that pulls its state (serving/door/agent.py): when its lease ends.
+LEASE_MAP = "lease.map"
+READY_PATH = "/door/ready"
+LAPSED_BACKEND = "door_503_lease"
 HOLD_SECONDS = 20.0
 
 # vLLM 0.32 answers an unknown model with this shape ("The model `x` does not
@@ -145,8 +176,42 @@ NO_KEY_BODY = _error(
     "invalid_api_key",
 )
 EXPIRED_KEY_BODY = _error("The API key has expired.", "invalid_request_error", "invalid_api_key")
-BAD_BODY = _error("%[var(txn.body_error),json(utf8s)]", "BadRequestError", 400, param="body")
+BAD_BODY = (
+    '{"error":{"message":"%[var(txn.body_error),json(utf8s)]","type":"BadRequestError",'
+    '"param":"%[var(txn.body_param),json(utf8s)]","code":400}}'
+)
+TIMED_OUT_BODY = _error(
+    f"The request did not arrive in time: its headers have {HEADER_SECONDS} s, "
+    f"its body {BODY_SECONDS} s after them.",
+    "invalid_request_error",
+    408,
+)
+TWO_KEYS_BODY = _error(
+    "Send one Authorization header; this request has several.",
+    "invalid_request_error",
+    "invalid_api_key",
+)
+# Fail closed: what the door answers when its body reader did not finish, each
+# from a backend of its own (counted apart). The request is never routed.
+UNREAD_BODIES = {
+    "door_503_body_error": "its body reader failed",
+    "door_503_body_memory": "its body reader ran out of memory",
+    "door_503_body_timeout": "its body reader ran out of time",
+    "door_503_body_unread": "its body reader gave no verdict",
+    "door_503_work_uncounted": "its count of the request's work did not finish",
+}
+BUSY_BODY = _error(
+    "Too many requests in flight for key %[var(txn.key_id)]: limit %[var(txn.rl_busy_limit)]. "
+    "Retry when one of them ends.",
+    "requests",
+    "rate_limit_exceeded",
+)
 EMPTY_CATALOG = '{"object":"list","data":[]}'
+LAPSED_BODY = _error(
+    "The front door has not heard from the control plane in time; retry.",
+    "ServiceUnavailableError",
+    503,
+)
 RELOADING_BODY = _error(
     "The front door is reloading its routes; retry the request.", "ServiceUnavailableError", 503
 )
@@ -175,6 +240,18 @@ def render_map(table: RoutingTable) -> str:
     return "\n".join(lines) + "\n"
 
 
+def connection_limit() -> int:
+    """MAX_CONNECTIONS, or fewer where this process may not open the files they
+    need. HAProxy refuses to start when it cannot raise its file limit to what
+    its maxconn asks (seen: a container with nofile 1024:1024, as podman gives,
+    and the door never came up); the door and the process that renders its
+    configuration run with the same limits (one container, or one pod)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(16, min(MAX_CONNECTIONS, (hard - FD_RESERVE) // FDS_PER_CONNECTION))
+
+
 def render_config(
     table: RoutingTable,
     directory: Path,
@@ -186,14 +263,29 @@ def render_config(
     slots: int = SLOTS,
     hold_seconds: float = HOLD_SECONDS,
     metering: bool = True,
+    source_connections: int = SOURCE_CONNECTIONS,
+    key_concurrency: int = KEY_CONCURRENCY,
+    certificate: str = "",
+    peers: tuple[Peer, ...] = (),
+    peer_name: str = "",
+    lease: bool = False,
 ) -> str:
     """haproxy.cfg for the table. `states` overrides the table's state of
     (backend, server) pairs: what a held route has right now. `metrics`: where
     HAProxy's Prometheus exporter listens (an internal address), or nowhere.
     `hold_seconds`: the longest a request waits for a held model (0: never).
     `metering` False leaves out the request ids and the limits: the door
-    before them, bench/door_overhead.py's baseline; never the product's."""
+    before them, bench/door_overhead.py's baseline; never the product's.
+    `source_connections`: the most connections from one address (0: no
+    limit); `key_concurrency`: the most requests in flight for one key.
+    `certificate`: a PEM file (docs/door.md#tls); with one, the clients'
+    port takes TLS only. `peers`: the doors of this deployment, this one
+    `peer_name` among them, which count requests per minute together
+    (docs/door.md#peers); none: this door counts alone. `lease`: a door
+    that pulls its state (serving/door/agent.py) routes only until the end
+    of its lease (lease.map), and answers `/door/ready` by it."""
     states = states or {}
+    rates = _rate_tables(peers, peer_name)
     d = directory.resolve()
     too_large = _error(
         f"The request body is larger than {max_body_bytes} bytes.", "BadRequestError", 413
@@ -203,11 +295,16 @@ def render_config(
         "BadRequestError",
         431,
     )
+    connections = connection_limit()
     empty_catalog = base64.b64encode(EMPTY_CATALOG.encode()).decode()
     out = [
         f"# Rendered by the control plane for deployment {table.deployment}; do not edit.",
         "global",
         "    master-worker",
+        f"    maxconn {connections * 2}",
+        # A door that cannot raise its file limit still starts (logging it),
+        # rather than no door at all; connection_limit() keeps the need in reach.
+        "    no strict-limits",
         # The runtime API only on a UNIX socket (`level admin` can change every
         # route and print the environment): HAProxy 2.6 takes `ssl` on a TCP stats
         # socket and silently serves it in clear (checked), so there is no safe TCP form.
@@ -230,7 +327,10 @@ def render_config(
         "    timeout connect 3s",
         "    timeout client 300s",
         "    timeout server 300s",
-        "    timeout http-request 30s",
+        # The request line and headers; a body has BODY_SECONDS of its own
+        # (`wait-for-body`), once its key is known.
+        f"    timeout http-request {HEADER_SECONDS}s",
+        "    timeout http-keep-alive 30s",
         # A reload soft-stops the old worker: it answers an idle keep-alive
         # connection's next request (with Connection: close) instead of closing
         # it under a client that is sending one (seen: RemoteDisconnected).
@@ -247,9 +347,15 @@ def render_config(
         '    log-format "%ci %ft %b %s %ST %Tt %rc %[var(txn.model)] '
         '%[var(txn.dept)] %[var(txn.key_id)] %[var(txn.held_ms)]"',
         "",
+        *_peers_section(peers),
         "frontend openai",
-        f"    bind {listen}",
-        "    option http-buffer-request",
+        f"    bind {listen}{_tls_words(certificate)}",
+        f"    maxconn {connections}",
+        *_source_rules(source_connections),
+        # Headers or a keyed body that did not arrive in time: HAProxy's 408,
+        # in OpenAI's shape (never routed: a body is read whole or not at all).
+        "    http-error status 408 content-type application/json string " + _quote(TIMED_OUT_BODY),
+        *(_lease_rules(d) if lease else []),
         # vLLM routes the percent-decoded path (`/v1/unload_lora%5Fadapter` is
         # its unload): only a path byte for byte on the list gets through, and
         # none of them holds `%`, `//` or a dot segment, so what vLLM decodes is
@@ -262,14 +368,18 @@ def render_config(
         # Each refusal is answered by a backend of its own, so that HAProxy's
         # counters (and its Prometheus exporter) count each kind apart.
         "    acl refused var(txn.refusal) -m found",
+        # Everything up to the body: no body byte is buffered for a request
+        # refused here (no `option http-buffer-request`: `wait-for-body` below).
         "    http-request set-var(txn.refusal) str(door_404_path) if !{ url_beg / } "
         "|| !METH_POST !METH_GET || METH_POST !client_post || METH_GET !client_get",
         # (2.6 has no req.hdrs_len.)
         "    http-request set-var(txn.head_len) req.hdrs,length if !refused",
         "    http-request set-var(txn.refusal) str(door_431_headers) if !refused "
         f"{{ url,length,add(txn.head_len) gt {MAX_HEADER_BYTES} }}",
-        "    http-request set-var(txn.refusal) str(door_413_body) if !refused "
-        f"{{ req.body_size gt {max_body_bytes} }}",
+        # HAProxy's req.fhdr reads the last of several: a junk key then a valid
+        # one would pass as the valid one. Two are ambiguous, so refused.
+        "    http-request set-var(txn.refusal) str(door_400_authorization) if !refused "
+        "{ req.fhdr_cnt(authorization) gt 1 }",
         # Keys are checked by their SHA-256 (the door never holds one in clear);
         # the value is "department|key id|expiry (epoch seconds)".
         "    http-request set-var(txn.caller) req.fhdr(authorization),word(2,' '),sha2(256),"
@@ -292,19 +402,44 @@ def render_config(
         '    http-request set-header authorization "Bearer %[var(txn.upstream),b64dec]" '
         "if { var(txn.upstream) -m found }",
         "    http-request set-var(txn.refusal) str(door_models) if !refused client_get",
-        "    http-request lua.inspect_body if !refused",
+        # A keyed request counts toward its caller's limits from here, whatever
+        # the door answers it after (a 400 or a 404 too); over one, it is
+        # answered before its body is read.
+        *(_limit_rules(d, key_concurrency, rates) if metering else []),
+        # Only now is the body buffered (at most the body limit, BODY_SECONDS).
+        f"    http-request wait-for-body time {BODY_SECONDS}s if !refused",
+        "    http-request set-var(txn.refusal) str(door_413_body) if !refused "
+        f"{{ req.body_size gt {max_body_bytes} }}",
+        f"    http-request lua.inspect_body {_quote(table.base_model)} if !refused",
         "    http-request set-var(txn.refusal) str(door_400_body) if !refused "
         "{ var(txn.body_error) -m found }",
+        # Fail closed: a request is routed only when door.lua read its body to
+        # the end (txn.body_read). Its error, its memory limit and its session
+        # timeout it names (caught); a Lua ended from outside leaves it started
+        # and never read.
+        "    http-request set-var(txn.refusal) str(door_503_body_memory) if !refused "
+        "{ var(txn.body_failed) -m str memory }",
+        "    http-request set-var(txn.refusal) str(door_503_body_timeout) if !refused "
+        "{ var(txn.body_failed) -m str timeout }",
+        "    http-request set-var(txn.refusal) str(door_503_body_error) if !refused "
+        "{ var(txn.body_failed) -m found }",
+        "    http-request set-var(txn.refusal) str(door_503_body_timeout) if !refused "
+        "{ var(txn.body_started) -m found } !{ var(txn.body_read) -m found }",
+        "    http-request set-var(txn.refusal) str(door_503_body_unread) if !refused "
+        "!{ var(txn.body_read) -m found }",
         # No `model` in the body: vLLM answers with its first name, the base model.
         f"    http-request set-var(txn.model) str({table.base_model}) "
         "if !refused !{ var(txn.model) -m found }",
+        *(_work_rules() if metering else []),
+        # A grant's value is its end (epoch seconds; 0: none), compared with the
+        # door's clock: it ends on time, not at the next sync.
         "    http-request set-var(txn.grant) var(txn.dept),concat(:,txn.model),"
         f"map({d}/grants.map) if !refused !open",
+        "    acl grant_over var(txn.grant),sub(txn.now) -m int le 0",
         # A model the caller may not call is one that does not exist, to it.
         f"    http-request set-var(txn.refusal) str({NOT_FOUND_BACKEND}) if !refused !open "
-        "!{ var(txn.grant) -m found }",
-        # Over a limit: answered at once, never held first.
-        *(_limit_rules(d) if metering else []),
+        "!{ var(txn.grant) -m found } || !refused !open { var(txn.grant) -m int gt 0 } "
+        "grant_over",
         *_hold_rules(d, hold_seconds),
         *(_request_id_rules(d) if metering else []),
         # A reload's old worker answers each kept-alive connection it holds once
@@ -327,6 +462,20 @@ def render_config(
         *_answer("door_401_key", 401, fixed=NO_KEY_BODY, bearer=True),
         *_answer("door_401_expired", 401, fixed=EXPIRED_KEY_BODY, bearer=True),
         *_answer("door_400_body", 400, lf=BAD_BODY),
+        *_answer("door_400_authorization", 400, fixed=TWO_KEYS_BODY),
+        *(
+            line
+            for backend, why in UNREAD_BODIES.items()
+            for line in _answer(
+                backend,
+                503,
+                fixed=_error(
+                    f"The front door did not send the request: {why}.",
+                    "ServiceUnavailableError",
+                    503,
+                ),
+            )
+        ),
         # The caller's models, listed by the door (base64: a map value is one word).
         *_answer(
             "door_models",
@@ -335,7 +484,12 @@ def render_config(
         ),
         *_answer(NOT_FOUND_BACKEND, 404, lf=NOT_FOUND_BODY),
         *_answer(RELOADING_BACKEND, 503, fixed=RELOADING_BODY, headers=(("Retry-After", "1"),)),
-        *_limit_backends(),
+        *(
+            _answer(LAPSED_BACKEND, 503, fixed=LAPSED_BODY, headers=(("Retry-After", "1"),))
+            if lease
+            else []
+        ),
+        *_limit_backends(rates, peers),
     ]
     if metrics:
         out += [
@@ -396,6 +550,26 @@ def _request_id_rules(d: Path) -> list[str]:
     ]
 
 
+def _lease_rules(d: Path) -> list[str]:
+    """A door that pulls its state routes only while its lease runs
+    (docs/door.md#leases): lease.map's `until` (epoch ms) is renewed by the
+    agent after each exchange with the control plane that succeeded. Past it
+    (an agent stopped or cut off, whose state may be stale), every request
+    gets a 503 to retry, and `/door/ready` fails, so that Kubernetes takes the
+    door out of its Service. No lease written yet is a lapsed one."""
+    return [
+        "    http-request set-var(txn.now_ms) date(0,ms)",
+        f"    http-request set-var(txn.lease_left) str(until),map_str_int({d}/{LEASE_MAP},0),"
+        "sub(txn.now_ms)",
+        "    acl door_lapsed var(txn.lease_left) -m int le 0",
+        f"    http-request return status 200 content-type text/plain string ready "
+        f"if {{ path {READY_PATH} }} !door_lapsed",
+        f"    http-request return status 503 content-type text/plain string lapsed "
+        f"if {{ path {READY_PATH} }}",
+        f"    http-request set-var(txn.refusal) str({LAPSED_BACKEND}) if door_lapsed",
+    ]
+
+
 def _hold_rules(d: Path, hold_seconds: float) -> list[str]:
     """The hold of a model that is swapping on its only replica: a request for a
     model in held.map waits in door.lua (`core.msleep`: it yields, and a wait is
@@ -438,7 +612,7 @@ def _answer(
 
 
 # --- Limits (issue 32): requests per minute counted here, tokens refused from
-# the `limited` map the control plane computes from metering (serving/quotas.py).
+# the `limited` map the control plane computes from metering (serving/rules/quotas.py).
 # Both answer 429 in OpenAI's shape with Retry-After and x-ratelimit-* headers,
 # which the `openai` client turns into RateLimitError and waits on before it
 # retries (it retries a 429 only when Retry-After is at most 120 s: a spent
@@ -450,6 +624,7 @@ def _answer(
 # minute's edge may get twice the limit in 60 s, as with every fixed window.
 RATE_TABLE = "door_rates"
 RATE_TABLE_SIZE = 200_000
+SOURCE_TABLE = "door_sources"
 REQUESTS_BODY = _error(
     "Rate limit reached for %[var(txn.rl_scope)] on requests per min (RPM): "
     "Limit %[var(txn.rl_limit)]. Please try again in %[var(txn.rl_reset)]s.",
@@ -470,12 +645,104 @@ BUDGET_BODY = _error(
 )
 
 
-def _limit_rules(d: Path) -> list[str]:
-    """The frontend's limit checks, for a keyed request the door would route
-    (after its key and grant checks: a refused request counts against nothing).
-    Tokens first (a caller refused until a time is not counted), then the
-    key's requests per minute, then its department's (a key past its own
-    limit does not use up its department's minute)."""
+def _source_rules(connections: int) -> list[str]:
+    """At most `connections` at once from one address, and at most ten times
+    that opened in 10 s, closed before a byte is read (0: no limit)."""
+    if connections <= 0:
+        return []
+    return [
+        f"    tcp-request connection track-sc0 src table {SOURCE_TABLE}",
+        f"    tcp-request connection reject if {{ sc0_conn_cur gt {connections} }} "
+        f"|| {{ sc0_conn_rate gt {connections * 10} }}",
+    ]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One door of a deployment's peers: its fixed name (HAProxy's `-L`) and
+    the address where it talks the peers protocol to the others."""
+
+    name: str
+    address: str
+
+
+PEERS_SECTION = "door_peers"
+
+
+@dataclass(frozen=True)
+class RateTables:
+    """Where a door counts requests per minute: its own table, and the other
+    doors' tables it adds to its count (none for a door alone)."""
+
+    own: str
+    others: tuple[str, ...] = ()
+
+
+def _rate_tables(peers: tuple[Peer, ...], peer_name: str) -> RateTables:
+    if not peers:
+        return RateTables(RATE_TABLE)
+    names = [peer.name for peer in peers]
+    if peer_name not in names:
+        raise ValueError(f"this door ({peer_name!r}) is not among its peers {names}")
+    # Peers do not add counts up: on one shared table the last writer's value
+    # wins (docs/door.md#peers). Each door writes its own table only; every
+    # table is replicated to every door, which reads the others' and adds.
+    return RateTables(
+        f"{RATE_TABLE}_{peer_name}",
+        tuple(f"{RATE_TABLE}_{name}" for name in names if name != peer_name),
+    )
+
+
+def _peers_section(peers: tuple[Peer, ...]) -> list[str]:
+    if not peers:
+        return []
+    return [
+        f"peers {PEERS_SECTION}",
+        *(f"    peer {peer.name} {peer.address}" for peer in peers),
+        "",
+    ]
+
+
+def _tls_words(certificate: str) -> str:
+    """The bind's TLS: HTTP/2 or HTTP/1.1 by ALPN. A certificate without its
+    key beside it in the PEM is read with `<file>.key` (HAProxy's
+    ssl-load-extra-files default): cert-manager's Secret, mounted as two files."""
+    if not certificate:
+        return ""
+    return f" ssl crt {_quote(certificate)} alpn h2,http/1.1"
+
+
+def _others_rules(rates: RateTables, used: str, prefix: str, when: str) -> list[str]:
+    """Adds the other doors' counts of this minute's entry (their tables, as
+    the peers protocol last brought them) to `used`, this door's count; their
+    sum is kept in `<prefix>_others` for door.lua's count_work."""
+    if not rates.others:
+        return []
+    entry = f"txn.{prefix}_entry"
+    lines = [
+        f"    http-request set-var({entry}) var(txn.{prefix}name),concat(:,txn.rl_minute,) "
+        f"if !refused {when}"
+    ]
+    for index, table in enumerate(rates.others):
+        lines.append(
+            f"    http-request set-var(txn.{prefix}_peer{index}) "
+            f"var({entry}),table_gpc0({table}) if !refused {when}"
+        )
+    total = "int(0)" + "".join(f",add(txn.{prefix}_peer{i})" for i in range(len(rates.others)))
+    lines += [
+        f"    http-request set-var(txn.{prefix}_others) {total} if !refused {when}",
+        f"    http-request set-var({used}) var({used}),add(txn.{prefix}_others) if !refused {when}",
+    ]
+    return lines
+
+
+def _limit_rules(d: Path, key_concurrency: int, rates: RateTables) -> list[str]:
+    """The frontend's limit checks, for a keyed request, before its body is
+    read: a request the door refuses after them (a bad body, a model it may not
+    call) counts all the same. Tokens first (a caller refused until a time is
+    not counted), then the requests in flight for its key, then the key's
+    requests per minute, then its department's (a key past its own limit does
+    not use up its department's minute)."""
     kblock = "{ var(txn.rl_kblock),field(1,|),sub(txn.rl_now) -m int gt 0 }"
     dblock = "{ var(txn.rl_dblock),field(1,|),sub(txn.rl_now) -m int gt 0 }"
     blocked = "{ var(txn.rl_block) -m found }"
@@ -483,7 +750,7 @@ def _limit_rules(d: Path) -> list[str]:
     key_rpm = "{ var(txn.rl_krpm) -m found }"
     dept_rpm = "{ var(txn.rl_drpm) -m found }"
     return [
-        "    # --- Limits (serving/quotas.py; docs/door.md, Limits)",
+        "    # --- Limits (serving/rules/quotas.py; docs/door.md, Limits)",
         "    acl rl_on var(txn.key_id) -m found",
         "    acl rl_key_over var(txn.rl_kleft) -m int lt 0",
         "    acl rl_dept_over var(txn.rl_dleft) -m int lt 0",
@@ -515,26 +782,62 @@ def _limit_rules(d: Path) -> list[str]:
         "    http-request set-var(txn.rl_reset) date,mod(60),neg,add(60) if !refused rl_on",
         f"    http-request set-var(txn.rl_krpm) var(txn.rl_kname),map_str_int({d}/rpm.map) "
         "if !refused rl_on",
-        f"    http-request track-sc1 var(txn.rl_kname),concat(:,txn.rl_minute,) table {RATE_TABLE} "
-        f"if !refused {key_rpm}",
+        # Every keyed request tracks its key's entry of this minute: its
+        # trackers are the key's requests in flight (HAProxy 2.6 has three
+        # sticky counters, the source's, the key's and the department's). A
+        # request begun in the minute before is not among them: at a minute's
+        # edge a key may have up to twice its cap in flight, for a moment.
+        f"    http-request track-sc1 var(txn.rl_kname),concat(:,txn.rl_minute,) table {rates.own} "
+        "if !refused rl_on",
+        f"    http-request set-var(txn.rl_busy_limit) int({key_concurrency}) if !refused rl_on",
+        "    http-request set-var(txn.refusal) str(door_429_busy) if !refused rl_on "
+        f"{{ sc_trackers(1) gt {key_concurrency} }}",
         f"    http-request set-var(txn.rl_kused) sc_inc_gpc0(1) if !refused {key_rpm}",
+        *_others_rules(rates, "txn.rl_kused", "rl_k", key_rpm),
+        f"    http-request set-var(txn.rl_drpm) var(txn.rl_dname),map_str_int({d}/rpm.map) "
+        "if !refused rl_on",
+        f"    http-request track-sc2 var(txn.rl_dname),concat(:,txn.rl_minute,) table {rates.own} "
+        f"if !refused {dept_rpm}",
+        f"    http-request set-var(txn.rl_dused) sc_inc_gpc0(2) if !refused {dept_rpm}",
+        *_others_rules(rates, "txn.rl_dused", "rl_d", dept_rpm),
+        *_rpm_over_rules(),
+    ]
+
+
+def _rpm_over_rules() -> list[str]:
+    """What is left of the key's and the department's minute, and the 429 of
+    the first one past its limit."""
+    return [
         "    http-request set-var(txn.rl_kleft) var(txn.rl_krpm),sub(txn.rl_kused) "
         "if !refused { var(txn.rl_kused) -m found }",
         '    http-request set-var-fmt(txn.rl_scope) "key %[var(txn.key_id)]" '
         "if !refused rl_key_over",
         "    http-request set-var(txn.rl_limit) var(txn.rl_krpm) if !refused rl_key_over",
         "    http-request set-var(txn.refusal) str(door_429_requests) if !refused rl_key_over",
-        f"    http-request set-var(txn.rl_drpm) var(txn.rl_dname),map_str_int({d}/rpm.map) "
-        "if !refused rl_on",
-        f"    http-request track-sc2 var(txn.rl_dname),concat(:,txn.rl_minute,) table {RATE_TABLE} "
-        f"if !refused {dept_rpm}",
-        f"    http-request set-var(txn.rl_dused) sc_inc_gpc0(2) if !refused {dept_rpm}",
         "    http-request set-var(txn.rl_dleft) var(txn.rl_drpm),sub(txn.rl_dused) "
         "if !refused { var(txn.rl_dused) -m found }",
         '    http-request set-var-fmt(txn.rl_scope) "department %[var(txn.dept)]" '
         "if !refused rl_dept_over",
         "    http-request set-var(txn.rl_limit) var(txn.rl_drpm) if !refused rl_dept_over",
         "    http-request set-var(txn.refusal) str(door_429_requests) if !refused rl_dept_over",
+    ]
+
+
+def _work_rules() -> list[str]:
+    """Once the body is read: a request for `n` choices of several prompts
+    counts as that many (door.lua's txn.work; `count_work` adds the rest to the
+    minute's counts, one increment each, as far as past the limit), and is
+    checked again."""
+    key_rpm = "{ var(txn.rl_krpm) -m found }"
+    dept_rpm = "{ var(txn.rl_drpm) -m found }"
+    more = "{ var(txn.work) -m int gt 1 }"
+    counted = "{ var(txn.work_counted) -m found }"
+    return [
+        f"    http-request lua.count_work if !refused {more} {key_rpm} "
+        f"|| !refused {more} {dept_rpm}",
+        f"    http-request set-var(txn.refusal) str(door_503_work_uncounted) if !refused {more} "
+        f"{key_rpm} !{counted} || !refused {more} {dept_rpm} !{counted}",
+        *_rpm_over_rules(),
         # A taken request tells the caller about the tighter of its two limits,
         # as OpenAI's answers do.
         f"    http-request set-var(txn.rl_limit) var(txn.rl_krpm) if !refused {key_rpm}",
@@ -555,7 +858,7 @@ def _limit_rules(d: Path) -> list[str]:
     ]
 
 
-def _limit_backends() -> list[str]:
+def _limit_backends(rates: RateTables, peers: tuple[Peer, ...]) -> list[str]:
     requests = (
         ("Retry-After", "%[var(txn.rl_reset)]"),
         ("x-ratelimit-limit-requests", "%[var(txn.rl_limit)]"),
@@ -572,8 +875,19 @@ def _limit_backends() -> list[str]:
         *_answer("door_429_requests", 429, lf=REQUESTS_BODY, headers=requests),
         *_answer("door_429_tokens", 429, lf=TOKENS_BODY, headers=tokens),
         *_answer("door_429_budget", 429, lf=BUDGET_BODY, headers=tokens),
-        f"backend {RATE_TABLE}",
-        f"    stick-table type string len 96 size {RATE_TABLE_SIZE} expire 2m store gpc0",
+        *_answer("door_429_busy", 429, lf=BUSY_BODY, headers=(("Retry-After", "1"),)),
+        *(
+            line
+            for table in (rates.own, *rates.others)
+            for line in (
+                f"backend {table}",
+                f"    stick-table type string len 96 size {RATE_TABLE_SIZE} expire 2m store gpc0"
+                + (f" peers {PEERS_SECTION}" if peers else ""),
+                "",
+            )
+        ),
+        f"backend {SOURCE_TABLE}",
+        f"    stick-table type ipv6 size {RATE_TABLE_SIZE} expire 1m store conn_cur,conn_rate(10s)",
         "",
     ]
 
@@ -767,8 +1081,21 @@ class HAProxyFrontDoor:
         slots: int = SLOTS,
         hold_seconds: float = HOLD_SECONDS,
         metering: bool = True,
+        source_connections: int = SOURCE_CONNECTIONS,
+        key_concurrency: int = KEY_CONCURRENCY,
+        certificate: str = "",
+        peers: tuple[Peer, ...] = (),
+        peer_name: str = "",
+        lease: bool = False,
     ):
         self.directory = Path(directory)
+        self.lease = lease
+        self.certificate = certificate
+        self.peers = tuple(peers)
+        self.peer_name = peer_name
+        _rate_tables(self.peers, peer_name)  # a door that is not among its peers: refused now
+        self.source_connections = source_connections
+        self.key_concurrency = key_concurrency
         self.metering = metering
         self.slots = slots
         self.hold_seconds = hold_seconds
@@ -802,6 +1129,8 @@ class HAProxyFrontDoor:
         return [
             *("env", "-i", f"PATH={HAPROXY_PATH}", GLIBC_TUNABLES),
             *("haproxy", "-W", "-db", "-S", master, "-p", pidfile, "-f", config),
+            # Which of the peers this door is (the master keeps it across reloads).
+            *(("-L", self.peer_name) if self.peers else ()),
         ]
 
     @contextlib.contextmanager
@@ -835,9 +1164,29 @@ class HAProxyFrontDoor:
             slots=self.slots,
             hold_seconds=self.hold_seconds,
             metering=self.metering,
+            source_connections=self.source_connections,
+            key_concurrency=self.key_concurrency,
+            certificate=self.certificate,
+            peers=self.peers,
+            peer_name=self.peer_name,
+            lease=self.lease,
         )
+        if self.lease:
+            (self.directory / LEASE_MAP).touch(mode=0o600)
         changed |= _write_if_changed(self.config_path, config)
         return changed
+
+    def set_lease(self, until: float) -> None:
+        """The door routes until `until` (epoch seconds), then refuses with a
+        503 to retry: in the running HAProxy and in the file a restarted one
+        reads."""
+        path = (self.directory / LEASE_MAP).resolve()
+        value = int(until * 1000)
+        _write_if_changed(path, f"until {value}\n", mode=0o600)
+        if self.runtime.available():
+            verb = "set" if "until" in self.runtime.map_entries(path) else "add"
+            line = f"{verb} map {path} until {value}"
+            _checked(self.runtime.command(line), line)
 
     # -- FrontDoor
 
@@ -1234,7 +1583,11 @@ def access_maps(access: DoorAccess) -> dict[str, dict[str, str]]:
         digest.lower(): f"{key.department}|{key.key_id}|{key.expires_at}"
         for digest, key in access.keys.items()
     }
-    grants = {f"{department}:{model}": "1" for department, model in access.allowed}
+    # A grant's end (epoch seconds), or 0: the pair needs no grant.
+    grants = {
+        f"{department}:{model}": str(access.grant_ends.get((department, model), 0))
+        for department, model in access.allowed
+    }
     departments = {department for department, _ in access.allowed}
     catalog = {
         department: _catalog_body(access.deployment, access.models_for(department))

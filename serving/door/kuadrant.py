@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 
 import yaml
 
-from serving.door.access import DoorAccess
-from serving.quotas import DepartmentLimitsView, KeyLimits
+from serving.door.callers import DoorAccess
+from serving.rules.quotas import DepartmentLimitsView, KeyLimits
 
 AUTH_API = "kuadrant.io/v1"
 RATE_API = "kuadrant.io/v1"

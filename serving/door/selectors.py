@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from core.models import Department, Membership
 from serving.attestation import quarantine_reason
-from serving.door.access import CallerKey, DoorAccess
+from serving.door.callers import CallerKey, DoorAccess
 from serving.door.routing import ReplicaView, RoutingTable, ServedView, routing_table
 from serving.models import (
     AdapterGrant,
@@ -21,7 +21,7 @@ from serving.models import (
     ServedAdapter,
 )
 from serving.quota_selectors import department_limits, key_limits, limited_now
-from serving.quotas import door_rpm
+from serving.rules.quotas import door_rpm
 from serving.sync_state import loaded_from
 
 
@@ -80,7 +80,7 @@ def live_inference_keys(now=None):
 
 
 def door_access(deployment: Deployment) -> DoorAccess:
-    """The table the deployment's front door enforces (serving/door/access.py),
+    """The table the deployment's front door enforces (serving/door/callers.py),
     in six queries whatever the number of keys, departments or grants (and
     metering's, for tokens, where a token limit is set).
 
@@ -118,10 +118,15 @@ def door_access(deployment: Deployment) -> DoorAccess:
         expires_at__gt=now,
         adapter__served_in__deployment=deployment,
         adapter__served_in__version__isnull=False,
-    ).values_list("department__slug", "adapter__served_name")
+    ).values_list("department__slug", "adapter__served_name", "expires_at")
     allowed = {(slug, deployment.base_model_name) for slug in users}
     allowed |= {(owner, name) for name, owner, _ in served if owner in users}
-    allowed |= set(granted)
+    grant_ends: dict[tuple[str, str], int] = {}
+    for slug, name, expires_at in granted:
+        if (slug, name) not in allowed:
+            ends = int(expires_at.timestamp())
+            grant_ends[(slug, name)] = max(ends, grant_ends.get((slug, name), 0))
+    allowed |= set(grant_ends)
     return DoorAccess(
         deployment=deployment.name,
         open=deployment.open_door,
@@ -131,4 +136,5 @@ def door_access(deployment: Deployment) -> DoorAccess:
         versions={name: version for name, _, version in served},
         rpm=door_rpm(per_key, per_department),
         limited=limited_now(per_key, per_department, now),
+        grant_ends=grant_ends,
     )

@@ -14,11 +14,13 @@ import time
 from dataclasses import replace
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from serving.door import FrontDoor, TakenOut
-from serving.door.access import DoorAccess
-from serving.door.haproxy import DoorError, HAProxyFrontDoor
+from serving.door.callers import DoorAccess
+from serving.door.fleet import PULL, PulledFrontDoor
+from serving.door.haproxy import DoorError, HAProxyFrontDoor, Peer
 from serving.door.routing import RoutingTable, server_name
 from serving.door.selectors import door_access, routing_table_for
 from serving.models import Deployment, HttpAttempt, Replica
@@ -27,17 +29,34 @@ logger = logging.getLogger(__name__)
 
 
 def front_door_for(deployment: Deployment) -> FrontDoor | None:
-    """The deployment's front door, or None where it has none (SERVING_DOORS)."""
+    """The deployment's front door, or None where it has none (SERVING_DOORS).
+    Where the deployment's doors are peers (SERVING_DOOR_PEERS), this process
+    drives the one named SERVING_DOOR_PEER_NAME: a name not among them stops it,
+    for it would count requests in a table no other door reads."""
     listen = settings.SERVING_DOORS.get(deployment.name)
     if not listen:
         return None
-    return HAProxyFrontDoor(
-        settings.SERVING_DOOR_DIR / deployment.name,
-        listen=listen,
-        max_body_bytes=settings.SERVING_DOOR_MAX_BODY_BYTES,
-        metrics=settings.SERVING_DOOR_METRICS.get(deployment.name, ""),
-        hold_seconds=settings.SERVING_DOOR_HOLD_SECONDS,
-    )
+    if listen == PULL:
+        return PulledFrontDoor(deployment)
+    doors = settings.SERVING_DOOR_PEERS.get(deployment.name, ())
+    peers = tuple(Peer(name, address) for name, address in doors)
+    try:
+        return HAProxyFrontDoor(
+            settings.SERVING_DOOR_DIR / deployment.name,
+            listen=listen,
+            max_body_bytes=settings.SERVING_DOOR_MAX_BODY_BYTES,
+            metrics=settings.SERVING_DOOR_METRICS.get(deployment.name, ""),
+            hold_seconds=settings.SERVING_DOOR_HOLD_SECONDS,
+            key_concurrency=settings.SERVING_DOOR_KEY_CONCURRENCY,
+            source_connections=settings.SERVING_DOOR_CONNECTIONS_PER_SOURCE,
+            certificate=settings.SERVING_DOOR_CERTIFICATES.get(deployment.name, ""),
+            peers=peers,
+            peer_name=settings.SERVING_DOOR_PEER_NAME,
+        )
+    except ValueError as error:
+        raise ImproperlyConfigured(
+            f"SERVING_DOOR_PEERS / SERVING_DOOR_PEER_NAME for {deployment.name}: {error}"
+        ) from None
 
 
 def door_sync(deployment: Deployment, *, release: str | None = None) -> list[str]:

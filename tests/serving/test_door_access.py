@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from core.models import Membership, Role
 from core.services.service_accounts import service_account_create, service_account_deactivate
-from serving.door.access import CallerKey
+from serving.door.callers import CallerKey
 from serving.door.haproxy import access_maps
 from serving.door.selectors import door_access
 from serving.models import AdapterGrant, GrantStatus, InferenceKey, ServedAdapter
@@ -132,6 +132,25 @@ def test_an_approved_unexpired_grant_lets_the_other_department_call_that_adapter
             status=status, expires_at=timezone.now() + expires
         )
         assert door_access(served).models_for("finance") == [], status
+
+
+def test_a_grant_s_end_is_in_the_door_s_table_and_its_own_department_needs_none(
+    served, contracts, finance, fred, legal
+):
+    ends = timezone.now() + timedelta(hours=5)
+    AdapterGrant.objects.create(
+        adapter=contracts,
+        department=finance,
+        status=GrantStatus.APPROVED,
+        expires_at=ends,
+        requested_by=fred,
+    )
+    access = door_access(served)
+
+    assert access.grant_ends == {("finance", "legal-contracts"): int(ends.timestamp())}
+    maps = access_maps(access)["grants"]
+    assert maps["finance:legal-contracts"] == str(int(ends.timestamp()))
+    assert maps["legal:legal-contracts"] == "0"
 
 
 def test_revoked_and_expired_keys_are_not_in_the_table(served, alex, legal):

@@ -171,7 +171,7 @@ def test_limits_set_in_the_product_are_enforced_by_the_door_within_one_tick(
     """A key's requests per minute, set by its approver, reach the door on
     commit; a department past its day budget by metered tokens (rows written as
     metering writes them) is refused from the next access tick."""
-    from observability.models import MeteredRequest
+    from observability.models import MeteredRequest, MeteringState
     from serving.services.limits import department_limits_set, inference_key_limits_set
 
     with synced(django_capture_on_commit_callbacks):
@@ -193,6 +193,8 @@ def test_limits_set_in_the_product_are_enforced_by_the_door_within_one_tick(
     with synced(django_capture_on_commit_callbacks):
         department_limits_set(actor=actor(root), department=legal, changes={"tokens_per_day": 100})
     assert call(door, secret) == 200  # nothing used yet
+    # As the receiver writes them: the deployment is metered, and the request.
+    MeteringState.objects.create(deployment=deployment, last_span_at=timezone.now())
     MeteredRequest.objects.create(
         request_id="u1.k1.v0.spent",
         deployment=deployment,

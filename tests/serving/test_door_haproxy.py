@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from serving.door.access import CallerKey, DoorAccess
+from serving.door.callers import CallerKey, DoorAccess
 from serving.door.haproxy import GLIBC_TUNABLES, HAProxyFrontDoor, render_config
 from serving.door.routing import ReplicaView, ServedView, routing_table
 from tests.support.haproxy import (
@@ -215,6 +215,32 @@ def test_a_grant_pushed_at_runtime_lets_the_caller_in(door, restore_access):
     table = access_table()
     door.door.apply_access(replace(table, allowed=table.allowed | {("legal", "finance-invoices")}))
     assert door.post("/v1/completions", completion("finance-invoices")).status_code == 200
+
+
+def test_a_grant_ends_at_the_door_at_its_end_without_a_push(door, restore_access):
+    # Its end is in grants.map, compared with HAProxy's clock: before, an expired
+    # grant worked until the next sync took it out (and a broker down kept it).
+    table = access_table()
+    ends = int(time.time()) + 2
+    door.door.apply_access(
+        replace(
+            table,
+            allowed=table.allowed | {("legal", "finance-invoices")},
+            grant_ends={("legal", "finance-invoices"): ends},
+        )
+    )
+    fingerprint = door.door.runtime.map_entries(door.door.directory.resolve() / "door.map")
+    assert door.post("/v1/completions", completion("finance-invoices")).status_code == 200
+    while (
+        answer := door.post("/v1/completions", completion("finance-invoices"))
+    ).status_code == 200:
+        assert time.time() < ends + 1.5, "the grant outlived its end"
+        time.sleep(0.05)
+    assert answer.status_code == 404
+    assert time.time() >= ends - 0.05
+    assert door.door.runtime.map_entries(door.door.directory.resolve() / "door.map") == fingerprint
+    # The department's own adapter needs no grant and has no end.
+    assert door.post("/v1/completions", completion("legal-contracts")).status_code == 200
 
 
 # -- /v1/models ---------------------------------------------------------------------------
@@ -570,3 +596,40 @@ def test_a_refused_push_of_the_replicas_key_does_not_quote_it(tmp_path, monkeypa
     assert "upstream.map" in str(refused.value)
     assert encoded not in str(refused.value) and refused.value.__cause__ is None
     assert refused.value.__suppress_context__
+
+
+def test_a_door_with_a_low_file_limit_asks_for_no_more_and_starts(tmp_path, monkeypatch):
+    """A container with nofile 1024:1024 (podman's, in the compose tier): the
+    door asked HAProxy for 768 connections, HAProxy could not raise its file
+    limit to about 3,100 and refused to start, so the stack had no door."""
+    import subprocess
+
+    from serving.door import haproxy
+
+    monkeypatch.setattr(haproxy.resource, "getrlimit", lambda kind: (1024, 1024))
+    assert haproxy.connection_limit() < haproxy.MAX_CONNECTIONS
+    port = free_port()
+    front = HAProxyFrontDoor(tmp_path, listen=f"127.0.0.1:{port}")
+    front.write(routing_table(deployment="gw", base_model=BASE, replicas=[], served=[]))
+    assert f"maxconn {haproxy.connection_limit()}" in front.config_path.read_text()
+    monkeypatch.undo()
+    door = subprocess.Popen(
+        ["prlimit", "--nofile=1024:1024", *front.command_line()],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while door.poll() is None and time.monotonic() < deadline:
+            try:
+                answer = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+                break
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        else:
+            answer = None
+        assert door.poll() is None, door.communicate()[0]
+        # Up and answering (no key: refused), not gone at its start.
+        assert answer is not None and answer.status_code == 401, answer
+    finally:
+        door.terminate()
+        door.wait(timeout=10)

@@ -11,6 +11,7 @@ The control plane's side (which callers the map lists): test_quotas.py."""
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 import time
@@ -22,10 +23,10 @@ import openai
 import pytest
 import requests
 
-from serving.door.access import CallerKey, DoorAccess
-from serving.door.haproxy import HAProxyFrontDoor
+from serving.door.callers import CallerKey, DoorAccess
+from serving.door.haproxy import LUA_FILE, HAProxyFrontDoor
 from serving.door.routing import ReplicaView, routing_table
-from serving.quotas import Limited
+from serving.rules.quotas import Limited
 from tests.support.haproxy import needs_haproxy, requests_by_server, running_haproxy
 from tests.support.vllm_servers import free_port
 from tests.support.vllm_standin import running_fleet
@@ -48,6 +49,10 @@ KEYS = {
     "sk-batch": (10, "batch"),
     "sk-other": (11, "other"),
     "sk-live": (12, "live"),
+    "sk-refused": (13, "refused"),
+    "sk-choices": (14, "choices"),
+    "sk-prompts": (15, "prompts"),
+    "sk-work-dept": (16, "work"),
 }
 
 
@@ -186,6 +191,101 @@ def test_a_taken_request_reports_the_tighter_of_its_key_s_and_department_s_limit
     second = door.call("sk-other")
     # The department's minute has counted one request already.
     assert told(second) == ("3", "1")
+
+
+def post(door: Door, key: str, body: bytes | dict):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return requests.post(
+        door.url + "/v1/completions",
+        data=data,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        timeout=30,
+    )
+
+
+def test_refused_requests_count_toward_the_caller_s_minute(door):
+    # Each refused request took the door's work (its body read, its grant
+    # looked up): before, it counted toward nothing.
+    door.push(rpm={"key:13": 4})
+    room_in_this_minute(10)
+    answers = [
+        post(door, "sk-refused", b'{"model":1}').status_code,  # 400: the body
+        post(door, "sk-refused", {"model": "nobody-s", "prompt": "x"}).status_code,  # 404
+        post(door, "sk-refused", {"model": BASE, "prompt": "x"}).status_code,
+        post(door, "sk-refused", {"model": BASE, "chat_template": "x"}).status_code,  # 400
+        post(door, "sk-refused", {"model": BASE, "prompt": "x"}).status_code,
+    ]
+    assert answers == [400, 404, 200, 400, 429]
+
+
+def test_n_choices_count_as_that_many_requests(door):
+    door.push(rpm={"key:14": 5})
+    room_in_this_minute(10)
+    first = post(door, "sk-choices", {"model": BASE, "prompt": "x", "n": 3, "max_tokens": 1})
+    assert first.status_code == 200
+    assert first.headers["x-ratelimit-remaining-requests"] == "2"
+    # 3 more would be 6 of 5.
+    second = post(door, "sk-choices", {"model": BASE, "prompt": "x", "n": 3, "max_tokens": 1})
+    assert second.status_code == 429
+    # A refused request counts too, as every 429 does (its count is past the
+    # limit): nothing is left in this minute.
+    assert post(door, "sk-choices", {"model": BASE, "prompt": "x"}).status_code == 429
+
+
+def test_a_list_of_prompts_counts_as_its_prompts_times_n(door):
+    door.push(rpm={"key:15": 10, "dept:work": 100})
+    room_in_this_minute(10)
+    prompts = {"model": BASE, "prompt": ["a", "b", "c"], "n": 2, "max_tokens": 1}
+    first = post(door, "sk-prompts", prompts)
+    assert first.status_code == 200
+    assert first.headers["x-ratelimit-remaining-requests"] == "4"
+    # A list of token ids is one prompt.
+    tokens = {"model": BASE, "prompt": [1, 2, 3, 4], "max_tokens": 1}
+    assert post(door, "sk-prompts", tokens).headers["x-ratelimit-remaining-requests"] == "3"
+    assert post(door, "sk-prompts", prompts).status_code == 429
+
+
+def test_work_the_door_could_not_count_is_a_503_never_routed(tmp_path):
+    # A door.lua whose count of the work raises (any bug in it would): the
+    # request is not taken at a count of one.
+    broken = tmp_path / "door.lua"
+    source = LUA_FILE.read_text()
+    marker = "local function add_work(txn, sc, used_var, limit_var, others_var, extra)\n"
+    assert marker in source
+    broken.write_text(source.replace(marker, marker + '  error("forced")\n'))
+    with running_fleet(1) as fleet:
+        table = routing_table(
+            deployment="gw",
+            base_model=BASE,
+            replicas=[ReplicaView(1, fleet.urls[0], False, {})],
+            served=[],
+        )
+        front = HAProxyFrontDoor(tmp_path / "gw", listen=f"127.0.0.1:{free_port()}")
+        front.write(table)
+        config = front.config_path.read_text()
+        front.config_path.write_text(
+            config.replace(f"lua-load {LUA_FILE.resolve()}", f"lua-load {broken}")
+        )
+        access = access_table(rpm={"key:14": 100})
+        with running_haproxy(front, log=tmp_path / "haproxy.log", access=access):
+            door = Door(front, f"http://{front.listen}", tmp_path / "haproxy.log")
+            one = post(door, "sk-choices", {"model": BASE, "prompt": "x", "max_tokens": 1})
+            assert one.status_code == 200, one.text
+            calls = fleet.replicas[0].calls.get("completions", 0)
+            many = post(door, "sk-choices", {"model": BASE, "prompt": "x", "n": 3})
+            assert many.status_code == 503, many.text
+            assert "did not finish" in many.json()["error"]["message"]
+            assert fleet.replicas[0].calls.get("completions", 0) == calls
+
+
+def test_a_department_s_minute_counts_the_work_too(door):
+    door.push(rpm={"dept:work": 4})
+    room_in_this_minute(10)
+    body = {"model": BASE, "prompt": ["a", "b", "c"], "max_tokens": 1}
+    assert post(door, "sk-work-dept", body).status_code == 200
+    refused = post(door, "sk-work-dept", body)
+    assert refused.status_code == 429
+    assert "department work" in refused.json()["error"]["message"]
 
 
 def test_limits_change_at_runtime_without_a_reload(door):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.door.access import DoorAccess
+from serving.door.callers import DoorAccess
 from serving.door.haproxy import HAProxyFrontDoor
 from tests.support.process_start import wait_until_started
 

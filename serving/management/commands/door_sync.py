@@ -18,6 +18,7 @@ import shlex
 
 from django.core.management.base import BaseCommand, CommandError
 
+from serving.door.haproxy import HAProxyFrontDoor
 from serving.door.routing import routing_table
 from serving.door.services import door_sync, front_door_for
 from serving.models import Deployment
@@ -43,6 +44,10 @@ class Command(BaseCommand):
         door = front_door_for(Deployment(name=name))
         if door is None:
             raise CommandError(f"{name} has no front door: name it in SERVING_DOORS.")
+        if not isinstance(door, HAProxyFrontDoor):
+            raise CommandError(
+                f"{name}'s doors pull their state: each runs `python -m serving.door.agent`."
+            )
         if options["print_command"]:
             self.stdout.write(shlex.join(door.command_line()))
             return

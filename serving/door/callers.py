@@ -7,9 +7,10 @@ department (a key belongs to one, whether it was issued to the department, a
 service account or a person), and `allowed` says which served names each
 department may call here: its own department's adapters on a deployment it may
 use, the base model, and adapters of other departments through an approved,
-unexpired grant. Anything else is answered as if it did not exist (404).
+unexpired grant (until its end, which the door checks against its own clock).
+Anything else is answered as if it did not exist (404).
 
-Limits (serving/quotas.py): `rpm` is requests per minute per key and per
+Limits (serving/rules/quotas.py): `rpm` is requests per minute per key and per
 department ("key:<id>", "dept:<slug>"), counted by the door itself; `limited`
 holds the callers the door refuses until a time because metered tokens crossed
 a limit. Both answer 429 in OpenAI's shape.
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from serving.quotas import Limited
+from serving.rules.quotas import Limited
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class DoorAccess:
     versions: Mapping[str, int] = field(default_factory=dict)
     rpm: Mapping[str, int] = field(default_factory=dict)  # caller entry -> requests a minute
     limited: Mapping[str, Limited] = field(default_factory=dict)  # caller entry -> refused until
+    # (department slug, served name) -> epoch seconds: a pair `allowed` only
+    # through a grant ends then. The door compares it with its clock, so an
+    # expired grant is refused at its end, not at the next sync.
+    grant_ends: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
     def models_for(self, department: str) -> list[str]:
         """The served names a department may call here, sorted: what
