@@ -172,6 +172,7 @@ def cast(server_url: str):
     )
     AdapterGrant.objects.create(
         adapter=adapter,
+        served_name=adapter.served_name,
         department=finance,
         status=GrantStatus.APPROVED,
         expires_at=timezone.now() + timedelta(days=1),

@@ -7,10 +7,11 @@ class ObservabilityConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from core.signals import health_check
         from observability import selectors, services
         from serving.capacity import residency_provider_register
         from serving.signals import reconcile_finished
-        from serving.token_usage import tokens_reader_register
+        from serving.token_usage import metering_status_register, tokens_reader_register
 
         reconcile_finished.connect(
             services.reconcile_finished, dispatch_uid="observability.reconcile"
@@ -19,3 +20,6 @@ class ObservabilityConfig(AppConfig):
         residency_provider_register(selectors.lora_residency)
         # What limits at the door read: tokens per key and per department.
         tokens_reader_register(selectors.tokens_used_since)
+        # Whether each deployment is metered at all: its replicas' spans arrive.
+        metering_status_register(selectors.metering_statuses)
+        health_check.connect(selectors.metering_health, dispatch_uid="observability.metering")

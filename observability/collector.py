@@ -36,7 +36,6 @@ from observability.models import (
 )
 from observability.selectors import deployment_pool_figures
 from registry.models import AdapterVersion, VersionStatus
-from serving.kept_copies import KeptCopy
 from serving.models import (
     Deployment,
     DriftEvent,
@@ -49,7 +48,8 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
-from serving.placement_plan import placed_keys
+from serving.rules.kept_copies import KeptCopy
+from serving.rules.placement_plan import placed_keys
 from serving.sync_state import SyncState, classify_kept, loaded_adapters
 
 TERMINAL = (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.ROLLED_BACK)

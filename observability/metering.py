@@ -36,7 +36,15 @@ DOOR_ID = re.compile(
 MAX_REQUEST_ID = 255
 # No single request holds more (vLLM's longest contexts are about 10M tokens):
 # a larger count is a broken or hostile exporter, refused rather than billed.
+# The receiver bounds a span further by its deployment's context (plausible).
 MAX_TOKENS = 2**31 - 1
+MAX_CONTEXT = 10_000_000
+# Plausible times, on the receiver's clock: a span vLLM finished is sent within
+# a second and retried for a minute (scripts/vllm/serve.sh), then dropped by the
+# exporter; so one from the future beyond clock skew, or from more than an hour
+# ago, is not vLLM's (and would rewrite a day, or a month, already reported).
+MAX_SKEW_SECONDS = 300
+MAX_AGE_SECONDS = 3600
 
 
 class SpansRefused(ValueError):
@@ -55,6 +63,17 @@ class SpanTokens:
     finished_at: datetime
     prompt_tokens: int
     completion_tokens: int
+    # The span's own id (hex): each of a request's `n` choices is an engine
+    # request of its own with the SAME request id and a span of its own, so the
+    # ledger tells them apart by it (a resent batch repeats it: counted once).
+    span_id: str = ""
+    # When vLLM took the request (the span's start): what the reconcile of
+    # vLLM's token counters against spans settles by (observability.reconcile).
+    started_at: datetime | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
     @property
     def attribution(self) -> Attribution | None:
@@ -118,12 +137,33 @@ def read_spans(body: bytes) -> tuple[list[SpanTokens], int]:
                     refused += 1
                     continue
                 ended = span.end_time_unix_nano or span.start_time_unix_nano
+                started = span.start_time_unix_nano
                 found.append(
                     SpanTokens(
                         request_id=request_id,
                         finished_at=(datetime.fromtimestamp(ended / 1e9, tz=UTC) if ended else now),
                         prompt_tokens=prompt,
                         completion_tokens=completion,
+                        span_id=span.span_id.hex()[:16],
+                        started_at=(
+                            datetime.fromtimestamp(started / 1e9, tz=UTC) if started else None
+                        ),
                     )
                 )
     return found, refused
+
+
+def implausible(span: SpanTokens, *, now: datetime, max_context: int | None) -> str | None:
+    """Why a span cannot be one of vLLM's for a deployment whose context is
+    `max_context` tokens (None: unknown), at `now`; None when it can."""
+    limit = max_context or MAX_CONTEXT
+    if span.tokens > limit:
+        return f"{span.tokens} tokens in one request, more than its context of {limit}"
+    age = (now - span.finished_at).total_seconds()
+    if age < -MAX_SKEW_SECONDS:
+        return f"finished {-age:.0f} s in the future"
+    if age > MAX_AGE_SECONDS:
+        return f"finished {age:.0f} s ago"
+    if span.started_at is not None and span.started_at > span.finished_at:
+        return "started after it finished"
+    return None

@@ -193,10 +193,15 @@ class MeteredRequest(models.Model):
     through a door has neither. Pruned after OBSERVABILITY_METERED_REQUEST_DAYS;
     the day rows (DailyTokens) stay."""
 
-    request_id = models.CharField(max_length=255, unique=True)
+    request_id = models.CharField(max_length=255)
+    # The span's id (hex): the `n` choices of one request share its request id.
+    span_id = models.CharField(max_length=16, default="", blank=True)
     deployment = models.ForeignKey(
         "serving.Deployment", on_delete=models.CASCADE, related_name="metered_requests"
     )
+    # When vLLM took it (None: recorded before this was kept): the reconcile of
+    # vLLM's counters against spans settles by it (observability.reconcile).
+    started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField()
     key = models.ForeignKey(
         "serving.InferenceKey",
@@ -224,10 +229,16 @@ class MeteredRequest(models.Model):
     completion_tokens = models.PositiveIntegerField()
 
     class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["request_id", "span_id"], name="one_metered_row_per_span"
+            )
+        ]
         indexes = [
             models.Index(fields=["key", "finished_at"]),
             models.Index(fields=["department", "finished_at"]),
             models.Index(fields=["finished_at"]),
+            models.Index(fields=["deployment", "started_at"]),
         ]
 
     def __str__(self) -> str:
@@ -307,6 +318,76 @@ class DailyTokens(models.Model):
 
     def __str__(self) -> str:
         return f"{self.served_name} v{self.version_number} on {self.day}: {self.tokens} tokens"
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class MeteringState(models.Model):
+    """Per deployment: when its replicas last sent a span (whether it is metered
+    at all), and the reconcile of vLLM's own token counters against its spans
+    (observability.unmetered): what the replicas counted and no span reported
+    (streams the client aborted) is charged to the deployment's unattributed
+    tokens. docs/operators/usage.md, "Aborted streams"."""
+
+    deployment = models.OneToOneField(
+        "serving.Deployment", on_delete=models.CASCADE, related_name="metering_state"
+    )
+    # Written by the OTLP receiver.
+    last_span_at = models.DateTimeField(null=True, blank=True)
+    # Tokens of spans recorded after the window they started in was settled
+    # (a request longer than the settling delay): the receiver adds, the reconcile
+    # subtracts what it has not applied yet. Two columns each so that neither
+    # writer overwrites the other's.
+    late_prompt = models.BigIntegerField(default=0)
+    late_completion = models.BigIntegerField(default=0)
+    late_applied_prompt = models.BigIntegerField(default=0)
+    late_applied_completion = models.BigIntegerField(default=0)
+    # The reconcile's, under its claim: each replica's last counters
+    # ({replica id: [prompt, generation]}), their growth summed since the
+    # baseline, and readings waiting to be settled ([[epoch, prompt, completion]]).
+    counters = models.JSONField(default=dict, blank=True)
+    counted_prompt = models.BigIntegerField(default=0)
+    counted_completion = models.BigIntegerField(default=0)
+    counted_at = models.DateTimeField(null=True, blank=True)
+    pending = models.JSONField(default=list, blank=True)
+    # The last settled reading (None: no baseline yet), the counted-minus-reported
+    # deficit there, and the most of it charged so far.
+    settled_at = models.DateTimeField(null=True, blank=True)
+    settled_prompt = models.BigIntegerField(default=0)
+    settled_completion = models.BigIntegerField(default=0)
+    deficit_prompt = models.BigIntegerField(default=0)
+    deficit_completion = models.BigIntegerField(default=0)
+    charged_prompt = models.BigIntegerField(default=0)
+    charged_completion = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"metering of {self.deployment_id}"
+
+
+class UnattributedTokens(models.Model):
+    """Tokens a deployment's replicas counted (vllm:*_tokens_total) that no span
+    reported, per day (UTC): requests vLLM did not finish (a client that aborted
+    its stream), which no key or department can be told apart for."""
+
+    day = models.DateField()
+    deployment = models.ForeignKey(
+        "serving.Deployment", on_delete=models.CASCADE, related_name="unattributed_tokens"
+    )
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "deployment"], name="one_unattributed_row_per_day"
+            )
+        ]
+        ordering = ["day"]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} on {self.day}: {self.tokens} unattributed tokens"
 
     @property
     def tokens(self) -> int:

@@ -9,6 +9,10 @@ A token counts only for its own deployment's URL, so a replica of one
 deployment cannot bill another's. Keep the path internal all the same (a
 network policy: replicas to the control plane); the token is what is enforced.
 
+What a token may report: spans of keys whose department may call that
+deployment, with counts within its context and times vLLM could have sent
+(observability.tokens.spans_admitted); the rest are refused in partial_success.
+
 Bounds: a declared or read body past OBSERVABILITY_OTLP_MAX_BODY_BYTES is a 413
 (gzip too: decompressed, it is cut at the same limit). Answers follow OTLP/HTTP:
 200 with an ExportTraceServiceResponse (partial_success names refused spans),
@@ -31,7 +35,7 @@ from django.views.decorators.http import require_POST
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from observability.metering import SpansRefused, read_spans
-from observability.tokens import metered_spans_record
+from observability.tokens import metered_spans_record, spans_admitted
 from serving.models import Deployment
 
 logger = logging.getLogger(__name__)
@@ -40,7 +44,7 @@ PROTOBUF = "application/x-protobuf"
 _SALT = "observability.otlp.metering-token"
 
 
-def metering_token(deployment_name: str, secret: str | None = None) -> str:
+def metering_token(deployment_name: str, secret: str | bytes | None = None) -> str:
     """The bearer token of a deployment's replicas on the OTLP receiver."""
     return salted_hmac(_SALT, deployment_name, secret=secret, algorithm="sha256").hexdigest()
 
@@ -107,14 +111,18 @@ def otlp_traces(request, name: str):
     except SpansRefused as error:
         return _text(str(error), 400)
     try:
+        spans, turned_away = spans_admitted(deployment, spans)
         metered_spans_record(deployment, spans)
     except DatabaseError as error:
         logger.warning("metering of %s: spans not recorded: %s", name, error)
         return _text("Not recorded; send again.", 503)
+    reasons = [f"{refused} without gen_ai.request.id or token counts"] if refused else []
+    reasons += [f"{n} {why}" for why, n in sorted(turned_away.items())]
+    if turned_away:
+        # A replica's token used for other keys, or a broken exporter: worth a look.
+        logger.warning("metering of %s: spans refused: %s", name, "; ".join(reasons))
     answer = ExportTraceServiceResponse()
-    if refused:
-        answer.partial_success.rejected_spans = refused
-        answer.partial_success.error_message = (
-            f"{refused} llm_request span(s) without gen_ai.request.id or token counts"
-        )
+    if reasons:
+        answer.partial_success.rejected_spans = refused + sum(turned_away.values())
+        answer.partial_success.error_message = "llm_request spans refused: " + "; ".join(reasons)
     return HttpResponse(answer.SerializeToString(), content_type=PROTOBUF)

@@ -9,7 +9,7 @@ from django.conf import settings
 
 from observability.selectors import deployment_plan_input
 from serving.models import Deployment
-from serving.planner import ModelShape, Plan, PlanInput, PlannerInputError, plan
+from serving.rules.planner import ModelShape, Plan, PlanInput, PlannerInputError, plan
 
 OVERRIDES = (
     "gpu_type",
@@ -41,6 +41,8 @@ def plan_input_from(data: dict, deployment: Deployment | None = None) -> PlanInp
         overrides.setdefault("context_length", settings.PLANNER_CONTEXT_LENGTH)
         overrides.setdefault("use_cases", settings.PLANNER_USE_CASES)
         return PlanInput(model=model, **overrides)
+    # PlannerInputSerializer asks for a config or a deployment.
+    assert deployment is not None, "no config.json and no deployment"
     spec = deployment_plan_input(deployment, **overrides)
     if data.get("dtype"):
         spec = replace(spec, model=replace(spec.model, dtype=data["dtype"]))

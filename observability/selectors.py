@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Sum
@@ -20,7 +21,9 @@ from observability.models import (
     DailyTokens,
     DailyUsage,
     MeteredRequest,
+    MeteringState,
     ReplicaLoraState,
+    UnattributedTokens,
 )
 from serving.capacity import (
     SHAPE_FIELDS,
@@ -30,13 +33,13 @@ from serving.capacity import (
     pool_figures,
 )
 from serving.models import Deployment, ServedAdapter
-from serving.planner import (
+from serving.rules.planner import (
     HOURS_PER_MONTH,
     LLAMA_MODULES,
     PlanInput,
     PlannerInputError,
 )
-from serving.token_usage import Per, TokensUsed
+from serving.token_usage import MeteringStatus, Per, TokensUsed
 
 
 def deployment_pool_figures() -> dict[int, PoolFigures]:
@@ -75,7 +78,8 @@ def deployment_plan_input(deployment: Deployment, **overrides) -> PlanInput:
         missing = [name for name in SHAPE_FIELDS if not getattr(deployment, name)]
         raise PlannerInputError({name: "not set on the deployment" for name in missing})
     observed = observed_concurrency(deployment)
-    values = {
+    # PlanInput's fields by name, so that `overrides` can replace any of them.
+    values: dict[str, Any] = {
         "model": shape,
         "gpu_memory_bytes": deployment.gpu_memory_bytes or 0,
         "gpu_memory_utilization": settings.PLANNER_GPU_MEMORY_UTILIZATION,
@@ -343,6 +347,16 @@ def token_rows(
     )
 
 
+def unattributed_rows(start: date, end: date) -> QuerySet[UnattributedTokens]:
+    """Tokens each deployment's replicas counted that no span reported, per day
+    (observability.unmetered): a platform admin's, as no department's."""
+    return (
+        UnattributedTokens.objects.filter(day__gte=start, day__lte=end)
+        .select_related("deployment")
+        .order_by("day", "deployment__name")
+    )
+
+
 def token_weight(prompt: int, completion: int) -> float:
     """Tokens as the cost split counts them (SERVING_COST_*_TOKEN_WEIGHT)."""
     return (
@@ -389,6 +403,17 @@ def department_costs(
         .values("deployment_id")
         .annotate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
     }
+    # Tokens vLLM counted that no span reported (aborted streams): in each
+    # deployment's total, so that no department's share grows by them.
+    for row in (
+        UnattributedTokens.objects.filter(
+            day__gte=start, day__lte=end, deployment_id__in=deployment_ids
+        )
+        .values("deployment_id")
+        .annotate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+    ):
+        if row["deployment_id"] in token_totals:
+            token_totals[row["deployment_id"]] += token_weight(row["p"], row["c"])
     metered = {d for d, total in token_totals.items() if total > 0}
     gpus = {
         d.pk: d.live_replicas * d.gpus
@@ -396,7 +421,7 @@ def department_costs(
             live_replicas=Count("replicas", filter=Q(replicas__active=True))
         )
     }
-    owned = {}
+    owned: dict[int, set[int]] = {}  # department -> the adapters it owns that were called
     for model, column in ((DailyUsage, "department_id"), (DailyTokens, "owner_id")):
         for department_id, adapter_id in (
             model.objects.filter(
@@ -417,12 +442,12 @@ def department_costs(
             if row["department_id"] == department.pk and row["deployment_id"] in metered:
                 total = token_totals[row["deployment_id"]]
                 shares[row["deployment_id"]] = token_weight(row["p"], row["c"]) / total
-        for row in mine:
-            deployment_id = row["deployment_id"]
-            if row["department_id"] != department.pk or deployment_id in metered:
+        for counted in mine:
+            deployment_id = counted["deployment_id"]
+            if counted["department_id"] != department.pk or deployment_id in metered:
                 continue
             if request_totals.get(deployment_id):
-                shares[deployment_id] = row["n"] / request_totals[deployment_id]
+                shares[deployment_id] = counted["n"] / request_totals[deployment_id]
         used = {d: part for d, part in shares.items() if part > 0}
         shared = sum(gpus[d] * price * HOURS_PER_MONTH * part for d, part in used.items())
         whole = sum(gpus[d] * price * HOURS_PER_MONTH for d in used)
@@ -454,6 +479,7 @@ def tokens_used_since(per: Per, since: datetime, ids=None) -> dict[int, TokensUs
     as serving.token_usage's reader."""
     column = "key_id" if per == "key" else "department_id"
     retained = timezone.now() - timedelta(days=settings.OBSERVABILITY_METERED_REQUEST_DAYS - 1)
+    rows: QuerySet[MeteredRequest] | QuerySet[DailyTokens]
     if since >= retained:
         rows = MeteredRequest.objects.filter(finished_at__gte=since)
         sums = {"n": Count("pk"), "p": Sum("prompt_tokens"), "c": Sum("completion_tokens")}
@@ -467,3 +493,61 @@ def tokens_used_since(per: Per, since: datetime, ids=None) -> dict[int, TokensUs
         row[column]: TokensUsed(row["n"], row["p"] or 0, row["c"] or 0)
         for row in rows.values(column).annotate(**sums).order_by()
     }
+
+
+# A deployment whose replicas counted tokens this long after its last span has
+# stopped sending them (an exporter gone, a token rotated, a receiver moved).
+SPANS_STALE_SECONDS = 15 * 60
+
+
+def metering_statuses(deployment_ids=None, *, now=None) -> dict[int, MeteringStatus]:
+    """Per deployment id: metered only once its replicas' spans arrive, and no
+    longer when its replicas counted tokens (vLLM's /metrics, read by the
+    reconcile) more than SPANS_STALE_SECONDS after the last span came."""
+    now = now or timezone.now()
+    deployments = Deployment.objects.all()
+    if deployment_ids is not None:
+        deployments = deployments.filter(pk__in=list(deployment_ids))
+    states = {
+        row["deployment_id"]: row
+        for row in MeteringState.objects.filter(deployment_id__in=deployments.values("pk")).values(
+            "deployment_id", "last_span_at", "counted_at"
+        )
+    }
+    minutes = SPANS_STALE_SECONDS // 60
+    found = {}
+    for pk in deployments.values_list("pk", flat=True):
+        state = states.get(pk) or {"last_span_at": None, "counted_at": None}
+        last, counted = state["last_span_at"], state["counted_at"]
+        if last is None:
+            found[pk] = MeteringStatus(False, "not metered: no spans received from its replicas")
+        elif (
+            counted is not None
+            and (counted - last).total_seconds() > SPANS_STALE_SECONDS
+            and (now - last).total_seconds() > SPANS_STALE_SECONDS
+        ):
+            found[pk] = MeteringStatus(
+                False,
+                f"not metered: no spans received in the last {minutes} minutes "
+                "while its replicas counted tokens",
+            )
+        else:
+            found[pk] = MeteringStatus(True, "metered: its replicas' spans arrive")
+    return found
+
+
+def metering_health(sender, **kwargs):
+    """/readyz: which deployments' tokens are not metered (names only; optional,
+    so a deployment without spans never takes the web server out of service)."""
+    from django.db import DatabaseError
+
+    try:
+        statuses = metering_statuses()
+        names = dict(Deployment.objects.values_list("pk", "name"))
+    except DatabaseError as error:  # the database check says so already
+        return "metering", {"ok": False, "optional": True, "error": str(error)}
+    off = sorted(names[pk] for pk, status in statuses.items() if not status.metered)
+    if not off:
+        return "metering", {"ok": True, "optional": True}
+    notice = f"tokens not metered (no spans from their replicas): {', '.join(off)}"
+    return "metering", {"ok": False, "optional": True, "notice": notice}

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Case, Count, F, Max, Value, When
+from django.db.models.expressions import Combinable
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -27,15 +28,16 @@ from observability.models import (
     ReconcileStats,
     ReplicaLoraState,
 )
+from observability.unmetered import unmetered_tokens_reconcile
 from observability.usage import front_door_usage_record
 from observability.vllm_metrics import clients_only, demand_units
 from registry.models import Adapter
 from serving.lora_metrics import LoraSnapshot
 from serving.models import Deployment, HttpAttempt, Replica
+from serving.records.attempts import attempts_record_all
+from serving.records.own_probes import own_probes_marked, own_probes_settle
+from serving.records.placements import replica_demand_report
 from serving.replica_calls import MetricsReading
-from serving.services.attempts import attempts_record_all
-from serving.services.own_probes import own_probes_marked, own_probes_settle
-from serving.services.placements import replica_demand_report
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +63,8 @@ def reconcile_finished(
             vllm_metrics_record, deployment, replicas, readings, kwargs.get("probed")
         )
         wrote = wrote or recorded is None or recorded.wrote_attempts
+        # The same reading's token counters against the spans (aborted streams).
+        _guarded(unmetered_tokens_reconcile, deployment, replicas, readings)
     if settings.OBSERVABILITY_FRONT_DOOR_USAGE:
         # Whatever the reconcile's outcome: the front door counted requests anyway.
         _guarded(front_door_usage_record, deployment)
@@ -152,7 +156,7 @@ def vllm_metrics_record(
 
     Not clients' activity or demand: the tick's weight-check probes, made
     after its read (`probed`, kept on the state for the next read), nor what
-    the control plane probed anywhere else (serving.services.own_probes). A
+    the control plane probed anywhere else (serving.records.own_probes). A
     replica's first successful read is a baseline: what vLLM still lists from
     before is not news."""
     probed = probed or {}
@@ -223,7 +227,7 @@ def _carry(carried: dict, probed: Mapping[str, float] | None, reading) -> dict:
 def _own_probes(read, states, before, carried) -> dict[int, dict[str, datetime]]:
     """Per replica id whose read shows label sets that would count as clients',
     the adapters the control plane marked as probed there, with when
-    (serving.services.own_probes). Looked up only then: an idle tick costs no query."""
+    (serving.records.own_probes). Looked up only then: an idle tick costs no query."""
     wanted = [
         replica.pk
         for replica, reading in read
@@ -248,7 +252,7 @@ def _update_rows(model, rows: list, fields: list[str], before: dict) -> None:
     need a CASE per row (building those is most of a 32-replica tick's CPU)."""
     if not rows:
         return
-    values = {}
+    values: dict[str, Combinable] = {}
     for name in fields:
         column = model._meta.get_field(name)
         new = [getattr(row, name) for row in rows]

@@ -39,10 +39,14 @@ def counter_increase(previous: int | None, current: int) -> int:
 def counters_increase(previous: dict, current: dict[str, Counters]) -> dict[str, Counters]:
     """Per served name, what each of its counters counted since `previous`;
     names that counted nothing are left out."""
-    grown = {}
+    grown: dict[str, Counters] = {}
     for name, now in current.items():
         before = previous.get(name) or (None, None, None)
-        step = tuple(counter_increase(b, n) for b, n in zip(before, now, strict=True))
+        step = (
+            counter_increase(before[0], now[0]),
+            counter_increase(before[1], now[1]),
+            counter_increase(before[2], now[2]),
+        )
         if any(step):
             grown[name] = step
     return grown

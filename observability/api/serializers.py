@@ -5,7 +5,7 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import serializers
 
-from serving.planner import DTYPE_BYTES, VALID_LORA_RANKS
+from serving.rules.planner import DTYPE_BYTES, VALID_LORA_RANKS
 
 GIB = 1024**3
 # Memory of common data-centre GPUs, so a person can name the card instead of its bytes.
@@ -247,6 +247,16 @@ class DepartmentCostSerializer(serializers.Serializer):
     )
 
 
+class UnattributedRowSerializer(serializers.Serializer):
+    """Tokens a deployment's replicas counted on one day that no span reported:
+    requests vLLM did not finish (aborted streams), charged to no department."""
+
+    day = serializers.DateField()
+    deployment = serializers.CharField(source="deployment.name")
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+
+
 class UsageSerializer(serializers.Serializer):
     start = serializers.DateField(help_text="`from`, as applied.")
     end = serializers.DateField(help_text="`to`, as applied.")
@@ -263,3 +273,8 @@ class UsageSerializer(serializers.Serializer):
         many=True, help_text="By who called and whose adapter: the rows the CSV exports."
     )
     costs = DepartmentCostSerializer(many=True)
+    unattributed = UnattributedRowSerializer(
+        many=True,
+        help_text="A platform admin's only: per deployment and day, tokens vLLM counted "
+        "that no span reported (aborted streams), charged to no department.",
+    )

@@ -24,11 +24,12 @@ from observability.planning import plan_for
 from observability.selectors import (
     department_costs,
     token_rows,
+    unattributed_rows,
     usage_departments,
     usage_rows,
 )
 from serving import selectors as serving_selectors
-from serving.planner import HOURS_PER_MONTH, PlannerInputError
+from serving.rules.planner import HOURS_PER_MONTH, PlannerInputError
 
 
 class PlannerView(ActorMixin, APIView):
@@ -109,6 +110,7 @@ def usage_report(actor, params) -> dict:
             )
         ),
         "costs": department_costs(departments, start, end, figures=actor.is_platform_admin),
+        "unattributed": list(unattributed_rows(start, end)) if actor.is_platform_admin else [],
     }
 
 
@@ -117,7 +119,9 @@ class UsageView(ActorMixin, APIView):
     counts), requests and errors per adapter counted at the front door, and each
     department's monthly GPU cost shared by weighted tokens."""
 
-    renderer_classes = [*api_settings.DEFAULT_RENDERER_CLASSES, UsageCSVRenderer]
+    # The stubs type the setting as the dotted names it is written as; api_settings
+    # gives the imported classes.
+    renderer_classes = [*api_settings.DEFAULT_RENDERER_CLASSES, UsageCSVRenderer]  # type: ignore[list-item]
     # A department the caller does not see is not found (core.api.schema).
     error_statuses = {"get": (404,)}
 

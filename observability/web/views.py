@@ -19,7 +19,7 @@ from observability.api.views import usage_report
 from observability.planning import OVERRIDES, form_defaults, plan_for
 from observability.selectors import observed_concurrency
 from serving import selectors as serving_selectors
-from serving.planner import DTYPE_BYTES, VALID_LORA_RANKS, PlannerInputError
+from serving.rules.planner import DTYPE_BYTES, VALID_LORA_RANKS, PlannerInputError
 
 EXAMPLE_CONFIG = {
     "architectures": ["LlamaForCausalLM"],

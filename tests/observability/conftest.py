@@ -19,7 +19,7 @@ from tests.support.pages import signed_in
 def read_before(served_on, at: float) -> None:
     """As if every replica's /metrics had been read once before, up to vLLM's
     stamp `at` (a first read is only a baseline), and the rollouts' own probes
-    long since settled (serving.services.own_probes): what a test then serves
+    long since settled (serving.records.own_probes): what a test then serves
     is clients' news."""
     from django.utils import timezone
 

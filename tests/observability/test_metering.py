@@ -258,3 +258,104 @@ def test_per_request_rows_are_pruned_and_their_days_stay(deployment, served, set
     assert housekeeping() == {"pruned_metered_requests": 1}
     assert list(MeteredRequest.objects.values_list("request_id", flat=True)) == ["new"]
     assert DailyTokens.objects.aggregate(n=Sum("requests"))["n"] == 2
+
+
+# -- what a deployment's token may report (issue 43) ----------------------------
+
+
+@pytest.mark.django_db
+def test_each_of_n_choices_is_counted_and_a_resend_still_counts_once(
+    deployment, served, finance_key
+):
+    """vLLM runs n > 1 as n engine requests with ONE request id and a span
+    each: keyed by the request id alone, n - 1 of them went unbilled."""
+    rid = f"chatcmpl-{door_id(finance_key.pk, served.version_id)}"
+    choices = [llm_span(rid, 10, 4, span_id=bytes([i]) * 8) for i in range(1, 5)]
+    spans, _ = read_spans(otlp_body(*choices))
+    assert metered_spans_record(deployment, spans) == 4
+    assert metered_spans_record(deployment, spans) == 0
+    row = DailyTokens.objects.get()
+    assert (row.requests, row.prompt_tokens, row.completion_tokens) == (4, 40, 16)
+
+
+@pytest.mark.django_db
+def test_a_key_whose_department_may_not_call_the_deployment_is_not_billed(
+    root, deployment, served, finance_key, legal
+):
+    """A deployment's token proves a replica sent it, not which key called: a
+    holder of the token may not bill a department that cannot call there."""
+    from serving.services.deployments import deployment_update
+
+    deployment_update(actor=actor(root), deployment=deployment, allowed_departments=[legal])
+    body = otlp_body(
+        llm_span(f"chatcmpl-{door_id(finance_key.pk, 0)}", 5, 5),
+        llm_span(f"chatcmpl-{door_id(999999, 0)}", 5, 5),  # no such key
+        llm_span(f"chatcmpl-{door_id('', 0)}", 1, 1, span_id=b"\x03" * 8),  # no key: kept
+    )
+    response = post(deployment.name, body)
+    assert response.status_code == 200, response.content
+    answer = ExportTraceServiceResponse.FromString(response.content)
+    assert answer.partial_success.rejected_spans == 2
+    assert "2 key not allowed here" in answer.partial_success.error_message
+    assert list(MeteredRequest.objects.values_list("key_id", "prompt_tokens")) == [(None, 1)]
+
+
+@pytest.mark.django_db
+def test_a_grant_lets_its_department_be_billed_where_the_adapter_is_served(
+    root, alex, fred, deployment, served, finance_key, legal
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from serving.models import AdapterGrant, GrantStatus
+    from serving.services.deployments import deployment_update
+
+    deployment_update(actor=actor(root), deployment=deployment, allowed_departments=[legal])
+    AdapterGrant.objects.create(
+        adapter=served.adapter,
+        department=finance_key.department,
+        status=GrantStatus.APPROVED,
+        expires_at=timezone.now() + timedelta(days=1),
+        requested_by=fred,
+        decided_by=alex,
+        decided_at=timezone.now(),
+    )
+    response = post(deployment.name, otlp_body(llm_span(f"c-{door_id(finance_key.pk, 0)}", 5, 5)))
+    assert response.status_code == 200
+    assert MeteredRequest.objects.get().key_id == finance_key.pk
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("prompt", "completion", "ended_ago"),
+    [
+        (200, 57, 1),  # past the deployment's context of 256
+        (2**30, 0, 1),  # a count no request holds
+        (5, 5, -3600),  # an hour in the future
+        (5, 5, 2 * 3600),  # two hours ago: the exporter gave up long before
+    ],
+)
+def test_counts_past_the_context_and_implausible_times_are_refused(
+    deployment, served, finance_key, prompt, completion, ended_ago
+):
+    deployment.max_model_len = 256
+    deployment.save(update_fields=["max_model_len"])
+    ended = datetime.now(tz=UTC).timestamp() - ended_ago
+    fine = llm_span(f"a-{door_id(finance_key.pk, 0)}", 200, 56)
+    odd = llm_span(f"b-{door_id(finance_key.pk, 0)}", prompt, completion, ended=ended)
+    response = post(deployment.name, otlp_body(fine, odd))
+    assert response.status_code == 200
+    answer = ExportTraceServiceResponse.FromString(response.content)
+    assert answer.partial_success.rejected_spans == 1
+    assert "1 implausible" in answer.partial_success.error_message
+    assert list(MeteredRequest.objects.values_list("prompt_tokens", flat=True)) == [200]
+
+
+@pytest.mark.django_db
+def test_a_span_marks_its_deployment_metered(deployment, served):
+    from observability.models import MeteringState
+
+    assert not MeteringState.objects.filter(deployment=deployment, last_span_at__isnull=False)
+    post(deployment.name, otlp_body(llm_span("x", 1, 1)))
+    assert MeteringState.objects.get(deployment=deployment).last_span_at is not None

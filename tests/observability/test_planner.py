@@ -6,7 +6,7 @@ from math import prod
 
 import pytest
 
-from serving.planner import (
+from serving.rules.planner import (
     ModelShape,
     PlanInput,
     PlannerInputError,

@@ -6,7 +6,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from serving.planner import ModelShape, lora_pool_bytes
+from serving.rules.planner import ModelShape, lora_pool_bytes
 from tests.observability.test_planner import LLAMA_3_8B, TINY
 
 pytestmark = pytest.mark.django_db

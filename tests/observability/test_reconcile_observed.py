@@ -170,7 +170,7 @@ def test_a_reconcile_that_raises_is_counted_as_failed_and_still_raises(deploymen
 def test_a_rollouts_verification_probes_are_not_demand(deployment, served, fake_replicas):
     from serving.models import OwnProbe, Replica
 
-    # The rollout marked its verification on both replicas (serving.services.own_probes).
+    # The rollout marked its verification on both replicas (serving.records.own_probes).
     assert OwnProbe.objects.filter(served_name="legal-contracts").count() == 2
     marks = {p.replica_id: p.probed_at for p in OwnProbe.objects.all()}
     now = time.time()

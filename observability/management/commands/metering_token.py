@@ -12,8 +12,14 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("deployment")
+        parser.add_argument(
+            "--unregistered",
+            action="store_true",
+            help="Print it for a deployment not registered yet (`make run` starts its "
+            "replicas with the token before it registers them).",
+        )
 
-    def handle(self, *args, deployment, **options):
-        if not Deployment.objects.filter(name=deployment).exists():
+    def handle(self, *args, deployment, unregistered=False, **options):
+        if not unregistered and not Deployment.objects.filter(name=deployment).exists():
             raise CommandError(f"No deployment {deployment!r}.")
         self.stdout.write(metering_token(deployment))

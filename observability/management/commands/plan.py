@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError
 from observability.api.serializers import PlannerInputSerializer
 from observability.planning import OVERRIDES, plan_for
 from serving.models import Deployment
-from serving.planner import PlannerInputError
+from serving.rules.planner import PlannerInputError
 
 MIB = 1024**2
 
