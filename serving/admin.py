@@ -202,7 +202,16 @@ class InferenceKeyAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 class AdapterGrantAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Asked, decided and revoked on the adapter's page and the API (audited)."""
 
-    list_display = ["pk", "adapter", "department", "status", "expires_at", "decided_by"]
+    # served_name: a request for a name no adapter has shows no adapter.
+    list_display = [
+        "pk",
+        "served_name",
+        "adapter",
+        "department",
+        "status",
+        "expires_at",
+        "decided_by",
+    ]
     list_filter = ["status", "department"]
     list_select_related = ["adapter__department", "department", "decided_by"]
 

@@ -8,7 +8,10 @@ class ServingConfig(AppConfig):
     def ready(self):
         from core import signals as core_signals
         from registry import signals as registry_signals
-        from serving import receivers, signals
+
+        # tasks: registered in every process, the web's too: serving/enqueue.py
+        # sends them by the names they are registered under.
+        from serving import receivers, signals, tasks  # noqa: F401
         from serving.door import receivers as door_receivers
 
         registry_signals.version_transitioned.connect(
@@ -28,11 +31,6 @@ class ServingConfig(AppConfig):
         )
         core_signals.membership_changed.connect(
             receivers.resync_on_membership, dispatch_uid="serving.resync_on_membership"
-        )
-        signals.door_access_changed.connect(receivers.sync_doors, dispatch_uid="serving.sync_doors")
-        signals.rollout_ready.connect(receivers.send_rollout, dispatch_uid="serving.send_rollout")
-        signals.replicas_became_ready.connect(
-            receivers.reconcile_new_replicas, dispatch_uid="serving.reconcile_new_replicas"
         )
         signals.served_version_changed.connect(
             receivers.resync_on_served_change, dispatch_uid="serving.resync_on_served_change"

@@ -1,5 +1,5 @@
 """A deployment's LoRA pool (what vLLM preallocates for max_loras slots at
-max_lora_rank, serving.planner) against its share of GPU memory, and vLLM's
+max_lora_rank, serving.rules.planner) against its share of GPU memory, and vLLM's
 three tiers: max_loras adapters in one batch, max_cpu_loras in the host cache
 (LRU), and every registered one, re-read from its lora_path when evicted."""
 
@@ -16,9 +16,9 @@ from django.conf import settings
 from django.db.models import Count, F, Window
 from django.db.models.functions import RowNumber
 
-from serving.base_models import EMBEDDING_MODULES
 from serving.models import Deployment, HttpAttempt, ServedAdapter
-from serving.planner import ModelShape, lora_pool_bytes, lora_slot_bytes
+from serving.rules.base_models import EMBEDDING_MODULES
+from serving.rules.planner import ModelShape, lora_pool_bytes, lora_slot_bytes
 from serving.sync_state import loaded_adapters
 
 # Fields of Deployment the pool model needs.

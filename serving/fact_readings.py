@@ -7,7 +7,7 @@ replica; a record typed wrong (a server started with --max-loras 4 recorded as
 wrong. Reconcile reads the base model and the max_lora label from what it
 already fetches every tick (/v1/models' base card, /metrics); a load vLLM
 refuses for its rank names the server's max_lora_rank
-(serving.services.fact_records). max_cpu_loras is not
+(serving.records.fact_records). max_cpu_loras is not
 readable from vLLM 0.32 at all. Promotions are refused while a replica disputes
 the record (serving.services.promotions).
 """
@@ -36,7 +36,7 @@ class ReportedFlag:
 
 
 # max_lora from /metrics (the reconcile's observe step reads it); max_lora_rank
-# from a refused load (serving.services.fact_records).
+# from a refused load (serving.records.fact_records).
 REPORTED_FLAGS = (
     ReportedFlag("max_lora", "max_loras", "--max-loras"),
     ReportedFlag("max_lora_rank", "max_lora_rank", "--max-lora-rank"),

@@ -17,6 +17,7 @@ observability's /metrics reads all fan out through here:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -29,9 +30,11 @@ from django.db import connections
 
 from serving.attestation import require_not_quarantined
 from serving.models import Deployment, Replica
-from serving.probe import Probe, describe_distance
-from serving.replica_calls import ReplicaOutcome, RetryPolicy, verify_serving
+from serving.replica_calls import ReplicaOutcome, RetryPolicy, reload_adapter, verify_serving
+from serving.rules.probe import Probe, describe_distance
 from serving.vllm_client import VLLMClient
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -174,14 +177,20 @@ def verify_with_fingerprint(
     recorded, so matching it proves as much, without a base-model probe that
     vLLM 0.32's CPU backend can answer with the adapter's weights under traffic
     (docs/upstream/vllm-cpu-base-tokens-last-slot.md)."""
-    outcome = verify_serving(
-        client,
-        name,
-        path,
-        policy,
-        with_completion=deployment.verify_with_completion,
-        base_name=deployment.base_model_name if compare_base else "",
-    )
+
+    def verify() -> ReplicaOutcome:
+        return verify_serving(
+            client,
+            name,
+            path,
+            policy,
+            with_completion=deployment.verify_with_completion,
+            base_name=deployment.base_model_name if compare_base else "",
+        )
+
+    outcome = verify()
+    if outcome.no_effect:
+        outcome = _verify_again_after_reloads(client, name, path, policy, verify, outcome)
     if fingerprint is None or not outcome.ok or outcome.probe is None:
         return outcome
     tolerance = settings.SERVING_FINGERPRINT_TOLERANCE if tolerance is None else tolerance
@@ -193,3 +202,56 @@ def verify_with_fingerprint(
             f"{describe_distance(distance)}, above the tolerance {tolerance:g}."
         )
     return outcome
+
+
+# How many times a "no effect" verdict is checked by loading the adapter again
+# before it is believed: one verdict can be vLLM's, not the adapter's
+# (docs/upstream/vllm-cpu-reload-no-effect.md); an inert adapter gives it every time.
+NO_EFFECT_RELOADS = 2
+
+
+def _verify_again_after_reloads(
+    client: VLLMClient,
+    name: str,
+    path: str,
+    policy: RetryPolicy,
+    verify: Callable[[], ReplicaOutcome],
+    first: ReplicaOutcome,
+) -> ReplicaOutcome:
+    """The probe through `name` answered exactly like the base model. Right
+    after a reload under a running request, vLLM 0.32 on CPU has been seen to
+    answer so for a good version (a swap rolled back in CI), so the verdict
+    must hold over fresh loads: unload, load again (the replica's unload lane,
+    old requests settled first) and verify again, NO_EFFECT_RELOADS times at
+    most. Any clean verification wins; a version that truly has no effect
+    answers like the base model after every load and is still refused, with
+    what was seen said. The attempts of every round are kept on the outcome."""
+    attempts = list(first.attempts)
+    outcome = first
+    for round_number in range(1, NO_EFFECT_RELOADS + 1):
+        logger.info(
+            "%s: %s answered like the base model; loading it again (%d of %d)",
+            client.base_url,
+            name,
+            round_number,
+            NO_EFFECT_RELOADS,
+        )
+        reloaded = reload_adapter(client, name, path, policy, ReplicaOutcome())
+        attempts += reloaded.attempts
+        if not reloaded.ok:
+            reloaded.attempts = attempts
+            return reloaded.fail(
+                f"{name} answered exactly like the base model, and loading it again to "
+                f"check failed: {reloaded.error}"
+            )
+        outcome = verify()
+        attempts += outcome.attempts
+        outcome.attempts = attempts
+        if not outcome.no_effect:
+            return outcome
+    return outcome.fail(
+        f"{name} has no effect: through it the probe gave exactly the base model's output "
+        f"after each of {NO_EFFECT_RELOADS + 1} loads (the last {NO_EFFECT_RELOADS} an "
+        "unload and a fresh load to rule out a stale load in vLLM): an untrained adapter, "
+        "or weights that cancel out."
+    )

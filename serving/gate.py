@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from registry.models import AdapterVersion
-from serving.base_models import EMBEDDING_MODULES, KNOWN_ARCHITECTURES
 from serving.capacity import cold_load, pool_figures
 from serving.models import Deployment, Rollout, RolloutKind, ServedAdapter
-from serving.placement_plan import Wish, placements_needed
-from serving.transitions import ROLLOUT_TERMINAL
+from serving.rules.base_models import EMBEDDING_MODULES, KNOWN_ARCHITECTURES
+from serving.rules.placement_plan import Wish, placements_needed
+from serving.rules.transitions import ROLLOUT_TERMINAL
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def _placement_wishes(
     deployment: Deployment, version: AdapterVersion, adapter_ids: list[int]
 ) -> tuple[list[Wish], Wish]:
     """The bounds of every adapter the deployment would serve with this version
-    (`adapter_ids`, serving.placement_plan), the version's own last: an adapter
+    (`adapter_ids`, serving.rules.placement_plan), the version's own last: an adapter
     without a ServedAdapter row yet has none (every replica)."""
     bounds = {
         row["adapter_id"]: (row["min_replicas"], row["max_replicas"])
@@ -199,7 +199,7 @@ def check_host_cache(
     deployment: Deployment, version: AdapterVersion, registered: list[int] | None = None
 ) -> GateCheck:
     """The deployment's total host cache (every replica's max_cpu_loras) against
-    the placements its adapters need (serving.placement_plan: an adapter without
+    the placements its adapters need (serving.rules.placement_plan: an adapter without
     bounds is on every replica, a bounded one on at least its min_replicas).
 
     An adapter without bounds above it still works: vLLM evicts the least
@@ -263,7 +263,7 @@ def check_host_cache(
 
 def check_memory(deployment: Deployment, version: AdapterVersion) -> GateCheck:
     """vLLM preallocates max_loras slots at max_lora_rank for every LoRA-capable
-    module (serving.planner), whatever the adapters: a pool over the
+    module (serving.rules.planner), whatever the adapters: a pool over the
     deployment's share of GPU memory starves the KV cache, so it refuses."""
     figures = pool_figures(deployment)
     if figures.pool_bytes is None:

@@ -9,6 +9,15 @@ Adapters with placement bounds follow placement instead (see lora_modules).
 
 The shape follows the product document's servingruntime-vllm-multilora.yaml,
 minus `--lora-extra-vocab-size`, which vLLM removed (passing it fails start-up).
+
+Every replica exports its requests' token counts (`--otlp-traces-endpoint`) to
+the control plane's web Service, with the deployment's metering token from the
+Secret `<deployment>-metering-token` (`manage.py metering_token <deployment>`):
+without it nothing is metered (docs/operators/usage.md). The replicas are
+cluster-local, and a NetworkPolicy lets only the pods that call them (the
+doors, and the rollouts and reconcile workers that load adapters and read
+/metrics) reach them: a pod calling a replica directly would skip keys and
+grants and choose its own request id.
 """
 
 from __future__ import annotations
@@ -24,11 +33,17 @@ from django.http import HttpResponse
 from core.errors import Conflict
 from registry.models import AdapterVersion
 from serving.models import Deployment, ServedAdapter
-from serving.placement_plan import placed_keys
+from serving.rules.placement_plan import placed_keys
 from serving.volume import serve_path_for
 
 MODEL_MOUNT = "/mnt/models"
 PORT = 8000
+# The label of the control plane's pods that call replicas: the doors and the
+# rollouts and reconcile workers, each in Deployments of their own
+# (deploy/kustomize/base/gateway.yaml, workers.yaml).
+REPLICA_CLIENT_LABEL = {"lora-adapter-registry/calls-replicas": "true"}
+WEB_SERVICE = "lora-registry-web"
+WEB_PORT = 8000
 DEFAULT_RESOURCES = {
     "requests": {"cpu": "4", "memory": "16Gi"},
     "limits": {"cpu": "8", "memory": "32Gi"},
@@ -55,7 +70,7 @@ def _version(served: ServedAdapter) -> AdapterVersion:
 def lora_modules(deployment: Deployment, served: list[ServedAdapter]) -> list[dict]:
     """One {"name", "path", "base_model_name"} per promoted adapter that is on
     every replica. Every pod of a ServingRuntime gets the same args, so an
-    adapter with placement bounds (serving.placement_plan) is left out: the control
+    adapter with placement bounds (serving.rules.placement_plan) is left out: the control
     plane loads it at run time on the replicas placement puts it on, and a
     restarted pod must not load it everywhere (past its host cache)."""
     return [
@@ -74,6 +89,16 @@ def placed_at_run_time(served: list[ServedAdapter]) -> list[str]:
     return [s.adapter.served_name for s in served if placed_keys(s) is not None]
 
 
+def metering_token_secret(deployment: Deployment) -> str:
+    return f"{deployment.name}-metering-token"
+
+
+def otlp_endpoint(deployment: Deployment) -> str:
+    """The OTLP receiver of the deployment, as its pods reach it in the cluster."""
+    namespace = settings.KSERVE_CONTROL_PLANE_NAMESPACE
+    return f"http://{WEB_SERVICE}.{namespace}.svc:{WEB_PORT}/otlp/{deployment.name}/v1/traces"
+
+
 def vllm_args(deployment: Deployment, served: list[ServedAdapter]) -> list[str]:
     args = [
         f"--model={MODEL_MOUNT}",
@@ -86,6 +111,8 @@ def vllm_args(deployment: Deployment, served: list[ServedAdapter]) -> list[str]:
         f"--gpu-memory-utilization={deployment.gpu_memory_utilization:.2f}",
         # Every stream ends with a usage chunk, whatever the client asked (metering).
         "--enable-force-include-usage",
+        # One span per request, with its tokens, to the control plane (metering).
+        f"--otlp-traces-endpoint={otlp_endpoint(deployment)}",
     ]
     if deployment.max_model_len:
         args.append(f"--max-model-len={deployment.max_model_len}")
@@ -157,6 +184,27 @@ def manifests(deployment: Deployment) -> list[dict]:
                 },
             }
         )
+    env += [
+        # The token is never rendered: the Secret holds it; Kubernetes puts it into
+        # the exporter's header ($(VAR) refers to a variable defined above it).
+        {
+            "name": "METERING_TOKEN",
+            "valueFrom": {
+                "secretKeyRef": {"name": metering_token_secret(deployment), "key": "token"}
+            },
+        },
+        {
+            "name": "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            "value": "authorization=Bearer%20$(METERING_TOKEN)",
+        },
+        # vLLM's exporter speaks gRPC unless told; the receiver is OTLP/HTTP protobuf.
+        {"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": "http/protobuf"},
+        # As scripts/vllm/serve.sh: a batch leaves within 1 s, a receiver away is
+        # retried for 60 s, and 16384 finished requests may wait meanwhile.
+        {"name": "OTEL_BSP_SCHEDULE_DELAY", "value": "1000"},
+        {"name": "OTEL_BSP_MAX_QUEUE_SIZE", "value": "16384"},
+        {"name": "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "value": "60"},
+    ]
     runtime = {
         "apiVersion": "serving.kserve.io/v1alpha1",
         "kind": "ServingRuntime",
@@ -214,10 +262,15 @@ def manifests(deployment: Deployment) -> list[dict]:
             ],
         },
     }
+    service_metadata = _metadata(deployment, deployment.name)
+    # No route from outside the cluster (KServe's label; Knative's for a
+    # serverless install): clients go through the front door.
+    service_metadata["labels"]["networking.kserve.io/visibility"] = "cluster-local"
+    service_metadata["labels"]["networking.knative.dev/visibility"] = "cluster-local"
     service: dict[str, Any] = {
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
-        "metadata": _metadata(deployment, deployment.name),
+        "metadata": service_metadata,
         "spec": {
             "predictor": {
                 "minReplicas": 1,
@@ -234,7 +287,35 @@ def manifests(deployment: Deployment) -> list[dict]:
         service["metadata"]["annotations"]["lora-adapter-registry/placed-at-run-time"] = ",".join(
             placed
         )
-    return [runtime, service]
+    return [runtime, service, network_policy(deployment)]
+
+
+def network_policy(deployment: Deployment) -> dict:
+    """Only the pods that call replicas reach them (KServe labels each pod
+    with its InferenceService): the doors for clients, and the workers that
+    load adapters and read /metrics. Kubelet's probes are not subject to it.
+    A Prometheus that scrapes the replicas needs a rule of its own."""
+    control_plane = {"kubernetes.io/metadata.name": settings.KSERVE_CONTROL_PLANE_NAMESPACE}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(deployment, f"{deployment.name}-replicas"),
+        "spec": {
+            "podSelector": {"matchLabels": {"serving.kserve.io/inferenceservice": deployment.name}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [
+                        {
+                            "namespaceSelector": {"matchLabels": control_plane},
+                            "podSelector": {"matchLabels": dict(REPLICA_CLIENT_LABEL)},
+                        }
+                    ],
+                    "ports": [{"port": PORT, "protocol": "TCP"}],
+                }
+            ],
+        },
+    }
 
 
 def render_yaml(deployment: Deployment) -> str:
@@ -242,7 +323,9 @@ def render_yaml(deployment: Deployment) -> str:
         f"# KServe manifests for deployment {deployment.name}, rendered by the LoRA adapter\n"
         "# registry with every promoted adapter that is on every replica in --lora-modules\n"
         "# (adapters with placement bounds are loaded at run time where they are placed).\n"
-        "# Re-render after promotions.\n"
+        "# Re-render after promotions. The replicas meter tokens with the Secret\n"
+        f"# {metering_token_secret(deployment)} (key `token`: manage.py metering_token "
+        f"{deployment.name}).\n"
     )
     return header + yaml.safe_dump_all(manifests(deployment), sort_keys=False)
 

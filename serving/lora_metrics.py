@@ -9,6 +9,11 @@
   {adapter_name, level="gpu"|"cpu"}`, `vllm:num_gpu_loaded_lora_adapters`,
   `vllm:max_gpu_lora_adapters`. Read where present.
 
+In the same pass, vLLM's token counters (`vllm:prompt_tokens_total`,
+`vllm:generation_tokens_total`) and its requests in flight
+(`vllm:num_requests_running` + `_waiting`): metering reconciles what the
+replica counted against the spans it sent (observability.unmetered).
+
 One parser for both readers: serving (a load waits out an earlier load's
 requests; the reconcile tells its probes from clients) and observability
 (activity, demand, residency). The body is outside input, parsed with
@@ -27,6 +32,10 @@ LORA_INFO = "vllm:lora_requests_info"
 ADAPTER_LOADED = "vllm:lora_adapter_loaded"
 NUM_GPU_LOADED = "vllm:num_gpu_loaded_lora_adapters"
 MAX_GPU_ADAPTERS = "vllm:max_gpu_lora_adapters"
+# Counters: the parser names the family without `_total`.
+PROMPT_TOKENS = "vllm:prompt_tokens"
+GENERATION_TOKENS = "vllm:generation_tokens"
+IN_FLIGHT = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
 class MetricsParseError(ValueError):
@@ -56,6 +65,11 @@ class LoraSnapshot:
     # Every label set, oldest first. vLLM re-stamps a set each time it is current, so
     # a request that started and finished between two reads still leaves its set here.
     series: tuple[LoraSeries, ...] = ()
+    # vLLM's token counters since it started, summed over its label sets (None:
+    # not exported), and its requests running or waiting when read.
+    prompt_tokens_total: int | None = None
+    generation_tokens_total: int | None = None
+    requests_in_flight: int | None = None
 
     def since(self, after: float | None) -> tuple[LoraSeries, ...]:
         """The label sets that were current after `after` (all of them for None)."""
@@ -85,6 +99,8 @@ def parse_lora_metrics(text: str) -> LoraSnapshot:
     cpu: list[str] = []
     residency = False
     num_gpu = max_gpu = None
+    totals: dict[str, int] = {}
+    in_flight: int | None = None
     try:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError) as error:
@@ -113,12 +129,22 @@ def parse_lora_metrics(text: str) -> LoraSnapshot:
             num_gpu = int(family.samples[0].value)
         elif family.name == MAX_GPU_ADAPTERS and family.samples:
             max_gpu = int(family.samples[0].value)
+        elif family.name in (PROMPT_TOKENS, GENERATION_TOKENS):
+            totals[family.name] = int(
+                sum(s.value for s in family.samples if s.name.endswith("_total"))
+            )
+        elif family.name in IN_FLIGHT:
+            in_flight = (in_flight or 0) + int(sum(s.value for s in family.samples))
+    prompt_total, generation_total = totals.get(PROMPT_TOKENS), totals.get(GENERATION_TOKENS)
     if newest is None:
         return LoraSnapshot(
             gpu_loaded=tuple(gpu) if residency else None,
             cpu_loaded=tuple(cpu) if residency else None,
             num_gpu_loaded=num_gpu,
             max_gpu_adapters=max_gpu,
+            prompt_tokens_total=prompt_total,
+            generation_tokens_total=generation_total,
+            requests_in_flight=in_flight,
         )
     return LoraSnapshot(
         max_lora=_int(newest.labels.get("max_lora")),
@@ -130,6 +156,9 @@ def parse_lora_metrics(text: str) -> LoraSnapshot:
         num_gpu_loaded=num_gpu,
         max_gpu_adapters=max_gpu,
         series=tuple(sorted(series, key=lambda s: s.timestamp)),
+        prompt_tokens_total=prompt_total,
+        generation_tokens_total=generation_total,
+        requests_in_flight=in_flight,
     )
 
 

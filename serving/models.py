@@ -77,7 +77,7 @@ class Deployment(models.Model):
     max_cpu_loras = models.PositiveIntegerField(default=8)
     max_lora_rank = models.PositiveIntegerField(default=16)
     # Adapters with placement bounds that placement puts on one replica at most
-    # (serving.placement_plan); null: max_cpu_loras, so each replica's set stays within
+    # (serving.rules.placement_plan); null: max_cpu_loras, so each replica's set stays within
     # vLLM's host cache. Above it vLLM evicts and re-reads from disk (LRU).
     placement_capacity = models.PositiveIntegerField(null=True, blank=True)
     max_registered_adapters = models.PositiveIntegerField(
@@ -132,7 +132,7 @@ class Deployment(models.Model):
     reconcile_lease_until = models.DateTimeField(null=True, blank=True, editable=False)
     last_reconciled_at = models.DateTimeField(null=True, blank=True, editable=False)
     # The served name whose weights the reconcile checked last on this deployment's
-    # replicas: each tick checks the next few after it (serving/services/fingerprints.py).
+    # replicas: each tick checks the next few after it (serving/records/fingerprints.py).
     fingerprint_checked_through = models.CharField(max_length=200, blank=True, editable=False)
 
     # Quarantined after a restore (serving/services/restore.py): the id of the audit event
@@ -213,7 +213,7 @@ class Replica(models.Model):
     # {"max_lora": n} from the max_lora label of vllm:lora_requests_info.
     reported_facts = models.JSONField(default=dict, blank=True)
     # Demand for each adapter at the last /metrics reading, for placement
-    # (serving.placement_plan): {served name: 1 if listed running + 1 if listed waiting}.
+    # (serving.rules.placement_plan): {served name: 1 if listed running + 1 if listed waiting}.
     # Written by observability only when it changes, so an idle tick writes nothing.
     lora_demand = models.JSONField(default=dict, blank=True)
 
@@ -251,15 +251,15 @@ class ServedAdapter(models.Model):
     lease_owner = models.CharField(max_length=100, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
-    # How many replicas hold it (serving.placement_plan). Both null: every replica,
+    # How many replicas hold it (serving.rules.placement_plan). Both null: every replica,
     # as before placement existed; a null min is the max.
     min_replicas = models.PositiveSmallIntegerField(null=True, blank=True)
     max_replicas = models.PositiveSmallIntegerField(null=True, blank=True)
-    # Where it is placed and why (serving.placement_plan.State.as_dict), written by the
+    # Where it is placed and why (serving.rules.placement_plan.State.as_dict), written by the
     # reconcile where it changes and by a rollout for the adapter it holds.
     placement = models.JSONField(default=dict, blank=True, editable=False)
     # The replicas a swap behind a front door left on the version before, drained,
-    # so that a rollback meanwhile is a switch of traffic (serving.kept_copies:
+    # so that a rollback meanwhile is a switch of traffic (serving.rules.kept_copies:
     # {"path", "replicas", "until"}); the reconcile leaves those copies alone until then.
     kept_copy = models.JSONField(default=dict, blank=True, editable=False)
 
@@ -395,7 +395,7 @@ class Rollout(models.Model):
 
 
 class CanaryState(models.TextChoices):
-    """Where a canary is (serving.transitions.CANARY_TRANSITIONS)."""
+    """Where a canary is (serving.rules.transitions.CANARY_TRANSITIONS)."""
 
     # Asked for; the new version is not verified on its replica yet.
     WAITING = "waiting", "Waiting for its replica"
@@ -625,7 +625,7 @@ class StagedFolder(models.Model):
 
 
 class VersionFingerprint(models.Model):
-    """What a version's adapter does to the probe (serving/probe.py) on a
+    """What a version's adapter does to the probe (serving/rules/probe.py) on a
     deployment: the first verified replica's answer. Per deployment, because the
     base weights and the hardware that shape the numbers belong to the deployment.
     Every other replica, and every later check by the reconcile, must match it."""
@@ -804,9 +804,18 @@ class AdapterGrant(models.Model):
 
     Asked by a member of the calling department, approved by an approver of the
     adapter's department who did not ask (four eyes), until `expires_at`; either
-    side's approvers may revoke it. The states are serving.transitions.GRANT_TRANSITIONS."""
+    side's approvers may revoke it. The states are serving.rules.transitions.GRANT_TRANSITIONS."""
 
-    adapter = models.ForeignKey(Adapter, on_delete=models.PROTECT, related_name="grants")
+    # Null when no adapter had the asked name: the request is kept all the same,
+    # answered like any other, seen only by the asking department, and never
+    # approvable; it expires on the tick (docs/security.md, "Grant requests").
+    # An adapter served later under that name does not pick it up.
+    adapter = models.ForeignKey(
+        Adapter, on_delete=models.PROTECT, related_name="grants", null=True, blank=True
+    )
+    # The name asked for, as asked: the only trace of what a request without an
+    # adapter named.
+    served_name = models.CharField(max_length=128)
     # The calling department: its keys may call the adapter once approved.
     department = models.ForeignKey(
         Department, on_delete=models.PROTECT, related_name="adapter_grants"
@@ -819,6 +828,8 @@ class AdapterGrant(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
     )
+    # Every person behind the request (core.actors.Actor.people), as promotions keep.
+    author_ids = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
@@ -839,11 +850,22 @@ class AdapterGrant(models.Model):
                 condition=Q(status__in=["requested", "approved"]),
                 name="one_live_grant_per_adapter_department",
             ),
+            # The same for requests that name no adapter: a repeat is a 409 as above.
+            models.UniqueConstraint(
+                fields=["served_name", "department"],
+                condition=Q(adapter__isnull=True, status__in=["requested", "approved"]),
+                name="one_live_unknown_grant_per_name_department",
+            ),
         ]
         indexes = [models.Index(fields=["status", "expires_at"], name="grant_live")]
 
     def __str__(self) -> str:
-        return f"grant #{self.pk}: {self.department.slug} calls {self.adapter.served_name}"
+        return f"grant #{self.pk}: {self.department.slug} calls {self.served_name}"
+
+    @property
+    def authors(self) -> set[int]:
+        """Who may not decide this request (core.access.can_review): people, not accounts."""
+        return {*self.author_ids, self.requested_by_id}
 
 
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "tokens_per_month")
@@ -898,7 +920,7 @@ class OwnProbe(models.Model):
     observability does not count an adapter's label sets as clients' while it
     is marked here, and deletes the mark (compare-and-swap on probed_at) at
     the first read made SERVING_OWN_PROBE_GRACE_SECONDS after the last probe,
-    whichever worker makes it (serving.services.own_probes)."""
+    whichever worker makes it (serving.records.own_probes)."""
 
     replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="own_probes")
     served_name = models.CharField(max_length=200)
@@ -913,3 +935,44 @@ class OwnProbe(models.Model):
 
     def __str__(self) -> str:
         return f"{self.served_name} probed at {self.probed_at}"
+
+
+class DoorState(models.Model):
+    """A deployment's desired door state (serving/door/state.py), which every
+    door of the deployment pulls, and its generation: each change the control
+    plane makes is a new generation, written compare-and-swap on it
+    (serving/door/fleet.py). Deployments whose doors the workers drive
+    through a local socket (SERVING_DOORS with a listen address) have none."""
+
+    deployment = models.OneToOneField(
+        Deployment, on_delete=models.CASCADE, related_name="door_state"
+    )
+    generation = models.BigIntegerField(default=0)
+    document = models.JSONField(default=dict)
+    changed_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"door state of {self.deployment_id} at generation {self.generation}"
+
+
+class DoorInstance(models.Model):
+    """One door of a deployment as the control plane last heard of it: the
+    generation it applied, when (its lease runs from `seen_at`), the requests
+    still in flight on what it drained, and its counters (what `samples` and
+    `model_counters` read across doors)."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="doors")
+    name = models.CharField(max_length=253)
+    applied_generation = models.BigIntegerField(default=0)
+    seen_at = models.DateTimeField()
+    lease_seconds = models.FloatField()
+    busy = models.IntegerField(default=0)
+    report = models.JSONField(default=dict)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "name"], name="door_name_per_deployment")
+        ]
+
+    def __str__(self) -> str:
+        return f"door {self.name} of {self.deployment_id}"

@@ -1,7 +1,7 @@
 """What the limits at the front doors need from the database: each live key's
 and each department's limits (two queries), and the metered tokens they are
 compared to (`metered_tokens`, from metering). The pure side is
-serving/quotas.py."""
+serving/rules/quotas.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from core.models import Department
 from serving.models import DepartmentLimits
-from serving.quotas import (
+from serving.rules.quotas import (
     BudgetLeft,
     DepartmentLimitsView,
     KeyLimits,

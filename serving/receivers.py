@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from registry.models import VersionStatus
+from serving.enqueue import door_access_enqueue
 
 logger = logging.getLogger(__name__)
 
@@ -38,13 +39,12 @@ def hold_after_restore(sender, *, head_event_id, **kwargs) -> list[str]:
 
 
 def end_person_keys(sender, *, actor, user, reason, **kwargs) -> None:
-    """A person who leaves keeps no key: revoked in the same transaction, audited."""
-    from serving.models import InferenceKey
-    from serving.services.inference_keys import inference_keys_end
+    """A person who leaves keeps no key: revoked in the same transaction, audited.
+    The department and service-account keys they issued (and saw once) are
+    revoked too with OFFBOARDING_REVOKE_ISSUED_KEYS, else listed for review."""
+    from serving.services.inference_keys import leaver_keys_end
 
-    inference_keys_end(
-        actor=actor, keys=InferenceKey.objects.filter(person=user), reason=f"person {reason}"
-    )
+    leaver_keys_end(actor=actor, user=user, reason=reason)
 
 
 def end_service_account_keys(sender, *, actor, account, **kwargs) -> None:
@@ -58,40 +58,10 @@ def end_service_account_keys(sender, *, actor, account, **kwargs) -> None:
     )
 
 
-def sync_doors(sender, *, deployment_ids, **kwargs) -> None:
-    """The request side changed what doors enforce (serving.signals.door_access_changed)."""
-    from serving.tasks import door_access_enqueue
-
-    door_access_enqueue(deployment_ids)
-
-
-def send_rollout(sender, *, rollout_id: int, **kwargs) -> bool:
-    """A committed rollout's task. A broker that is down loses nothing: the
-    sweeper sends it again once nobody has picked it up."""
-    from serving.tasks import run_rollout
-
-    try:
-        run_rollout.delay(rollout_id)
-    except Exception:  # kombu raises many types; any of them means "not sent"
-        logger.warning(
-            "rollout %s: enqueue failed; the sweeper will retry", rollout_id, exc_info=True
-        )
-        return False
-    return True
-
-
-def reconcile_new_replicas(sender, *, deployment_id: int, **kwargs) -> None:
-    """Discovered replicas get what they should serve (serving.signals.replicas_became_ready)."""
-    from serving.tasks import reconcile_one
-
-    reconcile_one.delay(deployment_id)
-
-
 def resync_on_membership(sender, *, user, department, **kwargs) -> None:
     """A person's key counts only while they are a member of its department: the
     doors hear of a join or a leave if they hold a live key there."""
     from serving.models import Deployment, InferenceKey
-    from serving.tasks import door_access_enqueue
 
     if InferenceKey.objects.filter(
         person=user, department=department, revoked_at__isnull=True
@@ -99,10 +69,13 @@ def resync_on_membership(sender, *, user, department, **kwargs) -> None:
         door_access_enqueue(Deployment.objects.values_list("pk", flat=True))
 
 
-def resync_on_served_change(sender, *, deployment, **kwargs) -> None:
-    """What a deployment serves is what its keys may call there."""
-    from serving.tasks import door_access_enqueue
+def resync_on_served_change(sender, *, deployment, adapter=None, version=None, **kwargs) -> None:
+    """What a deployment serves is what its keys may call there. An adapter
+    retired from its last deployment ends its grants (they do not revive)."""
+    from serving.services.grants import grants_end_with_adapter
 
+    if adapter is not None and version is None:
+        grants_end_with_adapter(adapter)
     door_access_enqueue([deployment.pk])
 
 

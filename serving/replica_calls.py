@@ -22,7 +22,7 @@ from django.conf import settings
 from core.backoff import backoff_delay
 from serving.fact_readings import lora_activity_from_metrics, lora_label_sets
 from serving.lora_metrics import LoraSnapshot, MetricsParseError, parse_lora_metrics
-from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
+from serving.rules.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
 from serving.vllm_client import (
     AttemptResult,
     VLLMClient,
@@ -70,6 +70,9 @@ class ReplicaOutcome:
     probe: Probe | None = None
     # Set when the probe was compared with the version's fingerprint and was off it.
     fingerprint_distance: float | None = None
+    # Set when the verification failed because the probe through the adapter
+    # answered exactly like the base model's (verify_serving).
+    no_effect: bool = False
     attempts: list[tuple[str, AttemptResult]] = field(default_factory=list)
 
     def fail(self, message: str) -> ReplicaOutcome:
@@ -156,7 +159,7 @@ def _probe_call(client: VLLMClient, name: str, purpose: str, outcome, policy) ->
 def probe_weights(
     client: VLLMClient, name: str, outcome: ReplicaOutcome, policy: RetryPolicy
 ) -> Probe | None:
-    """The fixed probe through `name` (serving/probe.py), or None if it did not answer."""
+    """The fixed probe through `name` (serving/rules/probe.py), or None if it did not answer."""
     answer = _probe_call(client, name, "fingerprint_check", outcome, policy)
     return Probe.from_body(answer.body) if answer.ok else None
 
@@ -248,8 +251,9 @@ def unload_lane(base_url: str, policy: RetryPolicy) -> Iterator[None]:
 # Requests that vLLM's API server resolved to the old load just before the
 # unload reach the engine (and its metrics) a moment later.
 UNLOAD_GRACE_SECONDS = 0.25
-# vLLM records its LoRA metrics after every engine step; no new record for this
-# long means no step ran: nothing is running.
+# vLLM records its LoRA metrics after every engine step, and once more, without
+# the finished requests, after the last; no new record for this long, while the
+# last one shows the name idle, means nothing of it is running.
 ENGINE_IDLE_SECONDS = 0.5
 
 
@@ -268,8 +272,9 @@ def settle_after_unload(
 
     vLLM's metrics are as of its last engine step, so "idle" counts only from a
     record made after the first read (or when no step has run for
-    ENGINE_IDLE_SECONDS): a request admitted during the step in progress is not
-    in the record before it (seen on real vLLM: the engine died after one read)."""
+    ENGINE_IDLE_SECONDS and the record shows the name idle): a request admitted
+    during the step in progress is not in the record before it (seen on real
+    vLLM: the engine died after one read)."""
     deadline = time.monotonic() + settings.SERVING_UNLOAD_SETTLE_SECONDS
     try:
         policy.sleep(UNLOAD_GRACE_SECONDS)
@@ -289,9 +294,20 @@ def settle_after_unload(
             first = recorded
         if recorded > first and name not in busy:
             return True
-        if recorded == first and time.monotonic() - first_read >= ENGINE_IDLE_SECONDS:
-            # No engine step since the first read: nothing is running, whatever
-            # the last record (made before the requests ended) still lists.
+        if (
+            recorded == first
+            and name not in busy
+            and time.monotonic() - first_read >= ENGINE_IDLE_SECONDS
+        ):
+            # No engine step since the first read, and the last record shows
+            # the name idle: nothing of it runs. Where that record still lists
+            # the name, no new record only means no step ran: an engine
+            # starved of CPU, not an idle one (vLLM writes a record without
+            # the name after a request's last step). Taking that for idle
+            # loaded the new version under the old load's request, and the
+            # verification's base-model probes, batched with it, answered
+            # through the last LoRA slot: a good version found to have "no
+            # effect" and rolled back (docs/upstream/vllm-cpu-reload-no-effect.md).
             return True
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -437,7 +453,7 @@ def verify_serving(
     """`GET /v1/models` lists `name` with root == path; then, with_completion,
     a greedy probe through the adapter answers, and (given the base model's
     served name) differs from the same probe through the base model: an adapter
-    whose output equals the base model's has no effect (serving/probe.py).
+    whose output equals the base model's has no effect (serving/rules/probe.py).
     The adapter's probe is kept on the outcome for the version's fingerprint."""
     outcome = ReplicaOutcome()
     listing = call_with_retry(client.list_models, "verify_models", outcome, policy)
@@ -467,6 +483,7 @@ def verify_serving(
             and has_no_effect(outcome.probe, base_probe)
             and not _base_was_contaminated(client, base_name, outcome.probe, outcome, policy)
         ):
+            outcome.no_effect = True
             return outcome.fail(
                 f"{name} has no effect: through it the probe gives exactly the base model's "
                 "output (an untrained adapter, or weights that cancel out)."

@@ -15,7 +15,6 @@ from core.access import visible_department_ids
 from core.actors import Actor
 from core.errors import NotAuthorized, NotFound
 from core.redaction import redact
-from serving.kept_copies import KeptCopy
 from serving.models import (
     Deployment,
     DriftEvent,
@@ -28,9 +27,10 @@ from serving.models import (
     ServedAdapter,
     VersionFingerprint,
 )
-from serving.placement_plan import placed_keys
+from serving.rules.kept_copies import KeptCopy
+from serving.rules.placement_plan import placed_keys
+from serving.rules.transitions import CANARY_UNDECIDED
 from serving.sync_state import SyncState, classify_kept, desired_root, loaded_adapters
-from serving.transitions import CANARY_UNDECIDED
 
 
 def deployments_for(actor: Actor) -> QuerySet[Deployment]:
@@ -202,7 +202,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
     may see. `in_sync` is true only where the replica's last listing equals the
     desired state and the replica has not been found down since: a replica that
     is down lists nothing, whatever it said before. A replica that keeps the
-    previous version after a swap, drained, for a rollback (serving.kept_copies)
+    previous version after a swap, drained, for a rollback (serving.rules.kept_copies)
     is in sync with state "kept" until its time is up."""
     served = list(served_adapters_for(actor, deployment))
     placed = {s.pk: placed_keys(s) for s in served}
@@ -220,7 +220,7 @@ def deployment_state(actor: Actor, deployment: Deployment) -> dict:
         adapters = []
         for s in served:
             actual = loaded.get(s.adapter.served_name)
-            # None where retired, or where placement does not put it (serving.placement_plan).
+            # None where retired, or where placement does not put it (serving.rules.placement_plan).
             desired = desired_root(s, replica.pk, placed[s.pk])
             kept = kept_copies[s.pk].keeps(replica.pk, actual, now)
             state = classify_kept(desired, actual, replica.health, kept=kept)
@@ -297,7 +297,7 @@ def _placed_on(keys: frozenset[int] | None, replica_id: int) -> bool:
 
 def _fingerprint(fingerprint: VersionFingerprint | None, with_replica: bool) -> dict | None:
     """What the version's adapter answers to the probe on this deployment; every
-    replica must answer the same (serving/services/fingerprints.py)."""
+    replica must answer the same (serving/records/fingerprints.py)."""
     if fingerprint is None:
         return None
     body = {**fingerprint.probe, "recorded_at": fingerprint.created_at}
@@ -338,10 +338,10 @@ def kserve_manifests(actor: Actor, deployment: Deployment) -> str:
 
 def deployment_placement(actor: Actor, deployment: Deployment) -> list[dict]:
     """Where each adapter the actor may see lives on the deployment, and why
-    (serving.placement_plan). Replicas are named by label (replica-1, ...) for
+    (serving.rules.placement_plan). Replicas are named by label (replica-1, ...) for
     everyone; platform admins also get their addresses. An adapter without
     bounds is on every active replica; its placement is not stored."""
-    from serving.placement_plan import REASON_TEXT, Reason, State, is_bounded
+    from serving.rules.placement_plan import REASON_TEXT, Reason, State, is_bounded
 
     show_urls = sees_infrastructure(actor)
     labels = replica_labels(deployment)

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from enum import StrEnum
 
 from serving.models import ReplicaHealth
-from serving.placement_plan import placed_keys
+from serving.rules.placement_plan import placed_keys
 
 
 class SyncState(StrEnum):
@@ -23,7 +23,7 @@ class SyncState(StrEnum):
     NOT_UNLOADED = "not_unloaded"  # retired, still loaded
     DOWN = "down"  # the replica is down: nothing it listed before counts
     # The previous version, kept loaded and drained after a swap for a fast
-    # rollback until its time is up (serving.kept_copies): not drift.
+    # rollback until its time is up (serving.rules.kept_copies): not drift.
     KEPT = "kept"
 
     @property
@@ -55,7 +55,7 @@ def desired_root(
     served, replica_id: int, placed: frozenset[int] | None | tuple[()] = ()
 ) -> str | None:
     """The root `served` (a ServedAdapter) is meant to be served from on replica
-    `replica_id`: its path where placement puts it (serving.placement_plan), None
+    `replica_id`: its path where placement puts it (serving.rules.placement_plan), None
     where it is retired or not placed there. `placed`: its placed replica keys
     if already known (None: every replica); left out, they are read from the row."""
     if served.version_id is None:

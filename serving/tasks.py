@@ -9,9 +9,15 @@ from datetime import timedelta
 
 from celery import shared_task
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
+from serving.enqueue import (
+    DOOR_ACCESS_SYNC,
+    RECONCILE_DEPLOYMENT,
+    RUN_ROLLOUT,
+    door_access_enqueue,
+    reconcile_enqueue,
+)
 from serving.models import Deployment, HttpAttempt
 from serving.reconcile.tick import reconcile_deployment
 from serving.rollouts.engine import LeaseBusy, rollout_execute
@@ -26,7 +32,7 @@ def worker_id(task_id: str | None) -> str:
 
 
 @shared_task(
-    name="serving.run_rollout",
+    name=RUN_ROLLOUT,
     bind=True,
     acks_late=True,
     max_retries=60,
@@ -44,7 +50,7 @@ def sweep() -> list[int]:
     return sweep_rollouts()
 
 
-@shared_task(name="serving.reconcile_deployment", bind=True, acks_late=True)
+@shared_task(name=RECONCILE_DEPLOYMENT, bind=True, acks_late=True)
 def reconcile_one(self, deployment_id: int) -> dict:
     report = reconcile_deployment(deployment_id, worker_id(self.request.id))
     return {"deployment": report.deployment, "skipped": report.skipped, "repairs": report.repairs}
@@ -54,7 +60,7 @@ def reconcile_one(self, deployment_id: int) -> dict:
 def reconcile_all() -> int:
     ids = list(Deployment.objects.values_list("pk", flat=True))
     for deployment_id in ids:
-        reconcile_one.delay(deployment_id)
+        reconcile_enqueue(deployment_id)
     return len(ids)
 
 
@@ -79,7 +85,7 @@ def housekeeping() -> dict:
 # --- Who may call what, at the front doors -----------------------------------
 
 
-@shared_task(name="serving.door_access_sync", acks_late=True, ignore_result=True)
+@shared_task(name=DOOR_ACCESS_SYNC, acks_late=True, ignore_result=True)
 def door_access_sync(deployment_id: int) -> bool:
     """Gives the deployment's front door its access table as the database has it
     now (a whole table each time: idempotent, and a late one is never stale)."""
@@ -107,21 +113,3 @@ def door_access_tick() -> int:
         )
     )
     return expired
-
-
-def door_access_enqueue(deployment_ids) -> None:
-    """After the current transaction commits, one door_access_sync per deployment.
-    Outside a transaction it is sent at once. A broker that is down loses a sync,
-    not access: the next change or the reconcile's own sync catches the door up."""
-    ids = sorted(set(deployment_ids))
-    if not ids:
-        return
-
-    def send():
-        for deployment_id in ids:
-            try:
-                door_access_sync.delay(deployment_id)
-            except Exception:  # kombu raises many types; any of them means "not sent"
-                logger.warning("door access of deployment %s: enqueue failed", deployment_id)
-
-    transaction.on_commit(send)

@@ -24,7 +24,7 @@ from django.utils import timezone
 from registry.artifact_store import get_artifact_store
 from registry.models import AdapterVersion
 from serving.models import Deployment, ManifestRender, Rollout, ServedAdapter, StagedFolder
-from serving.transitions import ROLLOUT_TERMINAL
+from serving.rules.transitions import ROLLOUT_TERMINAL
 
 CHUNK = 1024 * 1024
 

@@ -12,7 +12,16 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "registry", "serving", "mlflow_bridge", "observability", "sso", "config")
+PACKAGES = (
+    "core",
+    "registry",
+    "serving",
+    "mlflow_bridge",
+    "observability",
+    "sso",
+    "notifications",
+    "config",
+)
 
 
 def import_cycles(*packages: str) -> list[list[str]]:

@@ -610,7 +610,7 @@ class PlacedReplicaSerializer(serializers.Serializer):
 
 
 class PlacementSerializer(serializers.Serializer):
-    """Where one adapter lives on the deployment, and why (serving.placement_plan)."""
+    """Where one adapter lives on the deployment, and why (serving.rules.placement_plan)."""
 
     served_name = serializers.CharField()
     department = serializers.SlugField()

@@ -25,10 +25,10 @@ from serving.api import serializers as s
 from serving.capacity import tiers_by_deployment
 from serving.gate import evaluate_gate
 from serving.models import CanaryRequest, Deployment, Promotion, Rollout
+from serving.records.placements import served_placement_set
 from serving.services.adoptions import adoption_create, strays_of
 from serving.services.deployments import deployment_create, deployment_delete, deployment_update
 from serving.services.manifests import kserve_export
-from serving.services.placements import served_placement_set
 from serving.services.promotions import promotion_create, promotion_review, retire, rollback_to
 from serving.services.rollout_requests import rollout_canary_decide, rollout_cancel
 

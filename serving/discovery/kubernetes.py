@@ -22,14 +22,13 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, transaction
 
+from serving.enqueue import reconcile_enqueue
 from serving.models import Deployment, Replica
-from serving.signals import replicas_became_ready
 
 logger = logging.getLogger(__name__)
 
@@ -151,10 +150,8 @@ def replicas_apply(deployment_id: int, urls: set[str]) -> list[str]:
             base_url__in=urls
         ).update(active=False)
         if became_ready:
-            # The receiver (serving.receivers.reconcile_new_replicas) sends a reconcile.
-            transaction.on_commit(
-                partial(replicas_became_ready.send, sender=Replica, deployment_id=deployment_id)
-            )
+            # A reconcile loads what they should serve.
+            reconcile_enqueue(deployment_id)
     return became_ready
 
 

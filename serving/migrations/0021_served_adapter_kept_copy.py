@@ -2,7 +2,7 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-    """ServedAdapter.retained is the record of kept copies (serving/kept_copies.py);
+    """ServedAdapter.retained is the record of kept copies (serving/rules/kept_copies.py);
     "retention" is the artifact store's word (registry/services/retention.py)."""
 
     dependencies = [

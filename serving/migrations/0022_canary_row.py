@@ -3,7 +3,7 @@
 """A canary is a row of its own (serving.models.Canary), one-to-one with the
 rollout that carries it out and with the promotion that asked for it, instead
 of nine `canary_*` columns on Rollout and three on Promotion. Its decision is a
-state (serving.transitions.CANARY_TRANSITIONS) instead of an outcome compared
+state (serving.rules.transitions.CANARY_TRANSITIONS) instead of an outcome compared
 with "" and a request beside it. The data moves both ways.
 """
 

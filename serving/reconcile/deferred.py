@@ -8,9 +8,9 @@ from django.utils import timezone
 from serving.fanout import NO_RETRY, client_for, verify_with_fingerprint
 from serving.models import ReplicaRollout, ReplicaStepStatus, RolloutStatus
 from serving.reconcile.jobs import ReconcileReport, Tick, target_root
-from serving.services.attempts import attempts_record
-from serving.services.fingerprints import fingerprint_check
-from serving.services.own_probes import own_probes_record
+from serving.records.attempts import attempts_record
+from serving.records.fingerprints import fingerprint_check
+from serving.records.own_probes import own_probes_record
 from serving.sync_state import SyncState, classify
 
 

@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass, field
 
 from serving.models import DriftKind, Replica, ServedAdapter
+from serving.records.leases import claim_seconds, served_adapters_renew
 from serving.replica_calls import MetricsReading, ReplicaOutcome
-from serving.services.leases import claim_seconds, served_adapters_renew
 
 # Not a drift: a served version without a fingerprint gets one recorded.
 RECORD_FINGERPRINT = "record_fingerprint"

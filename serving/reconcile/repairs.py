@@ -11,10 +11,7 @@ from django.conf import settings
 
 from serving.door.services import door_drain_each
 from serving.fanout import NO_RETRY, client_for, fan_out, replica_session, verify_with_fingerprint
-from serving.kept_copies import KeptCopy
 from serving.models import DriftKind, ServedAdapter
-from serving.placement_plan import placed_keys
-from serving.probe import Probe, describe_distance
 from serving.reconcile.jobs import (
     RECORD_FINGERPRINT,
     Job,
@@ -24,6 +21,11 @@ from serving.reconcile.jobs import (
     beat_seconds,
     target_root,
 )
+from serving.records.attempts import attempts_record_all
+from serving.records.drifts import DriftRecorder
+from serving.records.fingerprints import fingerprint_check, tolerance
+from serving.records.leases import served_adapters_claim, served_adapters_release
+from serving.records.own_probes import own_probes_record_each
 from serving.replica_calls import (
     ReplicaOutcome,
     ensure_loaded,
@@ -31,11 +33,9 @@ from serving.replica_calls import (
     probe_weights,
     reload_adapter,
 )
-from serving.services.attempts import attempts_record_all
-from serving.services.drifts import DriftRecorder
-from serving.services.fingerprints import fingerprint_check, tolerance
-from serving.services.leases import served_adapters_claim, served_adapters_release
-from serving.services.own_probes import own_probes_record_each
+from serving.rules.kept_copies import KeptCopy
+from serving.rules.placement_plan import placed_keys
+from serving.rules.probe import Probe, describe_distance
 from serving.sync_state import SyncState, classify, desired_root, loaded_adapters
 from serving.volume import StagingError, stage_versions
 
@@ -57,7 +57,7 @@ def _job_for(tick: Tick, name: str, served: ServedAdapter, loaded: dict) -> Job 
     if kind is None:
         return None
     if placed is not None and served.version_id is not None:
-        # Placement (serving.placement_plan): loaded where it is placed, and verified
+        # Placement (serving.rules.placement_plan): loaded where it is placed, and verified
         # there before the front door routes to it; unloaded where it is not.
         if state == SyncState.NOT_UNLOADED:
             kind = DriftKind.UNPLACED_UNLOADED
@@ -121,7 +121,7 @@ def defer_early_unloads(up: list[Tick], desired: dict, now) -> None:
     it on only once every replica that placement puts it on and that is up
     serves it from its path (loaded and verified by an earlier tick). The copy
     of the version before that a swap left on a replica, drained
-    (ServedAdapter.kept_copy, serving.kept_copies), stays until its time is
+    (ServedAdapter.kept_copy, serving.rules.kept_copies), stays until its time is
     up, whether placement moved the adapter off that replica or not: a
     rollback meanwhile moves the traffic back to it instead of reloading it."""
     busy = {(tick.replica.pk, job.name) for tick in up for job in tick.jobs}
@@ -281,7 +281,7 @@ def _run_lanes(deployment, jobs: list[Job], keeper: Keeper) -> None:
                 _run_job(deployment, client, job)
 
     lanes = _lanes(jobs)
-    # Their verification requests are ours, not demand (serving.services.own_probes).
+    # Their verification requests are ours, not demand (serving.records.own_probes).
     probing = [(job.replica, job.name) for job in jobs if job.kind in _PROBING]
     own_probes_record_each(probing)
     try:

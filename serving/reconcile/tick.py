@@ -46,17 +46,17 @@ from serving.reconcile.weight_check import (
     probe_sample,
     weight_sample,
 )
-from serving.replica_calls import MetricsReading, ReplicaOutcome, call_with_retry, metrics_read
-from serving.replica_rows import health_changes, replicas_sync
-from serving.services.attempts import attempts_record_all
-from serving.services.drifts import DriftRecorder
-from serving.services.fingerprints import fingerprint_probe_annotation
-from serving.services.leases import (
+from serving.records.attempts import attempts_record_all
+from serving.records.drifts import DriftRecorder
+from serving.records.fingerprints import fingerprint_probe_annotation
+from serving.records.leases import (
     deployment_reconcile_claim,
     deployment_reconcile_heartbeat,
     deployment_reconcile_release,
 )
-from serving.services.placements import placement_tick
+from serving.records.placements import placement_tick
+from serving.replica_calls import MetricsReading, ReplicaOutcome, call_with_retry, metrics_read
+from serving.replica_rows import health_changes, replicas_sync
 from serving.signals import reconcile_finished
 from serving.sync_state import as_listing, loaded_adapters
 from serving.vllm_client import model_cards, server_version
@@ -219,7 +219,7 @@ def _reconcile(deployment: Deployment, worker: str, report: ReconcileReport, hea
             if snapshot is not None and snapshot.max_lora is not None:
                 facts["max_lora"] = snapshot.max_lora
         if outcome.ok:
-            # max_lora_rank comes from a refused load (serving.services.fact_records),
+            # max_lora_rank comes from a refused load (serving.records.fact_records),
             # and max_lora from /metrics when this tick could not tell; a replica back
             # from down may have restarted with other flags, so they are unknown
             # until read again.

@@ -15,11 +15,11 @@ from django.conf import settings
 
 from serving.fanout import NO_RETRY
 from serving.models import DriftKind
-from serving.probe import Probe
 from serving.reconcile.jobs import RECORD_FINGERPRINT, Job, Tick, target_root
+from serving.records.attempts import attempts_record
+from serving.records.fingerprints import next_in_rotation, tolerance
 from serving.replica_calls import ReplicaOutcome, probe_weights
-from serving.services.attempts import attempts_record
-from serving.services.fingerprints import next_in_rotation, tolerance
+from serving.rules.probe import Probe
 from serving.sync_state import SyncState, classify
 
 

@@ -15,12 +15,12 @@ replica, the bake deadline, the gates' counters and verdict, its state. A
 worker killed mid-bake loses its claim; the sweeper sends the rollout again;
 the next worker checks the canary replica (idempotent: loaded and verified
 already), sets the split again and bakes on until the same deadline. The
-rollout's status and the canary's state change through serving.transitions
+rollout's status and the canary's state change through serving.rules.transitions
 with compare-and-swap: a person's promote or abort and the gates' verdict in
 the same second cannot both win (the gates lose, and the worker carries out
 the person's decision).
 
-The gates are pure functions (serving/canary_gates.py); the counters are the
+The gates are pure functions (serving/rules/canary_gates.py); the counters are the
 front door's, per server, in the adapter's backend (HAProxy's `show stat`).
 """
 
@@ -39,7 +39,6 @@ from django.utils import timezone
 
 from core.audit import audit_record
 from core.state import move
-from serving import canary_gates as gates
 from serving.door.haproxy import DoorError
 from serving.door.routing import server_name
 from serving.door.services import (
@@ -62,8 +61,8 @@ from serving.models import (
     ServedAdapter,
 )
 from serving.rollouts import steps as rollout_steps
-from serving.services.fingerprints import fingerprints_check_rollout
-from serving.transitions import CANARY_TRANSITIONS, CANARY_UNDECIDED
+from serving.rules import canary_gates as gates
+from serving.rules.transitions import CANARY_TRANSITIONS, CANARY_UNDECIDED
 
 logger = logging.getLogger(__name__)
 
@@ -162,23 +161,9 @@ def _swap_canary(ctx, canary: Replica, name: str, load, verify) -> bool:
     """Drained at the front door, the new version loaded and verified there
     (the other replicas serve meanwhile). Again on a resumed bake: the
     replica may have been repaired back while no worker held the adapter."""
-    step = ctx.steps[canary.pk]
     # Were this to fail, only the canary replica has changed: it alone goes back.
     ctx.rollback_order = [canary]
-    rollout_steps.enter_phase(ctx, [step], RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
-    door_drain(ctx.deployment, name, [canary])
-    loaded = rollout_steps.fan_out(ctx, [canary], load)
-    if rollout_steps.rollback_if_failed(ctx, [step], loaded, "load"):
-        door_sync(ctx.deployment, release=name)
-        return False
-    rollout_steps.enter_phase(ctx, [step], RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
-    verified = rollout_steps.fan_out(ctx, [canary], verify, probes=name)
-    fingerprints_check_rollout(rollout=ctx.rollout, replicas=[canary], outcomes=verified)
-    if rollout_steps.rollback_if_failed(ctx, [step], verified, "verification"):
-        door_sync(ctx.deployment, release=name)
-        return False
-    rollout_steps.set_steps([step], ReplicaStepStatus.SUCCEEDED)
-    return True
+    return rollout_steps.swap_replica(ctx, [canary], name, load, verify, out=rollout_steps.DRAIN)
 
 
 def _bake(ctx, row: Canary, served: ServedAdapter, canary: Replica, rest: list[Replica], name: str):
@@ -362,29 +347,14 @@ def _promote(ctx, served, canary: Replica, rest: list[Replica], name: str, load,
     _unsplit(ctx, served, name, [canary, *rest])
     swapped = [canary]
     for replica in rest:
-        step = ctx.steps[replica.pk]
-        if step.status == ReplicaStepStatus.SUCCEEDED:  # a resumed promotion
+        if ctx.steps[replica.pk].status == ReplicaStepStatus.SUCCEEDED:  # a resumed promotion
             swapped.append(replica)
             continue
-        rollout_steps.enter_phase(ctx, [step], RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
-        door_drain(ctx.deployment, name, [replica])
-        loaded = rollout_steps.fan_out(ctx, [replica], load)
-        if not all(o.ok for o in loaded.values()):
-            rollout_steps.switch_back(ctx, name, [replica], swapped)
-        if rollout_steps.rollback_if_failed(ctx, [step], loaded, "load"):
-            door_sync(ctx.deployment, release=name)
+        if not rollout_steps.swap_replica(
+            ctx, [replica], name, load, verify,
+            out=rollout_steps.DRAIN, swapped=swapped, put_back=True,
+        ):  # fmt: skip
             return
-        rollout_steps.enter_phase(ctx, [step], RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
-        verified = rollout_steps.fan_out(ctx, [replica], verify, probes=name)
-        fingerprints_check_rollout(rollout=ctx.rollout, replicas=[replica], outcomes=verified)
-        if not all(o.ok for o in verified.values()):
-            rollout_steps.switch_back(ctx, name, [replica], swapped)
-        if rollout_steps.rollback_if_failed(ctx, [step], verified, "verification"):
-            door_sync(ctx.deployment, release=name)
-            return
-        door_ready(ctx.deployment, name, [replica])
-        swapped.append(replica)
-        rollout_steps.set_steps([step], ReplicaStepStatus.SUCCEEDED)
     rollout_steps.succeed(ctx, served)
     door_sync(ctx.deployment, release=name)
 

@@ -16,7 +16,6 @@ this worker stops without writing anything more.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import replace
 
@@ -30,14 +29,10 @@ from registry.storage import ObjectNotFound, StorageError
 from serving.attestation import quarantine_reason
 from serving.door.services import (
     door_drain,
-    door_ready,
-    door_release,
     door_swaps_one_by_one,
     door_sync,
-    door_take_out,
 )
 from serving.fanout import verify_with_fingerprint
-from serving.kept_copies import SwapPlan, swap_plan
 from serving.models import (
     CanaryState,
     Replica,
@@ -50,41 +45,41 @@ from serving.models import (
     ServedAdapter,
     VersionFingerprint,
 )
+from serving.records.leases import (
+    served_adapter_claim,
+    served_adapter_release,
+)
+from serving.records.placements import placement_targets, replica_capacity
 from serving.replica_calls import (
-    ReplicaOutcome,
     RetryPolicy,
     ensure_loaded,
     ensure_unloaded,
 )
 from serving.replica_rows import replicas_sync
+from serving.rollouts.canary import canary_run, canary_verified, end_undecided
 from serving.rollouts.steps import (
+    LEAVE,
+    TAKE_OUT,
     RolloutContext,
     Stopped,
     Watch,
     audit_ended,
-    enter_phase,
     fan_out,
     finish,
     note_observed,
-    rollback_if_failed,
     set_status,
     set_steps,
     succeed,
-    switch_back,
+    swap_replica,
     switch_to_kept,
 )
-from serving.services.fingerprints import fingerprints_check_rollout
-from serving.services.leases import (
-    served_adapter_claim,
-    served_adapter_release,
-)
-from serving.services.placements import placement_targets, replica_capacity
-from serving.signals import rollout_ready, served_version_changed
-from serving.sync_state import loaded_adapters
-from serving.transitions import (
+from serving.rules.kept_copies import SwapPlan, swap_plan
+from serving.rules.transitions import (
     ROLLOUT_TERMINAL,
     ROLLOUT_TRANSITIONS,
 )
+from serving.signals import served_version_changed
+from serving.sync_state import loaded_adapters
 from serving.volume import StagingError, mark_unreferenced, serve_path_for, stage_version
 
 logger = logging.getLogger(__name__)
@@ -96,13 +91,6 @@ class StoreUnavailable(Exception):
 
 class LeaseBusy(Exception):
     """Another worker is pushing this adapter to this deployment; retry later."""
-
-
-def rollout_enqueue(rollout_id: int) -> bool:
-    """Sends the rollout's task. A broker that is down loses nothing: the rollout
-    is committed, and the sweeper sends it again once nobody has picked it up."""
-    answers = rollout_ready.send(sender=Rollout, rollout_id=rollout_id)
-    return bool(answers) and all(sent for _, sent in answers)
 
 
 def rollout_execute(rollout_id: int, worker: str) -> str:
@@ -185,13 +173,65 @@ def rollout_execute(rollout_id: int, worker: str) -> str:
         rollout.refresh_from_db()
     if canary is not None and rollout.status in ROLLOUT_TERMINAL:
         # Over before its canary was decided (not verified on its replica, failed).
-        from serving.rollouts.canary import end_undecided
-
         end_undecided(canary)
     return rollout.status
 
 
 def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
+    """Plan, stage, then swap the replicas in the plan's order, then finish."""
+    planned = _plan(rollout, served, watch)
+    if planned is None:
+        return
+    ctx, plan = planned
+    if rollout.kind == RolloutKind.RETIRE:
+        _retire(ctx)
+        return
+    path = _stage(ctx)
+    if path is None:
+        return
+    name = rollout.adapter.served_name
+    load, verify = _load_and_verify(ctx, name, path)
+    canary = getattr(rollout, "canary", None)
+    if canary is not None and canary.share is not None:
+        # A traffic canary: a share of the requests, a bake, health gates.
+        canary_run(ctx, served, name, load, verify)
+        return
+    pushed = ctx.replicas
+    groups = [pushed[:1], pushed[1:]] if canary is not None and len(pushed) > 1 else [pushed]
+    # Behind a front door, a version swap goes one replica at a time, as the
+    # plan says (serving/rules/kept_copies.py, docs/door.md): taken out there where
+    # it serves the version before, swapped, verified, put back.
+    switch_after = None
+    if plan is not None:
+        groups = [[r] for pk in plan.order for r in pushed if r.pk == pk]
+        switch_after = plan.switch_after
+    # Those that hold the version already (kept copies) or never served the
+    # adapter (spares) get no traffic for it: nothing to take out.
+    serving_before = {
+        r.pk for r in pushed if r.pk not in ctx.spares and loaded_adapters(r).get(name) != path
+    }
+    swapped: list[Replica] | None = [] if plan is not None else None
+    for index, group in enumerate(groups):
+        out = TAKE_OUT if plan is not None and group[0].pk in serving_before else LEAVE
+        if not swap_replica(
+            ctx, group, name, load, verify, out=out, swapped=swapped, put_back=plan is not None
+        ):
+            return
+        if switch_after == index + 1:
+            # The kept copies serve it again: the traffic leaves the others at
+            # once (a rollback's switch); those not kept are swapped after.
+            switch_to_kept(ctx, name, [r for r in pushed if r not in (swapped or [])])
+        if index == 0 and canary is not None and canary.state == CanaryState.WAITING:
+            # Verified on its replica: that was the test of a canary without a share.
+            canary_verified(canary, group[0])
+    _finish(ctx, served, name)
+
+
+def _plan(
+    rollout: Rollout, served: ServedAdapter, watch: Watch
+) -> tuple[RolloutContext, SwapPlan | None] | None:
+    """Which replicas the rollout pushes to, in which order, with their steps;
+    None when there is nowhere to push (the rollout is then failed)."""
     deployment = rollout.deployment
     if rollout.started_at is None:
         # The previous version is what was serving when this rollout actually started.
@@ -206,7 +246,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
     everyone = replicas
     placement = None
     if rollout.kind != RolloutKind.RETIRE and replicas:
-        # Only where placement puts the adapter (serving.placement_plan); a retire
+        # Only where placement puts the adapter (serving.rules.placement_plan); a retire
         # unloads it wherever it may be.
         replicas, placement = placement_targets(deployment, served, replicas)
     plan = _swap_plan(rollout, served, replicas, everyone, bounded=placement is not None)
@@ -229,11 +269,14 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
         if placement is not None:
             why = f"No room: no replica that is up has room for it ({placement.detail})."
         finish(ctx, RolloutStatus.FAILED, why)
-        return
-    if rollout.kind == RolloutKind.RETIRE:
-        _retire(ctx)
-        return
+        return None
+    return ctx, plan
 
+
+def _stage(ctx: RolloutContext) -> str | None:
+    """The version's folder on the adapter volume, staged where it is not yet;
+    the path the replicas load it from. None: staging failed, the rollout ended."""
+    rollout, deployment = ctx.rollout, ctx.deployment
     target = rollout.target_version
     assert target is not None, f"rollout {rollout.pk} swaps in no version"
     # A resumed rollout stages again if it never recorded its folder (staging is
@@ -242,10 +285,10 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
         if rollout.status in (RolloutStatus.PENDING, RolloutStatus.STAGING):
             set_status(ctx, RolloutStatus.STAGING)
         try:
-            folder = stage_version(deployment, target, progress=watch.check)
+            folder = stage_version(deployment, target, progress=ctx.watch.check)
         except ObjectNotFound as error:
             finish(ctx, RolloutStatus.FAILED, f"Staging failed: {error}")
-            return
+            return None
         except StorageError as error:
             # The store is down, not the artifact bad: wait for it. The rollout
             # stays in staging with the reason shown; the sweeper resumes it.
@@ -255,14 +298,17 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
             raise StoreUnavailable(str(error)) from error
         except (StagingError, OSError) as error:
             finish(ctx, RolloutStatus.FAILED, f"Staging failed: {error}")
-            return
+            return None
         rollout.staged_path = folder.write_path
         rollout.served_path = folder.serve_path
         Rollout.objects.filter(pk=rollout.pk).update(
             staged_path=folder.write_path, served_path=folder.serve_path
         )
-    path = rollout.served_path or serve_path_for(deployment, target)
-    name = rollout.adapter.served_name
+    return rollout.served_path or serve_path_for(deployment, target)
+
+
+def _load_and_verify(ctx: RolloutContext, name: str, path: str):
+    """The work each replica's thread does: load the version, then prove it serves."""
 
     def load(client, replica):
         return ensure_loaded(client, name, path, ctx.policy, known_version=replica.vllm_version)
@@ -270,87 +316,31 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
     # A version fingerprinted here before (a swap back, a re-promotion) is proven
     # by matching its fingerprint, which was found unlike the base model.
     fingerprinted = VersionFingerprint.objects.filter(
-        deployment=deployment, version=target
+        deployment=ctx.deployment, version=ctx.rollout.target_version
     ).exists()
 
     def verify(client, replica):
         # The fingerprint is recorded or matched after, in the replicas' order.
         return verify_with_fingerprint(
-            client, name, path, ctx.policy, deployment=deployment, compare_base=not fingerprinted
+            client,
+            name,
+            path,
+            ctx.policy,
+            deployment=ctx.deployment,
+            compare_base=not fingerprinted,
         )
 
-    canary = getattr(rollout, "canary", None)
-    if canary is not None and canary.share is not None:
-        # A traffic canary: a share of the requests, a bake, health gates.
-        from serving.rollouts.canary import canary_run
+    return load, verify
 
-        canary_run(ctx, served, name, load, verify)
-        return
-    groups = [pushed[:1], pushed[1:]] if canary is not None and len(pushed) > 1 else [pushed]
-    # Behind a front door, a version swap goes one replica at a time, as the
-    # plan says (serving/kept_copies.py, docs/door.md): taken out there where
-    # it serves the version before, swapped, verified, put back.
-    switch_after = None
-    if plan is not None:
-        groups = [[r] for pk in plan.order for r in pushed if r.pk == pk]
-        switch_after = plan.switch_after
-    # Those that hold the version already (kept copies) or never served the
-    # adapter (spares) get no traffic for it: nothing to take out.
-    serving_before = {
-        r.pk for r in pushed if r.pk not in ctx.spares and loaded_adapters(r).get(name) != path
-    }
-    swapped: list[Replica] = []
-    for index, group in enumerate(groups):
-        group_steps = [steps[r.pk] for r in group]
-        enter_phase(ctx, group_steps, RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
-        take_out = plan is not None and group[0].pk in serving_before
-        with _taken_out(ctx, name, group, take_out) as taken:
-            if taken is not None and taken.busy:
-                # Never unloaded under requests it still runs (SERVING_DOOR_DRAIN_SECONDS).
-                loaded = {
-                    r.pk: ReplicaOutcome().fail(
-                        f"{taken.busy} request(s) through {name} were still running there "
-                        f"after {settings.SERVING_DOOR_DRAIN_SECONDS:g} s "
-                        "(SERVING_DOOR_DRAIN_SECONDS); not swapped while they run."
-                    )
-                    for r in group
-                }
-            else:
-                loaded = fan_out(ctx, group, load)
-            if plan is not None and not all(o.ok for o in loaded.values()):
-                switch_back(ctx, name, group, swapped)
-            phase = "drain" if taken is not None and taken.busy else "load"
-            if rollback_if_failed(ctx, group_steps, loaded, phase):
-                door_sync(deployment, release=name)
-                return
-            enter_phase(ctx, group_steps, RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
-            verified = fan_out(ctx, group, verify, probes=name)
-            fingerprints_check_rollout(rollout=rollout, replicas=group, outcomes=verified)
-            if plan is not None and not all(o.ok for o in verified.values()):
-                switch_back(ctx, name, group, swapped)
-            if rollback_if_failed(ctx, group_steps, verified, "verification"):
-                door_sync(deployment, release=name)
-                return
-            if plan is not None:
-                door_ready(deployment, name, group)
-                swapped += group
-        if switch_after == index + 1:
-            # The kept copies serve it again: the traffic leaves the others at
-            # once (a rollback's switch); those not kept are swapped after.
-            switch_to_kept(ctx, name, [r for r in pushed if r not in swapped])
-        set_steps(group_steps, ReplicaStepStatus.SUCCEEDED)
-        if index == 0 and canary is not None and canary.state == CanaryState.WAITING:
-            # Verified on its replica: that was the test of a canary without a share.
-            from serving.rollouts.canary import canary_verified
 
-            canary_verified(canary, group[0])
+def _finish(ctx: RolloutContext, served: ServedAdapter, name: str) -> None:
     if ctx.keep:
         # Make before break: the new version serves, the old one's replicas get
         # nothing new, finish what they have, and keep the old version loaded.
         if not ctx.switched:
-            door_drain(deployment, name, ctx.keep)
+            door_drain(ctx.deployment, name, ctx.keep)
         retain = settings.SERVING_ROLLBACK_RETAIN_SECONDS
-        held_back = [steps[r.pk] for r in ctx.keep if r.pk in steps]
+        held_back = [ctx.steps[r.pk] for r in ctx.keep if r.pk in ctx.steps]
         set_steps(
             held_back,
             ReplicaStepStatus.DEFERRED,
@@ -362,30 +352,7 @@ def _run(rollout: Rollout, served: ServedAdapter, watch: Watch) -> None:
             },
         )
     succeed(ctx, served)
-    door_sync(deployment, release=name)
-
-
-@contextlib.contextmanager
-def _taken_out(ctx: RolloutContext, name: str, group: list[Replica], take: bool):
-    """With `take`, the swap's replica (a group of one) taken out at the front
-    door for the block (door_take_out): drained, or, where it is the only
-    one serving `name`, `name`'s new requests held at the door. The hold ends
-    when the block does, whichever way: after the replica is back, or after a
-    failure's switch back and rollback. A worker that dies meanwhile leaves a
-    hold that its deadline ends (door.lua) and the next sync removes."""
-    taken = None
-    if take:
-        [replica] = group
-        # The wait for its requests in flight renews the claim; a cancel or a
-        # lost claim ends it (Stopped), the hold released by the door.
-        taken = door_take_out(
-            ctx.deployment, name, replica, owner=ctx.hold_owner, tick=ctx.watch.check
-        )
-    try:
-        yield taken
-    finally:
-        if taken is not None and taken.held:
-            door_release(ctx.deployment, name, replica, owner=taken.owner)
+    door_sync(ctx.deployment, release=name)
 
 
 def _traffic_canary(rollout: Rollout) -> bool:
@@ -401,7 +368,7 @@ def _swap_plan(
     *,
     bounded: bool,
 ) -> SwapPlan | None:
-    """The swap's plan (serving.kept_copies.swap_plan) from what the records
+    """The swap's plan (serving.rules.kept_copies.swap_plan) from what the records
     say, or None where the swap does not go one replica at a time (no front
     door, a retire, a traffic canary, a first load)."""
     if (

@@ -2,9 +2,10 @@
 (serving.rollouts.engine) and the traffic canary
 (serving.rollouts.canary): the compare-and-swap of the rollout's status and of
 its replica steps, the fan-out to replicas with its attempts recorded, the
-rollback, the switch back at the front door, and the end (succeeded, failed or
-rolled back, audited). Public, so that neither strategy calls the other's
-private names; neither is imported here.
+swap of one replica (swap_replica), the rollback, the switch back at the
+front door, and the end (succeeded, failed or rolled back, audited). Public,
+so that neither strategy calls the other's private names; neither is
+imported here.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from serving.attestation import served_fact
 from serving.door.services import (
     door_drain,
     door_ready,
+    door_release,
+    door_sync,
+    door_take_out,
 )
 from serving.fanout import on_replicas
-from serving.kept_copies import kept_copy_record
 from serving.models import (
     Deployment,
     Replica,
@@ -40,6 +43,17 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
+from serving.records.attempts import attempts_record_all
+from serving.records.fact_records import replica_load_refusals_report
+from serving.records.fingerprints import fingerprints_check_rollout
+from serving.records.leases import (
+    claim_seconds,
+    served_adapter_heartbeat,
+)
+from serving.records.own_probes import own_probes_record
+from serving.records.placements import (
+    served_placement_moved,
+)
 from serving.replica_calls import (
     ReplicaOutcome,
     RetryPolicy,
@@ -47,22 +61,13 @@ from serving.replica_calls import (
     ensure_loaded,
     ensure_unloaded,
 )
-from serving.services.attempts import attempts_record_all
-from serving.services.fact_records import replica_load_refusals_report
-from serving.services.leases import (
-    claim_seconds,
-    served_adapter_heartbeat,
-)
-from serving.services.own_probes import own_probes_record
-from serving.services.placements import (
-    served_placement_moved,
-)
-from serving.signals import served_version_changed
-from serving.sync_state import as_listing, loaded_adapters
-from serving.transitions import (
+from serving.rules.kept_copies import kept_copy_record
+from serving.rules.transitions import (
     REPLICA_STEP_TRANSITIONS,
     ROLLOUT_TRANSITIONS,
 )
+from serving.signals import served_version_changed
+from serving.sync_state import as_listing, loaded_adapters
 from serving.volume import StagingError, mark_unreferenced, stage_version
 
 logger = logging.getLogger(__name__)
@@ -168,7 +173,7 @@ class RolloutContext:
     # Behind a front door, the order a rollback goes through the replicas one
     # at a time, each drained there first (make before break); None: all at once.
     rollback_order: list[Replica] | None = None
-    # A swap behind a front door (serving.kept_copies.swap_plan): the replicas
+    # A swap behind a front door (serving.rules.kept_copies.swap_plan): the replicas
     # that keep the version before, drained, for SERVING_ROLLBACK_RETAIN_SECONDS
     # (a rollback meanwhile is a switch of traffic) ...
     keep: list[Replica] = field(default_factory=list)
@@ -190,7 +195,7 @@ def fan_out(
     """Runs `work(client, replica)` on every replica at once (serving.fanout);
     records attempts after. `probes`: the adapter the work sends requests
     through (verification), marked as the control plane's own before and after
-    so that /metrics does not count them as demand (serving.services.own_probes)."""
+    so that /metrics does not count them as demand (serving.records.own_probes)."""
     if probes:
         own_probes_record(replicas, [probes])
     try:
@@ -249,6 +254,102 @@ def switch_back(ctx: RolloutContext, name: str, failed: list[Replica], swapped: 
     door_drain(ctx.deployment, name, swapped)
     rest = [r for r in ctx.replicas if r not in failed and r not in swapped]
     ctx.rollback_order = [*failed, *swapped, *rest]
+
+
+# How a swap takes its replicas out at the front door first (swap_replica).
+TAKE_OUT = "take_out"  # drained, or its new requests held where it is the only one
+DRAIN = "drain"  # drained: the others serve meanwhile
+LEAVE = ""  # nothing to take out: no door, or the replica serves no version of it yet
+
+Work = Callable[..., ReplicaOutcome]
+
+
+def swap_replica(
+    ctx: RolloutContext,
+    group: list[Replica],
+    name: str,
+    load: Work,
+    verify: Work,
+    *,
+    out: str = LEAVE,
+    swapped: list[Replica] | None = None,
+    put_back: bool = False,
+) -> bool:
+    """The swap of one replica (or of a group swapped at once): taken out at
+    the front door (`out`), loaded, verified, fingerprinted, put back
+    (`put_back`), its step succeeded. The one sequence the promotion, the
+    canary and its promotion run.
+
+    On a failure the rollout is rolled back here and ended, and False is
+    returned. `swapped`: the replicas this rollout already swapped one at a
+    time; given, a failure first sends the traffic back to the replicas that
+    keep the version before (switch_back), and a success joins the list."""
+    steps = [ctx.steps[r.pk] for r in group]
+    enter_phase(ctx, steps, RolloutStatus.LOADING, ReplicaStepStatus.LOADING)
+    with taken_out(ctx, name, group, out) as taken:
+        if taken is not None and taken.busy:
+            # Never unloaded under requests it still runs (SERVING_DOOR_DRAIN_SECONDS).
+            loaded = {
+                r.pk: ReplicaOutcome().fail(
+                    f"{taken.busy} request(s) through {name} were still running there "
+                    f"after {settings.SERVING_DOOR_DRAIN_SECONDS:g} s "
+                    "(SERVING_DOOR_DRAIN_SECONDS); not swapped while they run."
+                )
+                for r in group
+            }
+        else:
+            loaded = fan_out(ctx, group, load)
+        phase = "drain" if taken is not None and taken.busy else "load"
+        if _rolled_back(ctx, steps, group, name, loaded, phase, swapped):
+            return False
+        enter_phase(ctx, steps, RolloutStatus.VERIFYING, ReplicaStepStatus.VERIFYING)
+        verified = fan_out(ctx, group, verify, probes=name)
+        fingerprints_check_rollout(rollout=ctx.rollout, replicas=group, outcomes=verified)
+        if _rolled_back(ctx, steps, group, name, verified, "verification", swapped):
+            return False
+        if put_back:
+            door_ready(ctx.deployment, name, group)
+        if swapped is not None:
+            swapped += group
+    set_steps(steps, ReplicaStepStatus.SUCCEEDED)
+    return True
+
+
+def _rolled_back(ctx, steps, group, name, outcomes, phase: str, swapped) -> bool:
+    if swapped is not None and not all(o.ok for o in outcomes.values()):
+        switch_back(ctx, name, group, swapped)
+    if rollback_if_failed(ctx, steps, outcomes, phase):
+        door_sync(ctx.deployment, release=name)
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def taken_out(ctx: RolloutContext, name: str, group: list[Replica], how: str):
+    """The swap's replicas out of the front door's rotation for the block.
+
+    TAKE_OUT (a group of one): door_take_out, drained or, where it is the
+    only one serving `name`, `name`'s new requests held at the door; the hold
+    ends when the block does, whichever way (after the replica is back, or
+    after a failure's switch back and rollback). A worker that dies meanwhile
+    leaves a hold that its deadline ends (door.lua) and the next sync removes.
+    Yields what door_take_out found (its `busy` requests), else None.
+    DRAIN: drained only (a canary: the other replicas serve)."""
+    taken = None
+    if how == TAKE_OUT:
+        [replica] = group
+        # The wait for its requests in flight renews the claim; a cancel or a
+        # lost claim ends it (Stopped), the hold released by the door.
+        taken = door_take_out(
+            ctx.deployment, name, replica, owner=ctx.hold_owner, tick=ctx.watch.check
+        )
+    elif how == DRAIN:
+        door_drain(ctx.deployment, name, group)
+    try:
+        yield taken
+    finally:
+        if taken is not None and taken.held:
+            door_release(ctx.deployment, name, group[0], owner=taken.owner)
 
 
 def enter_phase(ctx: RolloutContext, steps, status: str, step_status: str) -> None:

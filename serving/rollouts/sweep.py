@@ -18,10 +18,10 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from serving.enqueue import rollout_send
 from serving.models import Rollout, ServedAdapter
-from serving.rollouts.engine import rollout_enqueue
-from serving.services.leases import SERVED_ADAPTER_LEASE
-from serving.transitions import ROLLOUT_TERMINAL
+from serving.records.leases import SERVED_ADAPTER_LEASE
+from serving.rules.transitions import ROLLOUT_TERMINAL
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def sweep_rollouts(limit: int = 100) -> list[int]:
         taken = Rollout.objects.filter(pk=rollout_id, enqueued_at=enqueued_at).update(
             enqueued_at=now
         )
-        if taken and rollout_enqueue(rollout_id):
+        if taken and rollout_send(rollout_id):
             sent.append(rollout_id)
     if sent:
         logger.warning("sweeper re-enqueued rollouts %s", sent)

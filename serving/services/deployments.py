@@ -13,11 +13,11 @@ from core.actors import Actor
 from core.audit import audit_record
 from core.errors import Conflict, ValidationFailed
 from serving.attestation import discovery_of
-from serving.base_models import identity_from_path, module_dims_for
 from serving.capacity import SHAPE_FIELDS
 from serving.discovery.kubernetes import label_selector_problem, namespace_problem
+from serving.enqueue import door_access_enqueue
 from serving.models import Deployment, VersionFingerprint
-from serving.signals import door_access_changed
+from serving.rules.base_models import identity_from_path, module_dims_for
 
 # The base model's identity: its architecture and the shape the pool model needs.
 IDENTITY_FIELDS = ("architecture", *SHAPE_FIELDS)
@@ -182,7 +182,7 @@ def deployment_update(*, actor: Actor, deployment: Deployment, **values) -> Depl
     with transaction.atomic():
         deployment = _save(actor, deployment, "deployment.updated", changed)
         if set(changed) & DOOR_ACCESS_FIELDS or deployment._departments is not None:
-            door_access_changed.send(sender=Deployment, deployment_ids=[deployment.pk])
+            door_access_enqueue([deployment.pk])
     if set(changed) & {"revision", *IDENTITY_FIELDS}:
         # Other base weights answer the probe differently through the same adapter.
         VersionFingerprint.objects.filter(deployment=deployment).delete()

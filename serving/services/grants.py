@@ -4,8 +4,14 @@ A member of the calling department asks (naming the adapter by its served
 name, which the adapter's department told them); an approver of the ADAPTER's
 department who did not ask approves or refuses (four eyes, audited); until its
 end date, when the periodic tick expires it. Approvers of either side revoke.
-Every move is a compare-and-swap on the status read (serving.transitions.
+Every move is a compare-and-swap on the status read (serving.rules.transitions.
 GRANT_TRANSITIONS), and the doors that serve the adapter are told after commit.
+
+A request for a name no adapter has is answered exactly as one for another
+department's adapter (201, the same row, "requested"), so that asking cannot
+tell which names exist. It names no adapter: only the asking department sees
+it, nobody can approve it, and the tick expires it. Bad input is refused before
+the name is looked up, so the order of the checks tells nothing either.
 """
 
 from __future__ import annotations
@@ -14,20 +20,27 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from core.access import can_approve, can_see, require_visible
+from core.access import (
+    can_approve,
+    can_review,
+    can_see,
+    require_four_eyes,
+    require_visible,
+)
 from core.actors import Actor
-from core.audit import audit_record
+from core.audit import audit_event, audit_record, audit_record_all
 from core.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
 from core.models import Department
 from core.state import move
-from registry.models import Adapter
-from serving.models import AdapterGrant, Deployment, GrantStatus, ServedAdapter
+from registry.models import Adapter, served_name_validator
+from serving.enqueue import door_access_enqueue
+from serving.models import AdapterGrant, GrantStatus, ServedAdapter
+from serving.rules.transitions import GRANT_TRANSITIONS
 from serving.services.inference_keys import lifetime_days
-from serving.signals import door_access_changed
-from serving.transitions import GRANT_TRANSITIONS
 
 logger = logging.getLogger(__name__)
 
@@ -40,24 +53,35 @@ def _require_person(actor: Actor) -> None:
         )
 
 
+FOUR_EYES_GRANT = "Four-eyes rule: you cannot approve or refuse a grant request you are behind."
+
+
 def can_decide(actor: Actor, grant: AdapterGrant) -> bool:
-    """Approvers of the adapter's department (and platform admins) who did not ask."""
+    """Approvers of the adapter's department (and platform admins) who are none
+    of the people behind the request (four eyes on people, as versions and
+    promotions: core.access.can_review). Nobody, for a request that names no adapter."""
     return (
         actor.token is None
+        and grant.adapter is not None
         and can_approve(actor, grant.adapter.department_id)
-        and grant.requested_by_id != actor.user.pk
+        and can_review(actor, grant.authors)
     )
 
 
 def can_revoke(actor: Actor, grant: AdapterGrant) -> bool:
     return actor.token is None and (
-        can_approve(actor, grant.adapter.department_id) or can_approve(actor, grant.department_id)
+        can_approve(actor, grant.department_id)
+        or (grant.adapter is not None and can_approve(actor, grant.adapter.department_id))
     )
 
 
 def require_visible_grant(actor: Actor, grant: AdapterGrant) -> None:
-    """Both sides see it; anyone else gets a 404."""
-    if not (can_see(actor, grant.department_id) or can_see(actor, grant.adapter.department_id)):
+    """Both sides see it (only the asking one when it names no adapter); anyone
+    else gets a 404."""
+    if not (
+        can_see(actor, grant.department_id)
+        or (grant.adapter is not None and can_see(actor, grant.adapter.department_id))
+    ):
         raise NotFound("Grant not found.")
 
 
@@ -69,43 +93,62 @@ def grant_request(
     expires_in_days: int,
     reason: str = "",
 ) -> AdapterGrant:
-    """`department` is the calling one; the actor must belong to it."""
+    """`department` is the calling one; the actor must belong to it. A name no
+    adapter has is accepted like any other (see the module's docstring)."""
     _require_person(actor)
     require_visible(actor, department.pk, "Department")
+    # Everything that does not depend on the name existing comes first.
     days = lifetime_days(expires_in_days, settings.SERVING_GRANT_MAX_DAYS)
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValidationFailed("Say why the department needs it.", code="reason_required")
+    served_name = (served_name or "").strip()
+    try:
+        served_name_validator(served_name)
+    except ValidationError:
+        raise ValidationFailed(
+            f"{served_name!r} is not a served name: {served_name_validator.message}",
+            code="bad_served_name",
+        ) from None
     adapter = Adapter.objects.select_related("department").filter(served_name=served_name).first()
-    if adapter is None:
-        raise NotFound(f"No adapter is served as {served_name!r}.", code="reference_not_found")
-    if adapter.department_id == department.pk:
+    # The asking department's members see its adapters anyway: nothing to hide.
+    if adapter is not None and adapter.department_id == department.pk:
         raise ValidationFailed(
             f"{served_name} is {department.slug}'s own adapter: its keys call it without a grant.",
             code="own_adapter",
         )
-    reason = (reason or "").strip()
-    if not reason:
-        raise ValidationFailed("Say why the department needs it.", code="reason_required")
     try:
         with transaction.atomic():
             grant = AdapterGrant.objects.create(
                 adapter=adapter,
+                served_name=served_name,
                 department=department,
                 reason=reason[:2000],
                 expires_at=timezone.now() + timedelta(days=days),
                 requested_by=actor.user,
+                author_ids=sorted(actor.people),
             )
-            # Both sides' logs: the adapter's department is asked, the caller's asks.
-            audit_record(
-                actor=actor,
-                action="grant.requested",
-                obj=grant,
-                department=adapter.department,
-                to_state=GrantStatus.REQUESTED,
-                comment=grant.reason,
-                details={
-                    "adapter": adapter.served_name,
-                    "grantee": department.slug,
-                    "expires_at": grant.expires_at.isoformat(),
-                },
+            details = {
+                "adapter": served_name,
+                "grantee": department.slug,
+                "expires_at": grant.expires_at.isoformat(),
+            }
+            # The asking department's log has every request, the same whatever
+            # the name; the adapter's department's log (when there is one) is
+            # asked too, and that event is the one that tells its approvers.
+            audit_record_all(
+                [
+                    audit_event(
+                        actor=actor,
+                        action="grant.requested",
+                        obj=grant,
+                        department=log,
+                        to_state=GrantStatus.REQUESTED,
+                        comment=grant.reason,
+                        details=details,
+                    )
+                    for log in _logs_of(grant)
+                ]
             )
     except IntegrityError:
         raise Conflict(
@@ -121,18 +164,24 @@ def grant_decide(
     """Four eyes: an approver of the adapter's department who did not ask."""
     _require_person(actor)
     require_visible_grant(actor, grant)
-    adapter_department = grant.adapter.department
-    if not can_approve(actor, adapter_department.pk):
+    if grant.adapter is None:
+        # Asked for a name no adapter has: nobody's to approve, platform admins'
+        # included. Said as to anyone who may not decide, so it tells nothing.
         raise NotAuthorized(
-            f"Only an approver of {adapter_department.slug} (the adapter's department) "
-            "or a platform admin may decide this grant.",
+            "Only an approver of the adapter's department or a platform admin "
+            "may decide this grant.",
             code="not_an_approver",
         )
-    if grant.requested_by_id == actor.user.pk:
+    adapter_department = grant.adapter.department
+    if not can_approve(actor, adapter_department.pk):
+        # The asking side is not told whose adapter it is: a request for a name
+        # no adapter has gets this same answer.
         raise NotAuthorized(
-            "Four-eyes rule: you cannot approve or refuse your own grant request.",
-            code="four_eyes",
+            "Only an approver of the adapter's department or a platform admin "
+            "may decide this grant.",
+            code="not_an_approver",
         )
+    require_four_eyes(actor, grant.authors, FOUR_EYES_GRANT)
     comment = (comment or "").strip()
     if not approve and not comment:
         raise ValidationFailed("A comment is required to refuse.", code="comment_required")
@@ -174,7 +223,9 @@ def grant_revoke(*, actor: Actor, grant: AdapterGrant, comment: str = "") -> Ada
             "(or a platform admin) may revoke a grant.",
             code="not_an_approver",
         )
-    if grant.status != GrantStatus.APPROVED:
+    adapter = grant.adapter
+    # A grant with no adapter is never approved: the same answer.
+    if grant.status != GrantStatus.APPROVED or adapter is None:
         raise Conflict(
             f"Only an approved grant can be revoked; this one is {grant.status}.",
             code="invalid_transition",
@@ -194,11 +245,11 @@ def grant_revoke(*, actor: Actor, grant: AdapterGrant, comment: str = "") -> Ada
             actor=actor,
             action="grant.revoked",
             obj=grant,
-            department=grant.adapter.department,
+            department=adapter.department,
             from_state=GrantStatus.APPROVED,
             to_state=GrantStatus.REVOKED,
             comment=(comment or "").strip(),
-            details={"adapter": grant.adapter.served_name, "grantee": grant.department.slug},
+            details={"adapter": adapter.served_name, "grantee": grant.department.slug},
         )
         _doors_change(grant)
     return grant
@@ -218,19 +269,76 @@ def grants_expire(now=None) -> int:
             # Another tick, or a revoke, got there first: nothing to record.
             if not move(grant, GRANT_TRANSITIONS, GrantStatus.EXPIRED, ended_at=now):
                 continue
-            audit_record(
-                actor=None,
-                action="grant.expired",
-                obj=grant,
-                department=grant.adapter.department,
-                from_state=previous,
-                to_state=GrantStatus.EXPIRED,
-                details={"adapter": grant.adapter.served_name, "grantee": grant.department.slug},
+            # Both logs, as the request: an unanswered request for a name no
+            # adapter has ends in the asking department's log like any other.
+            audit_record_all(
+                [
+                    audit_event(
+                        actor=None,
+                        action="grant.expired",
+                        obj=grant,
+                        department=department,
+                        from_state=previous,
+                        to_state=GrantStatus.EXPIRED,
+                        details={"adapter": grant.served_name, "grantee": grant.department.slug},
+                    )
+                    for department in _logs_of(grant)
+                ]
             )
             if previous == GrantStatus.APPROVED:
                 _doors_change(grant)
         expired += 1
     return expired
+
+
+def grants_end_with_adapter(adapter: Adapter, now=None) -> int:
+    """Ends the asked and approved grants of an adapter that is served nowhere
+    any more (its last deployment retired it): as expired, audited as the system.
+    A grant was agreed for what was served then; serving the adapter again (a
+    new version, perhaps another use) asks again, rather than reviving it.
+    Returns how many ended. Called in the retire's transaction."""
+    if ServedAdapter.objects.filter(adapter=adapter, version__isnull=False).exists():
+        return 0
+    now = now or timezone.now()
+    ended = 0
+    live = AdapterGrant.objects.filter(
+        adapter=adapter, status__in=[GrantStatus.REQUESTED, GrantStatus.APPROVED]
+    ).select_related("adapter__department", "department")
+    for grant in live:
+        previous = grant.status
+        if not move(grant, GRANT_TRANSITIONS, GrantStatus.EXPIRED, ended_at=now):
+            continue  # a revoke or the tick got there first
+        # Both logs, as the tick's expiry.
+        audit_record_all(
+            [
+                audit_event(
+                    actor=None,
+                    action="grant.expired",
+                    obj=grant,
+                    department=department,
+                    from_state=previous,
+                    to_state=GrantStatus.EXPIRED,
+                    comment="The adapter was retired from every deployment.",
+                    details={
+                        "adapter": adapter.served_name,
+                        "grantee": grant.department.slug,
+                        "reason": "adapter_retired",
+                    },
+                )
+                for department in _logs_of(grant)
+            ]
+        )
+        ended += 1
+    return ended
+
+
+def _logs_of(grant: AdapterGrant) -> list[Department]:
+    """The departments whose logs record its request and its expiry: the asking
+    one, then the adapter's when it names one (that event tells its people:
+    notifications.events)."""
+    if grant.adapter is None:
+        return [grant.department]
+    return [grant.department, grant.adapter.department]
 
 
 def _not_open(status: str) -> Conflict:
@@ -242,10 +350,11 @@ def _not_open(status: str) -> Conflict:
 
 
 def _doors_change(grant: AdapterGrant) -> None:
-    """The deployments that serve the grant's adapter."""
-    door_access_changed.send(
-        sender=Deployment,
-        deployment_ids=ServedAdapter.objects.filter(
+    """The deployments that serve the grant's adapter (none without one)."""
+    if grant.adapter_id is None:
+        return
+    door_access_enqueue(
+        ServedAdapter.objects.filter(
             adapter_id=grant.adapter_id, version__isnull=False
         ).values_list("deployment_id", flat=True),
     )

@@ -4,7 +4,7 @@ Issued for a department, one of its service accounts, or a person (for
 themselves); shown once, stored as the SHA-256 of the secret (256 random bits:
 nothing to brute-force, so no slow hash), expiring, revocable, audited in the
 transaction of the change. Every change is sent to the front doors after commit
-(serving.tasks.door_access_enqueue); what a key may call there is
+(serving.enqueue.door_access_enqueue); what a key may call there is
 serving.door.selectors.door_access.
 """
 
@@ -15,6 +15,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from core.access import can_approve, require_visible, role_in
@@ -24,8 +25,8 @@ from core.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
 from core.models import Department, ServiceAccount
 from core.services.service_accounts import service_account_lock_active
 from core.services.tokens import hash_token_secret
+from serving.enqueue import door_access_enqueue
 from serving.models import Deployment, InferenceKey
-from serving.signals import door_access_changed
 
 KEY_PREFIX = "lsk_"  # noqa: S105 - a public marker, not a secret
 HOLDERS = ("department", "service_account", "person")
@@ -215,8 +216,54 @@ def inference_keys_end(*, actor: Actor | None, keys, reason: str) -> list[str]:
     return [key.prefix for key in ending]
 
 
+def inference_keys_issued_by(user):
+    """The working keys `user` issued to a department or to one of its service
+    accounts: they outlive the person (up to SERVING_INFERENCE_KEY_MAX_DAYS),
+    and the person saw each secret once."""
+    return InferenceKey.objects.filter(
+        created_by=user, person__isnull=True, revoked_at__isnull=True, expires_at__gt=timezone.now()
+    ).select_related("department", "service_account")
+
+
+def leaver_keys_end(*, actor: Actor | None, user, reason: str) -> dict[str, list[str]]:
+    """Offboarding (core.services.people.user_access_end, in its transaction):
+    the person's own keys end; the keys they issued to departments and service
+    accounts end too with OFFBOARDING_REVOKE_ISSUED_KEYS, else they are kept and
+    listed in one audited event (`user.issued_keys_kept`) for review. One
+    revoke for all of them: every row before the audit chain (inference_keys_end)."""
+    issued = list(inference_keys_issued_by(user).order_by("department__slug", "prefix"))
+    ending = InferenceKey.objects.filter(person=user)
+    if settings.OFFBOARDING_REVOKE_ISSUED_KEYS and issued:
+        ending = InferenceKey.objects.filter(Q(person=user) | Q(pk__in=[key.pk for key in issued]))
+    revoked = inference_keys_end(actor=actor, keys=ending, reason=f"person {reason}")
+    if settings.OFFBOARDING_REVOKE_ISSUED_KEYS or not issued:
+        return {"revoked": revoked, "kept": []}
+    _issued_keys_kept(actor, user, issued)
+    return {"revoked": revoked, "kept": [key.prefix for key in issued]}
+
+
+def _issued_keys_kept(actor: Actor | None, user, keys: list[InferenceKey]) -> None:
+    audit_record(
+        actor=actor,
+        action="user.issued_keys_kept",
+        obj=user,
+        department=None,
+        comment="Inference keys this person issued still work; revoke them if they should not.",
+        details={
+            "keys": [
+                {
+                    "prefix": key.prefix,
+                    "name": key.name,
+                    "department": key.department.slug,
+                    "service_account": key.service_account.name if key.service_account else None,
+                    "expires_at": key.expires_at.isoformat(),
+                }
+                for key in keys
+            ]
+        },
+    )
+
+
 def _doors_change() -> None:
     """Every live key is in every door's table: all of them hear of it."""
-    door_access_changed.send(
-        sender=Deployment, deployment_ids=Deployment.objects.values_list("pk", flat=True)
-    )
+    door_access_enqueue(Deployment.objects.values_list("pk", flat=True))

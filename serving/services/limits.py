@@ -2,7 +2,7 @@
 platform admins) and a key's (set by its department's approvers, never above
 the department's own). Each change is validated, audited in its transaction,
 and sent to every front door after commit, where it is in effect for the next
-request (no reload). What the doors do with them: serving/quotas.py."""
+request (no reload). What the doors do with them: serving/rules/quotas.py."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from core.actors import Actor
 from core.audit import audit_record
 from core.errors import Conflict, NotAuthorized, ValidationFailed
 from core.models import Department
+from serving.enqueue import door_access_enqueue
 from serving.models import LIMIT_FIELDS, DepartmentLimits, Deployment, InferenceKey
-from serving.signals import door_access_changed
 
 KEY_LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute")
 # Bounds that keep a typo from reading as "no limit": 1e12 tokens is beyond
@@ -157,6 +157,4 @@ def inference_key_limits_set(*, actor: Actor, key: InferenceKey, changes: dict) 
 
 def _doors_change() -> None:
     """Limits apply at every door: all of them hear of it."""
-    door_access_changed.send(
-        sender=Deployment, deployment_ids=Deployment.objects.values_list("pk", flat=True)
-    )
+    door_access_enqueue(Deployment.objects.values_list("pk", flat=True))

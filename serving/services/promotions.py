@@ -32,8 +32,8 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
+from serving.rules.transitions import CANARY_UNDECIDED, PROMOTION_TRANSITIONS, ROLLOUT_TERMINAL
 from serving.services.rollout_requests import rollout_audit_event, rollout_create
-from serving.transitions import CANARY_UNDECIDED, PROMOTION_TRANSITIONS, ROLLOUT_TERMINAL
 
 
 class GateRefused(ApplicationError):
@@ -132,7 +132,7 @@ def _require_canary_possible(deployment: Deployment, served: ServedAdapter | Non
     refusal = canary_refusal(deployment, served.version_id if served else None, replicas)
     capped = served.max_replicas if served is not None else None
     if not refusal and served is not None and capped is not None and capped < 2:
-        # The worker pushes to the adapter's placed replicas only (serving.placement_plan):
+        # The worker pushes to the adapter's placed replicas only (serving.rules.placement_plan):
         # on one, there is no old version left for the split.
         refusal = (
             f"placement holds {served.adapter.served_name} on {capped} replica "

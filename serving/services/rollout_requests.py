@@ -20,6 +20,7 @@ from core.models import AuditEvent
 from core.state import can_move, move
 from registry.models import AdapterVersion
 from serving.attestation import served_fact
+from serving.enqueue import rollout_enqueue
 from serving.models import (
     Canary,
     CanaryRequest,
@@ -32,11 +33,10 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
-from serving.rollouts.engine import rollout_enqueue
-from serving.services.leases import (
+from serving.records.leases import (
     served_adapter_release_if_expired,
 )
-from serving.transitions import (
+from serving.rules.transitions import (
     CANARY_TRANSITIONS,
     CANARY_UNDECIDED,
     REPLICA_STEP_UNFINISHED,
@@ -78,7 +78,7 @@ def rollout_create(
     Rollout.canary.related.set_cached_value(rollout, canary)
     if audit:
         rollout_audit_created(actor, rollout)
-    transaction.on_commit(lambda: rollout_enqueue(rollout.pk))
+    rollout_enqueue(rollout.pk)
     return rollout
 
 

@@ -57,6 +57,6 @@ def adapter_access(context, adapter, standing):
 @register.simple_tag(takes_context=True)
 def adapter_callers_panel(context, adapter):
     """Who may call the adapter at the front doors and why, and its grants."""
-    from serving.web.access_views import adapter_access_panel
+    from serving.web.caller_views import adapter_access_panel
 
     return adapter_access_panel(context["request"].actor, adapter)

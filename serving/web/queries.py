@@ -25,8 +25,8 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
+from serving.rules.transitions import ROLLOUT_TERMINAL
 from serving.sync_state import SyncState, loaded_adapters
-from serving.transitions import ROLLOUT_TERMINAL
 
 
 def _percent(part: int, whole: int | None) -> int:
@@ -167,7 +167,7 @@ DRIFT = {state.value for state in SyncState if state.drifted}
 class Cell:
     state: str
     actual_root: str | None
-    placed: bool = True  # placement puts the adapter on this replica (serving.placement_plan)
+    placed: bool = True  # placement puts the adapter on this replica (serving.rules.placement_plan)
 
     @property
     def label(self) -> str:
@@ -409,7 +409,8 @@ def front_door_url(deployment: Deployment) -> str | None:
     if not listen:
         return None
     url = settings.SERVING_DOOR_URLS.get(deployment.name)
-    return (url or f"http://{listen}").rstrip("/")
+    scheme = "https" if settings.SERVING_DOOR_CERTIFICATES.get(deployment.name) else "http"
+    return (url or f"{scheme}://{listen}").rstrip("/")
 
 
 def curl_example(base_url: str, served_name: str) -> str:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from serving.web import access_views, views
+from serving.web import caller_views, views
 from serving.web.adapter_list import adapter_list
 
 app_name = "serving"
@@ -16,11 +16,11 @@ urlpatterns = [
     path("rollouts/<int:pk>/live/", views.rollout_live, name="rollout-live"),
     path("rollouts/<int:pk>/rollback/", views.rollout_rollback, name="rollout-rollback"),
     path("rollouts/<int:pk>/cancel/", views.rollout_cancel_view, name="rollout-cancel"),
-    path("keys/", access_views.my_keys, name="my-keys"),
-    path("keys/<int:pk>/revoke/", access_views.key_revoke_view, name="key-revoke"),
-    path("keys/<int:pk>/limits/", access_views.key_limits_view, name="key-limits"),
-    path("departments/<slug:slug>/keys/", access_views.department_keys, name="department-keys"),
-    path("grants/<int:pk>/decide/", access_views.grant_decide_view, name="grant-decide"),
+    path("keys/", caller_views.my_keys, name="my-keys"),
+    path("keys/<int:pk>/revoke/", caller_views.key_revoke_view, name="key-revoke"),
+    path("keys/<int:pk>/limits/", caller_views.key_limits_view, name="key-limits"),
+    path("departments/<slug:slug>/keys/", caller_views.department_keys, name="department-keys"),
+    path("grants/<int:pk>/decide/", caller_views.grant_decide_view, name="grant-decide"),
     path(
         "rollouts/<int:pk>/canary/<slug:decision>/",
         views.rollout_canary_view,

@@ -52,6 +52,7 @@ from serving.services.rollout_requests import (
     rollout_cancel,
     rollout_cancellable,
 )
+from serving.token_usage import metering_status
 from serving.web import queries
 from serving.web.forms import PromoteForm, PromotionReviewForm
 
@@ -124,6 +125,8 @@ def deployment_detail(request, actor: Actor, name: str):
         else [],
         "restore_quarantined": bool(quarantine_reason(deployment)),
         "access": queries.client_access(actor, deployment, None, example=True),
+        # Metered only once its replicas' spans arrive (issue 43).
+        "metering": metering_status([deployment.pk])[deployment.pk],
     }
     return render(request, "serving/deployment_detail.html", context)
 

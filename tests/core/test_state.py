@@ -5,7 +5,7 @@ import pytest
 from core.errors import Conflict
 from core.state import can_move, move
 from serving.models import Deployment, Rollout, RolloutStatus
-from serving.transitions import ROLLOUT_TRANSITIONS
+from serving.rules.transitions import ROLLOUT_TRANSITIONS
 from tests.factories import make_adapter, make_version
 
 pytestmark = pytest.mark.django_db

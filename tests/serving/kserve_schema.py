@@ -72,8 +72,16 @@ def _pod_spec(where: str, spec: dict) -> list[str]:
 
 
 def kserve_problems(obj: dict) -> list[str]:
-    """Everything in a ServingRuntime or InferenceService that KServe would not take."""
+    """Everything in a ServingRuntime or InferenceService that KServe would not
+    take; a core kind rendered beside them (the replicas' NetworkPolicy) is
+    checked against Kubernetes' own schema."""
     kind = obj.get("kind")
+    if kind == "NetworkPolicy":
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            return [f"NetworkPolicy: {error.message} at {list(error.path)}"]
+        return []
     problems = _fields(kind, obj, {"apiVersion", "kind", "metadata", "spec"}, {"spec"})
     problems += _metadata(kind, obj)
     spec = obj.get("spec", {})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.base_models import PACKED_MODULES, identity_from_config
+from serving.rules.base_models import PACKED_MODULES, identity_from_config
 
 SHAPE = {
     "hidden_size": 128,

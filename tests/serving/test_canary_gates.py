@@ -1,10 +1,10 @@
-"""The canary's health gates (serving/canary_gates.py): pure functions."""
+"""The canary's health gates (serving/rules/canary_gates.py): pure functions."""
 
 from __future__ import annotations
 
 import pytest
 
-from serving import canary_gates as g
+from serving.rules import canary_gates as g
 
 LIMITS = g.Thresholds(min_requests=20, max_error_rate_increase=0.02, max_latency_ratio=1.5)
 

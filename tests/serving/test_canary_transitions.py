@@ -16,8 +16,8 @@ from core.models import AuditEvent
 from core.state import move
 from serving.models import Canary, CanaryRequest, CanaryState, Deployment, Rollout, RolloutStatus
 from serving.rollouts.canary import canary_decide
+from serving.rules.transitions import CANARY_TRANSITIONS, CANARY_UNDECIDED
 from serving.services.rollout_requests import rollout_canary_decide
-from serving.transitions import CANARY_TRANSITIONS, CANARY_UNDECIDED
 from tests.conftest import actor, requires_postgres
 from tests.factories import make_adapter, make_version
 

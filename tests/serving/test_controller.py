@@ -27,10 +27,10 @@ from serving.models import (
     ServedAdapter,
 )
 from serving.reconcile.tick import reconcile_deployment
+from serving.records.leases import served_adapter_claim
 from serving.rollouts import engine
 from serving.rollouts.engine import rollout_execute
 from serving.rollouts.sweep import rollouts_to_sweep, sweep_rollouts
-from serving.services.leases import served_adapter_claim
 from serving.services.promotions import promotion_create
 from serving.services.rollout_requests import rollout_cancel
 from tests.conftest import actor, client_for

@@ -17,11 +17,11 @@ from django.db import connections
 from django.utils import timezone
 
 from serving.models import DriftEvent, Replica, ReplicaRollout, VersionFingerprint
-from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
 from serving.reconcile.tick import reconcile_deployment
+from serving.records.fingerprints import fingerprint_compare, next_in_rotation
 from serving.replica_rows import replicas_sync
 from serving.rollouts.engine import rollout_execute
-from serving.services.fingerprints import fingerprint_compare, next_in_rotation
+from serving.rules.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
 from serving.services.promotions import promotion_create
 from serving.volume import stage_version
 from tests.conftest import actor, client_for

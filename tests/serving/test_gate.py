@@ -3,7 +3,6 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from serving.base_models import module_dims_for
 from serving.capacity import ColdLoad, cold_load
 from serving.gate import evaluate_gate
 from serving.models import (
@@ -14,6 +13,7 @@ from serving.models import (
     RolloutStatus,
     ServedAdapter,
 )
+from serving.rules.base_models import module_dims_for
 from serving.services.promotions import promotion_create
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version

@@ -12,9 +12,9 @@ from core.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
 from core.models import AuditEvent, Membership, Role
 from serving.door.selectors import door_access
 from serving.models import AdapterGrant, GrantStatus, ServedAdapter
+from serving.rules.transitions import GRANT_TRANSITIONS
 from serving.services.grants import grant_decide, grant_request, grant_revoke, grants_expire
 from serving.tasks import door_access_tick
-from serving.transitions import GRANT_TRANSITIONS
 from tests.conftest import _user, actor
 from tests.serving.conftest import make_deployment
 
@@ -57,9 +57,11 @@ def test_an_approved_grant_lets_the_asking_department_call_the_adapter(
 
     assert door_access(deployment).models_for("finance") == ["legal-contracts", "tiny-llama"]
     events = AuditEvent.objects.filter(object_type="serving.adaptergrant").order_by("id")
-    assert [(e.action, e.actor_id) for e in events] == [
-        ("grant.requested", fred.pk),
-        ("grant.approved", alex.pk),
+    # The request is in both sides' logs: the asking one, then the adapter's.
+    assert [(e.action, e.actor_id, e.department.slug) for e in events] == [
+        ("grant.requested", fred.pk, "finance"),
+        ("grant.requested", fred.pk, "legal"),
+        ("grant.approved", alex.pk, "legal"),
     ]
 
 
@@ -76,8 +78,10 @@ def test_the_requester_cannot_approve_their_own_grant(alex, finance, legal, depl
 def test_an_approver_of_another_department_cannot_approve(fred, fiona, finance, deployment):
     grant = _ask(fred, finance)
 
-    with pytest.raises(NotAuthorized, match="legal"):
+    # Not told whose adapter it is: a name nobody serves gets the same words.
+    with pytest.raises(NotAuthorized, match="adapter's department") as refused:
         grant_decide(actor=actor(fiona), grant=grant, approve=True)
+    assert "legal" not in refused.value.message
 
     assert AdapterGrant.objects.get(pk=grant.pk).status == GrantStatus.REQUESTED
 
@@ -112,8 +116,10 @@ def test_an_outsider_to_both_sides_gets_a_404(fred, finance, legal, deployment):
 @pytest.mark.parametrize(
     "served_name,reason,error,message",
     [
-        ("no-such-adapter", "x", NotFound, "No adapter"),
         ("legal-contracts", "  ", ValidationFailed, "why"),
+        # Bad input is refused before the name is looked up: the same answer.
+        ("no-such-adapter", "  ", ValidationFailed, "why"),
+        ("not a name!", "x", ValidationFailed, "not a served name"),
     ],
 )
 def test_a_bad_request_names_the_problem_and_writes_nothing(
@@ -202,8 +208,11 @@ def test_grants_past_their_end_expire_on_the_tick_and_leave_the_table(
         assert door_access_tick() == 1
     assert AdapterGrant.objects.get(pk=grant.pk).status == GrantStatus.EXPIRED
     assert sent == [deployment.pk]
-    event = AuditEvent.objects.get(action="grant.expired")
-    assert (event.actor_id, event.actor_label, event.from_state) == (None, "system", "approved")
+    events = AuditEvent.objects.filter(action="grant.expired").order_by("id")
+    assert [(e.department.slug, e.actor_id, e.actor_label, e.from_state) for e in events] == [
+        ("finance", None, "system", "approved"),
+        ("legal", None, "system", "approved"),
+    ]
     assert grants_expire() == 0
 
 
@@ -240,3 +249,137 @@ def test_the_tick_sends_every_front_door_its_table_again(
         assert door_access_tick() == 0
 
     assert sent == [deployment.pk]
+
+
+# -- issue 43: people, not accounts; grants end with their adapter ----------------
+
+
+def test_a_grant_request_records_the_people_behind_it(fred, finance, deployment):
+    grant = _ask(fred, finance)
+    assert grant.author_ids == [fred.pk]
+    assert grant.authors == {fred.pk}
+
+
+def test_four_eyes_on_grants_compares_people_not_accounts(fred, alex, finance, deployment):
+    """A request that alex is behind (through a pipeline's account, say) is not
+    alex's to decide, though the account that asked was fred's."""
+    grant = _ask(fred, finance)
+    AdapterGrant.objects.filter(pk=grant.pk).update(author_ids=[fred.pk, alex.pk])
+    grant.refresh_from_db()
+
+    from serving.services.grants import can_decide
+
+    assert not can_decide(actor(alex), grant)
+    with pytest.raises(NotAuthorized, match="Four-eyes"):
+        grant_decide(actor=actor(alex), grant=grant, approve=True)
+    assert AdapterGrant.objects.get(pk=grant.pk).status == GrantStatus.REQUESTED
+
+
+def test_a_grant_ends_when_its_adapter_is_retired_and_does_not_revive(
+    fred, alex, lena, finance, deployment, contracts, approved_v1
+):
+    from serving.rollouts.engine import rollout_execute
+    from serving.services.promotions import retire
+
+    grant = _ask(fred, finance)
+    grant_decide(actor=actor(alex), grant=grant, approve=True)
+    assert "legal-contracts" in door_access(deployment).models_for("finance")
+
+    rollout = retire(actor=actor(lena), deployment=deployment, adapter=contracts)
+    rollout_execute(rollout.pk, "w")
+
+    grant.refresh_from_db()
+    assert grant.status == GrantStatus.EXPIRED and grant.ended_at is not None
+    events = AuditEvent.objects.filter(action="grant.expired").order_by("id")
+    assert [(e.department.slug, e.details["reason"]) for e in events] == [
+        ("finance", "adapter_retired"),
+        ("legal", "adapter_retired"),
+    ]
+    # Served again: Finance must ask again.
+    ServedAdapter.objects.filter(deployment=deployment, adapter=contracts).update(
+        version=approved_v1
+    )
+    assert door_access(deployment).models_for("finance") == ["tiny-llama"]
+
+
+def test_a_grant_stays_while_another_deployment_still_serves_the_adapter(
+    root, fred, alex, lena, finance, deployment, contracts, approved_v1, tmp_path
+):
+    from serving.rollouts.engine import rollout_execute
+    from serving.services.promotions import retire
+
+    other = make_deployment(root, ["http://127.0.0.1:9/"], tmp_path / "other", name="other-cpu")
+    ServedAdapter.objects.create(deployment=other, adapter=contracts, version=approved_v1)
+    grant = _ask(fred, finance)
+    grant_decide(actor=actor(alex), grant=grant, approve=True)
+    rollout_execute(retire(actor=actor(lena), deployment=deployment, adapter=contracts).pk, "w")
+    grant.refresh_from_db()
+    assert grant.status == GrantStatus.APPROVED
+    assert "legal-contracts" in door_access(other).models_for("finance")
+
+
+# -- issue 43: asking tells nothing of which served names exist ------------------
+
+
+@pytest.fixture
+def unknown(fred, finance, deployment):
+    """Finance asks for a name nobody serves (legal-contracts is served)."""
+    return _ask(fred, finance, served_name="legal-secrets")
+
+
+def test_a_name_nobody_serves_is_kept_as_a_request_like_any_other(fred, finance, unknown):
+    served = _ask(fred, finance)
+
+    assert (unknown.adapter, unknown.served_name, unknown.status) == (
+        None,
+        "legal-secrets",
+        GrantStatus.REQUESTED,
+    )
+    assert (served.served_name, served.status) == ("legal-contracts", GrantStatus.REQUESTED)
+    with pytest.raises(Conflict, match="already has a grant"):
+        _ask(fred, finance, served_name="legal-secrets")
+
+
+@pytest.mark.parametrize("who", ["alex", "fiona", "root"])
+def test_nobody_can_approve_a_request_for_a_name_nobody_serves(alex, fiona, root, unknown, who):
+    decider = {"alex": alex, "fiona": fiona, "root": root}[who]
+
+    # alex (an approver of Legal) does not see it at all; the others may not decide.
+    with pytest.raises(NotFound if who == "alex" else NotAuthorized):
+        grant_decide(actor=actor(decider), grant=unknown, approve=True)
+    with pytest.raises(NotFound if who == "alex" else NotAuthorized):
+        grant_decide(actor=actor(decider), grant=unknown, approve=False, comment="no")
+    assert AdapterGrant.objects.get(pk=unknown.pk).status == GrantStatus.REQUESTED
+
+
+def test_a_request_for_a_name_nobody_serves_expires_on_the_tick(unknown):
+    AdapterGrant.objects.filter(pk=unknown.pk).update(expires_at=timezone.now())
+
+    assert grants_expire() == 1
+
+    assert AdapterGrant.objects.get(pk=unknown.pk).status == GrantStatus.EXPIRED
+
+
+def test_no_other_department_hears_of_a_name_nobody_serves(unknown):
+    from notifications.models import Event
+
+    AdapterGrant.objects.filter(pk=unknown.pk).update(expires_at=timezone.now())
+    grants_expire()
+
+    logged = AuditEvent.objects.filter(object_type="serving.adaptergrant")
+    assert [(e.action, e.department.slug) for e in logged.order_by("id")] == [
+        ("grant.requested", "finance"),
+        ("grant.expired", "finance"),
+    ]
+    told = list(Event.objects.filter(kind__startswith="grant."))
+    assert [(e.kind, e.department.slug, e.audience) for e in told] == [
+        ("grant.expired", "finance", [unknown.department_id])
+    ]
+
+
+def test_the_doors_table_does_not_change_for_a_name_nobody_serves(fred, finance, deployment):
+    before = door_access(deployment)
+
+    _ask(fred, finance, served_name="legal-secrets")
+
+    assert door_access(deployment) == before

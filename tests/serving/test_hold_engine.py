@@ -136,7 +136,7 @@ def test_a_worker_that_crashes_mid_swap_still_ends_the_hold(
     def crash(**kwargs):
         raise RuntimeError("a bug between verify and ready")
 
-    monkeypatch.setattr("serving.rollouts.engine.fingerprints_check_rollout", crash)
+    monkeypatch.setattr("serving.rollouts.steps.fingerprints_check_rollout", crash)
     _, swap = promote(lena, single, approved_v2)
     with pytest.raises(RuntimeError):
         rollout_execute(swap.pk, "w")

@@ -98,7 +98,11 @@ def test_a_deployment_renders_a_pool_and_per_adapter_objective_and_rewrite(serve
     assert rewrite["targets"] == [{"modelRewrite": "Legal_Memos.v2", "weight": 100}]
     assert "kind: InferenceModelRewrite" in render_yaml(served)
     # The KServe export of the same deployment still renders.
-    assert [m["kind"] for m in kserve_manifests(served)] == ["ServingRuntime", "InferenceService"]
+    assert [m["kind"] for m in kserve_manifests(served)] == [
+        "ServingRuntime",
+        "InferenceService",
+        "NetworkPolicy",
+    ]
 
 
 def test_canary_weights_render_as_a_split_of_the_stable_name(served):

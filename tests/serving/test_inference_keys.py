@@ -234,3 +234,59 @@ def test_a_person_deactivated_through_scim_leaves_the_door_table(
 
     assert hash_inference_key(secret) not in door_access(deployment).keys
     assert deployment.pk in sent
+
+
+# -- issue 43: the keys a leaver issued ------------------------------------------
+
+
+@pytest.fixture
+def issued_by_alex(alex, legal):
+    """alex (Legal's approver) issued a department key and a pipeline's key."""
+    account = service_account_create(actor=actor(alex), department=legal, name="nightly")
+    department_key, _ = _issue(alex, legal)
+    pipeline_key, _ = inference_key_issue(
+        actor=actor(alex),
+        department=legal,
+        name="nightly",
+        expires_in_days=300,
+        holder="service_account",
+        service_account=account,
+    )
+    return department_key, pipeline_key
+
+
+def test_offboarding_lists_the_department_and_pipeline_keys_a_leaver_issued(
+    root, alex, issued_by_alex
+):
+    user_update(actor=actor(root), user=alex, via="admin", is_active=False)
+
+    for key in issued_by_alex:
+        key.refresh_from_db()
+        assert key.revoked_at is None  # the default keeps them: the department's callers run on
+    event = AuditEvent.objects.get(action="user.issued_keys_kept", object_id=str(alex.pk))
+    listed = {(k["prefix"], k["department"], k["service_account"]) for k in event.details["keys"]}
+    assert listed == {
+        (issued_by_alex[0].prefix, "legal", None),
+        (issued_by_alex[1].prefix, "legal", "nightly"),
+    }
+    assert all(len(k["prefix"]) < 20 for k in event.details["keys"])  # never a secret
+
+
+def test_offboarding_revokes_them_by_the_setting(root, alex, issued_by_alex, settings):
+    settings.OFFBOARDING_REVOKE_ISSUED_KEYS = True
+    user_update(actor=actor(root), user=alex, via="admin", is_active=False)
+
+    for key in issued_by_alex:
+        key.refresh_from_db()
+        assert key.revoked_at is not None and key.revoked_reason == "person deactivated"
+    assert not AuditEvent.objects.filter(action="user.issued_keys_kept").exists()
+    revoked = AuditEvent.objects.filter(action="inference_key.revoked")
+    assert {int(e.object_id) for e in revoked} == {k.pk for k in issued_by_alex}
+
+
+def test_keys_another_person_issued_stay_unlisted(root, alex, lena, legal, issued_by_alex):
+    user_update(actor=actor(root), user=lena, via="admin", is_active=False)
+    assert not AuditEvent.objects.filter(action="user.issued_keys_kept").exists()
+    for key in issued_by_alex:
+        key.refresh_from_db()
+        assert key.revoked_at is None

@@ -1,8 +1,8 @@
 """The one rule for which replicas a swap behind a front door gives the new
-version and which keep the old one (serving.kept_copies.swap_plan), and the
+version and which keep the old one (serving.rules.kept_copies.swap_plan), and the
 record of kept copies. Pure: no database."""
 
-from serving.kept_copies import KeptCopy, SwapPlan, kept_copy_record, swap_plan
+from serving.rules.kept_copies import KeptCopy, SwapPlan, kept_copy_record, swap_plan
 
 OLD, NEW = "/vol/a/v1", "/vol/a/v2"
 

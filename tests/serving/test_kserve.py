@@ -58,7 +58,7 @@ def promoted(lena, alex, cluster_ready, fake_replicas, contracts, approved_v1, a
 
 
 def runtime_and_service(deployment):
-    runtime, service = manifests(deployment)
+    runtime, service, _policy = manifests(deployment)
     return runtime, service, runtime["spec"]["containers"][0]
 
 
@@ -133,7 +133,7 @@ def test_both_objects_have_only_fields_kserve_defines(cluster_ready, promoted):
 
 
 def test_the_check_catches_what_kserve_would_refuse(cluster_ready, promoted):
-    runtime, service = manifests(cluster_ready)
+    runtime, service, _policy = manifests(cluster_ready)
     runtime["spec"]["loraModules"] = []
     runtime["spec"]["containers"][0]["resources"]["limits"]["cpu"] = {"many": 1}
     service["spec"]["predictor"]["model"].pop("modelFormat")
@@ -177,7 +177,7 @@ def test_a_platform_admin_downloads_yaml(as_root, cluster_ready, promoted):
     assert response["Content-Type"].startswith("application/yaml")
     assert 'filename="staging-cpu-kserve.yaml"' in response["Content-Disposition"]
     docs = list(yaml.safe_load_all(response.content))
-    assert [d["kind"] for d in docs] == ["ServingRuntime", "InferenceService"]
+    assert [d["kind"] for d in docs] == ["ServingRuntime", "InferenceService", "NetworkPolicy"]
     assert docs == manifests(cluster_ready)
 
 
@@ -271,3 +271,62 @@ def test_an_adapter_with_placement_bounds_is_left_to_placement(cluster_ready, pr
     assert [m["name"] for m in modules(container["args"])] == ["legal-contracts"]
     annotations = service["metadata"]["annotations"]
     assert annotations["lora-adapter-registry/placed-at-run-time"] == "legal-memos"
+
+
+# --- every token metered, and nobody but the door reaches a replica (issue 43) --
+
+
+def test_the_runtime_exports_every_request_s_tokens_with_the_deployment_s_token(
+    cluster_ready, settings
+):
+    """Without the span exporter nothing is metered; the token is a Secret
+    reference that Kubernetes puts into the exporter's header, never the value."""
+    settings.KSERVE_CONTROL_PLANE_NAMESPACE = "registry-ns"
+    _, _, container = runtime_and_service(cluster_ready)
+    endpoint = "http://lora-registry-web.registry-ns.svc:8000/otlp/staging-cpu/v1/traces"
+    assert f"--otlp-traces-endpoint={endpoint}" in container["args"]
+    assert "--enable-force-include-usage" in container["args"]
+    env = [e["name"] for e in container["env"]]
+    by_name = {e["name"]: e for e in container["env"]}
+    assert by_name["METERING_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "staging-cpu-metering-token",
+        "key": "token",
+    }
+    # $(METERING_TOKEN) is expanded only from a variable defined before it.
+    assert env.index("METERING_TOKEN") < env.index("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+    assert by_name["OTEL_EXPORTER_OTLP_TRACES_HEADERS"]["value"] == (
+        "authorization=Bearer%20$(METERING_TOKEN)"
+    )
+    assert by_name["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"]["value"] == "http/protobuf"
+    from observability.otlp import metering_token
+
+    assert metering_token("staging-cpu") not in json.dumps(manifests(cluster_ready))
+
+
+def test_replicas_are_cluster_local_and_only_the_pods_that_call_them_reach_them(
+    cluster_ready, settings
+):
+    """Any pod calling a replica directly would skip keys and grants and choose
+    the request id metering believes."""
+    settings.KSERVE_CONTROL_PLANE_NAMESPACE = "registry-ns"
+    runtime, service, policy = manifests(cluster_ready)
+    labels = service["metadata"]["labels"]
+    assert labels["networking.kserve.io/visibility"] == "cluster-local"
+    assert labels["networking.knative.dev/visibility"] == "cluster-local"
+    assert policy["kind"] == "NetworkPolicy"
+    assert policy["metadata"]["namespace"] == "ai-inference"
+    spec = policy["spec"]
+    # The selector the discovery uses finds the same pods.
+    assert spec["podSelector"] == {
+        "matchLabels": {"serving.kserve.io/inferenceservice": "staging-cpu"}
+    }
+    assert spec["policyTypes"] == ["Ingress"]
+    (rule,) = spec["ingress"]
+    assert rule["from"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "registry-ns"}},
+            "podSelector": {"matchLabels": {"lora-adapter-registry/calls-replicas": "true"}},
+        }
+    ]
+    assert rule["ports"] == [{"port": 8000, "protocol": "TCP"}]
+    assert kserve_problems(policy) == []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serving.door.access import CallerKey, DoorAccess
+from serving.door.callers import CallerKey, DoorAccess
 from serving.door.kuadrant import (
     DEPARTMENT_ANNOTATION,
     KEY_ID_ANNOTATION,
@@ -21,7 +21,7 @@ from serving.door.kuadrant import (
     render_yaml,
 )
 from serving.models import ServedAdapter
-from serving.quotas import DepartmentLimitsView, KeyLimits
+from serving.rules.quotas import DepartmentLimitsView, KeyLimits
 from serving.services.grants import grant_decide, grant_request
 from serving.services.inference_keys import inference_key_issue
 from serving.services.limits import department_limits_set, inference_key_limits_set

@@ -75,3 +75,28 @@ def test_the_label_sets_a_replica_shows_are_read_with_their_stamps():
     assert lora_label_sets(answered("not {prometheus")) is None
     assert max_lora_from_metrics(answered(body)) == 2
     assert max_lora_from_metrics(answered("# TYPE up gauge\nup 1\n")) is None
+
+
+def test_token_counters_and_requests_in_flight_are_read_in_the_same_pass():
+    """As vLLM exports them (prometheus_client, one label set per engine):
+    metering reconciles the counters against the spans (observability.unmetered)."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+    registry = CollectorRegistry()
+    labels = ["model_name", "engine"]
+    prompt = Counter("vllm:prompt_tokens", "Prefill tokens.", labels, registry=registry)
+    generation = Counter("vllm:generation_tokens", "Generated.", labels, registry=registry)
+    running = Gauge("vllm:num_requests_running", "Running.", labels, registry=registry)
+    waiting = Gauge("vllm:num_requests_waiting", "Waiting.", labels, registry=registry)
+    for engine, (p, g, r, w) in {"0": (120, 30, 2, 1), "1": (80, 10, 0, 1)}.items():
+        prompt.labels("tiny-llama", engine).inc(p)
+        generation.labels("tiny-llama", engine).inc(g)
+        running.labels("tiny-llama", engine).set(r)
+        waiting.labels("tiny-llama", engine).set(w)
+    snapshot = parse_lora_metrics(generate_latest(registry).decode())
+    assert (snapshot.prompt_tokens_total, snapshot.generation_tokens_total) == (200, 40)
+    assert snapshot.requests_in_flight == 4
+    # vLLM 0.32's sample: one running request, and no token counters in it.
+    bare = parse_lora_metrics(VLLM_032)
+    assert (bare.prompt_tokens_total, bare.requests_in_flight) == (None, 1)
+    assert bare.running == ("legal-contracts", "hr-policy")

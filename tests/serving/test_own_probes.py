@@ -1,12 +1,12 @@
 """The control plane's own probes, marked so /metrics never makes them demand
-(serving.services.own_probes): the marks and their compare-and-swap settling."""
+(serving.records.own_probes): the marks and their compare-and-swap settling."""
 
 from datetime import timedelta
 
 import pytest
 
 from serving.models import OwnProbe, Replica
-from serving.services.own_probes import (
+from serving.records.own_probes import (
     own_probes_marked,
     own_probes_record,
     own_probes_settle,

@@ -1,4 +1,4 @@
-"""serving.placement_plan, the pure function: bounds, demand and its smoothing, the
+"""serving.rules.placement_plan, the pure function: bounds, demand and its smoothing, the
 quiet period, rendezvous hashing's stability, room, and the churn budget."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from serving.placement_plan import (
+from serving.rules.placement_plan import (
     Reason,
     ReplicaSlot,
     Settings,

@@ -12,9 +12,9 @@ import pytest
 import requests
 
 from serving.models import DriftEvent, DriftKind, Replica, ServedAdapter
-from serving.placement_plan import Reason, State
 from serving.reconcile.tick import reconcile_deployment
 from serving.rollouts.engine import rollout_execute
+from serving.rules.placement_plan import Reason, State
 from tests.serving.conftest import make_deployment
 from tests.serving.test_reconcile_scale import MAX_STATEMENTS
 from tests.serving.test_rollouts import promote

@@ -1,4 +1,4 @@
-"""Limits (serving/quotas.py, serving/services/limits.py): which callers the
+"""Limits (serving/rules/quotas.py, serving/services/limits.py): which callers the
 doors refuse for tokens, from "tokens per key and department over a window"
 (the pure side from usage rows given here; the database side from metered
 requests written directly, as metering writes them); who sets which limit, the
@@ -17,7 +17,7 @@ from core.models import AuditEvent
 from serving.door.haproxy import access_maps
 from serving.door.selectors import door_access
 from serving.models import DepartmentLimits
-from serving.quotas import (
+from serving.rules.quotas import (
     DepartmentLimitsView,
     KeyLimits,
     Limited,
@@ -145,7 +145,7 @@ def test_what_is_left_of_each_budget_and_when_it_renews():
 
 
 def test_the_door_s_maps_hold_the_limits_and_the_refused_callers():
-    from serving.door.access import DoorAccess
+    from serving.door.callers import DoorAccess
 
     maps = access_maps(
         DoorAccess(
@@ -164,10 +164,23 @@ def test_the_door_s_maps_hold_the_limits_and_the_refused_callers():
 # -- services -------------------------------------------------------------------------
 
 
+def mark_metered(deployment) -> None:
+    """As a span marks its deployment: metered only once spans arrive."""
+    from django.utils import timezone
+
+    from observability.models import MeteringState
+
+    MeteringState.objects.update_or_create(
+        deployment=deployment, defaults={"last_span_at": timezone.now()}
+    )
+
+
 def metered(deployment, key, tokens: int, *, at: datetime) -> None:
-    """A request as metering records it (observability.metering): one row."""
+    """A request as metering records it (observability.metering): one row, and
+    its deployment marked metered."""
     from observability.models import MeteredRequest
 
+    mark_metered(deployment)
     MeteredRequest.objects.create(
         request_id=f"u1.k{key.pk}.v0.{MeteredRequest.objects.count()}",
         deployment=deployment,
@@ -318,13 +331,17 @@ def test_a_department_past_its_day_budget_is_limited_from_metered_requests(
 
 
 @pytest.mark.django_db
-def test_the_api_reads_and_sets_a_department_s_limits(as_root, as_lena, legal, root):
+def test_the_api_reads_and_sets_a_department_s_limits(as_root, as_lena, legal, root, tmp_path):
     url = "/api/v1/departments/legal/limits/"
     changed = as_root.patch(url, {"tokens_per_day": 1000, "tokens_per_month": 20000}, format="json")
     assert changed.status_code == 200, changed.content
     body = as_lena.get(url).json()
     assert body["tokens_per_day"] == 1000 and body["requests_per_minute"] is None
     assert [b["limit"] for b in body["budgets"]] == ["tokens_per_day", "tokens_per_month"]
+    # No deployment sends spans yet: what was used is unknown, not 0 (issue 43).
+    assert (body["budgets"][0]["used"], body["budgets"][0]["left"]) == (None, None)
+    mark_metered(make_deployment(root, ["http://127.0.0.1:9/"], tmp_path / "v"))
+    body = as_lena.get(url).json()
     assert (body["budgets"][0]["used"], body["budgets"][0]["left"]) == (0, 1000)
     assert as_lena.patch(url, {"tokens_per_day": 5}, format="json").status_code == 403
     refused = as_root.patch(url, {"tokens_per_day": 0}, format="json")

@@ -93,7 +93,7 @@ def test_replica_health_is_recorded(deployment, served, fake_replicas):
 
 
 def test_a_second_reconciler_skips_a_deployment_in_progress(deployment, served):
-    from serving.services.leases import deployment_reconcile_claim
+    from serving.records.leases import deployment_reconcile_claim
 
     assert deployment_reconcile_claim(deployment.pk, "other")
     assert reconcile_deployment(deployment.pk, "beat").skipped
@@ -103,7 +103,7 @@ def test_reconcile_leaves_an_adapter_alone_while_a_rollout_holds_it(
     deployment, served, fake_replicas
 ):
     from serving.models import ServedAdapter
-    from serving.services.leases import served_adapter_claim
+    from serving.records.leases import served_adapter_claim
 
     fake_replicas[0].restart()
     assert served_adapter_claim(ServedAdapter.objects.get().pk, "rollout-worker")

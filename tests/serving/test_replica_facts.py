@@ -152,7 +152,7 @@ def test_register_local_deployment_takes_the_vllm_key_from_a_file_or_stdin(
 
 
 def test_a_dispute_reported_again_is_the_same_drift_event_counted(deployment, fake_replicas):
-    # Through the one drift recorder (serving.services.drifts): a replica whose
+    # Through the one drift recorder (serving.records.drifts): a replica whose
     # max_lora flips away and back to the disputed value is one event, seen twice.
     reconcile_deployment(deployment.pk, "beat")
     for max_lora in (4, 2, 4):  # 2 agrees with the record again: no event
@@ -187,3 +187,48 @@ def test_a_load_refused_for_its_rank_disputes_the_recorded_max_lora_rank(
     )
     assert response.status_code == 200, response.content
     assert response.json()["fact_disputes"] == []
+
+
+def test_register_local_deployment_takes_a_base_model_reached_through_a_symlink(
+    root, tmp_path, lena, approved_v1
+):
+    """vLLM reports its base model's root as it was started (`make run` from a
+    clone behind a symlink: the link); the record holds the resolved folder.
+    Both spellings are the record's, so the facts check finds no dispute."""
+    import json
+
+    from django.core.management import call_command
+
+    from serving.models import Deployment
+    from tests.support.vllm_standin import serve_standin
+
+    model = tmp_path / "real" / "tiny-llama"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": 128,
+                "intermediate_size": 256,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 2,
+                "vocab_size": 300,
+            }
+        )
+    )
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    linked = str(tmp_path / "link" / "tiny-llama")
+    replica = serve_standin(base_root=linked)
+    try:
+        call_command(
+            "register_local_deployment", url=[replica.base_url], volume=str(tmp_path / "v"),
+            base_model_path=linked,
+        )  # fmt: skip
+        deployment = Deployment.objects.get(name="local-cpu")
+        assert str(model.resolve()) in deployment.base_model_aliases
+        reconcile_deployment(deployment.pk, "beat")
+    finally:
+        replica.close()
+    assert not DriftEvent.objects.filter(kind=DriftKind.FACT_DISPUTED).exists()
+    assert Replica.objects.get(deployment=deployment).reported_facts["root"] == linked

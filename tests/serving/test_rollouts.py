@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from serving.fanout import NO_EFFECT_RELOADS
 from serving.models import HttpAttempt, Rollout, ServedAdapter
 from serving.replica_calls import BASE_RECHECKS
 from serving.rollouts.engine import rollout_execute
@@ -187,7 +188,34 @@ def test_an_adapter_that_answers_like_the_base_model_every_time_has_no_effect(
         purpose="verify_base",
         replica__base_url=fake_replicas[0].base_url,
     )
-    assert attempts.count() == 1 + BASE_RECHECKS
+    # Believed only after it held over fresh loads: each load's probe, and the
+    # base model asked again each time.
+    assert attempts.count() == (1 + NO_EFFECT_RELOADS) * (1 + BASE_RECHECKS)
+    assert f"after each of {1 + NO_EFFECT_RELOADS} loads" in rollout.error
+    unloads = HttpAttempt.objects.filter(
+        replica_rollout__rollout=rollout, purpose="unload",
+        replica__base_url=fake_replicas[0].base_url,
+    )  # fmt: skip
+    assert unloads.count() >= NO_EFFECT_RELOADS
+
+
+def test_a_load_that_answers_like_the_base_model_once_is_loaded_again_not_rolled_back(
+    lena, deployment, approved_v1, fake_replicas
+):
+    """vLLM can answer a name loaded again under a running request without its
+    weights for a while (docs/upstream/vllm-cpu-reload-no-effect.md): one
+    "no effect" verdict is checked by a fresh load before it is believed."""
+    fake_replicas[0].stale_after_next_load = {"legal-contracts"}
+    _, rollout = promote(lena, deployment, approved_v1)
+    assert rollout_execute(rollout.pk, "w") == "succeeded"
+    rollout.refresh_from_db()
+    assert rollout.error == ""
+    assert "legal-contracts" in fake_replicas[0].adapters
+    loads = HttpAttempt.objects.filter(
+        replica_rollout__rollout=rollout, purpose="load",
+        replica__base_url=fake_replicas[0].base_url,
+    )  # fmt: skip
+    assert loads.count() == 2  # the rollout's load, then one more after the verdict
 
 
 def test_an_adapter_that_changes_nothing_fails_verification(
@@ -211,8 +239,8 @@ def test_already_loaded_with_the_same_root_is_success(lena, deployment, approved
 
 
 def test_a_busy_lease_makes_the_task_retry_later(lena, deployment, approved_v1):
+    from serving.records.leases import served_adapter_claim
     from serving.rollouts.engine import LeaseBusy
-    from serving.services.leases import served_adapter_claim
 
     _, rollout = promote(lena, deployment, approved_v1)
     served = ServedAdapter.objects.get(deployment=deployment, adapter=approved_v1.adapter)

@@ -119,7 +119,7 @@ def test_state_shows_desired_against_actual(as_lena, lena, deployment, approved_
     fake_replicas[0].requests.clear()
     # Observe only: with the adapter's lease held, reconcile records but does not repair.
     from serving.models import ServedAdapter
-    from serving.services.leases import served_adapter_claim
+    from serving.records.leases import served_adapter_claim
 
     served_adapter_claim(ServedAdapter.objects.get().pk, "someone")
     reconcile_deployment(deployment.pk, "beat")

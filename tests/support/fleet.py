@@ -99,12 +99,12 @@ def measure(function: Callable[[], object], *, savepoints: bool = False) -> Meas
 def fingerprints_record(deployment, served: list) -> None:
     """What the rollouts that put these adapters in place would have recorded:
     each version's probe as the deployment's first replica answers it
-    (serving/services/fingerprints.py), so the reconcile's sampled re-check finds
+    (serving/records/fingerprints.py), so the reconcile's sampled re-check finds
     a fingerprint to compare with instead of recording one."""
     from serving.fanout import client_for
     from serving.models import VersionFingerprint
-    from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
     from serving.replica_rows import replicas_sync
+    from serving.rules.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
 
     replica = replicas_sync(deployment)[0]
     rows = []

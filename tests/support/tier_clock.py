@@ -19,7 +19,7 @@ import os
 from collections import defaultdict
 
 # Order matters for a test with two markers: the more specific tier first.
-TIERS = ("conformance", "contract", "faults", "bench", "browser", "stress", "vllm")
+TIERS = ("compose", "conformance", "contract", "faults", "bench", "browser", "stress", "vllm")
 LIGHT = "light"
 SLOWEST_FILES = 20
 

@@ -34,9 +34,12 @@ these on demand; the contract covers the replica without them):
 `unavailable = N` answers the next N requests 503; `fail_load = (status,
 message)`; `fail_completion_for = {names}` answers their completions 500;
 `no_effect = {names}` answer like the base model, as an adapter whose every
-lora_B is zero; `base_as_adapter_once = {name}` makes the next base-model
-completion answer as that adapter, as vLLM 0.32's CPU backend does to base
-tokens batched with an adapter in its last LoRA slot; `metrics_text` replaces /metrics, and
+lora_B is zero; `stale_after_next_load = {names}` makes the next load of a
+name answer like the base model until that name is loaded once more (a load
+that left vLLM without the weights for a while);
+`base_as_adapter_once = {name}` makes the next base-model completion answer
+as that adapter, as vLLM 0.32's CPU backend does to base tokens batched with
+an adapter in its last LoRA slot; `metrics_text` replaces /metrics, and
 `metrics_route = False` answers it 404 as a server (or proxy) without it.
 
 In this process:
@@ -114,6 +117,8 @@ class StandinReplica:
     fail_load: tuple[int, str] | None = None
     fail_completion_for: set[str] = field(default_factory=set)
     no_effect: set[str] = field(default_factory=set)
+    stale_after_next_load: set[str] = field(default_factory=set)
+    _stale: set[str] = field(default_factory=set)
     base_as_adapter_once: set[str] = field(default_factory=set)
     metrics_text: str | None = None
     metrics_route: bool = True
@@ -421,6 +426,11 @@ def build_app(replica: StandinReplica) -> web.Application:
             )
         await asyncio.sleep(replica.latency.load_seconds)
         replica.adapters[name] = path
+        if name in replica._stale:
+            replica._stale.discard(name)
+        elif name in replica.stale_after_next_load:
+            replica.stale_after_next_load.discard(name)
+            replica._stale.add(name)
         replica.read(name)
         replica.make_resident(name)
         if inplace:
@@ -472,7 +482,7 @@ def build_app(replica: StandinReplica) -> web.Application:
         if model == replica.base_model and replica.base_as_adapter_once:
             lent = replica.base_as_adapter_once.pop()
             seed = replica.adapters[lent] + "|" + replica.weights.get(lent, "")
-        elif model == replica.base_model or model in replica.no_effect:
+        elif model == replica.base_model or model in replica.no_effect | replica._stale:
             seed = replica.base_root
         else:
             seed = replica.adapters[model] + "|" + replica.weights.get(model, "")

@@ -22,7 +22,7 @@ def wait_rollouts_succeeded(ids, *, timeout: float) -> None:
     """Wait until every rollout in ids has ended, then require that each succeeded
     (the failures name the adapter and its error)."""
     from serving.models import Rollout, RolloutStatus
-    from serving.transitions import ROLLOUT_TERMINAL
+    from serving.rules.transitions import ROLLOUT_TERMINAL
 
     ids = list(ids)
     deadline = time.monotonic() + timeout

@@ -1,4 +1,4 @@
-"""The keys and grants API (serving/api/access.py): the secret in the creating
+"""The keys and grants API (serving/api/callers.py): the secret in the creating
 answer only, statuses, bad input as a 4xx naming the problem with nothing
 written, and who may call an adapter and why. Who gets which status is
 test_access_authorization_matrix.py."""
@@ -151,14 +151,18 @@ def test_a_grant_asked_approved_and_revoked_shows_who_may_call_and_why(
     )
     assert asked.status_code == 201, asked.content
     grant = asked.json()
+    # Whose adapter it is, the asking side learns when that department answers.
     assert (grant["status"], grant["adapter_department"], grant["requested_by"]) == (
         "requested",
-        "legal",
+        None,
         "fred",
     )
+    seen_by_alex = as_alex.get(f"/api/v1/grants/{grant['id']}/").json()
+    assert seen_by_alex["adapter_department"] == "legal"
 
     approved = as_alex.post(f"/api/v1/grants/{grant['id']}/approve/", {}, format="json")
     assert (approved.status_code, approved.json()["status"]) == (200, "approved")
+    assert as_fred.get(f"/api/v1/grants/{grant['id']}/").json()["adapter_department"] == "legal"
 
     callers = as_alex.get(f"/api/v1/adapters/{contracts.pk}/callers/").json()
     assert callers == [
@@ -239,3 +243,27 @@ def test_an_expired_grant_is_not_a_caller(as_fred, as_alex, contracts, served):
     callers = as_alex.get(f"/api/v1/adapters/{contracts.pk}/callers/").json()
 
     assert [c["department"] for c in callers] == ["legal"]
+
+
+def test_a_name_nobody_serves_gets_the_answer_a_served_one_gets(as_fred, contracts, served):
+    def ask(name):
+        body = {"served_name": name, "department": "finance", "reason": "x", "expires_in_days": 3}
+        return as_fred.post("/api/v1/grants/", body, format="json")
+
+    served_answer, unknown_answer = ask("legal-contracts"), ask("legal-secrets")
+
+    assert served_answer.status_code == unknown_answer.status_code == 201, unknown_answer.content
+    differ = {"id", "served_name", "expires_at", "created_at"}
+
+    def same_part(answer):
+        return {k: v for k, v in answer.json().items() if k not in differ}
+
+    assert same_part(unknown_answer) == same_part(served_answer)
+    assert same_part(unknown_answer)["status"] == "requested"
+    listed = as_fred.get("/api/v1/grants/?department=finance").json()["results"]
+    assert sorted((g["served_name"], g["status"]) for g in listed) == [
+        ("legal-contracts", "requested"),
+        ("legal-secrets", "requested"),
+    ]
+    # Asking again is the same 409 either way.
+    assert ask("legal-secrets").status_code == ask("legal-contracts").status_code == 409

@@ -13,9 +13,9 @@ import pytest
 
 from registry.models import AdapterVersion
 from serving.models import Adoption, Deployment, Promotion, Rollout, ServedAdapter
-from serving.probe import Probe, has_no_effect
 from serving.reconcile.tick import reconcile_deployment
 from serving.rollouts.engine import rollout_execute
+from serving.rules.probe import Probe, has_no_effect
 from serving.volume import serve_path_for
 from tests.serving.vllm.conftest import (
     SERVED_BASE,

@@ -22,7 +22,7 @@ import openai
 import pytest
 import requests
 
-from serving.door.access import CallerKey, DoorAccess
+from serving.door.callers import CallerKey, DoorAccess
 from serving.door.haproxy import HAProxyFrontDoor
 from serving.door.routing import ReplicaView, ServedView, routing_table
 from tests.serving.vllm.conftest import SERVED_BASE, adapters_on
@@ -279,7 +279,7 @@ def test_the_openai_client_gets_rate_limit_error_past_a_limit_and_waits_retry_af
     client's own retry waits the door's Retry-After and then gets vLLM's answer."""
     from dataclasses import replace
 
-    from serving.quotas import Limited
+    from serving.rules.quotas import Limited
 
     try:
         if 60 - time.time() % 60 < 15:  # the minute's count must not restart halfway

@@ -198,7 +198,11 @@ def test_an_unknown_model_gets_vllm_s_own_404_and_the_base_model_any_replica(
     log = tmp_path / "haproxy.log"
     url = f"http://{front_door.listen}"
     with running_haproxy(front_door, log=log, access=open_access()):
-        model = 'no-such "adapter"'
+        # A name the served-name pattern refuses is the door's 400 (fail closed:
+        # door.lua proves the model before routing); a well-formed unknown one
+        # gets vLLM's own 404.
+        assert complete(url, 'no-such "adapter"').status_code == 400
+        model = "no-such-adapter"
         through_door = complete(url, model)
         direct = complete(a.base_url, model)
         assert through_door.status_code == direct.status_code == 404

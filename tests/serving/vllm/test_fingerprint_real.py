@@ -16,9 +16,9 @@ from django.conf import settings
 from safetensors.numpy import save as save_safetensors
 
 from serving.models import DriftEvent, VersionFingerprint
-from serving.probe import Probe, has_no_effect, matches
 from serving.reconcile.tick import reconcile_deployment
 from serving.rollouts.engine import rollout_execute
+from serving.rules.probe import Probe, has_no_effect, matches
 from serving.services.promotions import promotion_create
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version

@@ -62,7 +62,7 @@ def test_the_rendered_runtime_serves_every_promoted_adapter_at_its_root(
     memos = make_adapter(lena, contracts.department, name="memos", served_name="legal-memos")
     promote(lena, deployment, make_approved_version(lena, alex, memos, AdapterSpec(seed=8)))
 
-    runtime, _service = manifests(deployment)
+    runtime, _service, _policy = manifests(deployment)
     container = runtime["spec"]["containers"][0]
     args = container["args"]
     assert not any("lora-extra-vocab-size" in a for a in args)

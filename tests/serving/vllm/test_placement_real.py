@@ -31,9 +31,9 @@ import requests
 from django.conf import settings as django_settings
 
 from serving.models import Deployment, Replica, ServedAdapter, VersionFingerprint
-from serving.placement_plan import State
-from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
 from serving.reconcile.tick import reconcile_deployment
+from serving.rules.placement_plan import State
+from serving.rules.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
 from serving.services.promotions import promotion_create
 from tests.conftest import actor
 from tests.factories import make_adapter, make_approved_version, make_approved_versions_bulk

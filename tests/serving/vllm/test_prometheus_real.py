@@ -51,7 +51,7 @@ def test_promql_after_a_promotion_and_a_replica_going_down(
         deployment = Deployment.objects.get(name="staging-cpu")
         # A replica's first /metrics read is a baseline, and activity within the
         # grace after the rollout's own probes is theirs, not a client's
-        # (serving/services/own_probes.py): a reconcile first, then a client
+        # (serving/records/own_probes.py): a reconcile first, then a client
         # request past a short grace.
         settings.SERVING_OWN_PROBE_GRACE_SECONDS = 1.0
         reconcile_deployment(deployment.pk, "test")

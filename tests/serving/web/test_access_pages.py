@@ -182,14 +182,40 @@ def test_a_grant_asked_on_one_page_is_approved_on_the_adapters_page(
     assert contracts.served_name in finance_page and "Approved" in finance_page
 
 
-def test_an_unknown_served_name_is_an_error_on_the_form(web_fred):
+def test_a_name_nobody_serves_is_asked_as_a_served_one_is(web_fred, contracts):
+    def ask(name):
+        body = {"ask": "1", "served_name": name, "reason": "x", "expires_in_days": "3"}
+        return web_fred.post("/departments/finance/keys/", body, follow=True)
+
+    served, unknown = ask(contracts.served_name), ask("nothing-here")
+
+    assert [r[1] for r in served.redirect_chain] == [r[1] for r in unknown.redirect_chain] == [302]
+    said = [[str(m) for m in r.context["messages"]] for r in (served, unknown)]
+    first, second = AdapterGrant.objects.order_by("pk")
+    assert said == [
+        [
+            f"Asked for grant #{first.pk}: Finance to call {contracts.served_name}. "
+            "An approver of the adapter's department decides."
+        ],
+        [
+            f"Asked for grant #{second.pk}: Finance to call nothing-here. "
+            "An approver of the adapter's department decides."
+        ],
+    ]
+    page = unknown.content.decode()
+    # Both rows read alike: no department is named before one answers.
+    assert f'data-testid="grant-{second.pk}"' in page and "nothing-here" in page
+    assert "(Legal)" not in page
+
+
+def test_a_name_that_cannot_be_served_is_an_error_on_the_form(web_fred):
     response = web_fred.post(
         "/departments/finance/keys/",
-        {"ask": "1", "served_name": "nothing-here", "reason": "x", "expires_in_days": "3"},
+        {"ask": "1", "served_name": "no spaces!", "reason": "x", "expires_in_days": "3"},
     )
 
     assert response.status_code == 400
-    assert "No adapter is served as" in response.content.decode()
+    assert "is not a served name" in response.content.decode()
     assert not AdapterGrant.objects.exists()
 
 

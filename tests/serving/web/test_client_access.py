@@ -48,6 +48,12 @@ def test_the_deployment_page_uses_the_public_url_when_one_is_set(
     assert f"&quot;model&quot;: &quot;{contracts.served_name}&quot;" in card
 
 
+def test_a_door_with_a_certificate_is_shown_as_https(web_lena, settings, door, served, deployment):
+    settings.SERVING_DOOR_CERTIFICATES = {deployment.name: "/etc/door-tls/tls.pem"}
+    card = _card(web_lena.get(f"/deployments/{deployment.name}/").content.decode(), deployment)
+    assert '<code data-testid="door-url">https://127.0.0.1:8200/v1</code>' in card
+
+
 def test_without_a_front_door_members_are_told_to_ask_not_shown_replicas(
     web_lena, served, deployment
 ):

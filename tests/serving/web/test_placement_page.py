@@ -1,4 +1,4 @@
-"""The deployment page says where each adapter lives and why (serving.placement_plan),
+"""The deployment page says where each adapter lives and why (serving.rules.placement_plan),
 naming replicas by label for members, and shows a replica placement leaves out
 as "not placed" rather than as drift."""
 

@@ -1,7 +1,7 @@
 """Fingerprints: proof that every replica serves the same weights for a version.
 
 The first replica to pass verification records what the version's adapter does
-to the probe (serving/probe.py) as the version's fingerprint on that
+to the probe (serving/rules/probe.py) as the version's fingerprint on that
 deployment. Every other replica, in the rollout and in the reconcile's deferred
 steps, must match it within SERVING_FINGERPRINT_TOLERANCE. The reconcile also
 re-probes a few adapters per replica on every tick, rotating through them
@@ -27,10 +27,10 @@ from serving.models import (
     Rollout,
     VersionFingerprint,
 )
-from serving.probe import Probe, describe_distance
 from serving.replica_calls import (
     ReplicaOutcome,
 )
+from serving.rules.probe import Probe, describe_distance
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from serving.fact_readings import REPORTED_FLAGS, disputes, max_lora_rank_from_refusal
 from serving.models import Deployment, DriftKind, Replica
-from serving.services.drifts import DriftRecorder
+from serving.records.drifts import DriftRecorder
 
 
 def replica_load_refusals_report(deployment: Deployment, errors: dict[Replica, str]) -> None:

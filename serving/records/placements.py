@@ -2,7 +2,7 @@
 the reconcile), the placement of the one adapter a rollout holds, the demand
 observability reads from vLLM's /metrics, and the bounds a person sets.
 
-The decisions are serving.placement_plan's (pure); this module only feeds it what
+The decisions are serving.rules.placement_plan's (pure); this module only feeds it what
 the database says and stores what changed. An adapter with no bounds is on
 every replica and stores nothing, so a deployment that never sets bounds
 writes nothing here at all.
@@ -26,7 +26,15 @@ from core.models import Ability
 from registry.models import Adapter
 from serving.deploy_access import require_may_deploy
 from serving.models import Deployment, Replica, ReplicaHealth, ServedAdapter
-from serving.placement_plan import ReplicaSlot, Result, Settings, State, Wish, is_bounded, place
+from serving.rules.placement_plan import (
+    ReplicaSlot,
+    Result,
+    Settings,
+    State,
+    Wish,
+    is_bounded,
+    place,
+)
 
 # The most replicas a bound may name (the column is a small integer).
 MAX_BOUND = 1024

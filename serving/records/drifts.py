@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 
+from django.db import transaction
 from django.db.models import F, Max
 
 from serving.models import Deployment, DriftEvent
+from serving.signals import drift_found
 
 logger = logging.getLogger(__name__)
 
@@ -72,4 +74,7 @@ class DriftRecorder:
                 count=F("count") + 1, last_seen_at=now
             )
         if new:
-            DriftEvent.objects.bulk_create(new)
+            # With what other apps record of it (the notifications outbox), or neither.
+            with transaction.atomic():
+                DriftEvent.objects.bulk_create(new)
+                drift_found.send(sender=DriftEvent, events=new)
