@@ -3,13 +3,14 @@
 #   make test   the whole suite
 #   make docs   the documentation site (mkdocs.yml, docs/) into site/
 #   make figures  re-measure every figure the docs quote (scripts/figures.sh)
+#   make compose-test  build the images, start docker-compose.yml under podman, walk it
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast install vllm lint bench figures migrate demo clean docs
+.PHONY: run test test-fast install vllm lint bench figures migrate demo clean docs compose-test
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,8 +28,12 @@ run: install
 test: install
 	bash scripts/test.sh
 
+# The compose tier alone (scripts/test.sh runs it too): docs/operators/deployment.md.
+compose-test: install
+	bash scripts/compose/test.sh
+
 test-fast: install
-	$(BIN)/pytest -m "not vllm and not browser and not faults and not contract and not bench and not conformance" -q
+	$(BIN)/pytest -m "not vllm and not browser and not faults and not contract and not bench and not conformance and not compose" -q
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

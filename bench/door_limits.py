@@ -42,7 +42,7 @@ import requests
 
 from bench import results as bench_results
 from bench.door_overhead import percentile
-from serving.door.access import CallerKey, DoorAccess
+from serving.door.callers import CallerKey, DoorAccess
 from serving.door.haproxy import HAProxyFrontDoor
 from serving.door.routing import ReplicaView, routing_table
 from tests.support.haproxy import running_haproxy

@@ -57,10 +57,10 @@ from pathlib import Path
 import requests
 
 from bench import results as bench_results
-from serving.door.access import CallerKey, DoorAccess
+from serving.door.callers import CallerKey, DoorAccess
 from serving.door.haproxy import HAProxyFrontDoor
 from serving.door.routing import ReplicaView, ServedView, routing_table
-from serving.quotas import Limited
+from serving.rules.quotas import Limited
 from tests.support.adapters import AdapterSpec, write_adapter_dir
 from tests.support.haproxy import running_haproxy
 from tests.support.vllm_servers import (

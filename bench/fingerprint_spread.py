@@ -3,7 +3,7 @@ tiny float32 model): the figures behind SERVING_FINGERPRINT_TOLERANCE.
 
     .venv/bin/python -m bench.fingerprint_spread [--repeats 5]
 
-The probe is serving/probe.py's: a fixed prompt, 4 greedy tokens with
+The probe is serving/rules/probe.py's: a fixed prompt, 4 greedy tokens with
 their logprobs; the distance is the largest logprob difference (infinite when
 the tokens differ). Measured:
 
@@ -33,7 +33,7 @@ from pathlib import Path
 import requests
 
 from bench import results as bench_results
-from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
+from serving.rules.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
 from tests.support.adapters import AdapterSpec, write_adapter_dir
 from tests.support.vllm_servers import ensure_tiny_model, ensure_vllm_installed, start_servers
 

@@ -37,7 +37,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench import results as bench_results  # noqa: E402
-from serving.planner import ModelShape, lora_slot_bytes  # noqa: E402
+from serving.rules.planner import ModelShape, lora_slot_bytes  # noqa: E402
 from tests.support.vllm_servers import (  # noqa: E402
     VLLMServer,
     ensure_tiny_model,

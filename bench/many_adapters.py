@@ -105,8 +105,8 @@ def _setup(server_url: str, volume: Path, model_dir: Path, count: int, scale: fl
 def _promote_all(member, deployment, versions, timeout: float = 120) -> float:
     """One after the other: the embedded SQLite database takes one writer at a time."""
     from serving.models import Rollout
+    from serving.rules.transitions import ROLLOUT_TERMINAL
     from serving.services.promotions import promotion_create
-    from serving.transitions import ROLLOUT_TERMINAL
 
     t0 = time.perf_counter()
     for version in versions:

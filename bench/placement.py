@@ -4,7 +4,7 @@
         [--per-adapter 2] [--ticks 5] [--database-url postgres://.../bench_placement]
         [--smoke] [--json PATH]
 
-compute  serving.placement_plan for every adapter from scratch, timed (target < 1 s);
+compute  serving.rules.placement_plan for every adapter from scratch, timed (target < 1 s);
          beside it modulo hashing, the baseline, on the same adapters and replicas.
 tick     The reconcile brings the fleet to its placement (every adapter on
          --per-adapter replicas, loaded and verified there), then an in-sync tick
@@ -62,7 +62,7 @@ def moved(before: dict[str, set[int]], after: dict[str, set[int]]) -> int:
 
 
 def _compute(args, out) -> dict:
-    from serving.placement_plan import ReplicaSlot, Settings, Wish, place
+    from serving.rules.placement_plan import ReplicaSlot, Settings, Wish, place
 
     names = [f"adapter-{i:04d}" for i in range(args.adapters)]
     wishes = [Wish(n, max_replicas=args.per_adapter) for n in names]
@@ -103,8 +103,8 @@ def _record_fingerprints(deployment, fleet, served) -> None:
     replica that holds it (tests/support/fleet.fingerprints_record, placed)."""
     from serving.fanout import client_for
     from serving.models import Replica, VersionFingerprint
-    from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
     from serving.replica_rows import replicas_sync
+    from serving.rules.probe import PROBE_PROMPT, PROBE_TOKENS, Probe
 
     replicas_sync(deployment)  # the rows exist before the first reconcile
     rows = {r.base_url: r for r in Replica.objects.filter(deployment=deployment)}
@@ -130,7 +130,7 @@ def _record_fingerprints(deployment, fleet, served) -> None:
 
 def _placements(deployment) -> dict[str, set[int]]:
     from serving.models import ServedAdapter
-    from serving.placement_plan import State
+    from serving.rules.placement_plan import State
 
     return {
         row.adapter.served_name: set(State.from_dict(row.placement).replicas)
@@ -189,8 +189,8 @@ def run(args, out) -> None:
     from serving.door.selectors import routing_table_for
     from serving.door.services import front_door_for
     from serving.models import ServedAdapter
-    from serving.placement_plan import ReplicaSlot, Settings, State, Wish, place
     from serving.reconcile.tick import reconcile_deployment
+    from serving.rules.placement_plan import ReplicaSlot, Settings, State, Wish, place
     from tests.support.fleet import served_adapters_clone, standin_fleet, standin_load
     from tests.support.haproxy import open_access, running_haproxy
     from tests.support.vllm_servers import free_port

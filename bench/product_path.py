@@ -122,7 +122,7 @@ def bare_on_replica(session, url: str, name: str, folder: Path, base_name: str =
 
 
 def bare_verify(session, url: str, name: str, folder: Path, base_name: str) -> None:
-    from serving.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
+    from serving.rules.probe import PROBE_PROMPT, PROBE_TOKENS, Probe, has_no_effect
 
     cards = session.get(url + "/v1/models", timeout=30).json()["data"]
     if not any(c["id"] == name and c.get("root") == str(folder) for c in cards):
@@ -270,7 +270,7 @@ class Cast:
 
 def wait_rollout(rollout_id: int, timeout: float = 120):
     from serving.models import Rollout
-    from serving.transitions import ROLLOUT_TERMINAL
+    from serving.rules.transitions import ROLLOUT_TERMINAL
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

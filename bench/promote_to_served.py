@@ -20,7 +20,7 @@ each round with a NEW adapter (fresh served name, so no swap):
   bare     the same work by hand: copy the adapter's files into a fresh folder,
            then on each replica `POST /v1/load_lora_adapter`, `GET /v1/models`
            (listed at that folder), and the fingerprint probe through the adapter
-           and through the base model (serving/probe.py: they must differ); then
+           and through the base model (serving/rules/probe.py: they must differ); then
            the door's route at its runtime API (a free backend's servers ready,
            the map entry) and one completion through the door. "sequential" goes
            replica after replica; "parallel" does the replicas at once (the
@@ -203,7 +203,7 @@ class Product(Cast):
         """A cheap callable for the poller: did the rollout end without success?
         Reads the database at most every 200 ms."""
         from serving.models import Rollout
-        from serving.transitions import ROLLOUT_TERMINAL
+        from serving.rules.transitions import ROLLOUT_TERMINAL
 
         state = {"at": 0.0, "failed": False}
 

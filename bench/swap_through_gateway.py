@@ -175,7 +175,7 @@ def _serve_check(server, path: str) -> None:
 
 def moved_phase(door: HAProxyFrontDoor, servers, paths, swaps: int, clients: int, pause: float):
     """An adapter placement holds on ONE of the two replicas. Each swap is made
-    before break (serving/kept_copies.py, swap_plan): the new
+    before break (serving/rules/kept_copies.py, swap_plan): the new
     version loaded and verified on the other replica, the traffic sent there,
     the old replica drained; it keeps the old version. Then rollbacks, each
     back to the version the other replica kept: verified there, a switch of

@@ -8,6 +8,7 @@ variable, instead of failing later on the first request.
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from pathlib import Path
 from urllib.parse import urlparse
@@ -58,6 +59,34 @@ def secret(name: str, default: str | None = None) -> str | None:
                 f"{file_var}: cannot read {path}: {error.strerror}"
             ) from None
     return os.environ.get(name, default)
+
+
+PEER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def peers(name: str) -> dict[str, tuple[tuple[str, str], ...]]:
+    """`deployment=door@host:port;door@host:port,...`: each deployment's doors,
+    by their fixed names, and where each talks to the others. Two doors at
+    least, each name once."""
+    found = {}
+    for deployment, value in env.dict(name, default={}).items():
+        doors = []
+        for entry in value.split(";"):
+            door, _, address = entry.strip().partition("@")
+            host, _, port = address.rpartition(":")
+            if not PEER_NAME.match(door) or not host or not port.isdigit():
+                raise ImproperlyConfigured(
+                    f"{name}: {entry!r} of {deployment} is not name@host:port "
+                    "(a name of letters, digits, '.', '_' and '-')"
+                )
+            doors.append((door, address))
+        names = [door for door, _ in doors]
+        if len(doors) < 2 or len(set(names)) != len(names):
+            raise ImproperlyConfigured(
+                f"{name}: {deployment} needs two doors or more, each named once, got {names}"
+            )
+        found[deployment] = tuple(doors)
+    return found
 
 
 def integer(name: str, default: int, minimum: int | None = None) -> int:

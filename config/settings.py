@@ -8,6 +8,7 @@ filesystem under var/ (the broker is a SQLite file there), so `make run` needs n
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -70,6 +71,7 @@ INSTALLED_APPS = [
     "mlflow_bridge",
     "sso",
     "observability",
+    "notifications",
 ]
 
 MIDDLEWARE = [
@@ -105,6 +107,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "registry.context_processors.navigation",
+                "notifications.context_processors.badge",
             ],
         },
     },
@@ -143,13 +146,36 @@ AUTH_PASSWORD_VALIDATORS = [
 # Sets SSO_ENABLED, LOCAL_LOGIN, AUTHENTICATION_BACKENDS and the OIDC_* settings
 # of mozilla-django-oidc; see sso/conf.py and docs/operators/configuration.md.
 from sso.conf import from_env as _sso_settings  # noqa: E402
+from sso.group_map import GroupMap as _GroupMap  # noqa: E402
 
 globals().update(
     _sso_settings(client_secret_needed=roles.needs(PROCESS_ROLE, "OIDC_RP_CLIENT_SECRET"))
 )
+# The names above that the code reads, declared (not assigned) so that mypy's
+# Django plugin knows `settings.OIDC_*`; tests/sso/test_settings.py
+# checks each is really set.
+SSO_ENABLED: bool
+LOCAL_LOGIN: bool
+OIDC_ISSUER: str
+OIDC_PROVIDER_NAME: str
+OIDC_RP_CLIENT_ID: str
+OIDC_RP_CLIENT_SECRET: str
+OIDC_GROUPS_CLAIM: str
+OIDC_USERNAME_CLAIM: str
+OIDC_LINK_CLAIM: str
+OIDC_GROUP_MAP: _GroupMap
+OIDC_VERIFY_SSL: str | bool  # requests' `verify`: a CA bundle path, or a boolean
+OIDC_TIMEOUT: float
+OIDC_CHECK_INTERVAL_SECONDS: int
+OIDC_OP_TOKEN_ENDPOINT: str
+OIDC_OP_USER_ENDPOINT: str
+OIDC_OP_LOGOUT_ENDPOINT: str
 # First: django-axes refuses a locked-out username or address before any
 # backend looks at the password.
-AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", *AUTHENTICATION_BACKENDS]  # noqa: F821
+AUTHENTICATION_BACKENDS: list[str] = [
+    "axes.backends.AxesStandaloneBackend",
+    *AUTHENTICATION_BACKENDS,  # noqa: F821 - from sso.conf
+]
 # --- SCIM 2.0 provisioning (sso/scim/, django-scim2) under /scim/v2/ -----------
 # The identity provider authenticates with a SCIM token (manage.py scim_token).
 SCIM_MAX_RESULTS = cfg.integer("SCIM_MAX_RESULTS", 100, minimum=1)
@@ -198,8 +224,11 @@ CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_SSL_REDIRECT = cfg.boolean("DJANGO_SECURE_SSL_REDIRECT", not DEBUG)
-# Probes speak plain HTTP to the pod.
-SECURE_REDIRECT_EXEMPT = [r"^livez$", r"^readyz$"]
+# Probes speak plain HTTP to the pod, and so do the door agents to the web
+# Service (serving/api/doors.py) and the replicas' span exporters to the OTLP
+# receiver (observability/otlp.py): inside the cluster, with a token; a
+# redirect to https:// would reach nothing (and lose every token's count).
+SECURE_REDIRECT_EXEMPT = [r"^livez$", r"^readyz$", r"^doors/", r"^otlp/"]
 SECURE_HSTS_SECONDS = cfg.integer("DJANGO_SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = cfg.boolean("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
 SECURE_HSTS_PRELOAD = cfg.boolean("DJANGO_SECURE_HSTS_PRELOAD", not DEBUG)
@@ -286,6 +315,10 @@ API_TOKEN_MAX_DAYS = cfg.integer("API_TOKEN_MAX_DAYS", 365, minimum=1)
 # Offboarding (deactivation by an admin, SCIM or the SSO check) also revokes the
 # service-account tokens the person minted; off, they are listed for review.
 OFFBOARDING_REVOKE_SERVICE_TOKENS = cfg.boolean("OFFBOARDING_REVOKE_SERVICE_TOKENS", False)
+# Offboarding also revokes the inference keys the person issued to a department
+# or to a service account (they saw each secret once); off, they are listed in
+# the `user.issued_keys_kept` event for review. A person's own keys always end.
+OFFBOARDING_REVOKE_ISSUED_KEYS = cfg.boolean("OFFBOARDING_REVOKE_ISSUED_KEYS", False)
 
 # --- Celery -----------------------------------------------------------------
 # The embedded default is a SQLite file (config/broker.py): no server, and a
@@ -322,6 +355,8 @@ CELERY_TASK_ROUTES = {
     "mlflow*": {"queue": "housekeeping"},
     # The periodic check against the identity provider (sso/checks.py): slow calls out.
     "sso.*": {"queue": "housekeeping"},
+    # Mail and webhooks call out to servers that may be slow (bounded per call).
+    "notifications.*": {"queue": "housekeeping"},
 }
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
@@ -389,13 +424,38 @@ _MLFLOW_BEAT = {
 }
 # --- end MLflow ---------------------------------------------------------------
 
+# --- Notifications and webhooks (notifications/, docs/operators/notifications.md)
+# Email through Django's backends. The default keeps messages in the database,
+# shown on /notifications/outbox/ (`make run`); production sets
+# EMAIL_BACKEND=django.core.mail.backends.smtp.EmailBackend and the SMTP server.
+EMAIL_BACKEND = cfg.env.str("EMAIL_BACKEND", default="notifications.mail_outbox.OutboxBackend")
+EMAIL_HOST = cfg.env.str("EMAIL_HOST", default="localhost")
+EMAIL_PORT = cfg.integer("EMAIL_PORT", 587, minimum=1)
+EMAIL_HOST_USER = cfg.env.str("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = cfg.secret("EMAIL_HOST_PASSWORD") or ""
+EMAIL_USE_TLS = cfg.boolean("EMAIL_USE_TLS", True)
+EMAIL_USE_SSL = cfg.boolean("EMAIL_USE_SSL", False)
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL are exclusive: set one.")
+# A mail server that stops answering holds a worker at most this long per message.
+EMAIL_TIMEOUT = cfg.integer("EMAIL_TIMEOUT", 10, minimum=1)
+DEFAULT_FROM_EMAIL = cfg.env.str("DEFAULT_FROM_EMAIL", default="LoRA Registry <registry@localhost>")
+# Where the links in emails point: the address people open the product at.
+NOTIFICATIONS_SITE_URL = cfg.env.str("NOTIFICATIONS_SITE_URL", default="http://127.0.0.1:8000")
+# One webhook delivery: connect and answer within this many seconds, or it is
+# a failed attempt (retried with backoff).
+NOTIFICATIONS_WEBHOOK_TIMEOUT_SECONDS = cfg.number(
+    "NOTIFICATIONS_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.5, maximum=60.0
+)
+NOTIFICATIONS_SWEEP_SECONDS = 10.0
+
 # --- Serving control plane ---------------------------------------------------
 SERVING_HTTP_TIMEOUT_SECONDS = cfg.number("SERVING_HTTP_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 SERVING_CONNECT_TIMEOUT_SECONDS = cfg.number("SERVING_CONNECT_TIMEOUT_SECONDS", 3.0, minimum=0.1)
 SERVING_LOAD_TIMEOUT_SECONDS = cfg.number("SERVING_LOAD_TIMEOUT_SECONDS", 60.0, minimum=1)
 # How long after the control plane's last probe through an adapter on a replica
 # its label sets in /metrics are still taken for the probe's, not clients'
-# (serving.services.own_probes): a probe's request may outlive its answer.
+# (serving.records.own_probes): a probe's request may outlive its answer.
 SERVING_OWN_PROBE_GRACE_SECONDS = cfg.number("SERVING_OWN_PROBE_GRACE_SECONDS", 15.0, minimum=0.0)
 # Transient failures are retried with exponential backoff until this deadline.
 SERVING_RETRY_DEADLINE_SECONDS = cfg.number("SERVING_RETRY_DEADLINE_SECONDS", 90.0)
@@ -438,7 +498,7 @@ SERVING_STAGED_REVERIFY_SECONDS = cfg.integer(
 # Reconcile repairs: how many HTTP calls at once in all, and to one replica.
 SERVING_RECONCILE_CONCURRENCY = cfg.integer("SERVING_RECONCILE_CONCURRENCY", 32, minimum=1)
 SERVING_RECONCILE_PER_REPLICA = cfg.integer("SERVING_RECONCILE_PER_REPLICA", 4, minimum=1)
-# Placement (serving/placement_plan.py, docs/operators/placement.md): an adapter with
+# Placement (serving/rules/placement_plan.py, docs/operators/placement.md): an adapter with
 # min_replicas/max_replicas follows its demand (running + waiting in vLLM's
 # /metrics) smoothed over SERVING_PLACEMENT_WINDOW_SECONDS, one replica per
 # SERVING_PLACEMENT_DEMAND_PER_REPLICA of it; it gives up a replica only after
@@ -451,7 +511,7 @@ SERVING_PLACEMENT_DEMAND_PER_REPLICA = cfg.number(
     "SERVING_PLACEMENT_DEMAND_PER_REPLICA", 1.0, minimum=0.01
 )
 SERVING_ATTEMPT_RETENTION_DAYS = cfg.integer("SERVING_ATTEMPT_RETENTION_DAYS", 14, minimum=1)
-# A replica's probe (serving/probe.py) matches the version's fingerprint when no
+# A replica's probe (serving/rules/probe.py) matches the version's fingerprint when no
 # token's logprob differs by more than this. Measured with bench/fingerprint_spread.py
 # on real vLLM (CPU, tiny float32 model): the same files give exactly 0 across
 # replicas, after a reload, on 2 threads and under traffic; other seeds change the
@@ -482,6 +542,13 @@ cfg.accept_renamed(
 # for a replica's requests in flight to finish before it unloads the adapter there.
 SERVING_DOOR_DIR = Path(cfg.env.str("SERVING_DOOR_DIR", default=str(VAR_DIR / "gateway")))
 SERVING_DOORS = cfg.env.dict("SERVING_DOORS", default={})
+# "prod=pull": prod's doors pull their state (serving/door/agent.py, any number
+# of them, docs/door.md#doors-that-pull); no worker drives them. A door routes
+# at most SERVING_DOOR_LEASE_SECONDS past its last exchange with the control
+# plane, and a rollout waits that long at most for a door that went silent.
+SERVING_DOOR_LEASE_SECONDS = cfg.number(
+    "SERVING_DOOR_LEASE_SECONDS", 10.0, minimum=1.0, maximum=120.0
+)
 # The URL clients use to reach each front door ("prod=https://llm.example.com"),
 # shown on the pages; where unset, http:// and the address it listens on.
 SERVING_DOOR_URLS = cfg.env.dict("SERVING_DOOR_URLS", default={})
@@ -509,6 +576,31 @@ SERVING_DOOR_DRAIN_SECONDS = cfg.number("SERVING_DOOR_DRAIN_SECONDS", 60.0, mini
 # which it is routed as the door routes then. 0: no hold (the swap's gap fails them).
 # A change takes effect at the door's next reload (it is in haproxy.cfg).
 SERVING_DOOR_HOLD_SECONDS = cfg.number("SERVING_DOOR_HOLD_SECONDS", 20.0, minimum=0, maximum=300)
+# The most requests one inference key has in flight at the door (a 429 past it,
+# before the body is read), and the most connections from one address (0: no
+# limit; set it to 0 where a router stands in front, for every client then has
+# the router's address). Read by HAProxy at its next reload (docs/door.md#memory).
+SERVING_DOOR_KEY_CONCURRENCY = cfg.integer("SERVING_DOOR_KEY_CONCURRENCY", 32, minimum=1)
+SERVING_DOOR_CONNECTIONS_PER_SOURCE = cfg.integer(
+    "SERVING_DOOR_CONNECTIONS_PER_SOURCE", 256, minimum=0
+)
+# TLS at the door (docs/door.md#tls): "prod=/etc/door-tls/tls.pem", a PEM file
+# with the certificate and its key, or the certificate with its key beside it
+# as <file>.key (cert-manager's Secret, its two entries mounted so). A door
+# without one listens in plain HTTP (make run, on loopback).
+SERVING_DOOR_CERTIFICATES = cfg.env.dict("SERVING_DOOR_CERTIFICATES", default={})
+for _deployment, _pem in SERVING_DOOR_CERTIFICATES.items():
+    if not Path(_pem).is_absolute():
+        raise ImproperlyConfigured(
+            f"SERVING_DOOR_CERTIFICATES: {_deployment}'s certificate must be an absolute path, "
+            f"got {_pem!r}"
+        )
+# A deployment's doors that count requests per minute together, with HAProxy's
+# peers (docs/door.md#peers): "prod=door-0@door-0.doors:10000;door-1@door-1.doors:10000".
+# This door is the one named SERVING_DOOR_PEER_NAME (default: the host's name,
+# a StatefulSet pod's). A deployment not listed has one door, counting alone.
+SERVING_DOOR_PEERS = cfg.peers("SERVING_DOOR_PEERS")
+SERVING_DOOR_PEER_NAME = cfg.env.str("SERVING_DOOR_PEER_NAME", default="") or socket.gethostname()
 # Behind a front door, a swap of an adapter placement holds on fewer replicas than
 # the deployment has loads the new version on others first and moves the traffic
 # there (make before break); the old version stays loaded where it was, drained, for
@@ -551,6 +643,12 @@ KUBERNETES_DEPLOYMENTS_REFRESH_SECONDS = cfg.number(
 )
 # The vLLM image a rendered KServe ServingRuntime runs unless the deployment names one.
 KSERVE_VLLM_IMAGE = cfg.env.str("KSERVE_VLLM_IMAGE", default="vllm/vllm-openai:v0.33.0")
+# The control plane's namespace (deploy/kustomize): a rendered runtime's replicas
+# send their token counts to its web Service there, and its NetworkPolicy lets
+# only the front door's pod (the door and the workers that drive the replicas) in.
+KSERVE_CONTROL_PLANE_NAMESPACE = cfg.env.str(
+    "KSERVE_CONTROL_PLANE_NAMESPACE", default="lora-registry"
+)
 CELERY_BEAT_SCHEDULE = {
     "serving-reconcile": {
         "task": "serving.reconcile_all",
@@ -572,7 +670,25 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 CELERY_BEAT_SCHEDULE.update(_MLFLOW_BEAT)
-if OIDC_CHECK_INTERVAL_SECONDS:  # noqa: F821 - from sso.conf
+CELERY_BEAT_SCHEDULE["notifications-sweep"] = {
+    "task": "notifications.sweep",
+    "schedule": NOTIFICATIONS_SWEEP_SECONDS,
+    "options": {"expires": NOTIFICATIONS_SWEEP_SECONDS},
+}
+# Keys and grants that end within 7 days are told once each.
+CELERY_BEAT_SCHEDULE["notifications-expiring"] = {
+    "task": "notifications.expiring",
+    "schedule": 3600.0,
+    "options": {"expires": 3600.0},
+}
+# Token budgets at 80 % and 100 %, and replicas out of sync past the bound.
+for _name in ("budgets", "out_of_sync"):
+    CELERY_BEAT_SCHEDULE[f"notifications-{_name}"] = {
+        "task": f"notifications.{_name}",
+        "schedule": 60.0,
+        "options": {"expires": 60.0},
+    }
+if OIDC_CHECK_INTERVAL_SECONDS:  # noqa: F821 - set by sso.conf, declared above
     # A quarter of the interval: each run checks only the identities that are due.
     CELERY_BEAT_SCHEDULE["sso-check-identities"] = {
         "task": "sso.check_identities",
@@ -691,6 +807,16 @@ SPECTACULAR_SETTINGS = {
         {"name": "usage", "description": "Requests and cost per department and adapter."},
         {"name": "planner", "description": "How many adapters fit on which GPU."},
         {"name": "audit-events", "description": "The hash-chained audit log."},
+        {"name": "notifications", "description": "Your notifications: what needs you."},
+        {
+            "name": "notification-preferences",
+            "description": "How each kind of event reaches you.",
+        },
+        {"name": "webhooks", "description": "A department's signed outbound webhooks."},
+        {
+            "name": "chat-channels",
+            "description": "A department's chat channels (Slack or Teams incoming webhooks).",
+        },
         {"name": "health", "description": "Liveness and readiness probes."},
     ],
     "VERSION": "1.0.0",
@@ -701,6 +827,11 @@ SPECTACULAR_SETTINGS = {
         "core.api.schema.postprocess_forbid_nul",
     ],
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    # The notifications app's choice sets, named once (each is used by several fields).
+    "ENUM_NAME_OVERRIDES": {
+        "EventKindEnum": "notifications.events.KIND_CHOICES",
+        "NotificationChannelEnum": "notifications.models.Channel.choices",
+    },
     # Vendored Swagger UI: no CDN at run time (air-gapped platforms).
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

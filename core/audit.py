@@ -12,6 +12,7 @@ from django.utils import timezone
 from core.actors import Actor
 from core.audit_chain import chain_head, event_hash, lock_chain
 from core.models import AuditEvent, Department
+from core.signals import audit_recorded
 
 
 def audit_record(
@@ -44,6 +45,11 @@ def audit_record_all(events: list[AuditEvent]) -> None:
     the chain and one read of its head: a change that records two events (a
     promotion and its rollout) pays for the chain once."""
     with transaction.atomic():
+        # Receivers first: the chain's lock is global and held until the commit,
+        # so what they read and write (the notifications outbox) must not make
+        # every other audited change wait. Same transaction all the same.
+        for event in events:
+            audit_recorded.send(sender=AuditEvent, event=event)
         lock_chain()
         head = chain_head()
         for event in events:

@@ -30,3 +30,10 @@ service_account_deactivated = Signal()
 # every deployment: serving/services/restore.py); they return a list of lines
 # for the operator.
 audit_chain_restored = Signal()
+
+# event=<AuditEvent, not yet saved>: an audit event is being recorded, inside
+# the transaction of the change it records (before the audit chain's lock).
+# Receivers record rows in it (the notifications app writes its outbox row
+# here, so an event is told exactly when its change commits) and never call
+# out; a receiver's error rolls the change back.
+audit_recorded = Signal()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.conf import settings
@@ -207,7 +208,7 @@ def _version_tags(version: AdapterVersion) -> dict[str, str]:
         "sha256": version.manifest_sha256,
         "registry_artifact_uri": version.artifact_uri,
     }
-    if version.reviewed_by_id:
+    if version.reviewed_by is not None:
         tags["reviewed_by"] = version.reviewed_by.get_username()
     return tags
 
@@ -372,6 +373,7 @@ def mirror_resync(*, only_unsynced: bool = False, log=None) -> dict[str, int]:
         ignore_conflicts=True,
     )
     counts = {"synced": 0, "failed": 0, "busy": 0}
+    jobs: list[tuple[type[MlflowVersionMirror | MlflowAliasMirror], str, Callable[..., str], str]]
     jobs = [
         (MlflowVersionMirror, "version", mirror_version_sync, "mirror_id"),
         (MlflowAliasMirror, "alias", mirror_alias_sync, "alias_id"),
@@ -445,7 +447,10 @@ def mlflow_health() -> dict:
         }
     import requests
 
-    result = {"optional": True, "mirror": "on" if mlc.mirror_enabled() else "off"}
+    result: dict[str, bool | str | int] = {
+        "optional": True,
+        "mirror": "on" if mlc.mirror_enabled() else "off",
+    }
     try:
         response = requests.get(settings.MLFLOW_TRACKING_URI + "/health", timeout=2)
         result["ok"] = response.status_code == 200

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
@@ -182,7 +183,7 @@ class AdapterVersionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                 "versions": queryset,
                 "form": ReviewCommentForm(),
                 "opts": self.model._meta,
-                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             },
         )
 

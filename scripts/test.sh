@@ -35,7 +35,7 @@ apt_install() {
 }
 
 if ((strict)); then
-  for flag in SKIP_VLLM SKIP_MLFLOW; do
+  for flag in SKIP_VLLM SKIP_MLFLOW SKIP_COMPOSE; do
     if [[ "${!flag:-0}" == "1" ]]; then
       echo "CI=true: $flag=1 is refused (every tier is required in CI)" >&2
       exit 1
@@ -142,4 +142,18 @@ if ((!strict)) && [[ "${DATABASE_URL:-}" != postgres* ]]; then
     "(allowed on SQLite by tests/skip_allowlist.toml)" >&2
 fi
 # The pytest runs (light on two workers, heavy one test at a time) and the clock.
-exec bash scripts/test_runs.sh "$@"
+rc=0
+bash scripts/test_runs.sh "$@" || rc=$?
+# The compose tier, after them and alone (it builds images and starts a dozen
+# containers): scripts/compose/test.sh installs podman itself and fails under
+# CI=true when it cannot run. Left out when arguments choose tests.
+if (($# == 0)); then
+  if [[ "${SKIP_COMPOSE:-0}" == 1 ]]; then
+    cannot_run compose "SKIP_COMPOSE=1"
+  else
+    compose_started=$SECONDS
+    bash scripts/compose/test.sh || { rc=1; echo "make test FAILED: the compose tier" >&2; }
+    echo "the compose tier: $(((SECONDS - compose_started) / 60)) min $(((SECONDS - compose_started) % 60)) s"
+  fi
+fi
+exit "$rc"

@@ -56,7 +56,8 @@ broker_plus() {
   fi
 }
 
-light_args=(-q --durations=25 -n "${SUITE_WORKERS:-2}" -m "not ($HEAVY)" "$@")
+# compose: its own tier, run by scripts/test.sh after these (scripts/compose/test.sh).
+light_args=(-q --durations=25 -n "${SUITE_WORKERS:-2}" -m "not ($HEAVY or compose)" "$@")
 heavy_args=(-q --durations=25 -m "$HEAVY" "$@")
 heavy_workers="${SUITE_HEAVY_WORKERS:-2}"
 if ((heavy_workers > 1)); then

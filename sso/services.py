@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -28,6 +29,9 @@ from core.services.departments import membership_grant, membership_revoke
 from sso.group_map import GroupMap
 from sso.models import Identity
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
 log = logging.getLogger(__name__)
 
 # Outside input: a provider (or a misconfigured mapper) may send anything.
@@ -38,7 +42,7 @@ _USERNAME_UNSAFE = re.compile(r"[^\w.@+-]")
 
 @dataclass
 class SignIn:
-    user: object
+    user: User
     groups: list[str]
     unmapped: list[str]
     roles: dict[str, str] = field(default_factory=dict)
@@ -148,7 +152,8 @@ def _user_for(request, issuer: str, claims: dict):
     identity = (
         Identity.objects.select_related("user").filter(issuer=issuer, subject=claims["sub"]).first()
     )
-    email = claims.get("email") if isinstance(claims.get("email"), str) else ""
+    raw_email = claims.get("email")
+    email = raw_email if isinstance(raw_email, str) else ""
     if identity is not None:
         user = identity.user
         if email and user.email != email[:254]:

@@ -12,8 +12,12 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeGuard
 
 from .errors import ArtifactRejected
+
+if TYPE_CHECKING:
+    import re2
 from .patterns import PatternKeys, compile_target_modules
 from .safetensors_header import TensorInfo, read_safetensors_header
 from .tensor_values import TensorValues, read_tensor_values
@@ -217,7 +221,7 @@ def _is_number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _is_rank(value) -> bool:
+def _is_rank(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
@@ -225,7 +229,7 @@ def _is_rank(value) -> bool:
 class _Rules:
     r: int
     # A tuple of names, an RE2 pattern (see .patterns), or None for "all-linear".
-    targets: tuple[str, ...] | object | None
+    targets: tuple[str, ...] | re2._Regexp | None
     rank_pattern: dict
     rank_keys: PatternKeys
     modules_to_save: tuple[str, ...]
@@ -327,7 +331,7 @@ def _check_unsupported_features(config: dict) -> None:
             )
 
 
-def _target_rule(targets) -> tuple[str, ...] | object | None:
+def _target_rule(targets) -> tuple[str, ...] | re2._Regexp | None:
     if targets is None:
         raise ArtifactRejected(
             "missing_target_modules",

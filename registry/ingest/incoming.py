@@ -122,17 +122,18 @@ class S3Prefix(_Staged):
         self.client_options = client_options
 
     def stage(self, workdir: Path, limits: IngestLimits) -> StagedArtifact:
-        if self.client_options is None:
+        options = self.client_options
+        if options is None:
             # Never read with the server's own credentials by default: only a
             # location checked against the department's allowed sources is read.
             raise RuntimeError(f"{self.uri}: no allowed source's client options were set.")
         download = workdir / "download"
         download.mkdir()
-        self._download(download, limits)
+        self._download(download, limits, options)
         return _stage_folder(download, self._dest(workdir), limits)
 
-    def _download(self, dest: Path, limits: IngestLimits) -> None:
-        options = dict(self.client_options)
+    def _download(self, dest: Path, limits: IngestLimits, client_options: dict[str, Any]) -> None:
+        options = dict(client_options)
         options.pop("multipart_chunk_mb", None)
         options.pop("max_concurrency", None)
         try:

@@ -219,7 +219,9 @@ class _Writer:
         self.limits = limits
         self.entries = 0
         self.total = 0
-        self.files: dict[tuple[str, ...], tuple[Path, int, str]] = {}
+        # (scratch path, size, sha256); the path is None for an entry that was
+        # counted but not kept (registry.ingest.streamed's _MemberWriter).
+        self.files: dict[tuple[str, ...], tuple[Path | None, int, str]] = {}
         self.values: dict[tuple[str, ...], TensorValues] = {}
         self.dirs: set[tuple[str, ...]] = set()
         # Returns compressed bytes read so far; None when there is no compression.
@@ -295,7 +297,7 @@ class _Writer:
             )
 
 
-def _human(n: int) -> str:
+def _human(n: float) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:g} {unit}" if unit == "bytes" else f"{n:.4g} {unit}"
@@ -346,6 +348,7 @@ def _finish(writer: _Writer, dest: Path) -> StagedArtifact:
     values = None
     for parts, (tmp, size, sha) in writer.files.items():
         name = parts[-1]
+        assert tmp is not None, "this writer keeps every entry"
         os.replace(tmp, dest / name)
         files.append(StagedFile(name, size, sha))
         values = writer.values.get(parts) or values
@@ -588,7 +591,9 @@ def _read_tar(raw, writer: _Writer) -> None:
     try:
         # "r|*": a forward-only stream, so gzip is decompressed incrementally
         # and nothing is seeked or buffered whole.
-        with tarfile.open(
+        # typeshed wants every mode's fileobj to write, seek and tell; a
+        # stream ("r|") only reads.
+        with tarfile.open(  # type: ignore[call-overload]
             fileobj=counting,
             mode="r|*",
             encoding="utf-8",
@@ -748,14 +753,15 @@ def _check_zip_end_record(file, limits: IngestLimits) -> None:
     # zipfile loads the whole central directory into memory; refuse a huge
     # one before it does. _EndRecData is private but unchanged since Python 2.
     try:
-        end = zipfile._EndRecData(file)
+        end = zipfile._EndRecData(file)  # type: ignore[attr-defined]  # private, not in typeshed
     except OSError:
         end = None
     finally:
         file.seek(0)
     if not end:
         return  # zipfile reports the archive as corrupt
-    entries, directory_size = end[zipfile._ECD_ENTRIES_TOTAL], end[zipfile._ECD_SIZE]
+    entries = end[zipfile._ECD_ENTRIES_TOTAL]  # type: ignore[attr-defined]  # as above
+    directory_size = end[zipfile._ECD_SIZE]  # type: ignore[attr-defined]
     require_entry_count(entries, limits)
     if directory_size > MAX_ZIP_DIRECTORY_BYTES:
         raise ArtifactRejected(

@@ -29,7 +29,11 @@ from .safetensors_header import MAX_HEADER_BYTES, TensorInfo, header_length, par
 
 # Little-endian, as safetensors stores them. BF16 has no numpy dtype: its bits
 # are read as uint16 (sign 1, exponent 8, mantissa 7).
-FLOAT_DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2")}
+FLOAT_DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+}
 BF16 = "BF16"
 BF16_EXPONENT = 0x7F80  # all ones: Inf or NaN
 BF16_MAGNITUDE = 0x7FFF  # everything but the sign: zero means +0 or -0

@@ -53,9 +53,10 @@ def versions_due_for_artifact_deletion(now=None) -> list[AdapterVersion]:
         .select_related("adapter__department")
         .order_by("archived_at")
     )
-    due = []
+    due: list[AdapterVersion] = []
     for version in candidates.iterator(chunk_size=BATCH):
         days = version.adapter.department.artifact_retention_days
+        assert days is not None  # the filter above
         if version.archived_at <= now - timedelta(days=days):
             due.append(version)
             if len(due) >= BATCH:

@@ -8,6 +8,7 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -338,7 +339,7 @@ def version_transition(
         if transition.who == "reviewer":
             require_version_four_eyes(actor, locked)
         previous = locked.status
-        changes = {"updated_at": timezone.now()}
+        changes: dict[str, Any] = {"updated_at": timezone.now()}
         if action == "submit":
             changes["submitted_by"] = actor.user
             changes["author_ids"] = sorted(set(locked.author_ids) | actor.people)

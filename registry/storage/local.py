@@ -140,7 +140,7 @@ class LocalArtifactStore(ArtifactStore):
     def delete_prefix(self, prefix: str) -> None:
         validate_prefix(prefix)
         try:
-            dirs = set()
+            dirs: set[Path] = set()
             for _key, path in self._walk(prefix):
                 path.unlink(missing_ok=True)
                 dirs.update(p for p in path.parents if p != self.root and self.root in p.parents)

@@ -24,7 +24,9 @@ class UploadTarget(Protocol):
     named here so that the writer stays below the store it serves."""
 
     bucket: str
-    client: Any
+
+    @property
+    def client(self) -> Any: ...
 
     def storage_error(
         self, action: str, exc: BaseException, key: str | None = None

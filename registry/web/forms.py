@@ -29,7 +29,9 @@ class MultipleFileField(forms.FileField):
 
 
 class UploadVersionForm(PlainLabels, forms.Form):
-    files = MultipleFileField(
+    # The form's metaclass moves declared fields into base_fields, so this does
+    # not shadow Form.files (the uploaded files) that the stubs see.
+    files = MultipleFileField(  # type: ignore[assignment]
         label="Adapter archive or files",
         help_text=(
             "A .tar.gz or .zip of the adapter folder, or adapter_config.json together with "

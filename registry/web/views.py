@@ -264,7 +264,8 @@ def _diff_rows(candidate: AdapterVersion, current: AdapterVersion | None) -> lis
         new = getattr(candidate, field)
         old = getattr(current, field) if current else None
         if kind == "modules":
-            new, old = sorted(new), sorted(old) if current else None
+            new = sorted(new)
+            old = sorted(getattr(current, field)) if current else None
         rows.append(
             {
                 "label": label,

@@ -8,6 +8,7 @@ the result to sso.scim.services, where the writes are audited.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin
 
 from django.contrib.auth.validators import UnicodeUsernameValidator
@@ -20,6 +21,9 @@ from django_scim.constants import SchemaURI
 
 from sso.scim import services
 from sso.scim.filters import GROUP_ATTRIBUTES, USER_ATTRIBUTES
+
+if TYPE_CHECKING:
+    from sso.models import ScimGroup, ScimUser
 
 USER_URN = SchemaURI.USER.lower()
 GROUP_URN = SchemaURI.GROUP.lower()
@@ -131,10 +135,10 @@ def _name(value, data: services.UserData, *, partial: bool) -> None:
         elif lowered == "familyname":
             data.family_name = _string(sub, "name.familyName", max_length=150)
     if not partial:
-        lowered = {k.lower() for k in value if isinstance(k, str)}
-        if "givenname" not in lowered:
+        keys = {k.lower() for k in value if isinstance(k, str)}
+        if "givenname" not in keys:
             data.given_name = ""
-        if "familyname" not in lowered:
+        if "familyname" not in keys:
             data.family_name = ""
 
 
@@ -175,12 +179,13 @@ def _without_urn(path: str, urn: str) -> str | None:
     return path
 
 
-def _operations(operations) -> list[tuple[str, str | None, object]]:
+def _operations(operations) -> list[tuple[str, str, object]]:
     if not isinstance(operations, list) or not operations:
         raise bad("Operations must be a non-empty list.", "invalidSyntax")
     if len(operations) > 1000:
         raise bad("At most 1000 operations in one PATCH.", "tooMany")
-    parsed = []
+    # (op, path, value); an operation without a path gives one per key of its value.
+    parsed: list[tuple[str, str, object]] = []
     for operation in operations:
         if not isinstance(operation, dict):
             raise bad("Each operation must be an object with op, path and value.", "invalidSyntax")
@@ -205,6 +210,10 @@ def _operations(operations) -> list[tuple[str, str | None, object]]:
 
 
 class _Location:
+    # Set by django-scim2's adapter (untyped): the HttpRequest, carrying the
+    # `scim_actor` that sso.scim.views puts on it.
+    request: Any
+
     def _base(self) -> str:
         return f"{self.request.scheme}://{self.request.get_host()}"
 
@@ -220,6 +229,8 @@ def _resource_type(cls, request, endpoint: str) -> dict:
 class ScimUserAdapter(_Location, scim_adapters.SCIMUser):
     id_field = "scim_id"
     ATTR_MAP = USER_ATTRIBUTES
+
+    obj: ScimUser
 
     def __init__(self, obj, request=None):
         super().__init__(obj, request)
@@ -324,10 +335,12 @@ class ScimUserAdapter(_Location, scim_adapters.SCIMUser):
 
     def save(self) -> None:
         actor = self.request.scim_actor
+        data = self.data
+        assert data is not None, "from_dict() or handle_operations() comes first"
         if self.obj.pk is None:
-            self.obj = services.scim_user_create(actor=actor, data=self.data)
+            self.obj = services.scim_user_create(actor=actor, data=data)
         else:
-            self.obj = services.scim_user_replace(actor=actor, scim_user=self.obj, data=self.data)
+            self.obj = services.scim_user_replace(actor=actor, scim_user=self.obj, data=data)
         self.obj.refresh_from_db()
 
     def delete(self) -> None:
@@ -381,6 +394,8 @@ class ScimUserAdapter(_Location, scim_adapters.SCIMUser):
 class ScimGroupAdapter(_Location, scim_adapters.SCIMGroup):
     id_field = "scim_id"
     ATTR_MAP = GROUP_ATTRIBUTES
+
+    obj: ScimGroup
 
     def __init__(self, obj, request=None):
         super().__init__(obj, request)
@@ -455,15 +470,17 @@ class ScimGroupAdapter(_Location, scim_adapters.SCIMGroup):
 
     def save(self) -> None:
         actor = self.request.scim_actor
+        data = self.data
+        assert data is not None, "from_dict() comes first"
         if self.obj.pk is None:
-            self.obj = services.scim_group_create(actor=actor, data=self.data)
+            self.obj = services.scim_group_create(actor=actor, data=data)
         else:
             self.obj = services.scim_group_change(
                 actor=actor,
                 group=self.obj,
-                display_name=self.data.display_name,
-                external_id=self.data.external_id,
-                set_members=self.data.members,
+                display_name=data.display_name,
+                external_id=data.external_id,
+                set_members=data.members,
             )
         self.obj.refresh_from_db()
 

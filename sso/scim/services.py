@@ -16,6 +16,7 @@ checked against memberships on each request).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
@@ -220,8 +221,8 @@ def scim_group_change(
     display_name: str | None = None,
     external_id: str | None = None,
     set_members: list[str] | None = None,
-    add_members: list[str] = (),
-    remove_members: list[str] = (),
+    add_members: Sequence[str] = (),
+    remove_members: Sequence[str] = (),
 ) -> ScimGroup:
     """PUT and PATCH of a group: a rename or a change of members re-syncs
     everyone who was or is in it."""

@@ -50,7 +50,7 @@ OWN_VLLM = ["lora_pool_memory"]
 NO_VLLM = ["tensor_values", "scale", "scale_promotions"]
 NO_VLLM_2 = ["new_pod_to_served", "upload_throughput"]
 # Behind a real HAProxy, on stand-in replicas.
-GATEWAY = ["placement", "door_limits"]
+GATEWAY = ["placement", "door_limits", "door_memory", "door_tls", "door_agents"]
 EVERY = SHARED_VLLM + OWN_VLLM + NO_VLLM + NO_VLLM_2 + GATEWAY
 # Run on every change by another test, at a larger size, instead of here:
 # bench.metering (a vLLM exporting spans, the product's receiver, a real door)

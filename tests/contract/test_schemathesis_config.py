@@ -34,6 +34,10 @@ EXCUSED = {
     "POST /api/v1/inference-keys/": "400",
     "PATCH /api/v1/inference-keys/{id}/limits/": "400",
     "POST /api/v1/grants/": "400",
+    "POST /api/v1/webhooks/": "400",
+    "PATCH /api/v1/webhooks/{id}/": "400",
+    "POST /api/v1/chat-channels/": "400",
+    "PATCH /api/v1/chat-channels/{id}/": "400",
 }
 
 

@@ -104,6 +104,7 @@ REPOSITORY_FOLDERS = {
     "deploy",
     "docs",
     "mlflow_bridge",
+    "notifications",
     "observability",
     "registry",
     "scripts",

@@ -452,7 +452,7 @@ def stuck_rows() -> list[str]:
     their replica steps, approved promotions that never got a rollout, MLflow
     mirror rows. Claims are counted by claims_left (they need a wait)."""
     from serving.models import Promotion, PromotionStatus, ReplicaRollout, Rollout
-    from serving.transitions import ROLLOUT_TERMINAL
+    from serving.rules.transitions import ROLLOUT_TERMINAL
 
     stuck = [
         f"rollout {pk} {status}"
@@ -489,7 +489,7 @@ def held_claims() -> list[str]:
     An expired claim is free by design (its holder died; the next claimer takes it)."""
     from django.utils import timezone
 
-    from serving.services.leases import RECONCILE_LEASE, SERVED_ADAPTER_LEASE
+    from serving.records.leases import RECONCILE_LEASE, SERVED_ADAPTER_LEASE
 
     now = timezone.now()
     leases = [SERVED_ADAPTER_LEASE, RECONCILE_LEASE]
@@ -537,7 +537,7 @@ def lost_rollout_audit() -> list[str]:
     """Every rollout has exactly one audit event for its start and one for its end."""
     from core.models import AuditEvent
     from serving.models import Rollout
-    from serving.transitions import ROLLOUT_TERMINAL
+    from serving.rules.transitions import ROLLOUT_TERMINAL
 
     problems = []
     for rollout in Rollout.objects.all():

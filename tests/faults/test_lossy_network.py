@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from serving.models import HttpAttempt, Rollout
-from serving.transitions import ROLLOUT_TERMINAL
+from serving.rules.transitions import ROLLOUT_TERMINAL
 from tests.faults.conftest import answers
 from tests.serving.vllm.conftest import ok
 from tests.support.adapters import AdapterSpec

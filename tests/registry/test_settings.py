@@ -243,3 +243,32 @@ def test_an_old_and_a_new_setting_name_that_disagree_stop_start_up(tmp_path):
     )
     assert result.returncode != 0
     assert "SERVING_GATEWAYS is the old name of SERVING_DOORS" in result.stderr
+
+
+def test_a_deployment_s_door_peers_are_read_by_name_and_address(tmp_path):
+    result = start(
+        tmp_path,
+        "settings.SERVING_DOOR_PEERS, settings.SERVING_DOOR_PEER_NAME",
+        SERVING_DOOR_PEERS="prod=door-0@door-0.doors:10000;door-1@10.0.0.2:10000",
+        SERVING_DOOR_PEER_NAME="door-1",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "{'prod': (('door-0', 'door-0.doors:10000'), ('door-1', '10.0.0.2:10000'))} door-1"
+    )
+
+
+@pytest.mark.parametrize(
+    "peers",
+    ["prod=door-0@door-0:10000", "prod=door-0@a:1;door-0@b:2", "prod=door 0@a:1;door-1@b:2"],
+)
+def test_door_peers_that_are_not_two_named_doors_stop_start_up(tmp_path, peers):
+    result = start(tmp_path, SERVING_DOOR_PEERS=peers)
+    assert result.returncode != 0
+    assert "SERVING_DOOR_PEERS" in result.stderr
+
+
+def test_a_door_certificate_that_is_not_an_absolute_path_stops_start_up(tmp_path):
+    result = start(tmp_path, SERVING_DOOR_CERTIFICATES="prod=tls.pem")
+    assert result.returncode != 0
+    assert "SERVING_DOOR_CERTIFICATES: prod's certificate must be an absolute path" in result.stderr

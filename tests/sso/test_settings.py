@@ -4,8 +4,10 @@ stops start-up naming the variable, secrets may come from files."""
 from __future__ import annotations
 
 import pytest
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+import config.settings
 from sso.group_map import parse_group_map
 from tests.registry.test_settings import start
 
@@ -96,3 +98,12 @@ def test_the_strongest_role_wins_whatever_the_order_of_groups():
 def test_a_group_map_error_names_the_variable():
     with pytest.raises(ImproperlyConfigured, match="^OIDC_GROUP_MAP: 'nogroup' is not"):
         parse_group_map("nogroup")
+
+
+def test_every_declared_sign_in_setting_is_set():
+    # config/settings.py declares the names sso.conf sets, for mypy; a declared
+    # name that from_env() stopped returning would be an AttributeError at run time.
+    declared = [name for name in config.settings.__annotations__ if name.isupper()]
+    assert "OIDC_GROUPS_CLAIM" in declared
+    missing = [name for name in declared if not hasattr(settings, name)]
+    assert missing == []
