@@ -17,7 +17,7 @@ from core.models import Department
 from notifications.addresses import check_url
 from notifications.chat import shown_url
 from notifications.models import Webhook, WebhookFormat
-from notifications.services.webhooks import clean_kinds
+from notifications.services.webhooks import clean_kinds, save_changes
 
 
 def chat_channel_create(
@@ -65,20 +65,9 @@ def chat_channel_update(*, actor: Actor, channel: Webhook, **changes) -> Webhook
         check_url(changes["url"], allow_internal=channel.allow_internal)
         changes["chat_url"] = changes.pop("url")
         changes["url"] = shown_url(changes["chat_url"])
-    if changes.get("active") and not channel.active:
-        changes.update(consecutive_failures=0, disabled_reason="")
-    with transaction.atomic():
-        for name, value in changes.items():
-            setattr(channel, name, value)
-        channel.save(update_fields=list(changes) or None)
-        audit_record(
-            actor=actor,
-            action="chat_channel.updated",
-            obj=channel,
-            department=channel.department,
-            details={k: v for k, v in changes.items() if k != "chat_url"},
-        )
-    return channel
+    return save_changes(
+        actor=actor, hook=channel, changes=changes, action="chat_channel.updated", hidden="chat_url"
+    )
 
 
 def chat_channel_delete(*, actor: Actor, channel: Webhook) -> None:

@@ -102,20 +102,31 @@ def webhook_update(*, actor: Actor, webhook: Webhook, **changes) -> Webhook:
         changes["kinds"] = clean_kinds(changes["kinds"])
     if "url" in changes:
         check_url(changes["url"], allow_internal=webhook.allow_internal)
-    if changes.get("active") and not webhook.active:
+    return save_changes(
+        actor=actor, hook=webhook, changes=changes, action="webhook.updated", hidden="secret"
+    )
+
+
+def save_changes(
+    *, actor: Actor, hook: Webhook, changes: dict, action: str, hidden: str
+) -> Webhook:
+    """Writes checked `changes` to a webhook or chat channel and records them,
+    leaving out the field `hidden` (its secret). Re-enabling clears the
+    failure count."""
+    if changes.get("active") and not hook.active:
         changes.update(consecutive_failures=0, disabled_reason="")
     with transaction.atomic():
         for name, value in changes.items():
-            setattr(webhook, name, value)
-        webhook.save(update_fields=list(changes) or None)
+            setattr(hook, name, value)
+        hook.save(update_fields=list(changes) or None)
         audit_record(
             actor=actor,
-            action="webhook.updated",
-            obj=webhook,
-            department=webhook.department,
-            details={k: v for k, v in changes.items() if k != "secret"},
+            action=action,
+            obj=hook,
+            department=hook.department,
+            details={k: v for k, v in changes.items() if k != hidden},
         )
-    return webhook
+    return hook
 
 
 def webhook_delete(*, actor: Actor, webhook: Webhook) -> None:
