@@ -102,8 +102,9 @@ def access_table() -> DoorAccess:
     )
 
 
-def finance_latencies(url: str, count: int) -> tuple[list[float], int]:
-    """Milliseconds of `count` completions one at a time, and how many were not 200."""
+def keyed_latencies(url: str, key: str, count: int) -> tuple[list[float], int]:
+    """Milliseconds of `count` completions with `key`, one at a time, and how
+    many were not 200."""
     session = requests.Session()
     session.trust_env = False
     times, errors = [], 0
@@ -112,7 +113,7 @@ def finance_latencies(url: str, count: int) -> tuple[list[float], int]:
         answer = session.post(
             f"{url}/v1/completions",
             json={"model": BASE, "prompt": "The ledger says", "max_tokens": 1},
-            headers={"Authorization": f"Bearer {FINANCE_KEY}"},
+            headers={"Authorization": f"Bearer {key}"},
             timeout=30,
         )
         times.append((time.perf_counter() - started) * 1000)
@@ -171,13 +172,13 @@ def run(args, out: bench_results.Results) -> None:
             stack.enter_context(running_haproxy(door, log=log, access=access_table()))
             doors[name] = door
         url = f"http://{doors['finance'].listen}"
-        finance_latencies(url, 20)  # warm
+        keyed_latencies(url, FINANCE_KEY, 20)  # warm
         times: dict[str, list[float]] = {phase: [] for phase in PHASES}
         errors = dict.fromkeys(PHASES, 0)
         batch: dict[int, int] = {}
         batch_seconds = 0.0
         for round_number in range(args.rounds):
-            measured, failed = finance_latencies(url, args.requests)
+            measured, failed = keyed_latencies(url, FINANCE_KEY, args.requests)
             times["quiet"] += measured
             errors["quiet"] += failed
             for phase, door in (("elsewhere", doors["other"]), ("here", doors["finance"])):
@@ -185,7 +186,7 @@ def run(args, out: bench_results.Results) -> None:
                     door.listen,
                     args.clients,
                     args.rate,
-                    lambda: finance_latencies(url, args.requests),
+                    lambda: keyed_latencies(url, FINANCE_KEY, args.requests),
                 )
                 times[phase] += measured
                 errors[phase] += failed

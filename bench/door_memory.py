@@ -45,9 +45,8 @@ import threading
 import time
 from pathlib import Path
 
-import requests
-
 from bench import results as bench_results
+from bench.door_limits import keyed_latencies
 from bench.door_overhead import percentile
 from serving.door.callers import CallerKey, DoorAccess
 from serving.door.haproxy import GLIBC_TUNABLES, KEY_CONCURRENCY, HAProxyFrontDoor
@@ -133,23 +132,6 @@ class Memory:
         while not self.stop.wait(0.02):
             with contextlib.suppress(OSError):
                 self.peak = max(self.peak, self.now())
-
-
-def keyed_latencies(url: str, count: int) -> tuple[list[float], int]:
-    session = requests.Session()
-    session.trust_env = False
-    times, errors = [], 0
-    for _ in range(count):
-        started = time.perf_counter()
-        answer = session.post(
-            f"{url}/v1/completions",
-            json={"model": BASE, "prompt": "The contract says", "max_tokens": 1},
-            headers={"Authorization": f"Bearer {KEY}"},
-            timeout=30,
-        )
-        times.append((time.perf_counter() - started) * 1000)
-        errors += answer.status_code != 200
-    return times, errors
 
 
 class Crowd:
@@ -240,7 +222,7 @@ def phase(door, memory: Memory, url: str, crowd_of, requests_each: int) -> dict:
     settled = time.monotonic() - started
     time.sleep(0.5)
     held = door_sessions(door)
-    latencies, errors = keyed_latencies(url, requests_each) if requests_each else ([], 0)
+    latencies, errors = keyed_latencies(url, KEY, requests_each) if requests_each else ([], 0)
     peak = memory.peak
     crowd.release()
     time.sleep(3)
@@ -281,8 +263,8 @@ def run(args, out: bench_results.Results) -> None:
         with running:
             url = f"http://{door.listen}"
             memory = Memory(door.runtime.worker_pid())
-            keyed_latencies(url, 20)  # warm
-            quiet, quiet_errors = keyed_latencies(url, args.requests)
+            keyed_latencies(url, KEY, 20)  # warm
+            quiet, quiet_errors = keyed_latencies(url, KEY, args.requests)
             idle = memory.now()
             head = body_head()
             strangers = phase(
@@ -321,7 +303,7 @@ def run(args, out: bench_results.Results) -> None:
         old, running = running_door(folder, fleet, before=True)
         with running:
             old_memory = Memory(old.runtime.worker_pid())
-            keyed_latencies(f"http://{old.listen}", 20)
+            keyed_latencies(f"http://{old.listen}", KEY, 20)
             before = phase(
                 old,
                 old_memory,
