@@ -812,6 +812,10 @@ SPECTACULAR_SETTINGS = {
             "name": "notification-preferences",
             "description": "How each kind of event reaches you.",
         },
+        {
+            "name": "mail-outbox",
+            "description": "The emails kept instead of sent (`make run`'s local mail outbox).",
+        },
         {"name": "webhooks", "description": "A department's signed outbound webhooks."},
         {
             "name": "chat-channels",

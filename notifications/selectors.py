@@ -120,6 +120,13 @@ def outbox_for(actor: Actor) -> QuerySet[OutboxMail]:
     return OutboxMail.objects.filter(to=actor.user.email)
 
 
+def mail_get(actor: Actor, pk: int) -> OutboxMail:
+    found = outbox_for(actor).filter(pk=pk).first()
+    if found is None:
+        raise NotFound("Mail not found.")
+    return found
+
+
 # --- What the sweeper sends again ---------------------------------------------
 
 

@@ -25,6 +25,8 @@ export DJANGO_SECRET_KEY="${DJANGO_SECRET_KEY:-local-demo-secret-key-change-me}"
 # see CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT in config/settings.py.
 export REMAP_SIGTERM=SIGQUIT
 PORT="${PORT:-8000}"
+# The links in notifications and emails go to this web server, wherever PORT moved it.
+export NOTIFICATIONS_SITE_URL="${NOTIFICATIONS_SITE_URL:-http://127.0.0.1:$PORT}"
 VAR="${VAR_DIR:-$PWD/var}"
 LOG="$VAR/log"
 mkdir -p var/log "$LOG"

@@ -3,7 +3,14 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from notifications.events import KIND_CHOICES
-from notifications.models import Channel, Delivery, DeliveryAttempt, Notification, Webhook
+from notifications.models import (
+    Channel,
+    Delivery,
+    DeliveryAttempt,
+    Notification,
+    OutboxMail,
+    Webhook,
+)
 
 
 class NotificationSerializer(serializers.ModelSerializer):
@@ -40,6 +47,13 @@ class NotificationSerializer(serializers.ModelSerializer):
 
     def get_read(self, notification) -> bool:
         return notification.read_at is not None
+
+
+class OutboxMailSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = OutboxMail
+        fields = ["id", "to", "subject", "body", "created_at"]
+        read_only_fields = fields
 
 
 class MarkedSerializer(serializers.Serializer):

@@ -9,6 +9,7 @@ router.register("notifications", views.NotificationViewSet, basename="notificati
 router.register(
     "notification-preferences", views.PreferenceViewSet, basename="notification-preference"
 )
+router.register("mail-outbox", views.MailOutboxViewSet, basename="mail-outbox")
 router.register("webhooks", views.WebhookViewSet, basename="webhook")
 router.register("chat-channels", views.ChatChannelViewSet, basename="chat-channel")
 

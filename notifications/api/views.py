@@ -1,7 +1,7 @@
-"""/api/v1/notifications/, /api/v1/notification-preferences/,
-/api/v1/webhooks/ and /api/v1/chat-channels/: a person's notifications and
-choices, and a department's outbound webhooks and chat channels (its
-approvers'), with their delivery log
+"""/api/v1/notifications/, /api/v1/notification-preferences/, /api/v1/mail-outbox/,
+/api/v1/webhooks/ and /api/v1/chat-channels/: a person's notifications, choices
+and locally kept mail, and a department's outbound webhooks and chat channels
+(its approvers'), with their delivery log
 (docs/operators/notifications.md, docs/pipelines/webhooks.md)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from core.errors import NotAuthorized, NotFound, ReferenceNotFound, ValidationFa
 from core.models import Department
 from notifications import selectors
 from notifications.api import serializers as ns
-from notifications.models import DeliveryAttempt, Notification, Webhook
+from notifications.models import DeliveryAttempt, Notification, OutboxMail, Webhook
 from notifications.services.chat_channels import (
     chat_channel_create,
     chat_channel_delete,
@@ -120,6 +120,29 @@ class PreferenceViewSet(ActorMixin, viewsets.GenericViewSet):
             p for p in selectors.preferences_for(self.actor) if p["kind"] == preference.kind
         )
         return Response(chosen)
+
+
+class MailOutboxViewSet(
+    ActorMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    """The emails the local mail backend kept instead of sending (`make run`'s
+    default, EMAIL_BACKEND=notifications.mail_outbox.OutboxBackend), newest
+    first: yours, or every one for a platform admin. Empty where the registry
+    sends its mail. Tokens have none (403)."""
+
+    serializer_class = ns.OutboxMailSerializer
+    queryset = OutboxMail.objects.none()
+    ordering_fields = ["created_at"]
+
+    def get_queryset(self):
+        if schema_only(self):
+            return OutboxMail.objects.none()
+        _person_only(self.actor)
+        return selectors.outbox_for(self.actor)
+
+    def get_object(self):
+        _person_only(self.actor)
+        return selectors.mail_get(self.actor, self.lookup_id())
 
 
 def _department(slug: str) -> Department:

@@ -136,3 +136,21 @@ def test_the_outbox_shows_a_person_only_their_own_mail(settings, waiting, alex, 
     page = web_lena.get("/notifications/outbox/")
     assert page.status_code == 200
     assert "waits for your review" not in page.content.decode()
+
+
+def test_the_mail_outbox_api_gives_a_person_their_own_mail(
+    settings, waiting, alex, as_alex, as_lena, as_root
+):
+    settings.EMAIL_BACKEND = "notifications.mail_outbox.OutboxBackend"
+    notification_email_send(Notification.objects.get(user=alex).pk, "worker-a")
+    mail = OutboxMail.objects.get()
+
+    (listed,) = as_alex.get("/api/v1/mail-outbox/").json()["results"]
+    assert listed["to"] == "alex@example.com"
+    assert "contracts version 1 waits for your review" in listed["subject"]
+    assert f"/versions/{waiting.pk}/" in listed["body"]
+    assert as_alex.get(f"/api/v1/mail-outbox/{mail.pk}/").json()["id"] == mail.pk
+    # Another person's mail is not theirs to read; a platform admin sees the outbox.
+    assert as_lena.get("/api/v1/mail-outbox/").json()["count"] == 0
+    assert as_lena.get(f"/api/v1/mail-outbox/{mail.pk}/").status_code == 404
+    assert as_root.get("/api/v1/mail-outbox/").json()["count"] == 1

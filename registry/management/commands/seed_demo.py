@@ -1,5 +1,6 @@
 """Demo data for `make run`: four departments, a member and an approver in each,
-a platform admin, one adapter per department, and ready-to-upload adapter archives.
+a platform admin (each with an email address, for the local mail outbox), one
+adapter per department, and ready-to-upload adapter archives (versions 1 to 3).
 
 Idempotent: running it again changes nothing that exists.
 """
@@ -26,6 +27,12 @@ DEMO_PASSWORD = "demo-password"  # noqa: S105 - printed demo login, never produc
 BASE_MODEL = "tiny-llama"
 
 
+def demo_email(username: str) -> str:
+    """Where the demo's notifications go: `make run` keeps them in the local
+    mail outbox (/notifications/outbox/), so no message leaves the machine."""
+    return f"{username}@demo.example"
+
+
 class Command(BaseCommand):
     help = "Creates demo departments, users, adapters and adapter archives (idempotent)."
 
@@ -36,7 +43,8 @@ class Command(BaseCommand):
         User = get_user_model()
         with transaction.atomic():
             admin, created = User.objects.get_or_create(
-                username="admin", defaults={"is_staff": True, "is_superuser": True}
+                username="admin",
+                defaults={"is_staff": True, "is_superuser": True, "email": demo_email("admin")},
             )
             if created:
                 admin.set_password(DEMO_PASSWORD)
@@ -44,7 +52,10 @@ class Command(BaseCommand):
             for slug, (name, adapter_name, description) in DEPARTMENTS.items():
                 department, _ = Department.objects.get_or_create(slug=slug, defaults={"name": name})
                 for role in (Role.MEMBER, Role.APPROVER):
-                    user, created = User.objects.get_or_create(username=f"{slug}-{role}")
+                    username = f"{slug}-{role}"
+                    user, created = User.objects.get_or_create(
+                        username=username, defaults={"email": demo_email(username)}
+                    )
                     if created:
                         user.set_password(DEMO_PASSWORD)
                         user.save()
@@ -79,7 +90,7 @@ class Command(BaseCommand):
             return None
         folder.mkdir(parents=True, exist_ok=True)
         for index, (slug, (_, adapter_name, _)) in enumerate(DEPARTMENTS.items()):
-            for version in (1, 2):
+            for version in (1, 2, 3):
                 path = folder / f"{slug}-{adapter_name}-v{version}.tar.gz"
                 if not path.exists():
                     spec = AdapterSpec(seed=100 * index + version, base_model=BASE_MODEL)

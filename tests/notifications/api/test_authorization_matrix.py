@@ -1,7 +1,8 @@
 """The notification, preference, webhook and chat channel endpoints x every kind of caller,
 each cell asserting the exact status.
 
-Notifications are a person's: a token gets 403 on each of them. Webhooks are
+Notifications (and the mail kept for a person) are a person's: a token gets
+403 on each of them. Webhooks are
 the department's approvers': a member is not told they exist (404), an
 outsider neither.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from core.actors import Actor
-from notifications.models import Delivery, Notification
+from notifications.models import Delivery, Notification, OutboxMail
 from notifications.services.chat_channels import chat_channel_create
 from notifications.services.webhooks import webhook_create
 from tests.factories import make_adapter, make_approved_version
@@ -63,6 +64,19 @@ MATRIX = {
         "/api/v1/notification-preferences/",
         lambda w: {"kind": "version.submitted", "channel": "in_app"},
         statuses(401, 200, 200, 200, 403, 200),
+    ),
+    "list the mail outbox": (
+        "get",
+        "/api/v1/mail-outbox/",
+        None,
+        statuses(401, 200, 200, 200, 403, 200),
+    ),
+    "get a mail": (
+        "get",
+        "/api/v1/mail-outbox/{mail}/",
+        None,
+        # lena's mail: hers, and a platform admin's, who sees the whole outbox.
+        statuses(401, 404, 200, 404, 403, 200),
     ),
     "list webhooks": (
         "get",
@@ -181,7 +195,9 @@ def world(legal, lena, alex, root):
     notification = Notification.objects.get(user=lena, event__kind="version.approved")
     delivery = Delivery.objects.filter(webhook=webhook).first()
     chat_delivery = Delivery.objects.filter(webhook=chat).first()
+    mail = OutboxMail.objects.create(to=lena.email, subject="[LoRA Registry] hello", body="hi")
     return {
+        "mail": mail.pk,
         "notification": notification.pk,
         "webhook": webhook.pk,
         "delivery": delivery.pk,
