@@ -164,6 +164,8 @@ class Webhook(models.Model):
     active = models.BooleanField(default=True)
     disabled_reason = models.CharField(max_length=300, blank=True)
     consecutive_failures = models.PositiveIntegerField(default=0)
+    # When the failures in a row began (none: the last attempt was delivered).
+    failing_since = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
     )

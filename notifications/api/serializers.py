@@ -87,6 +87,7 @@ class WebhookSerializer(serializers.ModelSerializer):
             "active",
             "disabled_reason",
             "consecutive_failures",
+            "failing_since",
             "created_by",
             "created_at",
         ]
@@ -194,6 +195,7 @@ class ChatChannelSerializer(serializers.ModelSerializer):
             "active",
             "disabled_reason",
             "consecutive_failures",
+            "failing_since",
             "created_by",
             "created_at",
         ]

@@ -18,7 +18,8 @@ from datetime import timedelta
 import requests
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import DateTimeField, F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from core.access import require_approver, require_platform_admin
@@ -42,8 +43,12 @@ DELIVERY_LEASE = Lease(Delivery, "claimed_by", "claimed_until")
 MAX_ATTEMPTS = 13
 BACKOFF_BASE_SECONDS = 60.0
 BACKOFF_CAP_SECONDS = 4 * 3600.0
-# Failed attempts in a row (across deliveries) after which a webhook is disabled.
+# A webhook is disabled after this many failed attempts in a row (across
+# deliveries) that span at least DISABLE_AFTER_SECONDS: a receiver that is
+# down for minutes while a backlog is sent fails many attempts quickly, and
+# must not lose every event after them; one that is down for half a day is.
 DISABLE_AFTER = 30
+DISABLE_AFTER_SECONDS = 12 * 3600.0
 # What is read of a receiver's answer; the rest is never read.
 MAX_RESPONSE_BYTES = 64 * 1024
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a public marker, not a secret
@@ -114,7 +119,7 @@ def save_changes(
     leaving out the field `hidden` (its secret). Re-enabling clears the
     failure count."""
     if changes.get("active") and not hook.active:
-        changes.update(consecutive_failures=0, disabled_reason="")
+        changes.update(consecutive_failures=0, failing_since=None, disabled_reason="")
     with transaction.atomic():
         for name, value in changes.items():
             setattr(hook, name, value)
@@ -287,7 +292,7 @@ def _settle(delivery: Delivery, owner: str, outcome: _Outcome) -> str:
     }
     if outcome.ok:
         _end(delivery, owner, DeliveryStatus.DELIVERED, delivered_at=timezone.now(), **common)
-        Webhook.objects.filter(pk=webhook.pk).update(consecutive_failures=0)
+        Webhook.objects.filter(pk=webhook.pk).update(consecutive_failures=0, failing_since=None)
         return "delivered"
     if outcome.transient and delivery.attempts + 1 < MAX_ATTEMPTS:
         delay = backoff_delay(
@@ -311,14 +316,24 @@ def _end(delivery: Delivery, owner: str, status: str, **changes) -> None:
 
 
 def _count_failure(webhook: Webhook) -> None:
-    Webhook.objects.filter(pk=webhook.pk).update(consecutive_failures=F("consecutive_failures") + 1)
+    now = timezone.now()
+    Webhook.objects.filter(pk=webhook.pk).update(
+        consecutive_failures=F("consecutive_failures") + 1,
+        failing_since=Coalesce(F("failing_since"), Value(now), output_field=DateTimeField()),
+    )
     with transaction.atomic():
         # Compare-and-swap on `active`: two workers failing at once disable it once.
         disabled = Webhook.objects.filter(
-            pk=webhook.pk, active=True, consecutive_failures__gte=DISABLE_AFTER
+            pk=webhook.pk,
+            active=True,
+            consecutive_failures__gte=DISABLE_AFTER,
+            failing_since__lte=now - timedelta(seconds=DISABLE_AFTER_SECONDS),
         ).update(
             active=False,
-            disabled_reason=f"{DISABLE_AFTER} failed attempts in a row",
+            disabled_reason=(
+                f"{DISABLE_AFTER} failed attempts in a row over "
+                f"{DISABLE_AFTER_SECONDS / 3600:g} hours or more"
+            ),
         )
         if disabled:
             webhook.refresh_from_db()

@@ -72,6 +72,9 @@ FAST = {
     "MLFLOW_HTTP_MAX_RETRIES": "0",
     "MLFLOW_HTTP_TIMEOUT": "5",
     "CELERY_BROKER_POLL_SECONDS": "0.05",
+    # A webhook delivery's bound; its claim is 3x this + 30 s (a killed worker's
+    # delivery is free again after 39 s, not 60).
+    "NOTIFICATIONS_WEBHOOK_TIMEOUT_SECONDS": "3",
     "LOG_LEVEL": "INFO",
 }
 

@@ -8,10 +8,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
 import time
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.utils import timezone
@@ -26,53 +24,9 @@ from tests.conftest import actor
 from tests.factories import make_adapter, make_version
 from tests.notifications.conftest import fan_out_all, told
 from tests.support.adapters import AdapterSpec
+from tests.support.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.django_db
-
-
-class Receiver:
-    """A real HTTP server on loopback whose answer a test chooses: "ok",
-    "error" (500), "gone" (410), "hang" (no answer for 30 s), "flood" (a
-    200 whose body never ends)."""
-
-    def __init__(self):
-        self.mode = "ok"
-        self.received: list[tuple[dict, bytes]] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.received.append((dict(self.headers), body))
-                if receiver.mode == "hang":
-                    time.sleep(30)
-                    return
-                if receiver.mode == "flood":
-                    self.send_response(200)
-                    self.end_headers()
-                    try:
-                        for _ in range(100_000):
-                            self.wfile.write(b"x" * 1024)
-                    except OSError:
-                        pass
-                    return
-                code = {"ok": 200, "error": 500, "gone": 410}[receiver.mode]
-                self.send_response(code)
-                self.send_header("Content-Type", "text/plain")
-                self.end_headers()
-                self.wfile.write(b"thanks" if code == 200 else b"receiver broke")
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/registry"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -202,12 +156,16 @@ def test_repeated_failure_disables_the_webhook_and_tells_its_approvers(
 ):
     monkeypatch.setattr(webhook_service, "DISABLE_AFTER", 2)
     receiver.mode = "error"
-    for seed in (67, 68):
-        delivery_attempt(submit_one(lena, legal, seed).pk, "worker-a")
+    delivery_attempt(submit_one(lena, legal, 67).pk, "worker-a")
+    # The failures began half a day ago: the receiver has been down that long.
+    Webhook.objects.filter(pk=hook.pk).update(
+        failing_since=timezone.now() - timedelta(seconds=webhook_service.DISABLE_AFTER_SECONDS)
+    )
+    delivery_attempt(submit_one(lena, legal, 68).pk, "worker-a")
 
     hook.refresh_from_db()
     assert not hook.active
-    assert hook.disabled_reason == "2 failed attempts in a row"
+    assert hook.disabled_reason == "2 failed attempts in a row over 12 hours or more"
     assert Event.objects.filter(kind="webhook.disabled").count() == 1
     fan_out_all()
     assert told("webhook.disabled") == {"alex", "paula"}
@@ -216,6 +174,26 @@ def test_repeated_failure_disables_the_webhook_and_tells_its_approvers(
     submit_one(lena, legal, 69)
     assert Delivery.objects.filter(webhook=hook).count() == before == 2
     assert not Delivery.objects.filter(webhook=hook, event__kind="webhook.disabled").exists()
+
+
+def test_a_burst_of_failures_in_a_short_outage_does_not_disable_the_webhook(
+    receiver, hook, lena, legal, monkeypatch
+):
+    # A backlog sent while the receiver is down for minutes fails many attempts
+    # at once: disabling then would lose every event after them (fault tier).
+    monkeypatch.setattr(webhook_service, "DISABLE_AFTER", 2)
+    receiver.mode = "error"
+    for seed in (74, 75, 76):
+        assert delivery_attempt(submit_one(lena, legal, seed).pk, "worker-a") == "retry"
+    hook.refresh_from_db()
+    assert hook.active
+    assert hook.consecutive_failures == 3
+    assert hook.failing_since is not None
+
+    receiver.mode = "ok"
+    assert delivery_attempt(submit_one(lena, legal, 77).pk, "worker-a") == "delivered"
+    hook.refresh_from_db()
+    assert (hook.consecutive_failures, hook.failing_since) == (0, None)
 
 
 def test_a_redelivery_sends_the_same_event_again(receiver, hook, lena, alex, legal):

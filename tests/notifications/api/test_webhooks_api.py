@@ -3,7 +3,10 @@ the secret is shown once; internal addresses need a platform admin."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from core.actors import Actor
 from notifications.models import Webhook
@@ -96,12 +99,16 @@ def test_a_disabled_webhook_is_enabled_again_with_its_failures_forgotten(as_alex
         actor=Actor(user=root), department=legal, url="http://127.0.0.1:9/", allow_internal=True
     )
     Webhook.objects.filter(pk=webhook.pk).update(
-        active=False, consecutive_failures=30, disabled_reason="30 failed attempts in a row"
+        active=False,
+        consecutive_failures=30,
+        failing_since=timezone.now() - timedelta(days=1),
+        disabled_reason="30 failed attempts in a row over 12 hours or more",
     )
     response = as_alex.patch(f"/api/v1/webhooks/{webhook.pk}/", {"active": True}, format="json")
     assert response.status_code == 200
     assert response.json()["active"] is True
     assert response.json()["consecutive_failures"] == 0
+    assert response.json()["failing_since"] is None
 
 
 def test_a_member_is_not_told_a_webhook_exists(as_lena, legal, root):
