@@ -958,8 +958,8 @@ class DoorState(models.Model):
 class DoorInstance(models.Model):
     """One door of a deployment as the control plane last heard of it: the
     generation it applied, when (its lease runs from `seen_at`), the requests
-    still in flight on what it drained, and its counters (what `samples` and
-    `model_counters` read across doors)."""
+    still in flight on what it drained, its counters (what `samples` and
+    `model_counters` read across doors), and where its peers reach it."""
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="doors")
     name = models.CharField(max_length=253)
@@ -968,6 +968,9 @@ class DoorInstance(models.Model):
     lease_seconds = models.FloatField()
     busy = models.IntegerField(default=0)
     report = models.JSONField(default=dict)
+    # Where it talks HAProxy's peers protocol, when it finds its peers through
+    # the control plane (DOOR_PEER_ADDRESS, docs/door.md#peers); else empty.
+    peer_address = models.CharField(max_length=300, blank=True, default="")
 
     class Meta:
         constraints = [

@@ -5,7 +5,9 @@ pull their state (SERVING_DOORS "<name>=pull") read, and where they report
     GET  /doors/<deployment>/state?door=<name>&known=<generation>&wait=<seconds>
          200 {"generation", "document"} once the state is newer than `known`;
          304 after `wait` (at most MAX_WAIT_SECONDS) with nothing newer.
-    POST /doors/<deployment>/ack {"door", "generation", "busy", "report"}  204
+    POST /doors/<deployment>/ack {"door", "generation", "busy", "report", "peer_address"}
+         200 {"peers": [{"name", "address"}, ...]}: the live doors that gave a
+         peer_address, which a door giving one lists in its `peers` section.
 
 Each deployment's doors share one token, derived from the secret key for that
 deployment alone (`manage.py door_credential <deployment>`): it reads that
@@ -29,7 +31,8 @@ from django.utils.crypto import salted_hmac
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from serving.door.fleet import PULL, acknowledge, change, heard_from
+from serving.door.fleet import PULL, acknowledge, change, door_peers, heard_from
+from serving.door.haproxy import PEER_ADDRESS
 from serving.models import Deployment, DoorState
 
 _SALT = "serving.door.agent-token"
@@ -118,14 +121,25 @@ def door_ack(request, name: str):
         body = json.loads(raw)
         door, generation, busy = body["door"], int(body["generation"]), int(body.get("busy", 0))
         report = body.get("report") or {}
-    except (ValueError, KeyError, TypeError):
-        return _bad('The body is JSON: {"door", "generation", "busy", "report"}.')
+        peer_address = body.get("peer_address") or ""
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return _bad('The body is JSON: {"door", "generation", "busy", "report", "peer_address"}.')
     if not isinstance(door, str) or not DOOR_NAME.match(door):
         return _bad("door: letters, digits, '.', '_' or '-', at most 253, required.")
     if not isinstance(report, dict) or generation < 0 or busy < 0:
         return _bad("generation and busy are counts; report an object.")
-    acknowledge(deployment, door, generation=generation, busy=busy, report=report)
-    return HttpResponse(status=204)
+    if peer_address and not (isinstance(peer_address, str) and PEER_ADDRESS.match(peer_address)):
+        return _bad("peer_address: host:port (or [IPv6]:port).")
+    acknowledge(
+        deployment,
+        door,
+        generation=generation,
+        busy=busy,
+        report=report,
+        peer_address=peer_address,
+    )
+    peers = [{"name": name, "address": address} for name, address in door_peers(deployment)]
+    return JsonResponse({"peers": peers})
 
 
 door_urlpatterns = [

@@ -17,6 +17,14 @@ request with a 503 to retry and fails `/door/ready`, rather than route on a
 state that may be stale. The control plane takes the door for gone at the same
 moment (from when it last heard of it), and rollouts go on without it.
 
+A door finds its peers (the deployment's other doors, with which it counts
+requests per minute) either in DOOR_PEERS, a fixed list, or through the
+control plane: with DOOR_PEER_ADDRESS (where the others reach it, e.g. the
+pod's IP and port 10000) it gives that address with each report and takes
+the live doors the answer lists as its `peers` section, reloading HAProxy
+hitlessly when they change. A Deployment's pods have no fixed names; this
+way they count together all the same (docs/door.md#peers).
+
 No Django here, no database URL, no application secret: the door's container
 holds its own token, which reads one deployment's door state and nothing else.
 """
@@ -66,6 +74,9 @@ class AgentConfig:
     certificate: str = ""
     metrics: str = ""
     peers: tuple[Peer, ...] = ()
+    # Where this door talks HAProxy's peers protocol, given to the control
+    # plane, which lists the live doors' back: peers found, not configured.
+    peer_address: str = ""
     lease_seconds: float = 10.0
 
     @classmethod
@@ -87,6 +98,11 @@ class AgentConfig:
                 item.partition("=") for item in env.get("DOOR_PEERS", "").split(",") if item
             )
         )
+        peer_address = env.get("DOOR_PEER_ADDRESS", "").strip()
+        if peers and peer_address:
+            raise SystemExit(
+                "door agent: DOOR_PEERS lists the peers, DOOR_PEER_ADDRESS finds them: set one"
+            )
         return cls(
             deployment=env["DOOR_DEPLOYMENT"],
             name=env.get("DOOR_NAME") or socket.gethostname(),
@@ -97,6 +113,7 @@ class AgentConfig:
             certificate=env.get("DOOR_CERTIFICATE", ""),
             metrics=env.get("DOOR_METRICS", ""),
             peers=peers,
+            peer_address=peer_address,
             lease_seconds=float(env.get("DOOR_LEASE_SECONDS", "10")),
         )
 
@@ -104,13 +121,20 @@ class AgentConfig:
 class DoorAgent:
     def __init__(self, config: AgentConfig, *, session: requests.Session | None = None):
         self.config = config
+        # Peers found through the control plane: this door alone until it
+        # hears of others, so that HAProxy starts with its `-L` name.
+        peers = (
+            (Peer.checked(config.name, config.peer_address),)
+            if config.peer_address
+            else config.peers
+        )
         self.door = HAProxyFrontDoor(
             config.directory,
             listen=config.listen,
             certificate=config.certificate,
             metrics=config.metrics,
-            peers=config.peers,
-            peer_name=config.name if config.peers else "",
+            peers=peers,
+            peer_name=config.name if peers else "",
             lease=True,
         )
         self.session = session or requests.Session()
@@ -149,8 +173,10 @@ class DoorAgent:
         self._renew(sent, document.lease_seconds)
         return int(body["generation"]), document
 
-    def report(self, generation: int) -> None:
-        """Acknowledges `generation` (with the counters `samples` reads)."""
+    def report(self, generation: int, *, follow_peers: bool = True) -> None:
+        """Acknowledges `generation` (with the counters `samples` reads) and,
+        finding its peers through the control plane, takes the live doors it
+        lists as its peers."""
         sent = time.time()
         response = self.session.post(
             self._url("ack"),
@@ -159,11 +185,38 @@ class DoorAgent:
                 "generation": generation,
                 "busy": self.busy,
                 "report": self._counters(),
+                "peer_address": self.config.peer_address,
             },
             timeout=HTTP_TIMEOUT_SECONDS,
         )
         response.raise_for_status()
         self._renew(sent)
+        if self.config.peer_address and follow_peers and response.status_code == 200:
+            self.follow_peers(response.json().get("peers", []))
+
+    def follow_peers(self, listed: list) -> None:
+        """The doors the control plane lists, this one always among them (as
+        it says it is): a new peers section, by a hitless reload, when they
+        changed. An entry that cannot be a peer is left out."""
+        peers = {self.config.name: Peer.checked(self.config.name, self.config.peer_address)}
+        for entry in listed:
+            try:
+                peer = Peer.checked(entry.get("name"), entry.get("address"))
+            except (ValueError, AttributeError) as error:
+                logger.warning("door %s: a listed peer left out: %s", self.config.name, error)
+                continue
+            peers.setdefault(peer.name, peer)
+        with self.lock:
+            running = self.process is not None and self.process.poll() is None
+            table = self.applied.table if self.applied is not None and running else None
+            change = self.door.set_peers(tuple(peers.values()), table)
+            if change is None:
+                return
+            logger.info("door %s: peers %s: %s", self.config.name, sorted(peers), change)
+            if table is not None and self.applied is not None:
+                # The new worker read the routes from the files; weights,
+                # holds and access go through the socket again.
+                self._push_runtime(self.applied, None)
 
     def _renew(self, sent: float, lease: float | None = None) -> None:
         if lease is None:
@@ -265,6 +318,10 @@ class DoorAgent:
                     time.sleep(0.1)
 
     def _apply_runtime(self, document: DoorDocument, before: DoorDocument | None) -> None:
+        self._push_runtime(document, before)
+        self.busy = self._wait_drained(document, before)
+
+    def _push_runtime(self, document: DoorDocument, before: DoorDocument | None) -> None:
         door = self.door
         door.apply(document.table)
         for model, route in document.table.routes.items():
@@ -288,7 +345,6 @@ class DoorAgent:
             if model not in document.holds:
                 door.release(model, owner=owner)
         door.apply_access(document.access)
-        self.busy = self._wait_drained(document, before)
 
     def _wait_drained(self, document: DoorDocument, before: DoorDocument | None) -> int:
         """Waits (at most the document's drain bound) until the servers this
@@ -319,7 +375,8 @@ class DoorAgent:
                 next_report = time.monotonic() + HEARTBEAT_SECONDS
                 self.busy = busy
                 try:
-                    self.report(self.generation)  # the one before: still draining
+                    # The one before: still draining (no reload meanwhile).
+                    self.report(self.generation, follow_peers=False)
                 except requests.RequestException as error:
                     logger.warning("door %s: report: %s", self.config.name, error)
             time.sleep(0.02)

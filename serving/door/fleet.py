@@ -154,16 +154,37 @@ def heard_from(deployment: Deployment, name: str) -> DoorInstance:
 
 
 def acknowledge(
-    deployment: Deployment, name: str, *, generation: int, busy: int, report: dict
+    deployment: Deployment,
+    name: str,
+    *,
+    generation: int,
+    busy: int,
+    report: dict,
+    peer_address: str = "",
 ) -> None:
     """A door's report: it applied `generation`, still has `busy` requests in
-    flight on what it drained, and counted `report` (what `samples` reads)."""
+    flight on what it drained, counted `report` (what `samples` reads), and
+    talks HAProxy's peers protocol at `peer_address` (empty: it does not
+    find its peers here)."""
     door = heard_from(deployment, name)
     # Never backwards: a late report of an older generation keeps the newer one.
     DoorInstance.objects.filter(pk=door.pk, applied_generation__lt=generation).update(
         applied_generation=generation
     )
-    DoorInstance.objects.filter(pk=door.pk).update(busy=busy, report=report)
+    DoorInstance.objects.filter(pk=door.pk).update(
+        busy=busy, report=report, peer_address=peer_address
+    )
+
+
+def door_peers(deployment: Deployment) -> list[tuple[str, str]]:
+    """The live doors of `deployment` that find their peers through the
+    control plane, by name, with their peers addresses: what each of them
+    lists in its `peers` section, so that a caller's requests per minute are
+    counted across the doors that run now (docs/door.md#peers). A door that
+    stops is dropped once its lease has run out."""
+    return sorted(
+        (door.name, door.peer_address) for door in live_doors(deployment) if door.peer_address
+    )
 
 
 def _servers_of(document: DoorDocument, model: str) -> dict[str, ServerState]:

@@ -657,6 +657,16 @@ def _source_rules(connections: int) -> list[str]:
     ]
 
 
+# What may stand in a `peer <name> <address>` line: names as the doors'
+# (DNS labels, pod names), an address as host:port, [IPv6]:port or IPv6:port
+# (HAProxy takes the last colon's digits as the port; a pod's IPv6 address
+# comes bare from the kubelet's `$(POD_IP):10010`).
+PEER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+PEER_ADDRESS = re.compile(
+    r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\]|[0-9A-Fa-f:.]{2,45}):[0-9]{1,5}$"
+)
+
+
 @dataclass(frozen=True)
 class Peer:
     """One door of a deployment's peers: its fixed name (HAProxy's `-L`) and
@@ -664,6 +674,16 @@ class Peer:
 
     name: str
     address: str
+
+    @classmethod
+    def checked(cls, name: str, address: str) -> Peer:
+        """A peer from what another process said: refused (ValueError) unless
+        both fit a configuration line."""
+        if not (isinstance(name, str) and PEER_NAME.match(name)):
+            raise ValueError(f"not a door name: {name!r}")
+        if not (isinstance(address, str) and PEER_ADDRESS.match(address)):
+            raise ValueError(f"not a peer address (host:port): {address!r}")
+        return cls(name, address)
 
 
 PEERS_SECTION = "door_peers"
@@ -1132,6 +1152,35 @@ class HAProxyFrontDoor:
             # Which of the peers this door is (the master keeps it across reloads).
             *(("-L", self.peer_name) if self.peers else ()),
         ]
+
+    def set_peers(self, peers: tuple[Peer, ...], table: RoutingTable | None) -> str | None:
+        """This door's peers from now on (doors that find each other through
+        the control plane, docs/door.md#peers). Running, it takes a new
+        configuration by a hitless reload, whose new worker takes the counts
+        from the old one: the `-L` name stays, only the list changes. What
+        changed, or None."""
+        peers = tuple(sorted(set(peers), key=lambda peer: peer.name))
+        if peers == self.peers:
+            return None
+        _rate_tables(peers, self.peer_name)  # this door among them, or refused
+        with self._locked():
+            self.peers = peers
+            if table is None:
+                return "peers set"
+            if not self.runtime.available():
+                self.write(table)
+                return "wrote configuration"
+            current = self.runtime.servers()
+            entries = self.runtime.map_entries(self.map_path)
+            # A held route keeps its states across the reload, as in apply().
+            held = {
+                (backend_for(route), server): status.state
+                for model, route in table.routes.items()
+                if route.held
+                for (backend, server), status in current.items()
+                if backend == _running_backend(entries.get(model), route)
+            }
+            return self._reload(table, held)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

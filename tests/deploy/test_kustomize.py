@@ -290,9 +290,10 @@ def test_each_container_reads_only_the_secret_keys_its_process_reads(built):
 
 DOOR = "lora-registry-gateway"
 # The agent's variables (serving/door/agent.py) the door's pod need not set:
-# DOOR_PEERS names the peers of HAProxy's peers section, which need fixed pod
-# names (a StatefulSet); a Deployment's doors count per-minute limits alone.
+# DOOR_PEERS lists fixed peers, which a Deployment's pods have no names for;
+# they find each other through the control plane (DOOR_PEER_ADDRESS) instead.
 AGENT_OPTIONAL = {"DOOR_PEERS"}
+PEERS_PORT = 10010
 APPLICATION_SECRETS = {"DATABASE_URL", "DJANGO_SECRET_KEY", "FIELD_ENCRYPTION_KEY"}
 
 
@@ -400,6 +401,9 @@ def test_the_agent_gets_every_variable_it_needs_and_nothing_of_the_application(b
     assert credential["items"] == [{"key": value["DOOR_DEPLOYMENT"], "path": token.name}]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert value["DOOR_METRICS"].endswith(f":{ports['metrics']}")
+    # Its peers address: the pod's own IP (expanded by the kubelet), on the peers port.
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert value["DOOR_PEER_ADDRESS"] == f"$(POD_IP):{ports['peers']}" == f"$(POD_IP):{PEERS_PORT}"
 
 
 def test_only_the_doors_mount_the_doors_secrets(built):
@@ -656,10 +660,13 @@ def test_a_door_reaches_the_door_state_endpoint_and_the_replicas_only(built):
     assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
     assert admitted(policy, 8080, objects) == {"*"}
     assert admitted(policy, 8404, objects) == {"namespace monitoring"}
+    # The doors talk HAProxy's peers protocol with each other, nobody else.
+    assert admitted(policy, PEERS_PORT, objects) == {DOOR}
     for port in (9999, 10000):  # where the runtime API and master CLI were
         assert admitted(policy, port, objects) == set()
     assert reached(policy, objects) == {
         ("lora-registry-web", 8000),
+        (DOOR, PEERS_PORT),
         ("replicas", PORT),
         *{("any pod", port) for port in (53, 5353)},  # DNS (OpenShift's answers on 5353)
     }
@@ -795,7 +802,10 @@ class _StandInHandler(http.server.BaseHTTPRequestHandler):
         if not self._allowed("ack"):
             return self._answer(404, {"detail": "No door state."})
         self.server.acks.append(body)
-        return self._answer(204)
+        # The live doors that gave a peers address: this one, as the real
+        # endpoint lists it back (serving/api/doors.py).
+        peers = [{"name": body["door"], "address": body["peer_address"]}]
+        return self._answer(200, {"peers": peers if body.get("peer_address") else []})
 
 
 def test_the_door_s_container_starts_with_its_token_alone_and_is_ready_while_its_lease_holds(
@@ -821,9 +831,13 @@ def test_the_door_s_container_starts_with_its_token_alone_and_is_ready_while_its
 
     door, container = door_container(build("base"))
     env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    # What the kubelet gives from the pod (its name, its IP), and the
+    # $(VAR) references it expands with them.
+    from_pod = {"DOOR_NAME": "door-0", "POD_IP": "127.0.0.1"}
     for entry in container["env"]:
-        assert "value" in entry or entry["name"] == "DOOR_NAME", entry
-        env[entry["name"]] = entry.get("value", "door-0")
+        assert "value" in entry or entry["name"] in from_pod, entry
+        value = entry.get("value", from_pod.get(entry["name"]))
+        env[entry["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)
     assert not APPLICATION_SECRETS & set(env)
     # Where the pod's volumes are, here: the emptyDir, the Secrets' files,
     # free ports instead of 8080 and 8404.
@@ -849,6 +863,7 @@ def test_the_door_s_container_starts_with_its_token_alone_and_is_ready_while_its
         DOOR_LISTEN=f"127.0.0.1:{port}",
         DOOR_METRICS=f"127.0.0.1:{metrics}",
         DOOR_CERTIFICATE=str(mounted.root / Path(env["DOOR_CERTIFICATE"]).name),
+        DOOR_PEER_ADDRESS=f"127.0.0.1:{free_port()}",
     )
     probe = container["readinessProbe"]["httpGet"]
     ready = f"{probe['scheme'].lower()}://127.0.0.1:{port}{probe['path']}"
@@ -883,6 +898,10 @@ def test_the_door_s_container_starts_with_its_token_alone_and_is_ready_while_its
             time.sleep(0.1)
         exported = requests.get(f"http://127.0.0.1:{metrics}/metrics", timeout=5)
         assert "haproxy_process_" in exported.text
+        # It gives its peers address, and runs HAProxy as a peer named for the pod.
+        assert control_plane.acks[-1]["peer_address"] == env["DOOR_PEER_ADDRESS"]
+        config = (tmp_path / "gateway" / "haproxy.cfg").read_text()
+        assert f"    peer door-0 {env['DOOR_PEER_ADDRESS']}\n" in config
         control_plane.answering = False
         stopped = time.monotonic()
         while readiness() != 503:

@@ -106,10 +106,16 @@ def test_every_door_applies_the_state_and_routes(fleet, deployment):
     assert document is not None and generation >= 1
     for door in fleet:
         assert complete(door).status_code == 200
-    applied = dict(
-        DoorInstance.objects.filter(deployment=deployment).values_list("name", "applied_generation")
-    )
-    assert applied == {door.name: generation for door in fleet}
+
+    def applied() -> dict[str, int]:
+        rows = DoorInstance.objects.filter(deployment=deployment)
+        return dict(rows.values_list("name", "applied_generation"))
+
+    # A door routes once HAProxy has the state; its acknowledgement is the
+    # agent's next request, which a loaded machine can delay.
+    wanted = {door.name: generation for door in fleet}
+    wait_for(lambda: applied() == wanted, timeout=10, step=0.1)
+    assert applied() == wanted
 
 
 def test_a_drain_returns_once_every_door_applied_it_and_no_door_sends_there_again(

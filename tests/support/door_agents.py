@@ -46,6 +46,7 @@ def start_agent(
     token_file: Path,
     peers: str = "",
     lease: float = 3.0,
+    peer_address: str = "",
 ):
     env = {
         "PATH": os.environ["PATH"],
@@ -57,6 +58,7 @@ def start_agent(
         "DOOR_DIR": str(door.directory),
         "DOOR_LISTEN": door.listen,
         "DOOR_PEERS": peers,
+        "DOOR_PEER_ADDRESS": peer_address,
         "DOOR_LEASE_SECONDS": str(lease),
     }
     log = (door.directory.parent / f"{door.name}.log").open("ab")
