@@ -14,7 +14,9 @@ No role ("all": `make run`, the tests) reads and requires everything, as before.
 - discovery (manage.py watch_replicas): writes replica rows, enqueues a reconcile;
   it never loads the deployment's vLLM key (serving/discovery/kubernetes.py).
 - migrate: the tables' owner (the Secret's MIGRATE_DATABASE_URL, as DATABASE_URL).
-- gateway: HAProxy and the command that writes its first configuration; no secret.
+- gateway: a door (HAProxy with its agent, which pulls its state from web); no secret.
+- door-credential: writes the doors' token (manage.py door_credential), which is
+  derived from DJANGO_SECRET_KEY; no database (Compose's one-shot service).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ REQUIRED: dict[str, frozenset[str]] = {
     "discovery": frozenset({"DATABASE_URL", "CELERY_BROKER_URL"}),
     "migrate": frozenset({"DATABASE_URL"}),
     "gateway": frozenset(),
+    "door-credential": frozenset({"DJANGO_SECRET_KEY"}),
 }
 # Read when the deployment has them: S3 keys (else the SDK's own credentials),
 # the MLflow token, the OIDC client secret (required where SSO is on), the
@@ -55,6 +58,7 @@ OPTIONAL: dict[str, frozenset[str]] = {
     "discovery": frozenset(),
     "migrate": frozenset(),
     "gateway": frozenset(),
+    "door-credential": frozenset(),
 }
 ROLES = frozenset(REQUIRED)
 

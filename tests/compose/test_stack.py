@@ -4,9 +4,12 @@ scripts/compose/build.sh built (`make compose-test`, docs/operators/deployment.m
 One stack for the module, in order: it starts and turns healthy; the product's
 containers run as shipped (UID 10001, read-only root, secrets as files, their
 PROCESS_ROLE); a newcomer's steps against the published ports (sign in, a
-pipeline token, upload, submit, approve); a worker container killed and the
-stack converging; the door container restarted and listening again; `down -v`
-leaving nothing. Times are printed (start to ready, each fault's recovery).
+pipeline token, upload, submit, approve); the two doors of the demo deployment
+pulling their state from web, each refusing a request without a key on its own
+published port and acknowledged at the control plane; a worker container killed
+and the stack converging; one door restarted and healthy again while the other
+keeps answering; `down -v` leaving nothing. Times are printed (start to ready,
+each fault's recovery).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -29,7 +33,8 @@ from tests.support.adapters import AdapterSpec, adapter_tar_gz
 pytestmark = [pytest.mark.compose]
 
 WEB = "http://127.0.0.1:8000"
-DOOR = "127.0.0.1", 8080
+# The demo deployment's doors (docker-compose.yml): service -> published port.
+DOORS = {"gateway": 8080, "gateway-b": 8081}
 PRODUCT = [
     "migrate",
     "web",
@@ -37,9 +42,20 @@ PRODUCT = [
     "worker-reconcile",
     "worker-housekeeping",
     "beat",
+    "door-credential",
     "gateway",
+    "gateway-b",
 ]
-LONG_RUNNING = ["web", "worker-rollouts", "worker-reconcile", "worker-housekeeping", "gateway"]
+# Each service's PROCESS_ROLE (config/roles.py): its own name but for the doors.
+ROLE = {service: service for service in PRODUCT} | {door: "gateway" for door in DOORS}
+LONG_RUNNING = [
+    "web",
+    "worker-rollouts",
+    "worker-reconcile",
+    "worker-housekeeping",
+    "gateway",
+    "gateway-b",
+]
 # The secret files each role mounts (docker-compose.yml, config/roles.py).
 SECRETS = {
     "migrate": {"migrate_database_url"},
@@ -53,7 +69,10 @@ SECRETS = {
         "s3_secret_key",
     },
     "beat": set(),
+    # The doors' token is derived from the secret key; the doors get neither.
+    "door-credential": {"django_secret_key"},
     "gateway": set(),
+    "gateway-b": set(),
 }
 FIGURES: dict[str, float] = {}
 
@@ -80,9 +99,44 @@ def stack(tmp_path_factory):
         s.down()  # what an interrupted run left
         started = time.monotonic()
         s.compose("up", "-d", timeout=900)
-        s.wait_healthy(LONG_RUNNING, timeout=600)
+        s.wait_healthy([x for x in LONG_RUNNING if x not in DOORS], timeout=600)
+        # The doors have no state before their deployment exists (nothing
+        # listens): what `register_local_deployment` does once vLLM runs, here
+        # without one (the tier starts no replica).
+        s.exec("web", "python", "manage.py", "shell", "-c", REGISTER)
+        s.wait_healthy(list(DOORS), timeout=180)
         _figure("up to every service healthy", time.monotonic() - started)
         yield s
+
+
+# local-cpu as register_local_deployment records it, by a platform admin. Its
+# replica is an address where nothing listens: the tier starts no vLLM, and a
+# name that does not resolve (vllm-cpu, not started) fails HAProxy's whole
+# configuration (it resolves every server's address at start and reload).
+REGISTER = (
+    "from django.contrib.auth import get_user_model\n"
+    "from core.actors import system_actor\n"
+    "from serving.models import Deployment\n"
+    "from serving.services.deployments import deployment_create\n"
+    "admin, _ = get_user_model().objects.get_or_create("
+    "username='compose-admin', defaults={'is_staff': True})\n"
+    "if not Deployment.objects.filter(name='local-cpu').exists():\n"
+    "    deployment_create(actor=system_actor(admin), name='local-cpu', environment='local',"
+    " base_model_name='tiny-llama',"
+    " replica_urls=['http://127.0.0.1:8100'],"
+    " volume_write_path='/mnt/adapters', volume_serve_path='/mnt/adapters')\n"
+)
+# The doors the control plane holds live for local-cpu (serving/door/fleet.py
+# live_doors: heard from within their lease) with the generation each
+# acknowledged, and the deployment's current generation.
+LIVE_DOORS = (
+    "import json\n"
+    "from serving.door.fleet import live_doors\n"
+    "from serving.models import Deployment, DoorState\n"
+    "d = Deployment.objects.get(name='local-cpu')\n"
+    "print(json.dumps({'generation': DoorState.objects.get(deployment=d).generation,"
+    " 'doors': {x.name: x.applied_generation for x in live_doors(d)}}))\n"
+)
 
 
 def _secret(name: str) -> str:
@@ -102,7 +156,7 @@ def test_product_service_runs_as_shipped(stack, service):
     assert config["User"] == "10001"
     assert host["ReadonlyRootfs"] is True
     env = dict(e.split("=", 1) for e in config["Env"])
-    assert env["PROCESS_ROLE"] == service
+    assert env["PROCESS_ROLE"] == ROLE[service]
     mounted = {
         Path(m["Destination"]).name
         for m in c["Mounts"]
@@ -143,7 +197,7 @@ def test_the_image_ships_var_dir_empty():
     assert listed.stdout.split() == []
 
 
-@pytest.mark.parametrize("service", ["web", "worker-rollouts", "gateway", "beat"])
+@pytest.mark.parametrize("service", ["web", "worker-rollouts", "gateway", "gateway-b", "beat"])
 def test_nothing_tries_to_write_the_read_only_root(stack, service):
     # gunicorn 27's control server wrote under $HOME (/home/registry, read-only):
     # the image sets HOME=/tmp.
@@ -270,35 +324,110 @@ def test_a_worker_container_killed_is_replaced_and_the_stack_converges(stack):
     _figure("killed worker back and healthy", time.monotonic() - started)
 
 
-def test_the_door_container_restarted_listens_and_routes_again(stack):
-    started = time.monotonic()
-    stack.compose("restart", "-t", "20", "gateway", timeout=120)
-    stack.wait_healthy(["gateway"], timeout=180)
-    _figure("door restarted and healthy", time.monotonic() - started)
-    # Through the published port: the door answers (no key: refused by the door itself).
-    response = requests.post(
-        f"http://{DOOR[0]}:{DOOR[1]}/v1/chat/completions",
+def _unkeyed(port: int) -> requests.Response:
+    return requests.post(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
         json={"model": "legal-contracts", "messages": [{"role": "user", "content": "hi"}]},
         timeout=30,
     )
+
+
+def _live_doors(stack) -> dict:
+    out = stack.exec("web", "python", "manage.py", "shell", "-c", LIVE_DOORS).stdout
+    # The last line: Django's shell may say what it imported first.
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _wait_acknowledged(stack, timeout: float = 60) -> dict:
+    """Both doors live at the control plane, each having acknowledged the
+    deployment's current generation."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = _live_doors(stack)
+        acked = {name: g for name, g in seen["doors"].items() if g == seen["generation"]}
+        if set(acked) == set(DOORS) and seen["generation"] >= 1:
+            return seen
+        assert time.monotonic() < deadline, f"not both doors live and acknowledged: {seen}"
+        time.sleep(2)
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_each_door_refuses_a_request_without_a_key_itself(stack, door):
+    # Through its published port: HAProxy's own 401 (no key), in OpenAI's shape.
+    response = _unkeyed(DOORS[door])
     assert response.status_code == 401, response.text[:300]
+    assert "error" in response.json(), response.text[:300]
+    assert stack.container(door)["HostConfig"]["PortBindings"]["8080/tcp"][0]["HostPort"] == str(
+        DOORS[door]
+    )
+
+
+def test_both_doors_pull_their_state_and_are_acknowledged_at_the_control_plane(stack):
+    seen = _wait_acknowledged(stack)
+    assert set(seen["doors"]) == {"gateway", "gateway-b"}, seen
+    for door in DOORS:
+        # Its token: door-credential's file, 0600 and the door's own UID, read-only.
+        token = stack.exec(
+            door,
+            "sh",
+            "-c",
+            "stat -c '%a %u' /etc/door-credential/token; touch /etc/door-credential/x 2>&1 || true",
+        ).stdout
+        assert token.splitlines()[0] == "600 10001", token
+        assert "Read-only file system" in token, token
+        # Each door's HAProxy talks the peers protocol with the other (DOOR_PEERS).
+        config = stack.exec(door, "sh", "-c", "cat /var/run/gateway/haproxy.cfg").stdout
+        assert "peer gateway gateway:10000" in config, config[-2000:]
+        assert "peer gateway-b gateway-b:10000" in config, config[-2000:]
+
+
+def test_one_door_restarted_comes_back_while_the_other_answers(stack):
+    refused: list[int] = []
+    stop = threading.Event()
+
+    def other_door() -> None:
+        while not stop.is_set():
+            try:
+                refused.append(_unkeyed(DOORS["gateway"]).status_code)
+            except requests.RequestException:
+                refused.append(0)
+            time.sleep(0.25)
+
+    watcher = threading.Thread(target=other_door, daemon=True)
+    watcher.start()
+    started = time.monotonic()
+    try:
+        stack.compose("restart", "-t", "20", "gateway-b", timeout=120)
+        stack.wait_healthy(["gateway-b"], timeout=180)
+        _figure("door restarted and healthy", time.monotonic() - started)
+    finally:
+        stop.set()
+        watcher.join(timeout=40)
+    # The other door answered throughout, every time with its own 401.
+    assert refused and set(refused) == {401}, refused
+    assert _unkeyed(DOORS["gateway-b"]).status_code == 401
+    _wait_acknowledged(stack)
 
 
 def test_a_stop_signal_stops_each_long_running_service_in_time(stack):
     # podman's stop sends SIGTERM, then SIGKILL after the timeout: a process that
-    # passed the signal on exits on its own, well within it.
-    for service in ("web", "worker-housekeeping", "gateway"):
+    # passed the signal on exits on its own, well within it. The doors first,
+    # while web answers: a door's agent ends the exchange it is in before it
+    # stops HAProxy (up to its HTTP timeout when web is away, as just after
+    # web's own restart).
+    for service in ("gateway", "gateway-b", "web", "worker-housekeeping"):
         started = time.monotonic()
         stack.compose("stop", "-t", "30", service, timeout=120)
         took = time.monotonic() - started
         state = stack.container(service)["State"]
         assert took < 25, (
             f"{service} took {took:.0f} s to stop: the signal did not reach it\n"
-            + stack.logs(service, tail=60)
+            + stack.compose("logs", "--no-color", "-t", "--tail=60", service, check=False).stdout
         )
+        _figure(f"{service} stopped on SIGTERM", took)
         assert state["ExitCode"] != 137, f"{service} was killed, not stopped: {state}"
         stack.compose("start", service, timeout=120)
-    stack.wait_healthy(["web", "worker-housekeeping", "gateway"], timeout=240)
+    stack.wait_healthy(["web", "worker-housekeeping", *DOORS], timeout=240)
 
 
 def test_down_v_leaves_nothing(stack):

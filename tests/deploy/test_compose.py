@@ -21,6 +21,11 @@ from tests.deploy.startup import settings_started
 REPO = Path(__file__).resolve().parents[2]
 QUEUES = {"rollouts", "reconcile", "housekeeping"}
 REGISTRY = {"migrate", "web", "beat"} | {f"worker-{q}" for q in QUEUES}
+# The demo deployment's two doors (docs/door.md#doors-that-pull), by service
+# name, their published port, and the one-shot service that writes their token.
+DOORS = {"gateway": "8080", "gateway-b": "8081"}
+CREDENTIAL = "door-credential"
+PRODUCT = REGISTRY | set(DOORS) | {CREDENTIAL}
 
 
 def compose(*args: str) -> str:
@@ -55,6 +60,8 @@ def test_it_validates_and_has_every_part(services):
         "minio-buckets",
         "mlflow",
         "gateway",
+        "gateway-b",
+        "door-credential",
         "vllm-cpu",
         "vllm-cpu-b",
         "vllm-gpu",
@@ -101,7 +108,7 @@ def test_no_healthcheck_argument_holds_whitespace(services):
 
 
 def test_healthchecks_and_start_order(services):
-    for name in ("postgres", "redis", "minio", "mlflow", "web", "vllm-cpu", "vllm-gpu"):
+    for name in ("postgres", "redis", "minio", "mlflow", "web", "vllm-cpu", "vllm-gpu", *DOORS):
         assert services[name]["healthcheck"]["test"], name
     for queue in QUEUES:
         assert services[f"worker-{queue}"]["healthcheck"]["test"]
@@ -117,6 +124,15 @@ def test_healthchecks_and_start_order(services):
         assert services[f"worker-{queue}"]["depends_on"]["migrate"]["condition"] == (
             "service_completed_successfully"
         )
+    # The token first, then the doors (which wait for web themselves: the agent retries).
+    assert services[CREDENTIAL]["depends_on"] == {
+        "migrate": {"condition": "service_completed_successfully"}
+    }
+    assert services[CREDENTIAL]["restart"] == "no"
+    for door in DOORS:
+        assert services[door]["depends_on"] == {
+            CREDENTIAL: {"condition": "service_completed_successfully"}
+        }, door
 
 
 def test_two_database_roles_the_migration_owns_the_tables(services):
@@ -125,8 +141,10 @@ def test_two_database_roles_the_migration_owns_the_tables(services):
     assert {s if isinstance(s, str) else s["source"] for s in migrate["secrets"]} >= {
         "migrate_database_url"
     }
-    for name in REGISTRY - {"migrate"}:
-        secrets = {s if isinstance(s, str) else s["source"] for s in services[name]["secrets"]}
+    for name in PRODUCT - {"migrate"}:
+        secrets = {
+            s if isinstance(s, str) else s["source"] for s in services[name].get("secrets", [])
+        }
         assert "migrate_database_url" not in secrets, name
     init = [v for v in _volumes(services["postgres"]) if "docker-entrypoint-initdb.d" in v]
     assert init and (REPO / "deploy/docker/postgres-app-role.sh").exists()
@@ -134,16 +152,19 @@ def test_two_database_roles_the_migration_owns_the_tables(services):
 
 def test_secrets_come_from_files_never_from_the_file_itself(services):
     text = (REPO / "docker-compose.yml").read_text()
-    for name in REGISTRY | {"gateway"}:
+    for name in PRODUCT:
         env = services[name]["environment"]
         for variable in ("DJANGO_SECRET_KEY", "AWS_SECRET_ACCESS_KEY", "FIELD_ENCRYPTION_KEY"):
             assert variable not in env, (name, variable)
         for variable, path in env.items():
-            if variable.endswith("_FILE") and variable != "WORKER_LIVENESS_FILE":
+            if variable.endswith("_FILE") and variable not in NOT_SECRET_FILES:
                 assert path.startswith("/run/secrets/"), (name, variable)
     assert "POSTGRES_PASSWORD:" not in text
 
 
+# Files that are no secret of the application: the workers' liveness file and
+# the doors' token (its own volume, written by door-credential).
+NOT_SECRET_FILES = {"WORKER_LIVENESS_FILE", "DOOR_TOKEN_FILE"}
 # Which secret file holds which setting (scripts/compose-secrets.sh writes them).
 SECRET_FILES = {
     "django_secret_key": "DJANGO_SECRET_KEY",
@@ -162,8 +183,12 @@ def _secrets(service: dict) -> set[str]:
 
 def test_each_service_gets_only_the_secret_files_its_process_reads(services):
     """Each registry service names its process (PROCESS_ROLE) and mounts exactly
-    the files of the secrets config/roles.py says it reads; the front door none."""
-    expected_roles = {name: name for name in REGISTRY} | {"gateway": "gateway"}
+    the files of the secrets config/roles.py says it reads; the doors none."""
+    expected_roles = (
+        {name: name for name in REGISTRY}
+        | {door: "gateway" for door in DOORS}
+        | {CREDENTIAL: "door-credential"}
+    )
     for name, role in expected_roles.items():
         service = services[name]
         assert service["environment"]["PROCESS_ROLE"] == role, name
@@ -183,16 +208,23 @@ def test_each_service_gets_only_the_secret_files_its_process_reads(services):
             roles.REQUIRED[role] - PLAIN - {SECRET_FILES.get(f, "DATABASE_URL") for f in wanted}
         )
         assert not missing, (name, missing)
-    assert _secrets(services["gateway"]) == set()
+    for door in DOORS:
+        assert _secrets(services[door]) == set(), door
+    # The token's writer reads the secret key alone: no database, no other key.
+    assert _secrets(services[CREDENTIAL]) == {"django_secret_key"}
+    assert roles.reads("door-credential") == {"DJANGO_SECRET_KEY"}
 
 
-def test_only_the_web_server_and_the_front_door_are_published(services):
+def test_only_the_web_server_and_the_two_doors_are_published(services):
     published = {
         name: [str(p["published"]) for p in service.get("ports", [])]
         for name, service in services.items()
         if service.get("ports")
     }
-    assert published == {"web": ["8000"], "gateway": ["8080"]}
+    assert published == {"web": ["8000"], "gateway": ["8080"], "gateway-b": ["8081"]}
+    # Each door listens on 8080 in its own container.
+    for door in DOORS:
+        assert [int(p["target"]) for p in services[door]["ports"]] == [8080], door
     assert "ports" not in services["mlflow"]  # no authentication of its own
 
 
@@ -269,21 +301,98 @@ def test_each_worker_turns_unhealthy_when_it_stops_consuming_its_liveness_ping(s
         assert worker["environment"]["CELERY_BROKER_URL"] == "redis://redis:6379/0"
 
 
-def test_the_front_door_is_the_client_url_and_the_workers_drive_it(services):
-    gateway = services["gateway"]
-    assert [str(p["published"]) for p in gateway["ports"]] == ["8080"]
-    assert "door_sync local-cpu --print-command" in " ".join(gateway["command"])
-    assert "--offline" in " ".join(gateway["command"])  # no database there
-    for name in ("gateway", "worker-rollouts", "worker-reconcile"):
+def _peers(value: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in value.split(","))
+
+
+def test_two_doors_pull_their_state_from_web_and_are_peers(services):
+    """Two doors of the demo deployment, each HAProxy with its agent, pulling
+    from web (docs/door.md#doors-that-pull), as deploy/kustomize runs them: the
+    control plane's side says local-cpu's doors pull, and no worker reaches
+    into a door any more (no door directory, no shared socket volume)."""
+    for name in REGISTRY:
         env = services[name]["environment"]
-        assert env["SERVING_DOORS"] == "local-cpu=0.0.0.0:8080"
-        assert env["SERVING_DOOR_DIR"] == "/var/run/gateway"
-        assert "gateway:/var/run/gateway:rw" in _volumes(services[name])
-    # Two CPU replicas behind it, from the same image.
+        assert env["SERVING_DOORS"] == "local-cpu=pull", name
+        assert "SERVING_DOOR_DIR" not in env, name
+    assert services[CREDENTIAL]["environment"]["SERVING_DOORS"] == "local-cpu=pull"
+    names = set()
+    for door, port in DOORS.items():
+        service = services[door]
+        env = service["environment"]
+        assert service["command"] == ["python", "-m", "serving.door.agent"], door
+        assert "entrypoint" not in service, door
+        assert service["image"] == services["web"]["image"], door
+        assert env["DOOR_DEPLOYMENT"] == "local-cpu", door
+        assert env["DOOR_CONTROL_PLANE"] == "http://web:8000", door
+        assert env["DOOR_LISTEN"] == "0.0.0.0:8080", door
+        assert [str(p["published"]) for p in service["ports"]] == [port], door
+        # Its name at the control plane and among the peers: its service's.
+        assert env["DOOR_NAME"] == door
+        names.add(env["DOOR_NAME"])
+        # The peers: both doors, by their service names (compose DNS), each
+        # talking HAProxy's peers protocol on the same port.
+        peers = _peers(env["DOOR_PEERS"])
+        assert peers == {name: f"{name}:10000" for name in DOORS}, door
+        # Plain HTTP in compose (TLS: deploy/kustomize, docs/door.md#tls).
+        assert "DOOR_CERTIFICATE" not in env, door
+        # The door's files and sockets on its own tmpfs; the root read-only.
+        assert service["read_only"] is True, door
+        assert env["DOOR_DIR"] in service["tmpfs"], door
+        assert service["restart"] == "unless-stopped", door
+        # Healthy while it answers /door/ready (the lease holds), as the
+        # kustomize readiness probe.
+        check = " ".join(service["healthcheck"]["test"])
+        assert "http://127.0.0.1:8080/door/ready" in check, door
+    assert names == set(DOORS)
+    # Two CPU replicas behind them, from the same image.
     assert services["vllm-cpu-b"]["image"] == services["vllm-cpu"]["image"]
     assert 'apt-get install -y --no-install-recommends "haproxy=${HAPROXY_VERSION}"' in (
         (REPO / "Dockerfile").read_text()
     )
+
+
+def test_the_doors_hold_their_token_and_no_application_setting(services):
+    """A door is reached by clients: it gets the DOOR_* variables, its role and
+    its token, read-only, from the volume door-credential writes it to; no
+    database URL, broker, store or secret file of the application."""
+    for door in DOORS:
+        service = services[door]
+        env = service["environment"]
+        assert set(env) == {
+            "PROCESS_ROLE",
+            "DOOR_DEPLOYMENT",
+            "DOOR_NAME",
+            "DOOR_CONTROL_PLANE",
+            "DOOR_TOKEN_FILE",
+            "DOOR_DIR",
+            "DOOR_LISTEN",
+            "DOOR_PEERS",
+            "DOOR_LEASE_SECONDS",
+        }, door
+        assert "secrets" not in service, door
+        assert _volumes(service) == ["door-credential:/etc/door-credential:ro"], door
+        assert env["DOOR_TOKEN_FILE"] == "/etc/door-credential/token", door
+    writer = services[CREDENTIAL]
+    assert _volumes(writer) == ["door-credential:/var/lib/registry:rw"]
+    command = writer["command"]
+    assert command[:4] == ["python", "manage.py", "door_credential", "local-cpu"]
+    # It writes the file the doors read (0600, the image's UID 10001:
+    # serving/management/commands/door_credential.py), in the volume.
+    assert command[4:] == ["--write", "/var/lib/registry/token"]
+    # The volume's mount point is the image's VAR_DIR (an empty folder of UID
+    # 10001, whose owner a new volume takes); settings' VAR_DIR moves to the tmpfs.
+    assert writer["environment"]["VAR_DIR"].startswith("/tmp/")
+    assert writer["tmpfs"] == ["/tmp"]
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "VAR_DIR=/var/lib/registry" in dockerfile
+    assert 'chown 10001:0 "$VAR_DIR"' in dockerfile
+    assert writer["environment"]["PROCESS_ROLE"] == "door-credential"
+    assert set(writer["environment"]) == {
+        "PROCESS_ROLE",
+        "DJANGO_SECRET_KEY_FILE",
+        "SERVING_DOORS",
+        "VAR_DIR",
+    }
 
 
 # Stand-ins for the files scripts/compose-secrets.sh writes: settings parse them.
@@ -300,9 +409,11 @@ def test_each_service_starts_with_only_its_own_secret_files(services, tmp_path):
     files = tmp_path / "secrets"
     files.mkdir()
     cases = []
-    for name in sorted(REGISTRY | {"gateway"}):
+    for name in sorted(PRODUCT):
         env = {"PATH": os.environ["PATH"], "VAR_DIR": str(tmp_path / name)}
         for variable, value in services[name]["environment"].items():
+            if variable == "VAR_DIR":  # a container's path: here, the test's folder
+                continue
             if variable.endswith("_FILE") and str(value).startswith("/run/secrets/"):
                 secret = value.rsplit("/", 1)[-1]
                 assert secret in _secrets(services[name]), (name, secret)  # mounted
@@ -311,9 +422,7 @@ def test_each_service_starts_with_only_its_own_secret_files(services, tmp_path):
             env[variable] = str(value)
         cases.append(env)
     started = settings_started(cases)
-    assert started == [
-        services[n]["environment"]["PROCESS_ROLE"] for n in sorted(REGISTRY | {"gateway"})
-    ]
+    assert started == [services[n]["environment"]["PROCESS_ROLE"] for n in sorted(PRODUCT)]
 
 
 @pytest.fixture(scope="module")
@@ -327,13 +436,24 @@ def _mounts(service: dict) -> set[str]:
     return {str(v).split(":")[0] for v in service.get("volumes", [])}
 
 
-def test_only_the_door_and_the_two_workers_that_drive_it_mount_its_volume(written):
-    """The gateway volume holds the door's admin socket (`add map ... door.map`
-    opens the door to callers with no key) and the vLLM key file: web, beat,
-    migrate and the housekeeping worker never see it."""
+def test_no_shared_door_volume_only_the_token_volume_for_the_doors(written):
+    """With doors that pull, no process shares a door's directory (its admin
+    socket can open the door to callers with no key, and it holds the vLLM key
+    map): each door keeps it in its own tmpfs. The one volume a door mounts is
+    its token's, read-only; only door-credential writes it."""
+    volumes = yaml.safe_load((REPO / "docker-compose.yml").read_text())["volumes"]
+    assert "gateway" not in volumes
+    assert "door-credential" in volumes
     mounting = {name for name, service in written.items() if "gateway" in _mounts(service)}
-    assert mounting == {"gateway", "worker-rollouts", "worker-reconcile"}
-    # The workers drive the door because their queues carry its tasks.
+    assert mounting == set()
+    token = {name for name, service in written.items() if "door-credential" in _mounts(service)}
+    assert token == set(DOORS) | {CREDENTIAL}
+    for door in DOORS:
+        assert [str(v) for v in written[door]["volumes"]] == [
+            "door-credential:/etc/door-credential:ro"
+        ]
+    # The workers write each door state to the database (and wait for the
+    # doors' acknowledgements): their queues still carry the door's tasks.
     routes = settings.CELERY_TASK_ROUTES
     assert routes["serving.door_access_*"]["queue"] == "reconcile"
     assert routes["serving.run_rollout"]["queue"] == "rollouts"

@@ -3,12 +3,11 @@ which the compose tier (tests/compose) starts for real: the same image, command,
 user, read-only root, secrets and health checks, role by role, so the two
 cannot drift apart unseen.
 
-Two differences are by design and checked as such: Kubernetes hands a role its
-secrets as environment variables (`secretKeyRef`, one key each), Compose as
-files (`*_FILE` under /run/secrets), and the set per role is compared; and the
-door: on a cluster each door is HAProxy with its agent, pulling its state from
-web (docs/door.md#doors-that-pull), while Compose still runs one door on one
-machine that the workers drive through its socket."""
+A difference by design, checked as such: Kubernetes hands a role its secrets
+as environment variables (`secretKeyRef`, one key each), Compose as files
+(`*_FILE` under /run/secrets), and the set per role is compared. The doors run
+alike on both: HAProxy with its agent, pulling its state from web
+(docs/door.md#doors-that-pull); Compose runs two, peers, in plain HTTP."""
 
 from __future__ import annotations
 
@@ -95,11 +94,7 @@ def _normalised(words: list[str]) -> list[str]:
     return out
 
 
-# The door runs another command on each side (the module docstring).
-SAME_COMMAND = [role for role in ROLES if role != "gateway"]
-
-
-@pytest.mark.parametrize("role", SAME_COMMAND)
+@pytest.mark.parametrize("role", ROLES)
 def test_each_role_runs_the_same_image_command_and_user(k8s, services, role):
     container, pod = k8s[role]["container"], k8s[role]["pod"]
     service = services[role]
@@ -159,28 +154,39 @@ def test_web_is_ready_on_readyz_and_the_door_on_its_port(k8s, services):
     assert "/readyz" in check and "'Host':'localhost'" in check
     door = k8s["gateway"]["container"]
     ports = {p["name"]: p["containerPort"] for p in door["ports"]}
-    assert ports[door["readinessProbe"]["httpGet"]["port"]] == 8080
-    assert "('127.0.0.1',8080)" in " ".join(_compose_check(services["gateway"]))
+    probe = door["readinessProbe"]["httpGet"]
+    assert ports[probe["port"]] == 8080
+    # The same path, over plain HTTP in Compose (no DOOR_CERTIFICATE there).
+    check = " ".join(_compose_check(services["gateway"]))
+    assert f"'http://127.0.0.1:8080{probe['path']}'" in check
 
 
-def test_the_door_pulls_on_kubernetes_and_is_driven_in_compose(k8s, services):
-    """The one comparison by design: the same image, user and read-only root,
-    no secret on either side, but Kubernetes runs the agent of a deployment
-    whose doors pull, Compose one door the workers drive through its socket.
-    When Compose pulls too, this fails: compare the commands then."""
-    container, pod = k8s["gateway"]["container"], k8s["gateway"]["pod"]
-    service = services["gateway"]
-    assert container["image"].rsplit("/", 1)[-1].split(":")[0] == service["image"].split(":")[0]
-    assert pod["securityContext"]["runAsUser"] == 10001 and "user" not in service
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert service["read_only"] is True
-    assert container["command"] == ["python", "-m", "serving.door.agent"]
+def test_the_doors_pull_on_kubernetes_and_in_compose(k8s, services):
+    """The door: the agent of a deployment whose doors pull, on both sides, with
+    the same variables but for what differs by design: Kubernetes names a door
+    by its pod and serves TLS and metrics; Compose names its two doors by their
+    services and makes them peers (fixed names), in plain HTTP."""
+    container = k8s["gateway"]["container"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     doors = dict(i.split("=", 1) for i in k8s["gateway"]["config"]["SERVING_DOORS"].split(","))
     assert doors[env["DOOR_DEPLOYMENT"]] == "pull"
-    command = " ".join(_compose_command(service))
-    assert "door_sync" in command and "serving.door.agent" not in command
-    compose_doors = dict(
-        i.split("=", 1) for i in service["environment"]["SERVING_DOORS"].split(",")
-    )
-    assert "pull" not in compose_doors.values()
+    for name in ("gateway", "gateway-b"):
+        service = services[name]
+        assert _compose_command(service) == container["command"], name
+        door_env = service["environment"]
+        compose_doors = dict(
+            i.split("=", 1) for i in services["web"]["environment"]["SERVING_DOORS"].split(",")
+        )
+        assert compose_doors[door_env["DOOR_DEPLOYMENT"]] == "pull", name
+        # Peers: Compose lists its two doors by their fixed names (DOOR_PEERS);
+        # Kubernetes, whose pods have none, lists none or finds them through
+        # the control plane (DOOR_PEER_ADDRESS, from the pod's IP).
+        peers = {"DOOR_PEERS", "DOOR_PEER_ADDRESS", "POD_IP"}
+        assert set(door_env) - peers == set(env) - peers - {"DOOR_CERTIFICATE", "DOOR_METRICS"}
+        for variable in ("PROCESS_ROLE", "DOOR_DIR", "DOOR_LISTEN", "DOOR_LEASE_SECONDS"):
+            assert door_env[variable] == env[variable], (name, variable)
+        # The web service, in clear, on its port.
+        assert door_env["DOOR_CONTROL_PLANE"].rsplit(":", 1)[1] == "8000"
+        assert env["DOOR_CONTROL_PLANE"].rsplit(":", 1)[1] == "8000"
+        assert door_env["DOOR_CONTROL_PLANE"].startswith("http://")
+        assert env["DOOR_CONTROL_PLANE"].startswith("http://")
