@@ -40,11 +40,16 @@ def unread_count(actor: Actor) -> int:
     return notifications_for(actor).filter(read_at__isnull=True).count()
 
 
-def notification_get(actor: Actor, pk) -> Notification:
-    found = notifications_for(actor).filter(pk=pk).first()
+def _one(rows: QuerySet, pk, label: str):
+    """The row `pk` among `rows` (what the viewer may see), else a 404."""
+    found = rows.filter(pk=pk).first()
     if found is None:
-        raise NotFound("Notification not found.")
+        raise NotFound(f"{label} not found.")
     return found
+
+
+def notification_get(actor: Actor, pk) -> Notification:
+    return _one(notifications_for(actor), pk, "Notification")
 
 
 def preferences_for(actor: Actor) -> list[dict]:
@@ -105,10 +110,7 @@ def deliveries_of(webhook: Webhook) -> QuerySet[Delivery]:
 
 
 def delivery_get(actor: Actor, webhook: Webhook, pk) -> Delivery:
-    found = deliveries_of(webhook).filter(pk=pk).first()
-    if found is None:
-        raise NotFound("Delivery not found.")
-    return found
+    return _one(deliveries_of(webhook), pk, "Delivery")
 
 
 def outbox_for(actor: Actor) -> QuerySet[OutboxMail]:
@@ -121,10 +123,7 @@ def outbox_for(actor: Actor) -> QuerySet[OutboxMail]:
 
 
 def mail_get(actor: Actor, pk: int) -> OutboxMail:
-    found = outbox_for(actor).filter(pk=pk).first()
-    if found is None:
-        raise NotFound("Mail not found.")
-    return found
+    return _one(outbox_for(actor), pk, "Mail")
 
 
 # --- What the sweeper sends again ---------------------------------------------

@@ -49,6 +49,8 @@ BACKOFF_CAP_SECONDS = 4 * 3600.0
 # must not lose every event after them; one that is down for half a day is.
 DISABLE_AFTER = 30
 DISABLE_AFTER_SECONDS = 12 * 3600.0
+# A delivered attempt, or a webhook enabled again, ends the failures in a row.
+STREAK_CLEARED = {"consecutive_failures": 0, "failing_since": None}
 # What is read of a receiver's answer; the rest is never read.
 MAX_RESPONSE_BYTES = 64 * 1024
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a public marker, not a secret
@@ -119,7 +121,7 @@ def save_changes(
     leaving out the field `hidden` (its secret). Re-enabling clears the
     failure count."""
     if changes.get("active") and not hook.active:
-        changes.update(consecutive_failures=0, failing_since=None, disabled_reason="")
+        changes.update(STREAK_CLEARED, disabled_reason="")
     with transaction.atomic():
         for name, value in changes.items():
             setattr(hook, name, value)
@@ -292,7 +294,7 @@ def _settle(delivery: Delivery, owner: str, outcome: _Outcome) -> str:
     }
     if outcome.ok:
         _end(delivery, owner, DeliveryStatus.DELIVERED, delivered_at=timezone.now(), **common)
-        Webhook.objects.filter(pk=webhook.pk).update(consecutive_failures=0, failing_since=None)
+        Webhook.objects.filter(pk=webhook.pk).update(**STREAK_CLEARED)
         return "delivered"
     if outcome.transient and delivery.attempts + 1 < MAX_ATTEMPTS:
         delay = backoff_delay(

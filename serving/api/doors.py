@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import re
 import time
 
 from django.conf import settings
@@ -32,14 +31,13 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from serving.door.fleet import PULL, acknowledge, change, door_peers, heard_from
-from serving.door.haproxy import PEER_ADDRESS
+from serving.door.haproxy import DOOR_NAME, PEER_ADDRESS
 from serving.models import Deployment, DoorState
 
 _SALT = "serving.door.agent-token"
 MAX_WAIT_SECONDS = 10.0
 POLL_STEP_SECONDS = 0.05
 MAX_REPORT_BYTES = 4 * 1024 * 1024
-DOOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
 def door_token(deployment_name: str, secret: str | bytes | None = None) -> str:
@@ -129,7 +127,7 @@ def door_ack(request, name: str):
     if not isinstance(report, dict) or generation < 0 or busy < 0:
         return _bad("generation and busy are counts; report an object.")
     if peer_address and not (isinstance(peer_address, str) and PEER_ADDRESS.match(peer_address)):
-        return _bad("peer_address: host:port (or [IPv6]:port).")
+        return _bad("peer_address: host:port, [IPv6]:port or IPv6:port.")
     acknowledge(
         deployment,
         door,

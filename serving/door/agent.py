@@ -20,7 +20,7 @@ moment (from when it last heard of it), and rollouts go on without it.
 A door finds its peers (the deployment's other doors, with which it counts
 requests per minute) either in DOOR_PEERS, a fixed list, or through the
 control plane: with DOOR_PEER_ADDRESS (where the others reach it, e.g. the
-pod's IP and port 10000) it gives that address with each report and takes
+pod's IP and port 10010) it gives that address with each report and takes
 the live doors the answer lists as its `peers` section, reloading HAProxy
 hitlessly when they change. A Deployment's pods have no fixed names; this
 way they count together all the same (docs/door.md#peers).
@@ -123,11 +123,10 @@ class DoorAgent:
         self.config = config
         # Peers found through the control plane: this door alone until it
         # hears of others, so that HAProxy starts with its `-L` name.
-        peers = (
-            (Peer.checked(config.name, config.peer_address),)
-            if config.peer_address
-            else config.peers
+        self.own_peer = (
+            Peer.checked(config.name, config.peer_address) if config.peer_address else None
         )
+        peers = (self.own_peer,) if self.own_peer else config.peers
         self.door = HAProxyFrontDoor(
             config.directory,
             listen=config.listen,
@@ -191,14 +190,16 @@ class DoorAgent:
         )
         response.raise_for_status()
         self._renew(sent)
-        if self.config.peer_address and follow_peers and response.status_code == 200:
+        if self.own_peer and follow_peers and response.status_code == 200:
             self.follow_peers(response.json().get("peers", []))
 
     def follow_peers(self, listed: list) -> None:
         """The doors the control plane lists, this one always among them (as
         it says it is): a new peers section, by a hitless reload, when they
         changed. An entry that cannot be a peer is left out."""
-        peers = {self.config.name: Peer.checked(self.config.name, self.config.peer_address)}
+        if self.own_peer is None:
+            return  # DOOR_PEERS: a fixed list
+        peers = {self.own_peer.name: self.own_peer}
         for entry in listed:
             try:
                 peer = Peer.checked(entry.get("name"), entry.get("address"))

@@ -661,7 +661,7 @@ def _source_rules(connections: int) -> list[str]:
 # (DNS labels, pod names), an address as host:port, [IPv6]:port or IPv6:port
 # (HAProxy takes the last colon's digits as the port; a pod's IPv6 address
 # comes bare from the kubelet's `$(POD_IP):10010`).
-PEER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+DOOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 PEER_ADDRESS = re.compile(
     r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\]|[0-9A-Fa-f:.]{2,45}):[0-9]{1,5}$"
 )
@@ -679,7 +679,7 @@ class Peer:
     def checked(cls, name: str, address: str) -> Peer:
         """A peer from what another process said: refused (ValueError) unless
         both fit a configuration line."""
-        if not (isinstance(name, str) and PEER_NAME.match(name)):
+        if not (isinstance(name, str) and DOOR_NAME.match(name)):
             raise ValueError(f"not a door name: {name!r}")
         if not (isinstance(address, str) and PEER_ADDRESS.match(address)):
             raise ValueError(f"not a peer address (host:port): {address!r}")
@@ -1170,17 +1170,8 @@ class HAProxyFrontDoor:
             if not self.runtime.available():
                 self.write(table)
                 return "wrote configuration"
-            current = self.runtime.servers()
-            entries = self.runtime.map_entries(self.map_path)
-            # A held route keeps its states across the reload, as in apply().
-            held = {
-                (backend_for(route), server): status.state
-                for model, route in table.routes.items()
-                if route.held
-                for (backend, server), status in current.items()
-                if backend == _running_backend(entries.get(model), route)
-            }
-            return self._reload(table, held)
+            backends = _running_backends(table, self.runtime.map_entries(self.map_path))
+            return self._reload(table, _held_states(table, self.runtime.servers(), backends))
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -1251,18 +1242,8 @@ class HAProxyFrontDoor:
             stat = self.runtime.stat()
             current = self.runtime.servers(stat)
             entries = self.runtime.map_entries(self.map_path)
-            backends = {
-                model: _running_backend(entries.get(model), route)
-                for model, route in table.routes.items()
-            }
-            # A held route keeps its states, named as a reload renders them.
-            held = {
-                (backend_for(route), server): status.state
-                for model, route in table.routes.items()
-                if route.held
-                for (backend, server), status in current.items()
-                if backend == backends[model]
-            }
+            backends = _running_backends(table, entries)
+            held = _held_states(table, current, backends)
             servers = {endpoint.server for endpoint in table.endpoints}
             running = {backend for backend, _ in current}
             new = sorted(m for m, backend in backends.items() if backend not in running)
@@ -1692,6 +1673,25 @@ def _catalog_body(deployment: str, models: list[str]) -> str:
         ],
     }
     return base64.b64encode(json.dumps(body, separators=(",", ":")).encode()).decode()
+
+
+def _running_backends(table: RoutingTable, entries: dict[str, str]) -> dict[str, str]:
+    """Each route's backend in the running HAProxy (its map entry)."""
+    return {
+        model: _running_backend(entries.get(model), route) for model, route in table.routes.items()
+    }
+
+
+def _held_states(table: RoutingTable, current: dict, backends: dict[str, str]) -> dict:
+    """The states a held route's servers have now, named as a reload renders
+    them: a reload keeps them (a drained replica stays so)."""
+    return {
+        (backend_for(route), server): status.state
+        for model, route in table.routes.items()
+        if route.held
+        for (backend, server), status in current.items()
+        if backend == backends[model]
+    }
 
 
 def _running_backend(entry: str | None, route: Route) -> str:

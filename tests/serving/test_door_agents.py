@@ -50,7 +50,7 @@ from serving.tasks import door_access_sync
 from tests.conftest import actor
 from tests.factories import make_approved_version
 from tests.support.adapters import AdapterSpec
-from tests.support.door_agents import Door, start_agent, stop_agent, wait_for
+from tests.support.door_agents import Door, complete, start_agent, stop_agent, wait_for
 from tests.support.haproxy import needs_haproxy
 from tests.support.vllm_servers import free_port
 
@@ -91,14 +91,6 @@ def fleet(request, settings, deployment, live_server, tmp_path) -> Iterator[list
     finally:
         for door in doors:
             stop_agent(door)
-
-
-def complete(door: Door, model: str = "tiny-llama") -> requests.Response:
-    return requests.post(
-        door.url + "/v1/completions",
-        json={"model": model, "prompt": "The contract says", "max_tokens": 1},
-        timeout=30,
-    )
 
 
 def test_every_door_applies_the_state_and_routes(fleet, deployment):
@@ -156,15 +148,9 @@ def test_a_revoked_key_is_refused_at_every_door_within_a_second(
             actor=actor(alex), department=legal, name="frontend", expires_in_days=3
         )
     door_access_sync(deployment.pk)
-    headers = {"Authorization": f"Bearer {secret}"}
 
     def answers(door: Door) -> int:
-        return requests.post(
-            door.url + "/v1/completions",
-            json={"model": "tiny-llama", "prompt": "x", "max_tokens": 1},
-            headers=headers,
-            timeout=30,
-        ).status_code
+        return complete(door, key=secret).status_code
 
     for door in fleet:
         wait_for(lambda door=door: answers(door) == 200, timeout=5)

@@ -22,7 +22,7 @@ import requests
 from serving.door.callers import CallerKey, DoorAccess
 from serving.door.haproxy import HAProxyFrontDoor, Peer, render_config
 from serving.door.routing import ReplicaView, routing_table
-from tests.support.haproxy import needs_haproxy, running_haproxy
+from tests.support.haproxy import needs_haproxy, peer_sessions, running_haproxy, wait_held
 from tests.support.vllm_servers import free_port
 from tests.support.vllm_standin import running_fleet
 
@@ -72,28 +72,16 @@ class Doors:
 
 def connected(door: HAProxyFrontDoor, others: int) -> bool:
     """Whether `door` has a peers session established with each other door."""
-    return door.runtime.command("show peers").count("state=EST") >= others
+    return peer_sessions(door.runtime) >= others
 
 
 def wait_connected(doors: list[HAProxyFrontDoor], timeout: float = 60.0) -> None:
-    """Until every door's sessions with the others have held for STEADY
-    seconds. Seen here: all established at once after a start, then dropped
-    (both ends had connected at once) and established again 3-5 s later."""
-    deadline = time.monotonic() + timeout
-    since = None
-    while True:
-        now = time.monotonic()
-        if all(connected(door, len(doors) - 1) for door in doors):
-            since = since or now
-            if now - since >= STEADY:
-                return
-        else:
-            since = None
-        assert now < deadline, "the doors' peers sessions did not settle"
-        time.sleep(0.1)
-
-
-STEADY = 3.0
+    """Until every door's sessions with the others have held for 3 s."""
+    wait_held(
+        lambda: all(connected(door, len(doors) - 1) for door in doors),
+        lambda: "the doors' peers sessions did not settle",
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-import requests
 
 from serving.api.doors import door_token
 from serving.door.haproxy import RuntimeAPI
@@ -27,8 +26,8 @@ from serving.replica_rows import replicas_sync
 from serving.services.inference_keys import inference_key_issue
 from serving.tasks import door_access_sync
 from tests.conftest import actor
-from tests.support.door_agents import Door, start_agent, stop_agent, wait_for
-from tests.support.haproxy import needs_haproxy
+from tests.support.door_agents import Door, complete, start_agent, stop_agent, wait_for
+from tests.support.haproxy import needs_haproxy, peer_sessions, wait_held
 from tests.support.vllm_servers import free_port
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_haproxy]
@@ -76,26 +75,17 @@ def listed_peers(door: Door) -> set[str]:
 
 
 def sessions(door: Door) -> int:
-    """Its peers sessions established with other doors (HAProxy's own view)."""
-    answer = RuntimeAPI(door.directory / "admin.sock").command("show peers")
-    return answer.count("state=EST")
+    return peer_sessions(RuntimeAPI(door.directory / "admin.sock"))
 
 
 def wait_meshed(doors: list[Door], names: set[str], timeout: float = 60.0) -> None:
     """Until every door lists exactly `names` and holds a session with each
-    other one, for 3 s in a row (a session can drop once when two doors
-    connect to each other at the same moment, and comes back)."""
-    deadline, since = time.monotonic() + timeout, None
-    while True:
-        now = time.monotonic()
-        if all(listed_peers(d) == names and sessions(d) >= len(names) - 1 for d in doors):
-            since = since or now
-            if now - since >= 3.0:
-                return
-        else:
-            since = None
-        assert now < deadline, {d.name: (listed_peers(d), sessions(d)) for d in doors}
-        time.sleep(0.1)
+    other one, for 3 s in a row."""
+    wait_held(
+        lambda: all(listed_peers(d) == names and sessions(d) >= len(names) - 1 for d in doors),
+        lambda: {d.name: (listed_peers(d), sessions(d)) for d in doors},
+        timeout=timeout,
+    )
 
 
 def test_every_door_finds_the_others_through_the_control_plane(fleet, deployment):
@@ -119,15 +109,9 @@ def test_a_key_s_limit_holds_across_doors_that_found_each_other(fleet, deploymen
     limit = 60
     InferenceKey.objects.filter(pk=key.pk).update(requests_per_minute=limit)
     door_access_sync(deployment.pk)
-    headers = {"Authorization": f"Bearer {secret}"}
 
     def call(door: Door) -> int:
-        return requests.post(
-            door.url + "/v1/completions",
-            json={"model": "tiny-llama", "prompt": "x", "max_tokens": 1},
-            headers=headers,
-            timeout=30,
-        ).status_code
+        return complete(door, key=secret).status_code
 
     # The key reaches every door; then a fresh minute with room for the burst.
     for door in fleet:

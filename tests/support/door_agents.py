@@ -39,6 +39,16 @@ class Door:
         return int((self.directory / "haproxy.pid").read_text().split()[0])
 
 
+def complete(door: Door, model: str = "tiny-llama", key: str = "") -> requests.Response:
+    """One completion through `door` (with an inference key where given)."""
+    return requests.post(
+        door.url + "/v1/completions",
+        json={"model": model, "prompt": "The contract says", "max_tokens": 1},
+        headers={"Authorization": f"Bearer {key}"} if key else {},
+        timeout=30,
+    )
+
+
 def start_agent(
     door: Door,
     deployment: str,

@@ -22,8 +22,9 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,29 @@ needs_haproxy = pytest.mark.skipif(
     not haproxy_runs(),
     reason="haproxy is not installed (scripts/test.sh installs Debian's haproxy)",
 )
+
+
+def peer_sessions(runtime) -> int:
+    """A door's peers sessions established with other doors (`show peers`)."""
+    return runtime.command("show peers").count("state=EST")
+
+
+def wait_held(check: Callable[[], bool], describe: Callable[[], object], *, seconds: float = 3.0,
+              timeout: float = 60.0) -> None:  # fmt: skip
+    """Until `check` has held for `seconds` in a row. Doors' peers sessions,
+    seen here: all established at once after a start, then dropped (both ends
+    had connected at once) and established again 3-5 s later."""
+    deadline, since = time.monotonic() + timeout, None
+    while True:
+        now = time.monotonic()
+        if check():
+            since = since or now
+            if now - since >= seconds:
+                return
+        else:
+            since = None
+        assert now < deadline, describe()
+        time.sleep(0.1)
 
 
 def raw_request(
