@@ -4,6 +4,7 @@ from celery import Celery
 from kombu.transport import TRANSPORT_ALIASES
 
 from config.celery_liveness import install as install_liveness
+from config.celery_shutdown import install as install_shutdown_bound
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -22,3 +23,7 @@ app.autodiscover_tasks()
 # With WORKER_LIVENESS_FILE set, the worker proves it still consumes
 # (config/celery_liveness.py: the liveness probe and scripts/supervise.py read it).
 install_liveness(app)
+
+# A worker's SIGTERM ends it within a bound even when Celery's cold shutdown hangs
+# (config/celery_shutdown.py).
+install_shutdown_bound(app)
