@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.door_limits [--requests 200] [--rounds 3]
         [--clients 4] [--rate 1000] [--smoke] [--json PATH]
 
-Two real HAProxy doors (serving/door/haproxy.py) with keys and limits on, in
+Two real HAProxy doors (serving/door/haproxy/) with keys and limits on, in
 front of one stand-in replica (tests/support/vllm_standin.py: answers in well
 under a millisecond, so a door's own time is not lost in vLLM's). Two
 departments: `batch`, limited to 60 requests a minute, and `finance`, with a

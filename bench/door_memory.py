@@ -4,7 +4,7 @@ caller's latency meanwhile.
     .venv/bin/python -m bench.door_memory [--strangers 1000] [--before 300]
         [--requests 200] [--smoke] [--json PATH]
 
-A real HAProxy door (serving/door/haproxy.py, as the product renders it) in
+A real HAProxy door (serving/door/haproxy/, as the product renders it) in
 front of one stand-in replica (tests/support/vllm_standin.py: answers in well
 under a millisecond). HAProxy's worker's resident memory (VmRSS) is sampled
 every 20 ms. In one run, in turn:
@@ -49,7 +49,9 @@ from bench import results as bench_results
 from bench.door_limits import keyed_latencies
 from bench.door_overhead import percentile
 from serving.door.callers import CallerKey, DoorAccess
-from serving.door.haproxy import GLIBC_TUNABLES, KEY_CONCURRENCY, HAProxyFrontDoor
+from serving.door.haproxy import HAProxyFrontDoor
+from serving.door.haproxy.config import KEY_CONCURRENCY
+from serving.door.haproxy.front_door import GLIBC_TUNABLES
 from serving.door.routing import ReplicaView, routing_table
 from tests.support.haproxy import running_haproxy
 from tests.support.vllm_servers import free_port

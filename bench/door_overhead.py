@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.door_overhead [--requests 1000] [--clients 8]
         [--seconds 10] [--adapters 20] [--replica-urls URL] [--smoke] [--json PATH]
 
-Two real HAProxy doors (serving/door/haproxy.py) side by side in front of
+Two real HAProxy doors (serving/door/haproxy/) side by side in front of
 one real vLLM 0.32 server (CPU, tiny model; --replica-urls to use a running
 one), both with keys and grants on (a table of --keys inference keys, every
 request carrying one):

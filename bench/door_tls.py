@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.door_tls [--requests 300] [--rounds 3] [--smoke] [--json PATH]
 
-Two real HAProxy doors (serving/door/haproxy.py) with keys on, the same
+Two real HAProxy doors (serving/door/haproxy/) with keys on, the same
 configuration but for the bind: one plain HTTP, one terminating TLS with a
 certificate from a CA this bench makes (ECDSA P-256, as cert-manager issues
 by default in many setups; TLS 1.3 is what Python and HAProxy 2.6 agree on),

@@ -16,7 +16,7 @@ loss     One replica stops answering (503 to everything). Placement moves only
          what it held, within room: the placements that move, against the
          placements before (target <= 1/replicas), beside what modulo hashing and
          rendezvous hashing recomputed from scratch would move; then every adapter
-         is asked through a real HAProxy front door (serving/door/haproxy.py)
+         is asked through a real HAProxy front door (serving/door/haproxy/)
          until each answers, timed from the loss (target <= 10 s).
 
 Replicas are the vLLM stand-in (tests/support/vllm_standin.py), one asyncio

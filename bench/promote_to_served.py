@@ -5,7 +5,7 @@
     CELERY_BROKER_URL=redis://127.0.0.1:6379/11 .venv/bin/python -m bench.promote_to_served
 
 Each deployment (1 replica, 4 replicas) has its own real HAProxy front door
-(serving/door/haproxy.py), started as the tests start it. What is timed,
+(serving/door/haproxy/), started as the tests start it. What is timed,
 each round with a NEW adapter (fresh served name, so no swap):
 
   product  from BEFORE the POST /api/v1/promotions/ (Bearer token, in-process API
@@ -115,7 +115,7 @@ class BareRoute:
     leaves alone."""
 
     def __init__(self, door, servers: list[str]) -> None:
-        from serving.door.haproxy import SLOT_PREFIX
+        from serving.door.haproxy.maps import SLOT_PREFIX
 
         self.door = door
         self.servers = servers

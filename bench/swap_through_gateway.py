@@ -4,7 +4,7 @@
         [--replica-urls URL,URL --replica-logs LOG,LOG] [--json PATH]
 
 One or two real vLLM 0.32 servers (CPU, tiny model) behind a real HAProxy front
-door (serving/door/haproxy.py): started by the bench, or running ones
+door (serving/door/haproxy/): started by the bench, or running ones
 (--replica-urls, with --replica-logs: each server's log file, where its access
 log is read; served as "tiny-llama" with max_loras 2 and rank 16, as
 scripts/vllm/serve.sh starts them by default). Clients keep sending one-token completions

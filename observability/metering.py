@@ -1,6 +1,6 @@
 """Tokens as vLLM counted them, attributed by the request id the front door set.
 
-The front door (serving/door/haproxy.py) overwrites every request's
+The front door (serving/door/haproxy/) overwrites every request's
 `X-Request-Id` with `u1.k<key id>.v<version id>.<uuid>`: the caller's key and
 the adapter version it routes to, then a random part. vLLM 0.32 takes that
 header as the base of its request id (`chatcmpl-<id>`, `cmpl-<id>-<n>` per

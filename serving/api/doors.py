@@ -31,7 +31,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from serving.door.fleet import PULL, acknowledge, change, door_peers, heard_from
-from serving.door.haproxy import DOOR_NAME, PEER_ADDRESS
+from serving.door.haproxy.config import DOOR_NAME, PEER_ADDRESS
 from serving.models import Deployment, DoorState
 
 _SALT = "serving.door.agent-token"

@@ -44,14 +44,8 @@ from pathlib import Path
 
 import requests
 
-from serving.door.haproxy import (
-    ADAPTER_BACKEND_PREFIX,
-    SLOT_PREFIX,
-    DoorError,
-    HAProxyFrontDoor,
-    Peer,
-    backend_for,
-)
+from serving.door.haproxy import DoorError, HAProxyFrontDoor, Peer
+from serving.door.haproxy.maps import ADAPTER_BACKEND_PREFIX, SLOT_PREFIX, backend_for
 from serving.door.routing import ServerState
 from serving.door.state import DocumentError, DoorDocument, decode
 

@@ -32,7 +32,8 @@ from django.utils import timezone
 
 from serving.door import TakenOut
 from serving.door.callers import DoorAccess
-from serving.door.haproxy import BackendCounters, DoorError
+from serving.door.haproxy import DoorError
+from serving.door.haproxy.runtime import BackendCounters
 from serving.door.routing import Route, RoutingTable, ServerState
 from serving.door.selectors import door_access, routing_table_for
 from serving.door.state import DoorDocument, Hold, decode, encode

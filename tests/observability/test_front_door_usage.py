@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from observability.models import DailyUsage, FrontDoorReading
 from observability.services import reconcile_finished
 from observability.usage import counter_increase, counters_increase, front_door_usage_record
-from serving.door.haproxy import BackendCounters
+from serving.door.haproxy.runtime import BackendCounters
 from serving.models import ServedAdapter
 
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 from core.models import Membership, Role
 from core.services.service_accounts import service_account_create, service_account_deactivate
 from serving.door.callers import CallerKey
-from serving.door.haproxy import access_maps
+from serving.door.haproxy.maps import access_maps
 from serving.door.selectors import door_access
 from serving.models import AdapterGrant, GrantStatus, InferenceKey, ServedAdapter
 from serving.services.inference_keys import hash_inference_key, inference_key_issue

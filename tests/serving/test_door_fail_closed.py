@@ -29,7 +29,8 @@ import pytest
 import requests
 
 from serving.door.callers import CallerKey, DoorAccess
-from serving.door.haproxy import BODY_SECONDS, LUA_FILE, HAProxyFrontDoor
+from serving.door.haproxy import HAProxyFrontDoor
+from serving.door.haproxy.config import BODY_SECONDS, LUA_FILE
 from serving.door.routing import ReplicaView, ServedView, routing_table
 from tests.support.haproxy import needs_haproxy, requests_by_server, running_haproxy
 from tests.support.vllm_servers import free_port

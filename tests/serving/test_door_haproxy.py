@@ -19,7 +19,9 @@ import pytest
 import requests
 
 from serving.door.callers import CallerKey, DoorAccess
-from serving.door.haproxy import GLIBC_TUNABLES, HAProxyFrontDoor, render_config
+from serving.door.haproxy import HAProxyFrontDoor
+from serving.door.haproxy.config import render_config
+from serving.door.haproxy.front_door import GLIBC_TUNABLES
 from serving.door.routing import ReplicaView, ServedView, routing_table
 from tests.support.haproxy import (
     needs_haproxy,
@@ -579,7 +581,8 @@ def test_the_replicas_key_is_only_in_a_map_file_of_mode_600(keyed_door):
 
 
 def test_a_refused_push_of_the_replicas_key_does_not_quote_it(tmp_path, monkeypatch):
-    from serving.door.haproxy import DoorError, RuntimeAPI
+    from serving.door.haproxy import DoorError
+    from serving.door.haproxy.runtime import RuntimeAPI
 
     front = HAProxyFrontDoor(tmp_path, listen="127.0.0.1:1")
     monkeypatch.setattr(RuntimeAPI, "available", lambda api: True)
@@ -604,7 +607,7 @@ def test_a_door_with_a_low_file_limit_asks_for_no_more_and_starts(tmp_path, monk
     limit to about 3,100 and refused to start, so the stack had no door."""
     import subprocess
 
-    from serving.door import haproxy
+    from serving.door.haproxy import config as haproxy
 
     monkeypatch.setattr(haproxy.resource, "getrlimit", lambda kind: (1024, 1024))
     assert haproxy.connection_limit() < haproxy.MAX_CONNECTIONS

@@ -24,7 +24,8 @@ import pytest
 import requests
 
 from serving.door.callers import CallerKey, DoorAccess
-from serving.door.haproxy import LUA_FILE, HAProxyFrontDoor
+from serving.door.haproxy import HAProxyFrontDoor
+from serving.door.haproxy.config import LUA_FILE
 from serving.door.routing import ReplicaView, routing_table
 from serving.rules.quotas import Limited
 from tests.support.haproxy import needs_haproxy, requests_by_server, running_haproxy

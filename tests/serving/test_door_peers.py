@@ -20,7 +20,8 @@ import pytest
 import requests
 
 from serving.door.callers import CallerKey, DoorAccess
-from serving.door.haproxy import HAProxyFrontDoor, Peer, render_config
+from serving.door.haproxy import HAProxyFrontDoor, Peer
+from serving.door.haproxy.config import render_config
 from serving.door.routing import ReplicaView, routing_table
 from tests.support.haproxy import needs_haproxy, peer_sessions, running_haproxy, wait_held
 from tests.support.vllm_servers import free_port

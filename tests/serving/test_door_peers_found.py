@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from serving.api.doors import door_token
-from serving.door.haproxy import RuntimeAPI
+from serving.door.haproxy.runtime import RuntimeAPI
 from serving.door.services import door_sync
 from serving.models import DoorInstance, InferenceKey
 from serving.replica_rows import replicas_sync

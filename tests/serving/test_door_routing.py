@@ -4,11 +4,13 @@ Real HAProxy in front of real vLLM: tests/serving/vllm/test_door_routes_real.py.
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
 
-from serving.door.haproxy import ACCESS_MAPS, HELD_MAP, render_config, render_map
+from serving.door.haproxy.config import Peer, render_config
+from serving.door.haproxy.maps import ACCESS_MAPS, HELD_MAP, render_map
 from serving.door.routing import ReplicaView, ServedView, ServerState, routing_table
 from serving.door.selectors import routing_table_for
 from tests.support.haproxy import needs_haproxy
@@ -184,6 +186,49 @@ def test_the_command_bootstraps_a_front_door_then_syncs_the_deployment(
     assert "gateway_sync is renamed door_sync" in err.getvalue()
 
 
+@needs_haproxy
+def test_every_option_at_once_renders_a_configuration_haproxy_takes_with_no_template_left(
+    tmp_path,
+):
+    # haproxy.cfg is a template whose tag-only lines leave nothing behind: a
+    # stray tag or an empty line inside a section would be HAProxy's to read.
+    replicas = [
+        ReplicaView(1, "http://127.0.0.1:9001", down=False, loaded={"a": "/p"}),
+        ReplicaView(2, "http://127.0.0.1:9002", down=False, loaded={"a": "/p"}),
+    ]
+    built = table(replicas, [ServedView("a", "/p", held=False, weights={"r1": 10, "r2": 90})])
+    (tmp_path / "models.map").write_text(render_map(built))
+    for name in (*ACCESS_MAPS, "lease"):
+        (tmp_path / f"{name}.map").touch()
+    (tmp_path / HELD_MAP).touch()
+    (tmp_path / "unavailable.http").write_text("HTTP/1.1 503 x\r\n\r\n")
+    peers = (Peer("door-a", "127.0.0.1:1"), Peer("door-b", "127.0.0.1:2"))
+    config = render_config(
+        built, tmp_path, listen="127.0.0.1:1", metrics="127.0.0.1:2", lease=True,
+        peers=peers, peer_name="door-a", source_connections=8,
+    )  # fmt: skip
+    (tmp_path / "haproxy.cfg").write_text(config)
+    checked = subprocess.run(
+        ["haproxy", "-c", "-L", "door-a", "-f", str(tmp_path / "haproxy.cfg")],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert not re.search(r"\{%.*?%\}|\{\{.*?\}\}|\{#.*?#\}", config)
+    sections = config.split("\n\n")
+    assert all(section.strip() for section in sections), "an empty line too many"
+    assert all(line == line.rstrip() for line in config.splitlines())
+    for expected in (
+        "peers door_peers\n    peer door-a 127.0.0.1:1\n    peer door-b 127.0.0.1:2\n",
+        "table_gpc0(door_rates_door-b)",
+        "tcp-request connection reject if { sc0_conn_cur gt 8 } || { sc0_conn_rate gt 80 }",
+        "backend m_a\n    balance roundrobin\n",
+        "    server r1 127.0.0.1:9001 weight 10\n",
+        "frontend metrics\n    bind 127.0.0.1:2\n",
+        "backend door_503_lease\n",
+    ):
+        assert expected in config, expected
+
+
 def test_the_front_door_modules_import_without_django_settings():
     # bench/swap_through_gateway.py renders HAProxy's configuration before any
     # settings exist: an import of serving.models here broke it.
@@ -204,7 +249,7 @@ def test_an_access_sync_with_nothing_changed_is_six_queries_and_two_runtime_read
 ):
     """The reconcile syncs every door's access table each tick: in step, that
     is door_access's queries and a read of the door's fingerprint, no push."""
-    from serving.door.haproxy import RuntimeAPI
+    from serving.door.haproxy.runtime import RuntimeAPI
     from serving.door.services import door_sync_access, front_door_for
     from tests.support.haproxy import running_haproxy
     from tests.support.vllm_servers import free_port

@@ -10,7 +10,8 @@ import time
 import pytest
 import requests
 
-from serving.door.haproxy import SLOTS, HAProxyFrontDoor
+from serving.door.haproxy import HAProxyFrontDoor
+from serving.door.haproxy.maps import SLOTS
 from serving.door.routing import ReplicaView, ServedView, routing_table
 from tests.support.haproxy import needs_haproxy, open_access, running_haproxy
 from tests.support.vllm_servers import free_port

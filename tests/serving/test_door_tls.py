@@ -19,7 +19,8 @@ import pytest
 import requests
 
 from serving.door.callers import CallerKey, DoorAccess
-from serving.door.haproxy import HAProxyFrontDoor, render_config
+from serving.door.haproxy import HAProxyFrontDoor
+from serving.door.haproxy.config import render_config
 from serving.door.routing import ReplicaView, routing_table
 from tests.support.haproxy import needs_haproxy, running_haproxy
 from tests.support.tls import Authority, make_authority

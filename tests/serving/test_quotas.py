@@ -14,7 +14,7 @@ import pytest
 
 from core.errors import Conflict, NotAuthorized, NotFound, ValidationFailed
 from core.models import AuditEvent
-from serving.door.haproxy import access_maps
+from serving.door.haproxy.maps import access_maps
 from serving.door.selectors import door_access
 from serving.models import DepartmentLimits
 from serving.rules.quotas import (

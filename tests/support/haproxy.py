@@ -131,7 +131,7 @@ def running_haproxy(
             process.wait(5)
 
 
-# The log-format of serving/door/haproxy.py: client, frontend, backend, server,
+# The log-format of serving/door/haproxy/: client, frontend, backend, server,
 # status, total time, retries, model.
 _LINE = re.compile(
     r"^\S+ \S+ (?P<backend>\S+) (?P<server>\S+) (?P<status>-?\d+) \S+ (?P<retries>\+?\d+) "
