@@ -48,6 +48,21 @@ def accept_renamed(renames: dict[str, str]) -> list[str]:
     return used
 
 
+class FixedSettingWarning(FutureWarning):
+    """A variable that is no longer read was set: its setting is a constant now.
+    FutureWarning, like RenamedSettingWarning, so that operators see it."""
+
+
+def warn_fixed(fixed: dict[str, str]) -> list[str]:
+    """Tells an operator at start-up that a variable they set is ignored: each
+    name maps to what the setting is now and why. Reads nothing, changes nothing;
+    returns the names that were set."""
+    used = [name for name in fixed if name in os.environ]
+    for name in used:
+        warnings.warn(f"{name} is no longer read: {fixed[name]}", FixedSettingWarning, stacklevel=2)
+    return used
+
+
 def secret(name: str, default: str | None = None) -> str | None:
     file_var = f"{name}_FILE"
     if file_var in os.environ:

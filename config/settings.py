@@ -178,9 +178,11 @@ AUTHENTICATION_BACKENDS: list[str] = [
 ]
 # --- SCIM 2.0 provisioning (sso/scim/, django-scim2) under /scim/v2/ -----------
 # The identity provider authenticates with a SCIM token (manage.py scim_token).
-SCIM_MAX_RESULTS = cfg.integer("SCIM_MAX_RESULTS", 100, minimum=1)
-SCIM_FILTER_MAX_LENGTH = cfg.integer("SCIM_FILTER_MAX_LENGTH", 1000, minimum=50)
-SCIM_TOKEN_DEFAULT_DAYS = cfg.integer("SCIM_TOKEN_DEFAULT_DAYS", 365, minimum=1)
+# Fixed: bounds on what a SCIM client may ask (page size, filter length), and a
+# SCIM token's lifetime unless `scim_token create --days` says otherwise.
+SCIM_MAX_RESULTS = 100
+SCIM_FILTER_MAX_LENGTH = 1000
+SCIM_TOKEN_DEFAULT_DAYS = 365
 SCIM_SERVICE_PROVIDER = {
     # Resources' locations come from the request (BASE_LOCATION_GETTER); the
     # library insists on a NETLOC all the same.
@@ -291,16 +293,17 @@ ARTIFACT_S3 = {
 INGEST_MAX_BYTES = cfg.integer("INGEST_MAX_BYTES", 2 * 1024**3, minimum=1024)
 # Multipart framing and form fields on top of the files: a Content-Length above
 # INGEST_MAX_BYTES plus this is refused with 413 before the body is read.
-INGEST_MULTIPART_ALLOWANCE_BYTES = cfg.integer(
-    "INGEST_MULTIPART_ALLOWANCE_BYTES", 1024**2, minimum=0
-)
+# Fixed: framing is small, INGEST_MAX_BYTES is the limit an operator sizes.
+INGEST_MULTIPART_ALLOWANCE_BYTES = 1024**2
 # A request whose Idempotency-Key another request holds waits this long for its
 # result; a claim older than IDEMPOTENCY_CLAIM_STALE_SECONDS without a result
 # belongs to a request that died and is taken over.
-IDEMPOTENCY_WAIT_SECONDS = cfg.number("IDEMPOTENCY_WAIT_SECONDS", 60.0, minimum=0.1)
-IDEMPOTENCY_CLAIM_STALE_SECONDS = cfg.integer("IDEMPOTENCY_CLAIM_STALE_SECONDS", 3600, minimum=1)
+# Fixed: part of the API's contract with pipelines (docs/pipelines/api.md).
+IDEMPOTENCY_WAIT_SECONDS = 60.0
+IDEMPOTENCY_CLAIM_STALE_SECONDS = 3600
 INGEST_MAX_ENTRIES = cfg.integer("INGEST_MAX_ENTRIES", 64, minimum=2)
-INGEST_ALLOW_PICKLE = cfg.boolean("INGEST_ALLOW_PICKLE", False)
+# Fixed: pickle files in an adapter are refused; there is no safe reason to allow them.
+INGEST_ALLOW_PICKLE = False
 INGEST_STAGING_DIR = Path(cfg.env.str("INGEST_STAGING_DIR", default=str(VAR_DIR / "ingest")))
 SERVING_DTYPE = cfg.choice("SERVING_DTYPE", "float16", {"float16", "bfloat16", "float32"})
 # Uploads above this are spooled to disk by Django instead of held in memory.
@@ -310,7 +313,8 @@ FILE_UPLOAD_TEMP_DIR = str(INGEST_STAGING_DIR)
 INGEST_STAGING_DIR.mkdir(parents=True, exist_ok=True)
 
 # --- API tokens -------------------------------------------------------------
-API_TOKEN_DEFAULT_DAYS = cfg.integer("API_TOKEN_DEFAULT_DAYS", 90, minimum=1)
+# Fixed: the lifetime a new token is offered; API_TOKEN_MAX_DAYS is the policy.
+API_TOKEN_DEFAULT_DAYS = 90
 API_TOKEN_MAX_DAYS = cfg.integer("API_TOKEN_MAX_DAYS", 365, minimum=1)
 # Offboarding (deactivation by an admin, SCIM or the SSO check) also revokes the
 # service-account tokens the person minted; off, they are listed for review.
@@ -398,23 +402,22 @@ MLFLOW_HTTP_MAX_RETRIES = cfg.integer("MLFLOW_HTTP_MAX_RETRIES", 2, minimum=0)
 MLFLOW_MIRROR_ENABLED = cfg.boolean("MLFLOW_MIRROR_ENABLED", True) and bool(MLFLOW_TRACKING_URI)
 MLFLOW_MIRROR_MAX_RETRIES = cfg.integer("MLFLOW_MIRROR_MAX_RETRIES", 8, minimum=0)
 MLFLOW_MIRROR_BACKOFF_SECONDS = cfg.integer("MLFLOW_MIRROR_BACKOFF_SECONDS", 10, minimum=0)
-MLFLOW_MIRROR_BACKOFF_MAX_SECONDS = cfg.integer("MLFLOW_MIRROR_BACKOFF_MAX_SECONDS", 900, minimum=1)
+# Fixed: the longest wait between two retries of one mirror push.
+MLFLOW_MIRROR_BACKOFF_MAX_SECONDS = 900
 MLFLOW_MIRROR_CATCH_UP_SECONDS = cfg.integer("MLFLOW_MIRROR_CATCH_UP_SECONDS", 300, minimum=10)
 # MLflow webhooks in (mlflow_bridge/webhooks.py): the secret MLflow signs deliveries
 # with; empty turns the endpoint off (404). A delivery older or newer than the
 # tolerance is refused, so a captured one cannot be replayed later.
 MLFLOW_WEBHOOK_SECRET = cfg.secret("MLFLOW_WEBHOOK_SECRET") or ""
-MLFLOW_WEBHOOK_TOLERANCE_SECONDS = cfg.integer("MLFLOW_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=1)
-MLFLOW_WEBHOOK_MAX_BYTES = cfg.integer("MLFLOW_WEBHOOK_MAX_BYTES", 64 * 1024, minimum=1024)
+# Fixed: the replay window, and a cap far above any delivery's size.
+MLFLOW_WEBHOOK_TOLERANCE_SECONDS = 300
+MLFLOW_WEBHOOK_MAX_BYTES = 64 * 1024
 # Refused deliveries are counted per source and window; a source past this many
 # refusals in a window is answered 429 until the window ends, before its
 # signature is checked. Each window's counts are audited once it has closed.
-MLFLOW_WEBHOOK_REFUSALS_PER_SOURCE = cfg.integer(
-    "MLFLOW_WEBHOOK_REFUSALS_PER_SOURCE", 20, minimum=1
-)
-MLFLOW_WEBHOOK_REFUSAL_WINDOW_SECONDS = cfg.integer(
-    "MLFLOW_WEBHOOK_REFUSAL_WINDOW_SECONDS", 60, minimum=1
-)
+# Fixed: a flood guard; a well-configured MLflow is never refused at all.
+MLFLOW_WEBHOOK_REFUSALS_PER_SOURCE = 20
+MLFLOW_WEBHOOK_REFUSAL_WINDOW_SECONDS = 60
 # Merged into CELERY_BEAT_SCHEDULE after the serving block, which defines it.
 _MLFLOW_BEAT = {
     "mlflow-mirror-catch-up": {
@@ -438,7 +441,8 @@ EMAIL_USE_SSL = cfg.boolean("EMAIL_USE_SSL", False)
 if EMAIL_USE_TLS and EMAIL_USE_SSL:
     raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL are exclusive: set one.")
 # A mail server that stops answering holds a worker at most this long per message.
-EMAIL_TIMEOUT = cfg.integer("EMAIL_TIMEOUT", 10, minimum=1)
+# Fixed: an SMTP conversation that needs more than 10 s has failed.
+EMAIL_TIMEOUT = 10
 DEFAULT_FROM_EMAIL = cfg.env.str("DEFAULT_FROM_EMAIL", default="LoRA Registry <registry@localhost>")
 # Where the links in emails point: the address people open the product at.
 NOTIFICATIONS_SITE_URL = cfg.env.str("NOTIFICATIONS_SITE_URL", default="http://127.0.0.1:8000")
@@ -452,11 +456,13 @@ NOTIFICATIONS_SWEEP_SECONDS = 10.0
 # --- Serving control plane ---------------------------------------------------
 SERVING_HTTP_TIMEOUT_SECONDS = cfg.number("SERVING_HTTP_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 SERVING_CONNECT_TIMEOUT_SECONDS = cfg.number("SERVING_CONNECT_TIMEOUT_SECONDS", 3.0, minimum=0.1)
-SERVING_LOAD_TIMEOUT_SECONDS = cfg.number("SERVING_LOAD_TIMEOUT_SECONDS", 60.0, minimum=1)
+# Fixed: one load call to vLLM (a LoRA load takes seconds, not a minute).
+SERVING_LOAD_TIMEOUT_SECONDS = 60.0
 # How long after the control plane's last probe through an adapter on a replica
 # its label sets in /metrics are still taken for the probe's, not clients'
 # (serving.records.own_probes): a probe's request may outlive its answer.
-SERVING_OWN_PROBE_GRACE_SECONDS = cfg.number("SERVING_OWN_PROBE_GRACE_SECONDS", 15.0, minimum=0.0)
+# Fixed: an internal bound of the reconcile's bookkeeping.
+SERVING_OWN_PROBE_GRACE_SECONDS = 15.0
 # Transient failures are retried with exponential backoff until this deadline.
 SERVING_RETRY_DEADLINE_SECONDS = cfg.number("SERVING_RETRY_DEADLINE_SECONDS", 90.0)
 SERVING_RETRY_BASE_SECONDS = cfg.number("SERVING_RETRY_BASE_SECONDS", 0.5)
@@ -468,8 +474,9 @@ SERVING_RETRY_MAX_DELAY_SECONDS = cfg.number("SERVING_RETRY_MAX_DELAY_SECONDS", 
 # running or waiting, for at most SERVING_UNLOAD_SETTLE_SECONDS (then the swap
 # fails rather than risk the replica). Unloads on one replica go one at a time,
 # at least SERVING_UNLOAD_PACE_SECONDS apart.
-SERVING_UNLOAD_SETTLE_SECONDS = cfg.number("SERVING_UNLOAD_SETTLE_SECONDS", 60.0, minimum=0)
-SERVING_UNLOAD_PACE_SECONDS = cfg.number("SERVING_UNLOAD_PACE_SECONDS", 0.0, minimum=0)
+# Fixed: a guard around a vLLM defect, not a choice of the operator's.
+SERVING_UNLOAD_SETTLE_SECONDS = 60.0
+SERVING_UNLOAD_PACE_SECONDS = 0.0
 # Claims on serving work (a rollout's adapter, a reconcile's deployment) last this
 # long and are renewed every third of it while the work goes on; a dead worker's
 # claim is free again after at most this long.
@@ -481,10 +488,12 @@ SERVING_SWEEP_AFTER_SECONDS = cfg.number("SERVING_SWEEP_AFTER_SECONDS", 30.0, mi
 SERVING_RECONCILE_INTERVAL_SECONDS = cfg.number(
     "SERVING_RECONCILE_INTERVAL_SECONDS", 10.0, minimum=1
 )
-SERVING_STAGED_GRACE_SECONDS = cfg.integer("SERVING_STAGED_GRACE_SECONDS", 24 * 3600, minimum=0)
+# Fixed: housekeeping of the adapter volume (docs/operators/retention.md).
+SERVING_STAGED_GRACE_SECONDS = 24 * 3600
 # A KServe manifest rendered within this many days keeps the staged folders it names
 # (the latest render of each deployment keeps its folders whatever its age).
-SERVING_MANIFEST_PIN_DAYS = cfg.integer("SERVING_MANIFEST_PIN_DAYS", 30, minimum=0)
+# Fixed: housekeeping of the adapter volume (docs/operators/retention.md).
+SERVING_MANIFEST_PIN_DAYS = 30
 # Folders besides a deployment's adapter volume that the control plane may read
 # adapters from when adopting one already served there (serving/services/adoptions.py).
 SERVING_ADOPTION_ROOTS = [
@@ -492,9 +501,8 @@ SERVING_ADOPTION_ROOTS = [
 ]
 # A staged folder whose files' sizes and mtimes are as when it was last hashed is
 # trusted for this long before a repair hashes it again.
-SERVING_STAGED_REVERIFY_SECONDS = cfg.integer(
-    "SERVING_STAGED_REVERIFY_SECONDS", 24 * 3600, minimum=0
-)
+# Fixed: an internal schedule of the repairs.
+SERVING_STAGED_REVERIFY_SECONDS = 24 * 3600
 # Reconcile repairs: how many HTTP calls at once in all, and to one replica.
 SERVING_RECONCILE_CONCURRENCY = cfg.integer("SERVING_RECONCILE_CONCURRENCY", 32, minimum=1)
 SERVING_RECONCILE_PER_REPLICA = cfg.integer("SERVING_RECONCILE_PER_REPLICA", 4, minimum=1)
@@ -510,7 +518,8 @@ SERVING_PLACEMENT_CHURN_BUDGET = cfg.integer("SERVING_PLACEMENT_CHURN_BUDGET", 3
 SERVING_PLACEMENT_DEMAND_PER_REPLICA = cfg.number(
     "SERVING_PLACEMENT_DEMAND_PER_REPLICA", 1.0, minimum=0.01
 )
-SERVING_ATTEMPT_RETENTION_DAYS = cfg.integer("SERVING_ATTEMPT_RETENTION_DAYS", 14, minimum=1)
+# Fixed: the reconcile's recorded HTTP attempts are pruned after two weeks.
+SERVING_ATTEMPT_RETENTION_DAYS = 14
 # A replica's probe (serving/rules/probe.py) matches the version's fingerprint when no
 # token's logprob differs by more than this. Measured with bench/fingerprint_spread.py
 # on real vLLM (CPU, tiny float32 model): the same files give exactly 0 across
@@ -533,6 +542,47 @@ cfg.accept_renamed(
         "SERVING_GATEWAY_METRICS": "SERVING_DOOR_METRICS",
         "SERVING_GATEWAY_DRAIN_SECONDS": "SERVING_DOOR_DRAIN_SECONDS",
         "SERVING_GATEWAY_HOLD_SECONDS": "SERVING_DOOR_HOLD_SECONDS",
+    }
+)
+# Variables no longer read (issue 44: fewer knobs): their settings above are
+# constants now. One still set warns at start-up (FixedSettingWarning) and changes nothing.
+cfg.warn_fixed(
+    {
+        "API_TOKEN_DEFAULT_DAYS": "fixed at 90 (a token's lifetime unless asked; "
+        "API_TOKEN_MAX_DAYS is the limit)",
+        "IDEMPOTENCY_WAIT_SECONDS": "fixed at 60",
+        "IDEMPOTENCY_CLAIM_STALE_SECONDS": "fixed at 3600",
+        "INGEST_MULTIPART_ALLOWANCE_BYTES": "fixed at 1 MiB (size INGEST_MAX_BYTES instead)",
+        "INGEST_ALLOW_PICKLE": "pickle files are always refused",
+        "MLFLOW_MIRROR_BACKOFF_MAX_SECONDS": "fixed at 900",
+        "MLFLOW_WEBHOOK_TOLERANCE_SECONDS": "fixed at 300",
+        "MLFLOW_WEBHOOK_MAX_BYTES": "fixed at 65536",
+        "MLFLOW_WEBHOOK_REFUSALS_PER_SOURCE": "fixed at 20",
+        "MLFLOW_WEBHOOK_REFUSAL_WINDOW_SECONDS": "fixed at 60",
+        "EMAIL_TIMEOUT": "fixed at 10",
+        "SERVING_LOAD_TIMEOUT_SECONDS": "fixed at 60",
+        "SERVING_OWN_PROBE_GRACE_SECONDS": "fixed at 15",
+        "SERVING_UNLOAD_SETTLE_SECONDS": "fixed at 60",
+        "SERVING_UNLOAD_PACE_SECONDS": "fixed at 0",
+        "SERVING_STAGED_GRACE_SECONDS": "fixed at 86400",
+        "SERVING_MANIFEST_PIN_DAYS": "fixed at 30",
+        "SERVING_STAGED_REVERIFY_SECONDS": "fixed at 86400",
+        "SERVING_ATTEMPT_RETENTION_DAYS": "fixed at 14",
+        "SERVING_ACCESS_TICK_SECONDS": "fixed at 10",
+        "KUBERNETES_REQUEST_TIMEOUT_SECONDS": "fixed at 10",
+        "KUBERNETES_DEPLOYMENTS_REFRESH_SECONDS": "fixed at 30",
+        "OBSERVABILITY_VLLM_METRICS_TIMEOUT_SECONDS": "fixed at 3",
+        "OBSERVABILITY_VLLM_METRICS_MAX_BYTES": "fixed at 2 MiB",
+        "OBSERVABILITY_OTLP_MAX_BODY_BYTES": "fixed at 4 MiB",
+        "OBSERVABILITY_METERED_REQUEST_DAYS": "fixed at 35",
+        "OBSERVABILITY_IDLE_DAYS": "fixed at 14",
+        "PLANNER_USE_CASES": "fixed at 10 (the planner page's input can be edited)",
+        "OIDC_TIMEOUT_SECONDS": "fixed at 10",
+        "OIDC_CLOCK_SKEW_SECONDS": "fixed at 30",
+        "SCIM_MAX_RESULTS": "fixed at 100",
+        "SCIM_FILTER_MAX_LENGTH": "fixed at 1000",
+        "SCIM_TOKEN_DEFAULT_DAYS": "fixed at 365 (`manage.py scim_token create --days` "
+        "sets another)",
     }
 )
 # The front door (serving/door/, docs/door.md): one HAProxy per deployment
@@ -626,7 +676,8 @@ SERVING_CANARY_MAX_LATENCY_RATIO = cfg.number("SERVING_CANARY_MAX_LATENCY_RATIO"
 # that served them are told (keys carry their own expiry to the door).
 SERVING_INFERENCE_KEY_MAX_DAYS = cfg.integer("SERVING_INFERENCE_KEY_MAX_DAYS", 365, minimum=1)
 SERVING_GRANT_MAX_DAYS = cfg.integer("SERVING_GRANT_MAX_DAYS", 365, minimum=1)
-SERVING_ACCESS_TICK_SECONDS = cfg.number("SERVING_ACCESS_TICK_SECONDS", 10.0, minimum=1)
+# Fixed: an internal schedule (keys carry their own expiry to the door).
+SERVING_ACCESS_TICK_SECONDS = 10.0
 # Kubernetes replica discovery (manage.py watch_replicas). "auto": in-cluster
 # credentials when running in a pod, else the kubeconfig.
 KUBERNETES_AUTH = cfg.choice("KUBERNETES_AUTH", "auto", {"auto", "in-cluster", "kubeconfig"})
@@ -634,13 +685,10 @@ KUBERNETES_KUBECONFIG = cfg.env.str("KUBERNETES_KUBECONFIG", default="")
 KUBERNETES_CONTEXT = cfg.env.str("KUBERNETES_CONTEXT", default="")
 # The API server closes each watch after this; the watch resumes from its resourceVersion.
 KUBERNETES_WATCH_TIMEOUT_SECONDS = cfg.integer("KUBERNETES_WATCH_TIMEOUT_SECONDS", 300, minimum=1)
-KUBERNETES_REQUEST_TIMEOUT_SECONDS = cfg.number(
-    "KUBERNETES_REQUEST_TIMEOUT_SECONDS", 10.0, minimum=0.5
-)
-# How often the watch process re-reads which deployments to watch.
-KUBERNETES_DEPLOYMENTS_REFRESH_SECONDS = cfg.number(
-    "KUBERNETES_DEPLOYMENTS_REFRESH_SECONDS", 30.0, minimum=0.1
-)
+# Fixed: a call to the API server, and how often the watch process re-reads
+# which deployments to watch.
+KUBERNETES_REQUEST_TIMEOUT_SECONDS = 10.0
+KUBERNETES_DEPLOYMENTS_REFRESH_SECONDS = 30.0
 # The vLLM image a rendered KServe ServingRuntime runs unless the deployment names one.
 KSERVE_VLLM_IMAGE = cfg.env.str("KSERVE_VLLM_IMAGE", default="vllm/vllm-openai:v0.33.0")
 # The control plane's namespace (deploy/kustomize): a rendered runtime's replicas
@@ -705,14 +753,12 @@ METRICS_ALLOW_ANONYMOUS = cfg.boolean("METRICS_ALLOW_ANONYMOUS", False)
 OBSERVABILITY_VLLM_METRICS = cfg.boolean("OBSERVABILITY_VLLM_METRICS", True)
 # Read the front door's per-adapter request counters at every reconcile (usage and cost).
 OBSERVABILITY_FRONT_DOOR_USAGE = cfg.boolean("OBSERVABILITY_FRONT_DOOR_USAGE", True)
-OBSERVABILITY_VLLM_METRICS_TIMEOUT_SECONDS = cfg.number(
-    "OBSERVABILITY_VLLM_METRICS_TIMEOUT_SECONDS", 3.0, minimum=0.1
-)
-OBSERVABILITY_VLLM_METRICS_MAX_BYTES = cfg.integer(
-    "OBSERVABILITY_VLLM_METRICS_MAX_BYTES", 2 * 1024**2, minimum=4096
-)
+# Fixed: bounds on that read (whole exchange; body), far above what vLLM sends.
+OBSERVABILITY_VLLM_METRICS_TIMEOUT_SECONDS = 3.0
+OBSERVABILITY_VLLM_METRICS_MAX_BYTES = 2 * 1024**2
 # An adapter served but not seen active for this long is suggested for retirement.
-OBSERVABILITY_IDLE_DAYS = cfg.number("OBSERVABILITY_IDLE_DAYS", 14.0, minimum=0.01)
+# Fixed: only a suggestion on the pages; nothing is retired by it.
+OBSERVABILITY_IDLE_DAYS = 14.0
 # Planner defaults where a deployment does not say (its GPU memory and share are its own).
 PLANNER_GPU_MEMORY_UTILIZATION = cfg.number(
     "PLANNER_GPU_MEMORY_UTILIZATION", 0.9, minimum=0.05, maximum=1.0
@@ -720,7 +766,8 @@ PLANNER_GPU_MEMORY_UTILIZATION = cfg.number(
 PLANNER_CONTEXT_LENGTH = cfg.integer("PLANNER_CONTEXT_LENGTH", 4096, minimum=1)
 # What the planner assumes where a person leaves the field as it is: the page shows
 # these values in its inputs, and the plan uses exactly what the inputs show.
-PLANNER_USE_CASES = cfg.integer("PLANNER_USE_CASES", 10, minimum=1)
+# Fixed: a starting value the person edits on the page.
+PLANNER_USE_CASES = 10
 PLANNER_PRICE_PER_GPU_HOUR = cfg.number("PLANNER_PRICE_PER_GPU_HOUR", 2.0, minimum=0.0)
 # The currency of every price and cost the pages show (ISO 4217, e.g. EUR): the
 # prices above are plain numbers, and a number without its unit is not a cost.
@@ -734,14 +781,12 @@ if not (len(COST_CURRENCY) == 3 and COST_CURRENCY.isascii() and COST_CURRENCY.is
 # to POST /otlp/<deployment>/v1/traces (observability/metering.py), with the
 # deployment's metering token (`manage.py metering_token <deployment>`).
 # A batch of vLLM's exporter is at most 512 spans (about 0.5 MiB).
-OBSERVABILITY_OTLP_MAX_BODY_BYTES = cfg.integer(
-    "OBSERVABILITY_OTLP_MAX_BODY_BYTES", 4 * 1024**2, minimum=64 * 1024
-)
+# Fixed: eight times the largest batch vLLM sends.
+OBSERVABILITY_OTLP_MAX_BODY_BYTES = 4 * 1024**2
 # Per-request records are kept this long (a resent batch is recognised by them,
 # and the door's per-minute limits read them); days are kept for ever.
-OBSERVABILITY_METERED_REQUEST_DAYS = cfg.number(
-    "OBSERVABILITY_METERED_REQUEST_DAYS", 35.0, minimum=1.0
-)
+# Fixed: a month and a few days to resend in; the day rows carry the history.
+OBSERVABILITY_METERED_REQUEST_DAYS = 35.0
 # How a deployment's monthly cost is split: by each calling department's share of
 # its tokens, a prompt token counting PROMPT and a completion token COMPLETION.
 # A completion token costs a decode step of its own, while a prompt's tokens are

@@ -24,6 +24,10 @@ REQUIRED_ENDPOINTS = {
 LOGOUT_ENDPOINT = ("OIDC_OP_LOGOUT_ENDPOINT", "end_session_endpoint")
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
+# Fixed: a call to the provider, and the clock difference an ID token may show.
+OIDC_TIMEOUT = 10.0
+OIDC_CLOCK_SKEW_SECONDS = 30
+
 LOCAL_BACKEND = "django.contrib.auth.backends.ModelBackend"
 OIDC_BACKEND = "sso.backends.OIDCBackend"
 
@@ -104,8 +108,8 @@ def from_env(*, client_secret_needed: bool = True) -> dict:
         "OIDC_GROUP_MAP": group_map,
         # requests' `verify`: a CA bundle path, or a boolean.
         "OIDC_VERIFY_SSL": ca_bundle or cfg.boolean("OIDC_VERIFY_TLS", True),
-        "OIDC_TIMEOUT": cfg.number("OIDC_TIMEOUT_SECONDS", 10.0, minimum=0.5),
-        "OIDC_CLOCK_SKEW_SECONDS": cfg.integer("OIDC_CLOCK_SKEW_SECONDS", 30, minimum=0),
+        "OIDC_TIMEOUT": OIDC_TIMEOUT,
+        "OIDC_CLOCK_SKEW_SECONDS": OIDC_CLOCK_SKEW_SECONDS,
         # The periodic check against the provider (sso/checks.py); 0 turns it off.
         "OIDC_CHECK_INTERVAL_SECONDS": cfg.integer("OIDC_CHECK_INTERVAL_SECONDS", 3600, minimum=0),
         **endpoints,

@@ -272,3 +272,30 @@ def test_a_door_certificate_that_is_not_an_absolute_path_stops_start_up(tmp_path
     result = start(tmp_path, SERVING_DOOR_CERTIFICATES="prod=tls.pem")
     assert result.returncode != 0
     assert "SERVING_DOOR_CERTIFICATES: prod's certificate must be an absolute path" in result.stderr
+
+
+def test_a_variable_no_longer_read_warns_at_start_up_and_changes_nothing(tmp_path):
+    result = start(
+        tmp_path,
+        "settings.SERVING_ACCESS_TICK_SECONDS, settings.OIDC_TIMEOUT",
+        SERVING_ACCESS_TICK_SECONDS="99",
+        OIDC_TIMEOUT_SECONDS="1",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "10.0 10.0"
+    assert "FixedSettingWarning" in result.stderr
+    assert "SERVING_ACCESS_TICK_SECONDS is no longer read: fixed at 10" in result.stderr
+    assert "OIDC_TIMEOUT_SECONDS is no longer read: fixed at 10" in result.stderr
+
+
+def test_warn_fixed_names_only_the_variables_that_are_set(monkeypatch):
+    from config import env as cfg
+
+    monkeypatch.setenv("SOME_OLD_KNOB", "5")
+    monkeypatch.delenv("ANOTHER_OLD_KNOB", raising=False)
+    with pytest.warns(cfg.FixedSettingWarning) as caught:
+        used = cfg.warn_fixed({"SOME_OLD_KNOB": "fixed at 3", "ANOTHER_OLD_KNOB": "fixed at 4"})
+    assert used == ["SOME_OLD_KNOB"]
+    assert [str(w.message) for w in caught] == ["SOME_OLD_KNOB is no longer read: fixed at 3"]
+    assert issubclass(cfg.FixedSettingWarning, FutureWarning)
+    assert os.environ["SOME_OLD_KNOB"] == "5"  # left as it was, read by nothing
