@@ -137,5 +137,9 @@ def test_a_door_that_stops_is_dropped_from_the_others_peers(fleet):
     stop_agent(gone)
     # Its lease, the control plane's margin, and the next report of each door.
     wait_meshed(rest, {door.name for door in rest}, timeout=SHORT_LEASE + 30)
+    # The others still route. With a 3 s lease a door whose agent waited
+    # seconds for the CPU fails its readiness until its next renewal (the lease
+    # doing its job: seen once in CI, when every process stalled for about 30 s),
+    # so each is given a few leases to be ready again.
     for door in rest:
-        assert door.ready() == 200
+        wait_for(lambda door=door: door.ready() == 200, timeout=SHORT_LEASE * 5, step=0.2)
