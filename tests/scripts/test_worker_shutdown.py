@@ -89,6 +89,16 @@ def _send_hold(env: dict[str, str], seconds: float, started: Path) -> None:
     )  # fmt: skip
 
 
+def _assert_delivered_again(tmp_path: Path, env: dict[str, str], started: Path) -> None:
+    """The task in hand was cancelled, not acked: the next worker gets it again."""
+    started.unlink()
+    second = _Worker(tmp_path / "worker-2.log").start(env)
+    try:
+        _wait_for(started.exists, 90, f"the task to be delivered again:\n{second.log_tail()}")
+    finally:
+        second.kill()
+
+
 def test_sigterm_stops_a_busy_worker_within_five_seconds_and_the_task_is_delivered_again(
     tmp_path, worker_env
 ):
@@ -109,13 +119,7 @@ def test_sigterm_stops_a_busy_worker_within_five_seconds_and_the_task_is_deliver
     finally:
         worker.kill()
 
-    # The task in hand was cancelled, not acked: the next worker gets it again.
-    started.unlink()
-    second = _Worker(tmp_path / "worker-2.log").start(worker_env)
-    try:
-        _wait_for(started.exists, 90, f"the task to be delivered again:\n{second.log_tail()}")
-    finally:
-        second.kill()
+    _assert_delivered_again(tmp_path, worker_env, started)
 
 
 def test_sigterm_stops_a_worker_whose_shutdown_hangs_and_the_task_is_delivered_again(
@@ -149,9 +153,4 @@ def test_sigterm_stops_a_worker_whose_shutdown_hangs_and_the_task_is_delivered_a
     finally:
         worker.kill()
 
-    started.unlink()
-    second = _Worker(tmp_path / "worker-2.log").start(worker_env)
-    try:
-        _wait_for(started.exists, 90, f"the task to be delivered again:\n{second.log_tail()}")
-    finally:
-        second.kill()
+    _assert_delivered_again(tmp_path, worker_env, started)
